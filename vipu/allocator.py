@@ -1,0 +1,382 @@
+"""The partition allocator: live partitions, IPU health and free space of one fleet, in memory.
+
+The scheduler owns the truth (the database). It rebuilds an ``Allocator`` from it with ``occupy`` and
+asks it where new partitions go. Every decision is deterministic: the same calls in the same order
+give the same placements. Nothing here scans the whole fleet on the request path. ``FreeSpace``
+keeps per-pod bitmasks and per-type indexes, so ``find``, ``allocate``, ``release`` and
+``largest_free`` cost about the same at 4 IPUs as at 65,536.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from vipu._bitmaps import FULL_POD, POD_LEVELS, window_mask
+from vipu.free_space import FreeSpace
+from vipu.partitions import (
+    PartitionRuleError,
+    check_gcds,
+    check_size,
+    pods_ipu_ids,
+    validate_partition,
+    window_ipu_ids,
+)
+from vipu.placement_policies import PlacementPolicy, make_policy
+from vipu.topology import (
+    IPUS_PER_MACHINE,
+    IPUS_PER_POD,
+    MACHINES_PER_POD,
+    Fleet,
+    Health,
+    MachineType,
+    machine_id,
+)
+
+_SEVERITY = {Health.UP: 0, Health.DRAINING: 1, Health.FAILED: 2}
+
+
+class AllocationConflict(ValueError):
+    """``occupy`` cannot register a partition: an IPU is already taken, or the shape breaks a rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a partition lives. ``ipu_ids`` are in ring order (pod by pod for multi-POD64 ones)."""
+
+    partition_id: str
+    size: int
+    machine_type: MachineType
+    ipu_ids: tuple[str, ...]
+    pods: tuple[int, ...]
+    gcds: int = 1
+    spans_gw_links: bool = False
+    reconfigurable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentationReport:
+    """How much free capacity a request of ``head_size`` cannot use right now.
+
+    ``stranded_ipus`` are free, healthy IPUs that no placement of ``head_size`` could include (they sit
+    in holes too small or too broken up). With no head request (``head_size`` None) nothing is stranded.
+    """
+
+    free_ipus: int
+    head_size: int | None
+    stranded_ipus: int
+    stranded_share: float
+    largest_free_by_type: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    machine_type: MachineType
+    pods: tuple[int, ...]
+    start: int
+    size: int
+
+    def footprint(self) -> tuple[tuple[int, int], ...]:
+        if self.size >= IPUS_PER_POD:
+            return tuple((pod, FULL_POD) for pod in self.pods)
+        return ((self.pods[0], window_mask(self.start, self.size)),)
+
+    def ipu_ids(self) -> tuple[str, ...]:
+        if self.size >= IPUS_PER_POD:
+            return pods_ipu_ids(self.pods)
+        return window_ipu_ids(self.pods[0], self.start, self.size)
+
+
+class Allocator:
+    """Carves one fleet into partitions with a pluggable placement policy."""
+
+    def __init__(self, fleet: Fleet, policy: str | PlacementPolicy = "default") -> None:
+        self.fleet = fleet
+        self._policy = make_policy(policy) if isinstance(policy, str) else policy
+        self._space = FreeSpace(fleet)
+        self._assigned = [0] * fleet.pods  # per pod: ring positions in live partitions
+        self._blocked = [0] * fleet.pods  # per pod: ring positions not up (machine or IPU)
+        self._machine_health: dict[int, Health] = {}  # pod * 16 + machine -> state, only when not up
+        self._ipu_health: dict[int, Health] = {}  # pod * 64 + position -> state, only when not up
+        self._partitions: dict[str, Placement] = {}
+        self._footprints: dict[str, tuple[tuple[int, int], ...]] = {}
+
+    @property
+    def policy_name(self) -> str:
+        return self._policy.name
+
+    def clone(self) -> Allocator:
+        """An independent copy (policy state included) for what-if planning."""
+        twin = Allocator.__new__(Allocator)
+        twin.fleet = self.fleet
+        twin._policy = self._policy.clone()
+        twin._space = self._space.clone()
+        twin._assigned = self._assigned.copy()
+        twin._blocked = self._blocked.copy()
+        twin._machine_health = self._machine_health.copy()
+        twin._ipu_health = self._ipu_health.copy()
+        # Placements and footprints are immutable, so sharing them between the twins is safe.
+        twin._partitions = self._partitions.copy()
+        twin._footprints = self._footprints.copy()
+        return twin
+
+    # --- placing -------------------------------------------------------------------------------
+
+    def observe_request(self, size: int) -> None:
+        """Tell the policy a request of ``size`` IPUs exists (e.g. a queued job) without placing it.
+
+        ``allocate`` already observes its own size, so call this only for requests not allocated.
+        """
+        check_size(size)
+        self._policy.observe(size)
+
+    def find(self, size: int, *, machine_type: MachineType | str | None = None) -> Placement | None:
+        """Where ``allocate`` would put a partition right now (partition_id ""), or None. No side effect."""
+        check_size(size)
+        choice = self._choose(size, machine_type)
+        return None if choice is None else self._placement("", choice, gcds=1, reconfigurable=False)
+
+    def allocate(
+        self,
+        partition_id: str,
+        size: int,
+        *,
+        machine_type: MachineType | str | None = None,
+        gcds: int = 1,
+        reconfigurable: bool = False,
+    ) -> Placement | None:
+        """Place and commit a new partition on healthy free IPUs; None when nothing fits now."""
+        if partition_id in self._partitions:
+            raise AllocationConflict(f"partition {partition_id!r} already exists")
+        check_size(size)
+        check_gcds(size, gcds)
+        self._policy.observe(size)
+        choice = self._choose(size, machine_type)
+        if choice is None:
+            return None
+        placement = self._placement(partition_id, choice, gcds=gcds, reconfigurable=reconfigurable)
+        self._commit(partition_id, placement, choice.footprint())
+        return placement
+
+    def occupy(
+        self,
+        partition_id: str,
+        ipu_ids: Sequence[str],
+        *,
+        gcds: int = 1,
+        reconfigurable: bool = False,
+    ) -> Placement:
+        """Register a partition that already exists (e.g. loaded from the database).
+
+        Its IPUs may be draining or failed: a partition that was live before its machine went down is
+        still live until released. Raises ``AllocationConflict`` if the id is in use, any IPU belongs to
+        another live partition, or the IPUs do not form a valid partition.
+        """
+        if partition_id in self._partitions:
+            raise AllocationConflict(f"partition {partition_id!r} already exists")
+        try:
+            shape = validate_partition(self.fleet, ipu_ids, gcds=gcds, reconfigurable=reconfigurable)
+        except PartitionRuleError as error:
+            raise AllocationConflict(f"partition {partition_id!r}: {error}") from error
+        footprint = shape.pod_masks()
+        if any(self._assigned[pod] & mask for pod, mask in footprint):
+            raise AllocationConflict(
+                f"partition {partition_id!r} overlaps live partition(s) "
+                + ", ".join(self._owners(footprint))
+            )
+        placement = Placement(
+            partition_id=partition_id,
+            size=shape.size,
+            machine_type=shape.machine_type,
+            ipu_ids=shape.ipu_ids,
+            pods=shape.pods,
+            gcds=shape.gcds,
+            spans_gw_links=shape.spans_gw_links,
+            reconfigurable=shape.reconfigurable,
+        )
+        self._commit(partition_id, placement, footprint)
+        return placement
+
+    def release(self, partition_id: str) -> None:
+        """Free a partition's IPUs; unhealthy ones stay out of use until restored."""
+        footprint = self._footprints.pop(partition_id)  # KeyError for an unknown id
+        del self._partitions[partition_id]
+        for pod, mask in footprint:
+            self._assigned[pod] &= ~mask
+            self._refresh(pod)
+
+    def reconfigure(self, partition_id: str, gcds: int) -> Placement:
+        """Re-split a reconfigurable partition into ``gcds`` compile domains; its IPUs stay put."""
+        placement = self._partitions[partition_id]
+        if not placement.reconfigurable:
+            raise PartitionRuleError(f"partition {partition_id!r} is not reconfigurable")
+        check_gcds(placement.size, gcds)
+        updated = replace(placement, gcds=gcds)
+        self._partitions[partition_id] = updated
+        return updated
+
+    def _choose(self, size: int, machine_type: MachineType | str | None) -> _Choice | None:
+        kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
+        if not kinds:
+            return None
+        level = size.bit_length() - 1
+        if level < POD_LEVELS:
+            window = self._policy.choose_window(self._space, level, kinds)
+            if window is None:
+                return None
+            pod, start = window
+            return _Choice(self.fleet.pod_types[pod], (pod,), start, size)
+        chosen = self._policy.choose_pods(self._space, size // IPUS_PER_POD, kinds)
+        if chosen is None:
+            return None
+        kind, pods = chosen
+        return _Choice(kind, pods, 0, size)
+
+    @staticmethod
+    def _placement(partition_id: str, choice: _Choice, *, gcds: int, reconfigurable: bool) -> Placement:
+        return Placement(
+            partition_id=partition_id,
+            size=choice.size,
+            machine_type=choice.machine_type,
+            ipu_ids=choice.ipu_ids(),
+            pods=choice.pods,
+            gcds=gcds,
+            spans_gw_links=len(choice.pods) > 1,
+            reconfigurable=reconfigurable,
+        )
+
+    def _commit(
+        self, partition_id: str, placement: Placement, footprint: tuple[tuple[int, int], ...]
+    ) -> None:
+        self._partitions[partition_id] = placement
+        self._footprints[partition_id] = footprint
+        for pod, mask in footprint:
+            self._assigned[pod] |= mask
+            self._refresh(pod)
+
+    def _refresh(self, pod: int) -> None:
+        self._space.set_free_mask(pod, FULL_POD & ~(self._assigned[pod] | self._blocked[pod]))
+
+    # --- health --------------------------------------------------------------------------------
+
+    def set_machine_health(self, machine_id: str, health: Health | str) -> None:
+        """Drain, fail or restore a whole machine. Restoring does not override an IPU's own state."""
+        pod, machine = self.fleet.check_machine(machine_id)
+        key = pod * MACHINES_PER_POD + machine
+        state = Health(health)
+        if state is Health.UP:
+            self._machine_health.pop(key, None)
+        else:
+            self._machine_health[key] = state
+        self._reblock_machine(pod, machine)
+
+    def set_ipu_health(self, ipu_id: str, health: Health | str) -> None:
+        """Drain, fail or restore one IPU. Restoring it leaves it blocked if its machine is not up."""
+        pod, machine, index = self.fleet.check_ipu(ipu_id)
+        key = pod * IPUS_PER_POD + machine * IPUS_PER_MACHINE + index
+        state = Health(health)
+        if state is Health.UP:
+            self._ipu_health.pop(key, None)
+        else:
+            self._ipu_health[key] = state
+        self._reblock_machine(pod, machine)
+
+    def _reblock_machine(self, pod: int, machine: int) -> None:
+        first = machine * IPUS_PER_MACHINE
+        bits = 0
+        if pod * MACHINES_PER_POD + machine in self._machine_health:
+            bits = 0b1111 << first
+        else:
+            for position in range(first, first + IPUS_PER_MACHINE):
+                if pod * IPUS_PER_POD + position in self._ipu_health:
+                    bits |= 1 << position
+        self._blocked[pod] = (self._blocked[pod] & ~(0b1111 << first)) | bits
+        self._refresh(pod)
+
+    def machine_health(self, machine_id: str) -> Health:
+        pod, machine = self.fleet.check_machine(machine_id)
+        return self._machine_health.get(pod * MACHINES_PER_POD + machine, Health.UP)
+
+    def ipu_health(self, ipu_id: str) -> Health:
+        """The IPU's effective health: the worse of its own state and its machine's."""
+        pod, machine, index = self.fleet.check_ipu(ipu_id)
+        own = self._ipu_health.get(pod * IPUS_PER_POD + machine * IPUS_PER_MACHINE + index, Health.UP)
+        host = self._machine_health.get(pod * MACHINES_PER_POD + machine, Health.UP)
+        return max(own, host, key=_SEVERITY.__getitem__)
+
+    def unhealthy_machines(self) -> dict[str, Health]:
+        """Machines that are draining or failed, by id."""
+        return {
+            machine_id(*divmod(key, MACHINES_PER_POD)): state
+            for key, state in sorted(self._machine_health.items())
+        }
+
+    # --- questions -----------------------------------------------------------------------------
+
+    def partitions(self) -> Mapping[str, Placement]:
+        """A snapshot of the live partitions by id."""
+        return dict(self._partitions)
+
+    def partition(self, partition_id: str) -> Placement:
+        return self._partitions[partition_id]
+
+    def partitions_on_machine(self, machine_id: str) -> tuple[str, ...]:
+        """Live partitions holding any IPU of a machine (e.g. the ones a failure interrupts)."""
+        pod, machine = self.fleet.check_machine(machine_id)
+        bits = 0b1111 << (machine * IPUS_PER_MACHINE)
+        if not self._assigned[pod] & bits:
+            return ()
+        return self._owners(((pod, bits),))
+
+    def _owners(self, footprint: tuple[tuple[int, int], ...]) -> tuple[str, ...]:
+        """Live partitions overlapping a footprint; scans every partition, so only off the hot path."""
+        return tuple(
+            sorted(
+                partition_id
+                for partition_id, other in self._footprints.items()
+                if any(
+                    pod == other_pod and mask & other_mask
+                    for pod, mask in footprint
+                    for other_pod, other_mask in other
+                )
+            )
+        )
+
+    def largest_free(self, machine_type: MachineType | str | None = None) -> int:
+        """The largest partition size allocatable right now (0 if none)."""
+        kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
+        level = max((self._space.largest_level(kind) for kind in kinds), default=-1)
+        return 0 if level < 0 else 1 << level
+
+    def free_ipus(self, machine_type: MachineType | str | None = None) -> int:
+        """IPUs that are healthy and in no partition."""
+        kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
+        return sum(self._space.free_ipus(kind) for kind in kinds)
+
+    def fragmentation(
+        self, head_size: int | None, machine_type: MachineType | str | None = None
+    ) -> FragmentationReport:
+        kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
+        free = 0
+        stranded = 0
+        if head_size is not None:
+            check_size(head_size)
+        for kind in kinds:
+            kind_free = self._space.free_ipus(kind)
+            free += kind_free
+            if head_size is None:
+                continue
+            level = head_size.bit_length() - 1
+            if level < POD_LEVELS:
+                stranded += kind_free - self._space.usable_ipus(kind, level)
+            else:
+                whole = self._space.whole_pods(kind).bit_count()
+                fits = whole >= head_size // IPUS_PER_POD
+                stranded += kind_free - (whole * IPUS_PER_POD if fits else 0)
+        return FragmentationReport(
+            free_ipus=free,
+            head_size=head_size,
+            stranded_ipus=stranded,
+            stranded_share=stranded / free if free else 0.0,
+            largest_free_by_type={kind.value: self.largest_free(kind) for kind in self.fleet.machine_types},
+        )
