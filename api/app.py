@@ -1,0 +1,111 @@
+"""The FastAPI application: routes, problem details, body limits, metrics."""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, ORJSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import dashboard, problems
+from api.metrics import LATENCY, REQUESTS
+from api.routers import admin, catalogue, health, jobs, usage
+from scheduler.errors import PROBLEM_TYPES
+from scheduler.settings import Settings, get_settings
+
+log = logging.getLogger("ipucloud.api")
+
+
+class BodyLimit:
+    """Refuse bodies over the limit before reading them (Content-Length) or while reading them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await self._refuse(scope, receive, send)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        resp = problems.problem(
+            413, f"The request body is larger than {self.max_bytes} bytes.", slug="payload-too-large"
+        )
+        await resp(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="ipucloud",
+        version="0.1.0",
+        summary="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, metering.",
+        default_response_class=ORJSONResponse,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    problems.install(app)
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
+        REQUESTS.labels(request.method, path, str(response.status_code)).inc()
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+
+    for module in (jobs, catalogue, usage, admin, health):
+        app.include_router(module.router)
+
+    app.include_router(dashboard.router)
+
+    @app.get("/problems/{slug}", include_in_schema=False)
+    def problem_type(slug: str) -> HTMLResponse:
+        if slug not in PROBLEM_TYPES:
+            return HTMLResponse("<h1>Unknown problem type</h1>", status_code=404)
+        title, text = PROBLEM_TYPES[slug]
+        return HTMLResponse(
+            f"<!doctype html><title>{html.escape(title)}</title><h1>{html.escape(title)}</h1>"
+            f"<p>{html.escape(text)}</p><p><a href='/docs'>API reference</a></p>"
+        )
+
+    return app

@@ -1,0 +1,70 @@
+"""Per-key and per-address rate limits (the `limits` library), shared by API processes via Redis.
+
+If Redis cannot be reached the limiter lets requests through: rate limiting protects the
+service, it must not become the reason it is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from limits import RateLimitItem, parse
+from limits.storage import MemoryStorage, Storage, storage_from_string
+from limits.strategies import FixedWindowRateLimiter
+
+from scheduler.errors import RateLimited
+from scheduler.settings import get_settings
+
+log = logging.getLogger("ipucloud.api")
+
+_lock = threading.Lock()
+_limiter: FixedWindowRateLimiter | None = None
+_items: dict[str, RateLimitItem] = {}
+
+
+def _storage_uri(url: str) -> str:
+    if url.startswith("unix://"):
+        return "redis+unix://" + url[len("unix://") :]
+    return url
+
+
+def limiter() -> FixedWindowRateLimiter:
+    global _limiter
+    with _lock:
+        if _limiter is None:
+            storage: Storage
+            try:
+                storage = storage_from_string(_storage_uri(get_settings().broker_url))
+            except Exception as exc:  # no Redis configured at all: limit per process
+                log.warning("rate limits kept in memory: %s", exc)
+                storage = MemoryStorage()
+            _limiter = FixedWindowRateLimiter(storage)
+        return _limiter
+
+
+def reset_limiter() -> None:
+    global _limiter
+    with _lock:
+        _limiter = None
+
+
+def check_rate(identity: str, limit: str) -> None:
+    item = _items.get(limit)
+    if item is None:
+        item = _items[limit] = parse(limit)
+    lim = limiter()
+    try:
+        allowed = lim.hit(item, identity)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s); letting the request through", exc)
+        return
+    if not allowed:
+        try:
+            reset_at = lim.get_window_stats(item, identity).reset_time
+            retry = max(1, math.ceil(reset_at - time.time()))
+        except Exception:
+            retry = item.get_expiry()
+        raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)

@@ -1,0 +1,278 @@
+"""Admin routes: tenants, plans, fleet, machines, partitions, usage across tenants."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from api.deps import Admin, DbDep, SettingsDep
+from api.schemas import (
+    Page,
+    PartitionOut,
+    TenantCreate,
+    TenantCreated,
+    TenantOut,
+    TenantUpdate,
+    decode_cursor,
+    decode_int_cursor,
+    encode_cursor,
+)
+from api.views import hours, partition_out, tenant_out
+from scheduler import bus
+from scheduler.services import fleet, partitions
+from scheduler.services import tenants as tenant_service
+from scheduler.services import usage as usage_service
+
+router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
+
+PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+MachineId = Annotated[str, Path(min_length=1, max_length=32)]
+TenantId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+# Tenants --------------------------------------------------------------------------------------------
+
+
+@router.post(
+    "/tenants", status_code=201, response_model=TenantCreated, summary="Create a tenant and its first key"
+)
+def create_tenant(body: TenantCreate, principal: Admin, db: DbDep, settings: SettingsDep) -> TenantCreated:
+    with db.write() as s:
+        created = tenant_service.create_tenant(
+            session=s,
+            secret=settings.secret(),
+            name=body.name,
+            plan=body.plan,
+            quota_ipu_hours=body.quota_ipu_hours,
+            expires_at=body.expires_at,
+            fairshare_weight=body.fairshare_weight,
+            owner_email=body.owner_email,
+        )
+        return TenantCreated(**tenant_out(created.tenant).model_dump(), api_key=created.api_key)
+
+
+@router.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
+def list_tenants(
+    principal: Admin,
+    db: DbDep,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> Page[TenantOut]:
+    with db.read() as s:
+        rows = tenant_service.list_tenants(session=s, after=decode_cursor(cursor), limit=limit + 1)
+        items = [tenant_out(t) for t in rows[:limit]]
+    return Page[TenantOut](
+        items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    )
+
+
+@router.get("/tenants/{tenant_id}", response_model=TenantOut, summary="A tenant")
+def get_tenant(tenant_id: TenantId, principal: Admin, db: DbDep) -> TenantOut:
+    with db.read() as s:
+        return tenant_out(tenant_service.get_tenant(session=s, tenant_id=tenant_id))
+
+
+@router.patch(
+    "/tenants/{tenant_id}", response_model=TenantOut, summary="Change a tenant's plan, quota or status"
+)
+def update_tenant(tenant_id: TenantId, body: TenantUpdate, principal: Admin, db: DbDep) -> TenantOut:
+    with db.write() as s:
+        t = tenant_service.update_tenant(
+            session=s, tenant_id=tenant_id, changes=body.model_dump(exclude_unset=True)
+        )
+        return tenant_out(t)
+
+
+# Fleet and machines -------------------------------------------------------------------------------------
+
+
+@router.get("/fleet", summary="The fleet: pods, machines and IPUs with who holds them, and fragmentation")
+def get_fleet(
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
+    pods: Annotated[int, Query(ge=1, le=1024)] = 64,
+    head_size: Annotated[int | None, Query(ge=1, le=65536)] = None,
+) -> dict[str, Any]:
+    with db.read() as s:
+        view = partitions.fleet_view(session=s, pod_from=pod_from, pods=pods)
+        view["summary"] = partitions.fleet_summary(
+            session=s, head_size=head_size, policy=settings.placement_policy
+        )
+    return view
+
+
+class HealthChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+
+def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None) -> dict[str, Any]:
+    with db.write() as s:
+        m = fleet.set_machine_health(
+            session=s, machine=machine, health=health, reason=body.reason if body else None
+        )
+        out = {
+            "id": m.id,
+            "pod": m.pod,
+            "slot": m.slot,
+            "machine_type": m.machine_type,
+            "health": m.health,
+            "reason": m.health_reason,
+        }
+    bus.wake_scheduler("machine")
+    return out
+
+
+@router.post("/machines/{machine_id}/drain", summary="Drain: finish what runs, take nothing new")
+def drain_machine(
+    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+) -> dict[str, Any]:
+    return _set_health(db, machine_id, "draining", body)
+
+
+@router.post("/machines/{machine_id}/fail", summary="Mark failed: never allocated until restored")
+def fail_machine(
+    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+) -> dict[str, Any]:
+    return _set_health(db, machine_id, "failed", body)
+
+
+@router.post("/machines/{machine_id}/restore", summary="Restore: allocatable again")
+def restore_machine(
+    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+) -> dict[str, Any]:
+    return _set_health(db, machine_id, "up", body)
+
+
+# Partitions -----------------------------------------------------------------------------------------------
+
+
+class PartitionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: PartitionName = Field(description="The partition's name (V-IPU: `vipu create partition NAME`).")
+    size: int = Field(ge=1, le=65536)
+    machine_type: Literal["m2000", "bow"] | None = None
+    tenant: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, description="Reserve it for this tenant: only its jobs may run in it."
+    )
+    gcds: int = Field(1, ge=1, le=65536)
+    reconfigurable: bool = False
+
+
+@router.post("/partitions", status_code=201, response_model=PartitionOut, summary="Create a partition")
+def create_partition(
+    body: PartitionCreate, principal: Admin, db: DbDep, settings: SettingsDep
+) -> PartitionOut:
+    with db.write() as s:
+        part = partitions.create_partition(
+            session=s,
+            name=body.id,
+            size=body.size,
+            machine_type=body.machine_type,
+            tenant_id=body.tenant,
+            gcds=body.gcds,
+            reconfigurable=body.reconfigurable,
+            created_by=principal.key_id,
+            policy=settings.placement_policy,
+        )
+        out = partition_out(part)
+    bus.wake_scheduler("partition")
+    return out
+
+
+@router.get("/partitions", response_model=Page[PartitionOut], summary="List live partitions")
+def list_partitions(
+    principal: Admin,
+    db: DbDep,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    tenant: Annotated[str | None, Query(max_length=64)] = None,
+) -> Page[PartitionOut]:
+    with db.read() as s:
+        rows = fleet.list_partitions(
+            session=s, tenant_id=tenant, after=decode_int_cursor(cursor), limit=limit + 1
+        )
+        items = [partition_out(p) for p in rows[:limit]]
+    return Page[PartitionOut](
+        items=items, next_cursor=encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
+    )
+
+
+@router.get("/partitions/{partition_id}", response_model=PartitionOut, summary="A live partition")
+def get_partition(
+    partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep
+) -> PartitionOut:
+    with db.read() as s:
+        return partition_out(partitions.get_partition(session=s, name=partition_id))
+
+
+@router.delete("/partitions/{partition_id}", response_model=PartitionOut, summary="Remove a partition")
+def remove_partition(
+    partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep
+) -> PartitionOut:
+    with db.write() as s:
+        out = partition_out(partitions.remove_partition(session=s, name=partition_id))
+    bus.wake_scheduler("partition")
+    return out
+
+
+@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs")
+def reset_partition(
+    partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep, settings: SettingsDep
+) -> dict[str, Any]:
+    with db.write() as s:
+        part, job = partitions.reset_partition(
+            session=s, name=partition_id, max_attempts=settings.max_attempts
+        )
+        out = {"partition": partition_out(part).model_dump(mode="json"), "interrupted_job": job}
+    bus.wake_scheduler("partition")
+    return out
+
+
+# Usage across tenants -------------------------------------------------------------------------------
+
+
+@router.get(
+    "/usage", summary="Usage across tenants (JSON or CSV)", responses={200: {"content": {"text/csv": {}}}}
+)
+def admin_usage(
+    principal: Admin,
+    db: DbDep,
+    format: Literal["json", "csv"] = "json",
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Any:
+    with db.read() as s:
+        tenants = usage_service.tenant_totals(session=s)
+        groups = usage_service.breakdowns(session=s, tenant_id=None, since=since, until=until)
+    rows = [
+        {
+            "tenant_id": t.id,
+            "name": t.name,
+            "plan": t.plan_name,
+            "quota_ipu_hours": hours(t.quota_ipu_ms),
+            "used_ipu_hours": hours(t.used_ipu_ms),
+            "reserved_ipu_hours": hours(t.reserved_ipu_ms),
+        }
+        for t in tenants
+    ]
+    if format == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["tenant_id"])
+        w.writeheader()
+        w.writerows(rows)
+        return Response(
+            buf.getvalue(),
+            media_type="text/csv",
+            headers={"Content-Disposition": 'attachment; filename="usage-all.csv"'},
+        )
+    return {"tenants": rows, **groups}

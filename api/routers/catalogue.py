@@ -1,0 +1,56 @@
+"""The workload catalogue and dry-run estimates."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import DbDep, Reader
+from scheduler.jobspec import WorkloadRequest
+from scheduler.services import estimates
+from vipu import emulator
+
+router = APIRouter(prefix="/api/v1", tags=["catalogue"])
+
+
+class EstimateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadRequest
+    ipus: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = "auto"
+    machine: Literal["m2000", "bow"] | None = None
+
+
+class EstimateOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    fits: bool
+    plan: dict[str, Any] | None = None
+    throughput: float | None = Field(None, description="samples/s")
+    compile_s: float | None = None
+    step_s: float | None = None
+    total_s: float | None = None
+    ipu_hours: float | None = None
+    expected_wait_s: float | None = Field(
+        None, description="Cluster seconds before it would start; null if never"
+    )
+    error: str | None = None
+
+
+@router.get("/workloads", summary="The workload catalogue with each workload's parameters and limits")
+def list_workloads(principal: Reader) -> dict[str, Any]:
+    return {
+        "items": [w.to_dict() for w in emulator.catalogue()],
+        "machines": [m.to_dict() for m in emulator.MACHINES.values()],
+    }
+
+
+@router.post(
+    "/estimates", response_model=EstimateOut, summary="Dry run: plan, fit, time, cost and queue wait"
+)
+def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
+    with db.read() as s:
+        out = estimates.estimate(session=s, workload=body.workload, ipus=body.ipus, machine=body.machine)
+    return EstimateOut(**out)

@@ -1,0 +1,216 @@
+"""Jobs: submit, list, show, cancel, logs (JSON or server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
+
+import orjson
+from anyio import to_thread
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import ORJSONResponse, StreamingResponse
+
+from api.deps import DbDep, Reader, Submitter
+from api.schemas import (
+    JobOut,
+    LogEntry,
+    LogsOut,
+    Page,
+    WaitReason,
+    decode_cursor,
+    decode_int_cursor,
+    encode_cursor,
+)
+from api.views import job_out
+from scheduler import bus
+from scheduler.errors import InvalidRequest
+from scheduler.jobspec import JobSpec
+from scheduler.models import FINAL_JOB_STATES, Job
+from scheduler.services import jobs as job_service
+from scheduler.services import usage as usage_service
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
+]
+
+
+def _render(job: Job) -> dict[str, object]:
+    return job_out(job).model_dump(mode="json")
+
+
+@router.post("/jobs", status_code=202, response_model=JobOut, summary="Submit a job")
+def submit_job(
+    spec: JobSpec, principal: Submitter, db: DbDep, idempotency_key: IdempotencyKey = None
+) -> Response:
+    if principal.tenant_id is None:
+        raise InvalidRequest("Admin keys have no tenant; submit with a tenant's key.")
+    for attempt in range(2):
+        try:
+            with db.write() as s:
+                result = job_service.submit_job(
+                    session=s,
+                    tenant_id=principal.tenant_id,
+                    spec=spec,
+                    idempotency_key=idempotency_key,
+                    render=_render,
+                )
+                body = result.job.submit_response or _render(result.job)
+            break
+        except job_service.IdempotencyRace:
+            if attempt:
+                raise
+    if not result.replayed:
+        bus.wake_scheduler("submit")
+    headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
+    if result.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return ORJSONResponse(body, status_code=202, headers=headers)
+
+
+@router.get("/jobs", response_model=Page[JobOut], summary="List the caller's jobs, newest first")
+def list_jobs(
+    principal: Reader,
+    db: DbDep,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
+) -> Page[JobOut]:
+    after = decode_cursor(cursor)
+    with db.read() as s:
+        rows = job_service.list_jobs(
+            session=s, tenant_id=principal.tenant_id, after=after, limit=limit + 1, state=state
+        )
+        items = [job_out(j) for j in rows[:limit]]
+    return Page[JobOut](
+        items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    )
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job, its history, progress and why it waits")
+def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
+    with db.read() as s:
+        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        attempt = job_service.current_attempt(session=s, job=job)
+        partition = job_service.attempt_partition(session=s, attempt=attempt)
+        history = job_service.job_events(session=s, job_id=job.id, kinds=("state",))
+        used = usage_service.job_used_ipu_ms(session=s, job_id=job.id)
+        wait = job_service.wait_reason(session=s, job=job)
+        out = job_out(job, attempt=attempt, partition=partition, history=history, used_ipu_ms=used)
+    if wait is not None:
+        out.wait = WaitReason(**wait)
+    return out
+
+
+@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Cancel a job")
+def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
+    with db.write() as s:
+        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        out = job_out(job)
+    bus.publish(bus.job_channel(job_id), "cancel")
+    bus.wake_scheduler("cancel")
+    return out
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    response_model=LogsOut,
+    summary="Job events and log lines; server-sent events with `Accept: text/event-stream`",
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def job_logs(
+    job_id: JobId,
+    request: Request,
+    principal: Reader,
+    db: DbDep,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+) -> Response:
+    after = decode_int_cursor(cursor) or 0
+    with db.read() as s:
+        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        state = job.state
+    if "text/event-stream" in request.headers.get("accept", ""):
+        if last_event_id and last_event_id.isdigit():
+            after = int(last_event_id)
+        return StreamingResponse(
+            _stream(db, job_id, after),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    with db.read() as s:
+        events = job_service.job_events(session=s, job_id=job_id, after=after, limit=limit + 1)
+        items = [
+            LogEntry(id=e.id, at=e.at, kind=e.kind, message=e.message, attempt=e.attempt, data=e.data)
+            for e in events[:limit]
+        ]
+    nxt = encode_cursor(items[-1].id) if len(events) > limit else None
+    return ORJSONResponse(
+        LogsOut(job_id=job_id, state=state, items=items, next_cursor=nxt).model_dump(mode="json")
+    )
+
+
+def _sse(event: str, data: object, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return (head + f"event: {event}\ndata: ").encode() + orjson.dumps(data, default=str) + b"\n\n"
+
+
+async def _stream(db: DbDep, job_id: str, after: int) -> AsyncIterator[bytes]:
+    """Send new events as they are written; wake on the job's bus channel, poll as a fallback."""
+    pubsub = None
+    try:
+        try:
+            pubsub = bus.get_async_redis().pubsub(ignore_subscribe_messages=True)
+            await pubsub.subscribe(bus.job_channel(job_id))
+        except Exception:
+            pubsub = None
+        last_progress: object = None
+        idle = 0
+        while True:
+            snapshot = await to_thread.run_sync(_read_since, db, job_id, after)
+            events, state, progress = snapshot
+            for e in events:
+                after = e.id
+                yield _sse(
+                    e.kind,
+                    LogEntry(
+                        id=e.id, at=e.at, kind=e.kind, message=e.message, attempt=e.attempt, data=e.data
+                    ).model_dump(mode="json"),
+                    e.id,
+                )
+            if progress is not None and progress != last_progress:
+                last_progress = progress
+                yield _sse("progress", progress)
+            if state in FINAL_JOB_STATES:
+                yield _sse("end", {"state": state})
+                return
+            idle = 0 if events else idle + 1
+            if idle and idle % 30 == 0:
+                yield b": keep-alive\n\n"
+            if pubsub is not None:
+                try:
+                    await pubsub.get_message(timeout=1.0)
+                except Exception:
+                    pubsub = None
+            else:
+                await asyncio.sleep(0.5)
+    finally:
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()
+            except Exception:
+                pass
+
+
+def _read_since(db: DbDep, job_id: str, after: int) -> tuple[list, str, dict | None]:
+    with db.read() as s:
+        job = job_service.get_job(session=s, job_id=job_id, tenant_id=None)
+        events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
+        attempt = job_service.current_attempt(session=s, job=job)
+        progress = attempt.progress if attempt is not None else None
+        return events, job.state, progress

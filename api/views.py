@@ -1,0 +1,92 @@
+"""Turn what the scheduler returns into the API's response bodies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
+from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant
+
+
+def hours(ipu_ms: int) -> float:
+    return round(ipu_ms / IPU_MS_PER_HOUR, 6)
+
+
+def job_out(
+    job: Job,
+    *,
+    attempt: Attempt | None = None,
+    partition: Partition | None = None,
+    history: list[JobEvent] | None = None,
+    used_ipu_ms: int | None = None,
+) -> JobOut:
+    live_partition = partition.name if partition is not None else None
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        state=job.state,  # type: ignore[arg-type]
+        reason=job.reason,
+        ipus=job.ipus,
+        ipus_requested=job.ipus_requested,
+        machine=(partition.machine_type if partition is not None else job.machine_type),
+        partition=live_partition,
+        priority=job.priority,
+        workload=job.spec.get("workload", {}),
+        max_runtime_s=job.max_runtime_s,
+        predicted_runtime_s=round(job.predicted_runtime_s, 3),
+        cancel_requested=job.cancel_requested,
+        attempts=job.attempts,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        progress=Progress(**attempt.progress) if attempt is not None and attempt.progress else None,
+        used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
+        history=None
+        if history is None
+        else [
+            HistoryEntry(at=e.at, message=e.message, state=(e.data or {}).get("state"), attempt=e.attempt)
+            for e in history
+        ],
+    )
+
+
+def tenant_out(t: Tenant) -> TenantOut:
+    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    return TenantOut(
+        id=t.id,
+        name=t.name,
+        plan=t.plan_name,
+        status=t.status,
+        quota_ipu_hours=hours(t.quota_ipu_ms),
+        used_ipu_hours=hours(t.used_ipu_ms),
+        reserved_ipu_hours=hours(t.reserved_ipu_ms),
+        remaining_ipu_hours=hours(remaining),
+        expires_at=t.expires_at,
+        fairshare_weight=t.fairshare_weight,
+        category=t.category,
+        organisation=t.organisation,
+        created_at=t.created_at,
+    )
+
+
+def partition_out(p: Partition) -> PartitionOut:
+    return PartitionOut(
+        id=p.name,
+        size=p.size,
+        ipus=list(p.ipu_ids),
+        tenant=p.tenant_id,
+        kind=p.kind,
+        machine_type=p.machine_type,
+        gcds=p.gcds,
+        reconfigurable=p.reconfigurable,
+        job=p.job_id,
+        state="active" if p.released_at is None else "released",
+        created_at=p.created_at,
+        released_at=p.released_at,
+    )
+
+
+def days_left(expires_at: datetime | None) -> float | None:
+    if expires_at is None:
+        return None
+    return round(max(0.0, (expires_at - datetime.now(UTC)).total_seconds() / 86400), 2)

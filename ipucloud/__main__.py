@@ -1,0 +1,3 @@
+from ipucloud.cli import main
+
+main()

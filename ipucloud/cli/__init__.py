@@ -1,0 +1,22 @@
+"""The `ipucloud` command: servers (`up`, `api`, `scheduler`, `worker`, `migrate`), tools
+(`estimate`, `simulate`) and the client commands that mirror the HTTP API."""
+
+from __future__ import annotations
+
+import typer
+
+from ipucloud.cli import server, tools
+
+app = typer.Typer(
+    name="ipucloud",
+    help="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, exact metering.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+server.register(app)
+tools.register(app)
+
+
+def main() -> None:
+    app()

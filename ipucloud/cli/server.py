@@ -1,0 +1,219 @@
+"""Server commands: `up` (everything, embedded), and `api`, `scheduler`, `worker`, `migrate`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from scheduler.settings import ConfigError, Settings, get_settings, reset_settings_cache
+
+err = Console(stderr=True)
+
+
+def _configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+
+
+def _settings_or_exit() -> Settings:
+    try:
+        return get_settings()
+    except Exception as exc:
+        err.print(f"[red]Invalid configuration:[/] {exc}")
+        raise typer.Exit(2)
+
+
+def _preflight(settings: Settings, *, require_migrated: bool = True) -> None:
+    from ipucloud.preflight import check_all
+
+    try:
+        check_all(settings, require_migrated=require_migrated)
+    except ConfigError as exc:
+        err.print(f"[red]Cannot start:[/] {exc}")
+        raise typer.Exit(3)
+
+
+def up(
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the database, Redis files, logs and keys live.")
+    ] = Path(".ipucloud"),
+    host: Annotated[str, typer.Option(help="Address the API binds.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port the API binds.", min=1, max=65535)] = 8000,
+    pods: Annotated[
+        int, typer.Option(help="POD64 racks (IPU-M2000) in the demo fleet.", min=1, max=1024)
+    ] = 2,
+    time_scale: Annotated[
+        float, typer.Option(help="Cluster seconds emulated per wall second.", min=0.001, max=1_000_000)
+    ] = 1.0,
+) -> None:
+    """Run the whole cloud on this machine: SQLite, embedded Redis, API, scheduler, one worker."""
+    from ipucloud.supervisor import Cloud
+
+    os.environ.update(
+        IPUCLOUD_MODE="embedded",
+        IPUCLOUD_DATA_DIR=str(data_dir),
+        IPUCLOUD_HOST=host,
+        IPUCLOUD_PORT=str(port),
+        IPUCLOUD_TIME_SCALE=repr(time_scale),
+    )
+    reset_settings_cache()
+    settings = _settings_or_exit()
+    raise typer.Exit(Cloud(settings=settings, pods=pods).run())
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address (default IPUCLOUD_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default IPUCLOUD_PORT).", min=1, max=65535)] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="uvicorn worker processes (default IPUCLOUD_API_WORKERS).", min=1, max=64),
+    ] = None,
+) -> None:
+    """Serve the HTTP API and the dashboard."""
+    import uvicorn
+
+    settings = _settings_or_exit()
+    _configure_logging(settings)
+    _preflight(settings)
+    n = workers or settings.api_workers
+    if n > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = Path(tempfile.mkdtemp(prefix="ipucloud-metrics-"))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    uvicorn.run(
+        "api.main:app",
+        host=host or settings.host,
+        port=port or settings.port,
+        workers=n,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        proxy_headers=True,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def scheduler() -> None:
+    """Run a scheduler replica (replicas elect a leader; only it schedules)."""
+    from scheduler.db import get_database
+    from scheduler.loop import SchedulerLoop
+
+    settings = _settings_or_exit()
+    _configure_logging(settings)
+    _preflight(settings)
+    loop = SchedulerLoop(settings=settings, db=get_database(settings))
+
+    def _stop(signum: int, _frame: object) -> None:
+        logging.getLogger("ipucloud.scheduler").info("signal %d: stepping down", signum)
+        loop.stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    loop.run()
+
+
+def worker(
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated queues to serve (default IPUCLOUD_WORKER_QUEUES).")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(help="Attempts run at once (default IPUCLOUD_WORKER_CONCURRENCY).", min=1, max=256),
+    ] = None,
+    hostname: Annotated[str | None, typer.Option(help="Celery node name (default worker@<host>).")] = None,
+) -> None:
+    """Run a Celery worker that runs attempts on the emulated IPU."""
+    settings = _settings_or_exit()
+    _configure_logging(settings)
+    _preflight(settings)
+    from workers.app import app as celery_app
+
+    argv = [
+        "worker",
+        "--queues",
+        queues or settings.worker_queues,
+        "--concurrency",
+        str(concurrency or settings.worker_concurrency),
+        "--pool",
+        "prefork",
+        "--loglevel",
+        settings.log_level,
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if hostname:
+        argv += ["--hostname", hostname]
+    celery_app.worker_main(argv)
+
+
+def migrate() -> None:
+    """Apply database migrations (idempotent)."""
+    from scheduler.db import Database
+    from scheduler.migrate import head_revision, upgrade
+    from scheduler.services import tenants
+
+    settings = _settings_or_exit()
+    _configure_logging(settings)
+    from ipucloud.preflight import wait_for_database
+
+    try:
+        wait_for_database(settings, require_migrated=False)
+    except ConfigError as exc:
+        err.print(f"[red]Cannot migrate:[/] {exc}")
+        raise typer.Exit(3)
+    upgrade(settings.db_url)
+    db = Database(settings.db_url)
+    with db.write() as s:
+        tenants.seed_plans(session=s)
+    db.dispose()
+    err.print(f"Database at revision {head_revision()}.")
+
+
+def bootstrap(
+    pods: Annotated[
+        int, typer.Option(help="Make sure the fleet has at least this many POD64s.", min=0, max=1024)
+    ] = 0,
+    machine: Annotated[str, typer.Option(help="Machine type of added POD64s: m2000 or bow.")] = "m2000",
+    admin_key_file: Annotated[
+        Path | None, typer.Option(help="Write a new admin key here (mode 0600) if none exists yet.")
+    ] = None,
+) -> None:
+    """Seed a production database: fleet racks and the first admin key (printed once)."""
+    from scheduler.db import Database
+    from scheduler.services import fleet, tenants
+    from scheduler.settings import write_private
+
+    settings = _settings_or_exit()
+    _preflight(settings, require_migrated=True)
+    db = Database(settings.db_url)
+    with db.write() as s:
+        tenants.seed_plans(session=s)
+        added = fleet.seed_fleet(session=s, pods=pods, machine_type=machine) if pods else 0
+        key = tenants.ensure_admin_key(session=s, secret=settings.secret())
+    db.dispose()
+    if added:
+        err.print(f"Added {added} POD64s of {machine}.")
+    if key is not None:
+        if admin_key_file is not None:
+            write_private(admin_key_file, key + "\n")
+            err.print(f"Admin key written to {admin_key_file}.")
+        else:
+            print(key)
+    else:
+        err.print("An admin key already exists; nothing printed.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(api)
+    app.command()(scheduler)
+    app.command()(worker)
+    app.command()(migrate)
+    app.command()(bootstrap)

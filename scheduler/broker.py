@@ -1,0 +1,48 @@
+"""The Celery application, shared by the dispatcher (which only sends) and the workers.
+
+The broker carries only "attempt N is ready"; results are never stored or read (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from scheduler.settings import Settings, get_settings
+
+TASK_NAME = "ipucloud.run_attempt"
+DEFAULT_QUEUE = "ipucloud"
+
+
+def celery_broker_url(url: str) -> str:
+    """redis-py spells a Unix socket `unix://`, kombu spells it `redis+socket://`."""
+    if url.startswith("unix://"):
+        return "redis+socket://" + url[len("unix://") :]
+    return url
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    s = settings or get_settings()
+    app = Celery("ipucloud", broker=celery_broker_url(s.broker_url))
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        result_backend=None,
+        task_default_queue=DEFAULT_QUEUE,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # A redelivery after the visibility timeout is a duplicate the lease CAS turns away, so
+        # this only bounds how long a message of a dead worker waits before another worker sees it.
+        broker_transport_options={"visibility_timeout": 3600, "socket_keepalive": True},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        worker_enable_remote_control=True,
+        enable_utc=True,
+    )
+    return app

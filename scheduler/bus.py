@@ -1,0 +1,74 @@
+"""Redis as an event bus: wake the scheduler on submit/finish, wake log followers on new lines.
+
+Only hints travel here; losing one costs a tick of latency, never a job (the database is the truth).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+import redis.asyncio as aioredis
+
+from scheduler.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+WAKE_CHANNEL = "ipucloud:wake"
+
+
+def job_channel(job_id: str) -> str:
+    return f"ipucloud:job:{job_id}"
+
+
+def redis_from_url(url: str, **kwargs: object) -> redis.Redis:
+    return redis.Redis.from_url(url, **kwargs)  # type: ignore[arg-type]
+
+
+_client: redis.Redis | None = None
+_lock = threading.Lock()
+
+
+def get_redis(settings: Settings | None = None) -> redis.Redis:
+    global _client
+    with _lock:
+        if _client is None:
+            s = settings or get_settings()
+            _client = redis_from_url(
+                s.broker_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+            )
+        return _client
+
+
+_async_client: aioredis.Redis | None = None
+
+
+def get_async_redis(settings: Settings | None = None) -> aioredis.Redis:
+    """For the API's event streams (one per event loop; the API runs one loop per process)."""
+    global _async_client
+    with _lock:
+        if _async_client is None:
+            s = settings or get_settings()
+            _async_client = aioredis.Redis.from_url(s.broker_url, socket_connect_timeout=5)
+        return _async_client
+
+
+def reset_redis() -> None:
+    global _client, _async_client
+    with _lock:
+        if _client is not None:
+            _client.close()
+        _client = None
+        _async_client = None
+
+
+def publish(channel: str, message: str) -> None:
+    try:
+        get_redis().publish(channel, message)
+    except redis.RedisError as exc:
+        log.warning("could not publish %s on %s: %s", message, channel, exc)
+
+
+def wake_scheduler(reason: str) -> None:
+    publish(WAKE_CHANNEL, reason)

@@ -1,0 +1,127 @@
+"""Engines and transactions.
+
+SQLite (the embedded default) runs with WAL, foreign keys and a busy timeout, and its write
+transactions take the write lock at BEGIN (`BEGIN IMMEDIATE`): a deferred transaction that reads
+and then writes can fail with SQLITE_BUSY halfway, which would turn every guarded update into a
+retry loop. Read-only transactions stay deferred so readers never queue behind writers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+from scheduler.settings import Settings, get_settings
+
+_BEGIN_OPTION = "ipucloud_sqlite_begin"
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def normalise_url(url: str) -> str:
+    """Accept the usual `postgresql://` spelling and use psycopg 3 for it."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
+    url = normalise_url(url)
+    if is_sqlite(url):
+        engine = create_engine(
+            url,
+            echo=echo,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            # SQLite connections are cheap; pooling them across forks (Celery prefork) is not safe.
+            poolclass=NullPool,
+        )
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(
+        url,
+        echo=echo,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        # Prepared statements on the server for the hot, repeated queries.
+        connect_args={"prepare_threshold": 3},
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite so BEGIN is ours to issue.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get(_BEGIN_OPTION, "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+class Database:
+    """One engine and the two kinds of transaction every component uses."""
+
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        self.url = normalise_url(url)
+        self.engine = make_engine(self.url, pool_size=pool_size)
+        self.sqlite = is_sqlite(self.url)
+        self._write = sessionmaker(bind=self.engine, expire_on_commit=False)
+        read_bind = (
+            self.engine.execution_options(**{_BEGIN_OPTION: "DEFERRED"}) if self.sqlite else self.engine
+        )
+        self._read = sessionmaker(bind=read_bind, expire_on_commit=False)
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction: committed when the block ends, rolled back on any exception."""
+        with self._write() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._read() as session, session.begin():
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+_db: Database | None = None
+_db_lock = threading.Lock()
+
+
+def get_database(settings: Settings | None = None) -> Database:
+    """The process-wide database (one engine per process, created lazily after any fork)."""
+    global _db
+    with _db_lock:
+        if _db is None:
+            s = settings or get_settings()
+            _db = Database(s.db_url)
+        return _db
+
+
+def reset_database() -> None:
+    global _db
+    with _db_lock:
+        if _db is not None:
+            _db.dispose()
+        _db = None

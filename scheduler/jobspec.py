@@ -1,0 +1,55 @@
+"""The job spec of DESIGN.md's contract, validated at the edge and stored as submitted."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
+PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+MAX_FLEET_IPUS = 65_536
+
+
+class WorkloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=40)] = Field(
+        description="Catalogue name, e.g. `bert-large` (see GET /api/v1/workloads)."
+    )
+    task: Literal["train", "infer"] = "train"
+    batch_size: int | None = Field(None, ge=1, le=1_048_576, description="Global batch size.")
+    seq_len: int | None = Field(None, ge=1, le=65_536)
+    precision: Literal["fp16", "fp32"] = "fp16"
+    steps: int | None = Field(None, ge=1, le=1_000_000_000)
+    samples: int | None = Field(None, ge=1, le=1_000_000_000_000)
+
+    @model_validator(mode="after")
+    def _steps_or_samples(self) -> WorkloadRequest:
+        if self.steps is not None and self.samples is not None:
+            raise ValueError("give `steps` or `samples`, not both")
+        return self
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    workload: WorkloadRequest
+    ipus: int | Literal["auto"] = Field(
+        description="Partition size: a power of two, or `auto` for the smallest that fits."
+    )
+    machine: Literal["m2000", "bow"] | None = None
+    partition: PartitionName | None = Field(None, description="Run inside this reserved partition.")
+    priority: int = Field(0, ge=-100, le=100)
+    max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
+
+    @model_validator(mode="after")
+    def _size(self) -> JobSpec:
+        if isinstance(self.ipus, int):
+            if self.ipus < 1 or self.ipus > MAX_FLEET_IPUS:
+                raise ValueError(f"ipus must be between 1 and {MAX_FLEET_IPUS}")
+            if self.ipus & (self.ipus - 1):
+                raise ValueError("ipus must be a power of two (1, 2, 4, ... 65536): partitions are")
+        return self

@@ -1,0 +1,383 @@
+"""The database: typed SQLAlchemy 2 models. The scheduler owns it; nothing else writes SQL.
+
+Money-like amounts (quota, usage, meter events) are integer IPU-milliseconds of cluster time, so
+sums are exact on every database.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+IPU_MS_PER_HOUR = 3_600_000
+
+# Auto-incrementing 64-bit keys: SQLite only auto-increments a column declared INTEGER.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, stored naive-UTC so SQLite compares them as text correctly."""
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database; use utcnow()")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class AttemptState(enum.StrEnum):
+    PLACED = "placed"  # partition held, outbox row written, not yet taken by a worker
+    RUNNING = "running"  # a worker holds the lease
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the job's own fault (does not fit, exhausted quota): billed for what ran
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"  # platform fault (lease expired, worker gone): never billed
+    HANDED_BACK = "handed_back"  # worker shut down gracefully and returned it: never billed
+    PREEMPTED = "preempted"  # made room for higher-priority work: never billed
+
+
+LIVE_ATTEMPT_STATES = frozenset({AttemptState.PLACED, AttemptState.RUNNING})
+PLATFORM_FAULT_STATES = frozenset({AttemptState.LOST, AttemptState.HANDED_BACK, AttemptState.PREEMPTED})
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # trial | standard | internal
+    description: Mapped[str] = mapped_column(String(500), default="")
+    quota_ipu_hours: Mapped[float] = mapped_column(Float)  # grant given to a new tenant
+    trial_days: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_partition_size: Mapped[int] = mapped_column(Integer)
+    max_concurrent_jobs: Mapped[int] = mapped_column(Integer)
+    max_queued_jobs: Mapped[int] = mapped_column(Integer)
+    max_runtime_s: Mapped[int] = mapped_column(BigInteger)
+    idle_timeout_s: Mapped[int] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    plan_name: Mapped[str] = mapped_column(ForeignKey("plans.name"))
+    status: Mapped[str] = mapped_column(String(16), default="active")  # active | suspended
+    category: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    organisation: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    contact_email: Mapped[str | None] = mapped_column(String(254), nullable=True)
+    quota_ipu_ms: Mapped[int] = mapped_column(BigInteger)
+    used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    reserved_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Member(Base):
+    __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("tenant_id", "email", name="uq_members_tenant_email"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True, index=True)
+    email: Mapped[str] = mapped_column(String(254))
+    name: Mapped[str] = mapped_column(String(100), default="")
+    role: Mapped[str] = mapped_column(String(16))  # admin (global, no tenant) | owner | member
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    lookup: Mapped[str] = mapped_column(String(32), unique=True)  # public part of the key
+    key_hash: Mapped[str] = mapped_column(String(128))  # HMAC-SHA256 of the whole key
+    name: Mapped[str] = mapped_column(String(100), default="")
+    scopes: Mapped[str] = mapped_column(String(64))  # space separated: read submit admin
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True, index=True)
+    member_id: Mapped[str | None] = mapped_column(ForeignKey("members.id"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class TrialApplication(Base):
+    __tablename__ = "trial_applications"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    email: Mapped[str] = mapped_column(String(254))
+    organisation: Mapped[str] = mapped_column(String(200))
+    category: Mapped[str] = mapped_column(String(16))  # business | university | individual
+    intended_use: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Machine(Base):
+    __tablename__ = "machines"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # pod0003-m07
+    pod: Mapped[int] = mapped_column(Integer, index=True)
+    rack: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[int] = mapped_column(Integer)  # position in the POD64's ring, 0..15
+    machine_type: Mapped[str] = mapped_column(String(16))
+    health: Mapped[str] = mapped_column(String(16), default="up")
+    health_reason: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Ipu(Base):
+    __tablename__ = "ipus"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # pod0003-m07-i2
+    machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
+    position: Mapped[int] = mapped_column(Integer)  # ring position in its POD64, 0..63
+    health: Mapped[str] = mapped_column(String(16), default="up")
+
+
+class Partition(Base):
+    __tablename__ = "partitions"
+    __table_args__ = (
+        # A name is unique among live partitions only, so V-IPU's `remove` then `create p1` works.
+        Index(
+            "uq_partitions_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("released_at IS NULL"),
+            postgresql_where=text("released_at IS NULL"),
+        ),
+    )
+
+    pk: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # job | reserved
+    size: Mapped[int] = mapped_column(Integer)
+    machine_type: Mapped[str] = mapped_column(String(16))
+    gcds: Mapped[int] = mapped_column(Integer, default=1)
+    reconfigurable: Mapped[bool] = mapped_column(Boolean, default=False)
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True, index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
+    ipu_ids: Mapped[list[str]] = mapped_column(JSON)  # kept after release, for history
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+
+
+class IpuAssignment(Base):
+    """Live assignments only: the primary key on the IPU makes double allocation impossible."""
+
+    __tablename__ = "ipu_assignments"
+
+    ipu_id: Mapped[str] = mapped_column(ForeignKey("ipus.id"), primary_key=True)
+    partition_pk: Mapped[int] = mapped_column(ForeignKey("partitions.pk"), index=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+        Index("ix_jobs_state_priority", "state", "priority"),
+        Index("ix_jobs_tenant_created", "tenant_id", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the workload as submitted, normalised
+    model: Mapped[str] = mapped_column(String(40))
+    task: Mapped[str] = mapped_column(String(16))
+    ipus: Mapped[int] = mapped_column(Integer)  # resolved partition size ("auto" is resolved at submit)
+    ipus_requested: Mapped[str] = mapped_column(String(8))  # "auto" or the number asked for
+    machine_type: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    predicted_runtime_s: Mapped[float] = mapped_column(Float)
+    reserved_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # quota held for this job
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
+    reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    # Why a queued job waits, as the scheduler's last pass explained it.
+    wait: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The 202 body as first sent, so an Idempotency-Key replay returns exactly that response.
+    submit_response: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class JobEvent(Base):
+    """The job's history and log: state changes, placement, worker log lines, progress."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))  # state | log | progress
+    message: Mapped[str] = mapped_column(String(2000))
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),
+        Index("ix_attempts_state_lease", "state", "lease_expires_at"),
+        # One live attempt per partition: a reserved partition runs one job at a time.
+        Index(
+            "uq_attempts_live_partition",
+            "partition_pk",
+            unique=True,
+            sqlite_where=text("state IN ('placed', 'running')"),
+            postgresql_where=text("state IN ('placed', 'running')"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default=AttemptState.PLACED)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)  # fencing token for worker writes
+    partition_pk: Mapped[int] = mapped_column(ForeignKey("partitions.pk"), index=True)
+    size: Mapped[int] = mapped_column(Integer)
+    machine_type: Mapped[str] = mapped_column(String(16))
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    placed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cluster_s: Mapped[float] = mapped_column(Float, default=0.0)  # cluster time run so far
+    metered_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # ticks billed so far
+    # How much of the job's quota reservation those ticks consumed, to restore it if not billed.
+    reservation_used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    ticks: Mapped[int] = mapped_column(Integer, default=0)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+
+
+class OutboxMessage(Base):
+    """'Attempt N of job J is ready', written in the placement's transaction, published after."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_pending", "published_at", "acked_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
+    queue: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    publish_count: Mapped[int] = mapped_column(Integer, default=0)
+    acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class MeterEvent(Base):
+    """One billed slice of an attempt. Its id is deterministic, so a replay inserts nothing twice."""
+
+    __tablename__ = "meter_events"
+    __table_args__ = (Index("ix_meter_events_tenant_at", "tenant_id", "at"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)  # att:<attempt>:tick:<n> | :settle
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # tick | settle
+    ipu_ms: Mapped[int] = mapped_column(BigInteger)  # may be negative in a settle (a refund)
+    partition_size: Mapped[int] = mapped_column(Integer)
+    cluster_s: Mapped[float] = mapped_column(Float)
+    workload: Mapped[str] = mapped_column(String(40))
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)  # settle: the attempt's end
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class LeaderLease(Base):
+    __tablename__ = "leader_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Executable(Base):
+    """The executable cache: a compiled graph by its key, so a rerun skips compilation."""
+
+    __tablename__ = "executables"
+
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    machine_type: Mapped[str] = mapped_column(String(16))
+    compile_s: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)

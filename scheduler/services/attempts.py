@@ -1,0 +1,370 @@
+"""An attempt's life: placed (partition held, outbox row), taken by a worker, heartbeats, end.
+
+Workers change an attempt only through `take`, `heartbeat` and `finish`, each a compare-and-set
+on (attempt id, state, epoch): `take` moves `placed` to `running` and bumps the epoch, and every
+later write must carry that epoch. A duplicate delivery, a worker that was paused past its lease,
+or a second report of the same finish therefore changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from scheduler.models import (
+    PLATFORM_FAULT_STATES,
+    Attempt,
+    AttemptState,
+    Job,
+    JobEvent,
+    JobState,
+    OutboxMessage,
+    Partition,
+    utcnow,
+)
+from scheduler.services import fleet, metering
+from scheduler.services.job_state import add_event, finalize_job
+
+TASK_NAME = "ipucloud.run_attempt"
+
+
+def place(
+    *,
+    session: Session,
+    job: Job,
+    partition: Partition,
+    queue: str,
+) -> Attempt:
+    """Record attempt N of `job` on `partition` and its outbox message, in the caller's transaction."""
+    job.attempts += 1
+    now = utcnow()
+    attempt = Attempt(
+        job_id=job.id,
+        tenant_id=job.tenant_id,
+        number=job.attempts,
+        state=AttemptState.PLACED,
+        epoch=0,
+        partition_pk=partition.pk,
+        size=partition.size,
+        machine_type=partition.machine_type,
+        placed_at=now,
+    )
+    session.add(attempt)
+    session.flush()
+    session.add(
+        OutboxMessage(
+            attempt_id=attempt.id,
+            queue=queue,
+            payload={"attempt_id": attempt.id, "epoch": 0, "job_id": job.id},
+            created_at=now,
+        )
+    )
+    job.updated_at = now
+    add_event(
+        session,
+        job.id,
+        "state",
+        f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
+        f"{_ipu_range(partition.ipu_ids)})",
+        attempt=attempt.number,
+        data={"partition": partition.name, "ipus": partition.ipu_ids, "attempt": attempt.number},
+        at=now,
+    )
+    return attempt
+
+
+def _ipu_range(ipus: list[str]) -> str:
+    return ipus[0] if len(ipus) == 1 else f"{ipus[0]} .. {ipus[-1]}"
+
+
+@dataclass(frozen=True)
+class TakenAttempt:
+    attempt_id: int
+    epoch: int
+    number: int
+    job_id: str
+    tenant_id: str
+    spec: dict[str, Any]
+    partition: str
+    partition_ipus: list[str]
+    partition_size: int
+    partition_gcds: int
+    machine_type: str
+    max_runtime_s: float | None
+    cluster_s: float
+
+
+def take(
+    *, session: Session, attempt_id: int, epoch: int, worker: str, lease_s: float
+) -> TakenAttempt | None:
+    """Compare-and-set `placed` -> `running`. None if someone else has it or it is no longer wanted."""
+    now = utcnow()
+    won = session.execute(
+        update(Attempt)
+        .where(Attempt.id == attempt_id, Attempt.state == AttemptState.PLACED, Attempt.epoch == epoch)
+        .values(
+            state=AttemptState.RUNNING,
+            epoch=epoch + 1,
+            worker=worker[:200],
+            started_at=now,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+        )
+    ).rowcount
+    if won != 1:
+        return None
+    session.execute(update(OutboxMessage).where(OutboxMessage.attempt_id == attempt_id).values(acked_at=now))
+    attempt = session.get(Attempt, attempt_id, populate_existing=True)
+    assert attempt is not None
+    job = session.get(Job, attempt.job_id, populate_existing=True)
+    partition = session.get(Partition, attempt.partition_pk)
+    assert job is not None and partition is not None
+    job.state = JobState.RUNNING
+    job.started_at = job.started_at or now
+    job.updated_at = now
+    add_event(
+        session,
+        job.id,
+        "state",
+        f"running on {worker} (attempt {attempt.number})",
+        attempt=attempt.number,
+        data={"state": "running", "worker": worker},
+        at=now,
+    )
+    return TakenAttempt(
+        attempt_id=attempt.id,
+        epoch=attempt.epoch,
+        number=attempt.number,
+        job_id=job.id,
+        tenant_id=job.tenant_id,
+        spec=job.spec,
+        partition=partition.name,
+        partition_ipus=list(partition.ipu_ids),
+        partition_size=partition.size,
+        partition_gcds=partition.gcds,
+        machine_type=partition.machine_type,
+        max_runtime_s=job.max_runtime_s,
+        cluster_s=attempt.cluster_s,
+    )
+
+
+class Directive(enum.StrEnum):
+    CONTINUE = "continue"
+    CANCEL = "cancel"  # the user cancelled
+    TIMEOUT = "timeout"  # max_runtime_s reached
+    QUOTA = "quota"  # the tenant's grant is used up
+    FENCED = "fenced"  # the lease is gone: stop and write nothing more
+
+
+@dataclass(frozen=True)
+class LogLine:
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+    at: datetime | None = None
+
+
+def _fenced(session: Session, attempt_id: int, epoch: int) -> Attempt | None:
+    attempt = session.execute(
+        select(Attempt)
+        .where(Attempt.id == attempt_id, Attempt.epoch == epoch, Attempt.state == AttemptState.RUNNING)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    return attempt
+
+
+def heartbeat(
+    *,
+    session: Session,
+    attempt_id: int,
+    epoch: int,
+    seq: int,
+    cluster_s: float,
+    lease_s: float,
+    progress: dict[str, Any] | None = None,
+    logs: list[LogLine] | None = None,
+) -> Directive:
+    """Extend the lease, bill the time run so far, record progress; say whether to go on."""
+    attempt = _fenced(session, attempt_id, epoch)
+    if attempt is None:
+        return Directive.FENCED
+    job = session.get(Job, attempt.job_id, populate_existing=True)
+    assert job is not None
+    now = utcnow()
+    attempt.lease_expires_at = now + timedelta(seconds=lease_s)
+    attempt.cluster_s = max(attempt.cluster_s, cluster_s)
+    if progress is not None:
+        attempt.progress = progress
+    for line in logs or ():
+        session.add(
+            JobEvent(
+                job_id=job.id,
+                attempt=attempt.number,
+                kind=line.kind,
+                message=line.message[:2000],
+                data=line.data,
+                at=line.at or now,
+            )
+        )
+    tick = metering.meter_tick(
+        session=session, attempt=attempt, job=job, seq=seq, cluster_s=attempt.cluster_s
+    )
+    if job.cancel_requested:
+        return Directive.CANCEL
+    if tick.quota_exhausted:
+        return Directive.QUOTA
+    if job.max_runtime_s is not None and attempt.cluster_s >= job.max_runtime_s:
+        return Directive.TIMEOUT
+    return Directive.CONTINUE
+
+
+def finish(
+    *,
+    session: Session,
+    attempt_id: int,
+    epoch: int,
+    outcome: AttemptState,
+    cluster_s: float,
+    reason: str | None = None,
+    progress: dict[str, Any] | None = None,
+    logs: list[LogLine] | None = None,
+    max_attempts: int = 3,
+) -> bool:
+    """The worker's last word on an attempt. False (and nothing written) if its epoch is stale."""
+    attempt = _fenced(session, attempt_id, epoch)
+    if attempt is None:
+        return False
+    job = session.get(Job, attempt.job_id, populate_existing=True)
+    assert job is not None
+    attempt.cluster_s = max(attempt.cluster_s, cluster_s)
+    if progress is not None:
+        attempt.progress = progress
+    for line in logs or ():
+        session.add(
+            JobEvent(
+                job_id=job.id,
+                attempt=attempt.number,
+                kind=line.kind,
+                message=line.message[:2000],
+                data=line.data,
+                at=line.at or utcnow(),
+            )
+        )
+    end_attempt(
+        session=session, attempt=attempt, job=job, outcome=outcome, reason=reason, max_attempts=max_attempts
+    )
+    return True
+
+
+def end_attempt(
+    *,
+    session: Session,
+    attempt: Attempt,
+    job: Job,
+    outcome: AttemptState,
+    reason: str | None,
+    max_attempts: int,
+) -> None:
+    """Settle, free the partition, and move the job on. The caller has fenced the attempt."""
+    now = utcnow()
+    attempt.state = outcome
+    attempt.ended_at = now
+    attempt.end_reason = reason
+    attempt.lease_expires_at = None
+    billable = outcome not in PLATFORM_FAULT_STATES
+    metering.settle(session=session, attempt=attempt, job=job, billable=billable, outcome=str(outcome))
+    partition = session.get(Partition, attempt.partition_pk)
+    assert partition is not None
+    if partition.kind == "job":
+        fleet.release_partition(session=session, partition=partition)
+    if outcome == AttemptState.SUCCEEDED:
+        finalize_job(session=session, job=job, state=JobState.SUCCEEDED, reason=None)
+    elif outcome == AttemptState.CANCELLED:
+        finalize_job(session=session, job=job, state=JobState.CANCELLED, reason=reason or "cancelled by user")
+    elif outcome in (AttemptState.FAILED, AttemptState.TIMED_OUT):
+        finalize_job(session=session, job=job, state=JobState.FAILED, reason=reason)
+    elif job.cancel_requested:
+        finalize_job(session=session, job=job, state=JobState.CANCELLED, reason="cancelled by user")
+    elif outcome != AttemptState.LOST or _lost_attempts(session, job.id) < max_attempts:
+        # Only lost attempts count against the retry limit: a handed-back or preempted attempt
+        # is the platform making room, not a sign that the job crashes its worker.
+        job.state = JobState.QUEUED
+        job.updated_at = now
+        add_event(
+            session,
+            job.id,
+            "state",
+            f"requeued: attempt {attempt.number} {outcome}" + (f" ({reason})" if reason else ""),
+            attempt=attempt.number,
+            data={"state": "queued", "requeued": True, "reason": reason},
+            at=now,
+        )
+    else:
+        finalize_job(
+            session=session,
+            job=job,
+            state=JobState.FAILED,
+            reason=f"gave up after {max_attempts} lost attempts; last: {reason or outcome}",
+        )
+
+
+def _lost_attempts(session: Session, job_id: str) -> int:
+    return session.execute(
+        select(func.count())
+        .select_from(Attempt)
+        .where(Attempt.job_id == job_id, Attempt.state == AttemptState.LOST)
+    ).scalar_one()
+
+
+def cancel_placed(*, session: Session, attempt: Attempt, job: Job) -> bool:
+    """Cancel an attempt no worker has taken yet (a CAS on `placed`, so it races safely with take)."""
+    locked = session.execute(
+        select(Attempt)
+        .where(Attempt.id == attempt.id, Attempt.state == AttemptState.PLACED)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    if locked is None:
+        return False
+    session.execute(
+        update(OutboxMessage).where(OutboxMessage.attempt_id == attempt.id).values(acked_at=utcnow())
+    )
+    end_attempt(
+        session=session,
+        attempt=attempt,
+        job=job,
+        outcome=AttemptState.CANCELLED,
+        reason="cancelled by user before it started",
+        max_attempts=1,
+    )
+    return True
+
+
+def expire_leases(*, session: Session, now: datetime, max_attempts: int, limit: int = 500) -> list[Attempt]:
+    """Reconciler: running attempts whose lease ran out are lost (never billed); jobs go again."""
+    stale = list(
+        session.execute(
+            select(Attempt)
+            .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < now)
+            .order_by(Attempt.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).scalars()
+    )
+    for attempt in stale:
+        job = session.get(Job, attempt.job_id, populate_existing=True)
+        assert job is not None
+        end_attempt(
+            session=session,
+            attempt=attempt,
+            job=job,
+            outcome=AttemptState.LOST,
+            reason=f"lease expired on {attempt.worker}",
+            max_attempts=max_attempts,
+        )
+    return stale

@@ -1,0 +1,28 @@
+"""The executable cache: which compiled graphs exist, so a rerun of the same configuration skips
+compilation (Poplar caches executables the same way, keyed by everything that shapes the graph)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from scheduler.models import Executable, utcnow
+
+
+def is_cached(*, session: Session, key: str) -> bool:
+    return session.execute(select(Executable.key).where(Executable.key == key)).first() is not None
+
+
+def record(*, session: Session, key: str, machine_type: str, compile_s: float) -> None:
+    dialect = session.get_bind().dialect.name
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Executable)
+    session.execute(
+        ins.values(
+            key=key, machine_type=machine_type, compile_s=compile_s, created_at=utcnow(), hits=0
+        ).on_conflict_do_nothing(index_elements=["key"])
+    )
+
+
+def hit(*, session: Session, key: str) -> None:
+    session.execute(update(Executable).where(Executable.key == key).values(hits=Executable.hits + 1))

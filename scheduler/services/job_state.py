@@ -1,0 +1,52 @@
+"""Changes every part of a job's life shares: its event history and its end."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from scheduler.models import Job, JobEvent, JobState, Tenant, utcnow
+
+
+def add_event(
+    session: Session,
+    job_id: str,
+    kind: str,
+    message: str,
+    *,
+    attempt: int | None = None,
+    data: dict[str, Any] | None = None,
+    at: datetime | None = None,
+) -> None:
+    session.add(
+        JobEvent(
+            job_id=job_id, attempt=attempt, kind=kind, message=message[:2000], data=data, at=at or utcnow()
+        )
+    )
+
+
+def finalize_job(*, session: Session, job: Job, state: JobState, reason: str | None) -> None:
+    """End a job and release whatever quota it still holds."""
+    if job.reserved_ipu_ms:
+        session.execute(
+            update(Tenant)
+            .where(Tenant.id == job.tenant_id)
+            .values(reserved_ipu_ms=Tenant.reserved_ipu_ms - job.reserved_ipu_ms)
+        )
+        job.reserved_ipu_ms = 0
+    now = utcnow()
+    job.state = state
+    job.reason = reason
+    job.finished_at = now
+    job.updated_at = now
+    add_event(
+        session,
+        job.id,
+        "state",
+        f"{state}" + (f": {reason}" if reason else ""),
+        data={"state": str(state), "reason": reason},
+        at=now,
+    )

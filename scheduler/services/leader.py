@@ -1,0 +1,98 @@
+"""Leader election among scheduler replicas, and fencing of the leader's writes.
+
+The lease is one row. Taking it over bumps the epoch by compare-and-set; every write transaction
+of the leader starts with `fence()`, an UPDATE that matches only while this replica still holds
+the lease at its epoch. On PostgreSQL that UPDATE also locks the row until commit, so a takeover
+waits for the old leader's transaction and then sees it renewed (or not): two leaders can never
+both commit. On SQLite the write lock taken at BEGIN does the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from scheduler.models import LeaderLease, utcnow
+
+SCHEDULER_LEASE = "scheduler"
+
+
+class NotLeader(Exception):
+    """This replica lost the lease; whatever it was about to write is rolled back."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    name: str
+    holder: str
+    epoch: int
+
+
+def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHEDULER_LEASE) -> Fence | None:
+    """Become leader if the lease is free or expired (or already ours). Returns our fence or None."""
+    now = utcnow()
+    expires = now + timedelta(seconds=ttl_s)
+    row = session.execute(
+        select(LeaderLease).where(LeaderLease.name == name).execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    if row is None:
+        try:
+            with session.begin_nested():
+                session.execute(
+                    insert(LeaderLease).values(name=name, holder=holder, epoch=1, expires_at=expires)
+                )
+        except IntegrityError:
+            return None
+        return Fence(name, holder, 1)
+    if row.holder == holder and row.expires_at > now:
+        renewed = session.execute(
+            update(LeaderLease)
+            .where(LeaderLease.name == name, LeaderLease.holder == holder, LeaderLease.epoch == row.epoch)
+            .values(expires_at=expires)
+        ).rowcount
+        return Fence(name, holder, row.epoch) if renewed == 1 else None
+    if row.expires_at > now:
+        return None
+    taken = session.execute(
+        update(LeaderLease)
+        .where(LeaderLease.name == name, LeaderLease.epoch == row.epoch, LeaderLease.expires_at <= now)
+        .values(holder=holder, epoch=row.epoch + 1, expires_at=expires)
+    ).rowcount
+    return Fence(name, holder, row.epoch + 1) if taken == 1 else None
+
+
+def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
+    """Renew the lease inside the caller's transaction, or raise NotLeader."""
+    renewed = session.execute(
+        update(LeaderLease)
+        .where(
+            LeaderLease.name == fence.name,
+            LeaderLease.holder == fence.holder,
+            LeaderLease.epoch == fence.epoch,
+            LeaderLease.expires_at > utcnow(),
+        )
+        .values(expires_at=utcnow() + timedelta(seconds=ttl_s))
+    ).rowcount
+    if renewed != 1:
+        raise NotLeader(f"{fence.holder} no longer holds the {fence.name} lease at epoch {fence.epoch}")
+
+
+def release(*, session: Session, fence: Fence) -> None:
+    """Step down at once (graceful shutdown) so the next replica need not wait out the lease."""
+    session.execute(
+        update(LeaderLease)
+        .where(
+            LeaderLease.name == fence.name,
+            LeaderLease.holder == fence.holder,
+            LeaderLease.epoch == fence.epoch,
+        )
+        .values(expires_at=utcnow())
+    )
+
+
+def current(*, session: Session, name: str = SCHEDULER_LEASE) -> LeaderLease | None:
+    return session.get(LeaderLease, name)

