@@ -127,14 +127,6 @@ def circular_runs(mask: int, width: int) -> tuple[tuple[int, int], ...]:
     return tuple(runs)
 
 
-def run_covering(runs: tuple[tuple[int, int], ...], start: int, width: int) -> tuple[int, int]:
-    """The run that starts at ``start`` (as returned by ``circular_runs``)."""
-    for run in runs:
-        if run[0] == start:
-            return run
-    raise ValueError(f"no run starts at {start} on this {width}-bit ring")
-
-
 class PodSummary(NamedTuple):
     """What the fleet index needs to know about one pod's free IPUs."""
 

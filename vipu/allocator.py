@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vipu._bitmaps import FULL_POD, POD_LEVELS, window_mask
+from vipu._bitmaps import FULL_POD, POD_LEVELS
 from vipu.free_space import FreeSpace
 from vipu.partitions import (
     PartitionRuleError,
     check_gcds,
     check_size,
-    pods_ipu_ids,
+    footprint,
+    partition_ipu_ids,
     validate_partition,
-    window_ipu_ids,
 )
 from vipu.placement_policies import PlacementPolicy, make_policy
 from vipu.topology import (
@@ -76,16 +76,6 @@ class _Choice:
     start: int
     size: int
 
-    def footprint(self) -> tuple[tuple[int, int], ...]:
-        if self.size >= IPUS_PER_POD:
-            return tuple((pod, FULL_POD) for pod in self.pods)
-        return ((self.pods[0], window_mask(self.start, self.size)),)
-
-    def ipu_ids(self) -> tuple[str, ...]:
-        if self.size >= IPUS_PER_POD:
-            return pods_ipu_ids(self.pods)
-        return window_ipu_ids(self.pods[0], self.start, self.size)
-
 
 class Allocator:
     """Carves one fleet into partitions with a pluggable placement policy."""
@@ -122,13 +112,13 @@ class Allocator:
 
     # --- placing -------------------------------------------------------------------------------
 
-    def observe_request(self, size: int) -> None:
+    def observe_request(self, size: int, *, machine_type: MachineType | str | None = None) -> None:
         """Tell the policy a request of ``size`` IPUs exists (e.g. a queued job) without placing it.
 
-        ``allocate`` already observes its own size, so call this only for requests not allocated.
+        ``allocate`` already observes its own request, so call this only for requests not allocated.
         """
         check_size(size)
-        self._policy.observe(size)
+        self._policy.observe(size, None if machine_type is None else MachineType(machine_type))
 
     def find(self, size: int, *, machine_type: MachineType | str | None = None) -> Placement | None:
         """Where ``allocate`` would put a partition right now (partition_id ""), or None. No side effect."""
@@ -150,12 +140,13 @@ class Allocator:
             raise AllocationConflict(f"partition {partition_id!r} already exists")
         check_size(size)
         check_gcds(size, gcds)
-        self._policy.observe(size)
         choice = self._choose(size, machine_type)
+        # Observed after choosing, so that allocate puts the partition exactly where find said.
+        self._policy.observe(size, None if machine_type is None else MachineType(machine_type))
         if choice is None:
             return None
         placement = self._placement(partition_id, choice, gcds=gcds, reconfigurable=reconfigurable)
-        self._commit(partition_id, placement, choice.footprint())
+        self._commit(partition_id, placement, footprint(choice.pods, choice.start, choice.size))
         return placement
 
     def occupy(
@@ -178,11 +169,10 @@ class Allocator:
             shape = validate_partition(self.fleet, ipu_ids, gcds=gcds, reconfigurable=reconfigurable)
         except PartitionRuleError as error:
             raise AllocationConflict(f"partition {partition_id!r}: {error}") from error
-        footprint = shape.pod_masks()
-        if any(self._assigned[pod] & mask for pod, mask in footprint):
+        masks = shape.pod_masks()
+        if any(self._assigned[pod] & mask for pod, mask in masks):
             raise AllocationConflict(
-                f"partition {partition_id!r} overlaps live partition(s) "
-                + ", ".join(self._owners(footprint))
+                f"partition {partition_id!r} overlaps live partition(s) " + ", ".join(self._owners(masks))
             )
         placement = Placement(
             partition_id=partition_id,
@@ -194,14 +184,14 @@ class Allocator:
             spans_gw_links=shape.spans_gw_links,
             reconfigurable=shape.reconfigurable,
         )
-        self._commit(partition_id, placement, footprint)
+        self._commit(partition_id, placement, masks)
         return placement
 
     def release(self, partition_id: str) -> None:
         """Free a partition's IPUs; unhealthy ones stay out of use until restored."""
-        footprint = self._footprints.pop(partition_id)  # KeyError for an unknown id
+        masks = self._footprints.pop(partition_id)  # KeyError for an unknown id
         del self._partitions[partition_id]
-        for pod, mask in footprint:
+        for pod, mask in masks:
             self._assigned[pod] &= ~mask
             self._refresh(pod)
 
@@ -238,19 +228,17 @@ class Allocator:
             partition_id=partition_id,
             size=choice.size,
             machine_type=choice.machine_type,
-            ipu_ids=choice.ipu_ids(),
+            ipu_ids=partition_ipu_ids(choice.pods, choice.start, choice.size),
             pods=choice.pods,
             gcds=gcds,
             spans_gw_links=len(choice.pods) > 1,
             reconfigurable=reconfigurable,
         )
 
-    def _commit(
-        self, partition_id: str, placement: Placement, footprint: tuple[tuple[int, int], ...]
-    ) -> None:
+    def _commit(self, partition_id: str, placement: Placement, masks: tuple[tuple[int, int], ...]) -> None:
         self._partitions[partition_id] = placement
-        self._footprints[partition_id] = footprint
-        for pod, mask in footprint:
+        self._footprints[partition_id] = masks
+        for pod, mask in masks:
             self._assigned[pod] |= mask
             self._refresh(pod)
 
@@ -328,15 +316,15 @@ class Allocator:
             return ()
         return self._owners(((pod, bits),))
 
-    def _owners(self, footprint: tuple[tuple[int, int], ...]) -> tuple[str, ...]:
-        """Live partitions overlapping a footprint; scans every partition, so only off the hot path."""
+    def _owners(self, masks: tuple[tuple[int, int], ...]) -> tuple[str, ...]:
+        """Live partitions overlapping some pod masks; scans every partition, so only off the hot path."""
         return tuple(
             sorted(
                 partition_id
                 for partition_id, other in self._footprints.items()
                 if any(
                     pod == other_pod and mask & other_mask
-                    for pod, mask in footprint
+                    for pod, mask in masks
                     for other_pod, other_mask in other
                 )
             )

@@ -40,15 +40,16 @@ def iter_pods(pods: int, limit: int | None = None) -> list[int]:
 
 
 class _TypeIndex:
-    __slots__ = ("by_feature", "free", "usable")
+    __slots__ = ("by_feature", "free", "pods", "usable")
 
-    def __init__(self, by_feature: list[int], free: int, usable: list[int]) -> None:
+    def __init__(self, pods: int, by_feature: list[int], free: int, usable: list[int]) -> None:
+        self.pods = pods
         self.by_feature = by_feature
         self.free = free
         self.usable = usable
 
     def copy(self) -> _TypeIndex:
-        return _TypeIndex(self.by_feature.copy(), self.free, self.usable.copy())
+        return _TypeIndex(self.pods, self.by_feature.copy(), self.free, self.usable.copy())
 
 
 class FreeSpace:
@@ -72,6 +73,7 @@ class FreeSpace:
                 if empty.features >> bit & 1:
                     by_feature[bit] = pods
             self._index[kind] = _TypeIndex(
+                count,
                 by_feature, count * IPUS_PER_POD, [count * usable for usable in empty.usable]
             )
 
@@ -109,6 +111,10 @@ class FreeSpace:
         usable = index.usable
         for level in range(POD_LEVELS):
             usable[level] += new.usable[level] - old.usable[level]
+
+    def capacity_share(self, kind: MachineType) -> float:
+        """The share of the fleet's IPUs that are of ``kind``."""
+        return self._index[kind].pods / self.fleet.pods
 
     def kinds(self, machine_type: MachineType | None) -> tuple[MachineType, ...]:
         """The machine types a request may use, restricted to the ones this fleet has."""

@@ -65,9 +65,7 @@ class PartitionShape:
 
     def pod_masks(self) -> tuple[tuple[int, int], ...]:
         """``(pod, 64-bit ring mask)`` for every pod the partition touches."""
-        if self.size >= IPUS_PER_POD:
-            return tuple((pod, FULL_POD) for pod in self.pods)
-        return ((self.pods[0], window_mask(self.start, self.size)),)
+        return footprint(self.pods, self.start, self.size)
 
 
 def is_power_of_two(value: int) -> bool:
@@ -93,6 +91,20 @@ def check_gcds(size: int, gcds: int) -> int:
             f"gcds={gcds} does not split {size} IPUs into equal power-of-two compile domains"
         )
     return size // gcds
+
+
+def footprint(pods: tuple[int, ...], start: int, size: int) -> tuple[tuple[int, int], ...]:
+    """``(pod, 64-bit ring mask)`` per pod of a partition: a window of one pod, or whole pods."""
+    if size >= IPUS_PER_POD:
+        return tuple((pod, FULL_POD) for pod in pods)
+    return ((pods[0], window_mask(start, size)),)
+
+
+def partition_ipu_ids(pods: tuple[int, ...], start: int, size: int) -> tuple[str, ...]:
+    """IPU ids of a partition in ring order, pod by pod."""
+    if size >= IPUS_PER_POD:
+        return pods_ipu_ids(pods)
+    return window_ipu_ids(pods[0], start, size)
 
 
 def window_ipu_ids(pod: int, start: int, size: int) -> tuple[str, ...]:

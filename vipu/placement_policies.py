@@ -80,9 +80,9 @@ class PlacementPolicy(ABC):
 
     name: ClassVar[str]
 
-    def observe(self, size: int) -> None:
-        """A request of ``size`` IPUs was seen (allocated or queued); stateless policies ignore it."""
-        del size
+    def observe(self, size: int, machine_type: MachineType | None = None) -> None:
+        """A request was seen (allocated or queued), maybe pinned to a type; stateless policies ignore it."""
+        del size, machine_type
 
     def clone(self) -> PlacementPolicy:
         return self
@@ -190,24 +190,29 @@ def _packed_machines(run: int, machines: int) -> int:
 class DemandAware(PlacementPolicy):
     """Fragmentation-aware default: keep the fleet able to host the sizes that are being requested.
 
-    It learns the size mix as an exponentially decayed histogram over sizes 1..65,536 (every
-    ``allocate`` and ``observe_request`` adds one). The fleet's "hosting capacity" for a size ``s`` is
-    how many IPUs of free space can be packed with disjoint ``s``-windows. A candidate placement costs
-    the drop in that capacity, summed over sizes and weighted by each size's share of the requests
-    (plus a small floor, so that unseen sizes still break ties toward keeping big blocks whole). It
-    takes the candidate with the lowest cost, then the lowest pod.
+    Hosting capacity for a size ``s`` is the number of free IPUs that disjoint ``s``-windows could
+    fill (a run of 7 free machines holds 28 IPUs of 4-windows, 24 of 8-windows, 16 of 16-windows).
+    A candidate placement costs the capacity it destroys, summed over sizes, each size weighted by
+    its share of recent requests that could land on that machine type, plus a small floor so that a
+    size not seen lately still counts for something. The policy takes the cheapest candidate, then
+    the lowest pod.
 
-    Candidates come in few classes because one placement only changes one pod's structure:
+    The size mix is learned as exponentially decayed histograms over sizes 1..65,536, one for
+    requests that name no machine type and one per named type. ``allocate`` and ``observe_request``
+    each add one request. A request pinned to a type weighs on that type's capacity. An unpinned one
+    weighs on the fleet as a whole, so a scarce, much-demanded type costs more to use.
 
-    - 1 IPU into a half-used pair: costs nothing beyond the IPU itself;
+    One placement changes only one pod, so the candidates fall into few classes:
+
+    - 1 IPU into a half-used pair: costs nothing beyond the IPU;
     - 1 or 2 IPUs into a free pair of a machine already in use: costs one pair (for size 1);
     - whole machines cut from the end of a run of ``n`` free machines: costs what that run loses for
-      every machine-sized window, plus, when the run is a whole free POD64, what the fleet loses for
-      multi-POD64 partitions.
+      every machine-sized window, plus, when the run is a whole free POD64, what the machine type
+      loses for multi-POD64 partitions.
 
-    Cutting from a run's end is never worse than cutting from its middle, for every size at once,
-    so the cost of a class is a function of ``n`` alone. The lowest pod of each class is therefore
-    the only candidate worth scoring: at most 19 candidates per machine type, each O(1).
+    Cutting from a run's end is never worse than cutting from its middle, for every size at once, so
+    a class's cost depends on ``n`` alone. The lowest pod of each class is then the only candidate
+    worth scoring: at most 19 per machine type, each O(1).
     """
 
     name = "default"
@@ -215,29 +220,49 @@ class DemandAware(PlacementPolicy):
     FLOOR = 1e-3  # weight every size keeps, so unseen sizes are still preferred whole
 
     def __init__(self) -> None:
-        self._counts = [0.0] * SIZE_LEVELS
+        self._untyped = [0.0] * SIZE_LEVELS
+        self._typed: dict[MachineType, list[float]] = {}
         self._increment = 1.0
 
     def clone(self) -> DemandAware:
         twin = DemandAware()
-        twin._counts = self._counts.copy()
+        twin._untyped = self._untyped.copy()
+        twin._typed = {kind: counts.copy() for kind, counts in self._typed.items()}
         twin._increment = self._increment
         return twin
 
-    def observe(self, size: int) -> None:
+    def observe(self, size: int, machine_type: MachineType | None = None) -> None:
+        counts = (
+            self._untyped
+            if machine_type is None
+            else self._typed.setdefault(machine_type, [0.0] * SIZE_LEVELS)
+        )
         # Growing the increment instead of decaying every bucket keeps observe O(1).
-        self._counts[size.bit_length() - 1] += self._increment
+        counts[size.bit_length() - 1] += self._increment
         self._increment /= self.DECAY
         if self._increment > 1e100:
-            self._counts = [count / self._increment for count in self._counts]
+            self._untyped = [count / self._increment for count in self._untyped]
+            self._typed = {
+                kind: [count / self._increment for count in counts] for kind, counts in self._typed.items()
+            }
             self._increment = 1.0
 
-    def weights(self) -> list[float]:
-        """Each size level's share of recent requests, plus the floor."""
-        total = sum(self._counts)
+    def weights(self, kind: MachineType, capacity_share: float) -> list[float]:
+        """Per size level: the demand that can land on ``kind``, per unit of the fleet's capacity.
+
+        A request pinned to ``kind`` competes only for that type's ``capacity_share`` of the fleet,
+        so it weighs ``1 / capacity_share`` times as much as an unpinned one.
+        """
+        total = sum(self._untyped) + sum(sum(counts) for counts in self._typed.values())
         if total == 0:
             return [self.FLOOR] * SIZE_LEVELS
-        return [count / total + self.FLOOR for count in self._counts]
+        typed = self._typed.get(kind)
+        if typed is None:
+            return [count / total + self.FLOOR for count in self._untyped]
+        return [
+            (untyped + pinned / capacity_share) / total + self.FLOOR
+            for untyped, pinned in zip(self._untyped, typed, strict=True)
+        ]
 
     @staticmethod
     def _run_loss(weights: list[float], run: int, taken: int) -> float:
@@ -262,52 +287,54 @@ class DemandAware(PlacementPolicy):
     def choose_window(
         self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
     ) -> tuple[int, int] | None:
-        weights = self.weights()
-        pair_loss = 2 * weights[1] if level == 0 else 0.0
         taken = 1 if level < MACHINE_LEVEL else 1 << (level - MACHINE_LEVEL)
-        best: tuple[float, int, int] | None = None  # (cost, pod, class: -2 half, -1 partial, n run)
-
-        def consider(cost: float, pods: int, klass: int) -> None:
-            nonlocal best
-            if pods:
-                candidate = (cost, lowest_pod(pods), klass)
-                if best is None or candidate < best:
-                    best = candidate
-
+        # (cost, pod, class) with class -2 = half-used pair, -1 = pair of a machine in use, n = run of n.
+        best: tuple[float, int, int] | None = None
         for kind in kinds:
+            weights = self.weights(kind, space.capacity_share(kind))
+            pair_loss = 2 * weights[1] if level == 0 else 0.0
+            options: list[tuple[float, int, int]] = []
             if level == 0:
-                consider(0.0, space.pods_with(kind, HALF_PAIR_BIT), -2)
+                options.append((0.0, -2, space.pods_with(kind, HALF_PAIR_BIT)))
             if level <= 1:
-                consider(pair_loss, space.pods_with(kind, PARTIAL_PAIR_BIT), -1)
-            whole_loss = self._whole_pod_loss(weights, space.whole_pods(kind).bit_count(), 1)
+                options.append((pair_loss, -1, space.pods_with(kind, PARTIAL_PAIR_BIT)))
             for run in range(taken, MACHINES_PER_POD + 1):
                 pods = space.pods_with(kind, RUN_BIT + run)
                 if pods:
                     cost = pair_loss + self._run_loss(weights, run, taken)
                     if run == MACHINES_PER_POD:
-                        cost += whole_loss
-                    consider(cost, pods, run)
+                        cost += self._whole_pod_loss(weights, space.whole_pods(kind).bit_count(), 1)
+                    options.append((cost, run, pods))
+            for cost, klass, pods in options:
+                if pods:
+                    candidate = (cost, lowest_pod(pods), klass)
+                    if best is None or candidate < best:
+                        best = candidate
         if best is None:
             return None
         _, pod, klass = best
-        free = space.free_mask(pod)
+        return pod, self._start_in(space.free_mask(pod), klass)
+
+    @staticmethod
+    def _start_in(free: int, klass: int) -> int:
+        """Where in the pod a candidate class puts the partition."""
         if klass == -2:
             halves = half_pairs(free)
             lone = free & (halves | halves << 1)
-            return pod, (lone & -lone).bit_length() - 1
+            return (lone & -lone).bit_length() - 1
         if klass == -1:
             machines = free_machines(free)
             pairs = free_pairs(free)
             for machine in range(MACHINES_PER_POD):
                 if machines >> machine & 1:
                     pairs &= ~(0b101 << (machine * IPUS_PER_MACHINE))
-            return pod, (pairs & -pairs).bit_length() - 1
+            return (pairs & -pairs).bit_length() - 1
         machines = free_machines(free)
         if machines == FULL_RING:
-            return pod, 0
+            return 0
         for start, length in circular_runs(machines, MACHINES_PER_POD):
             if length == klass:
-                return pod, start * IPUS_PER_MACHINE
+                return start * IPUS_PER_MACHINE
         raise AssertionError("pod index out of step with its free mask")
 
     def choose_pods(
@@ -316,12 +343,11 @@ class DemandAware(PlacementPolicy):
         options = lowest_pods_of_kind(space, count, kinds)
         if not options:
             return None
-        weights = self.weights()
-
         def cost(kind: MachineType) -> tuple[float, tuple[int, ...]]:
-            # Every kind loses the same single-POD64 capacity, so only multi-POD64 losses differ.
+            weights = self.weights(kind, space.capacity_share(kind))
             whole = space.whole_pods(kind).bit_count()
-            return self._whole_pod_loss(weights, whole, count), options[kind]
+            single = weights[POD_LEVELS - 1] * count * IPUS_PER_POD
+            return single + self._whole_pod_loss(weights, whole, count), options[kind]
 
         kind = min(options, key=cost)
         return kind, options[kind]
