@@ -36,6 +36,10 @@ from vipu.topology import (
 _SEVERITY = {Health.UP: 0, Health.DRAINING: 1, Health.FAILED: 2}
 
 
+class PolicyError(RuntimeError):
+    """A placement policy answered with IPUs that are not free or not a valid window (a policy bug)."""
+
+
 class AllocationConflict(ValueError):
     """``occupy`` cannot register a partition: an IPU is already taken, or the shape breaks a rule."""
 
@@ -215,12 +219,37 @@ class Allocator:
             if window is None:
                 return None
             pod, start = window
-            return _Choice(self.fleet.pod_types[pod], (pod,), start, size)
-        chosen = self._policy.choose_pods(self._space, size // IPUS_PER_POD, kinds)
-        if chosen is None:
-            return None
-        kind, pods = chosen
-        return _Choice(kind, pods, 0, size)
+            choice = _Choice(self.fleet.pod_types[pod], (pod,), start, size)
+        else:
+            chosen = self._policy.choose_pods(self._space, size // IPUS_PER_POD, kinds)
+            if chosen is None:
+                return None
+            kind, pods = chosen
+            choice = _Choice(kind, tuple(pods), 0, size)
+        self._check_choice(choice, kinds)
+        return choice
+
+    def _check_choice(self, choice: _Choice, kinds: tuple[MachineType, ...]) -> None:
+        """Policies are pluggable; a wrong answer must not corrupt the books, and checking is O(pods)."""
+        size, start, pods, kind = choice.size, choice.start, choice.pods, choice.machine_type
+        # Windows start on their own grain: any IPU, an even IPU, a machine, or (whole pods) position 0.
+        step = min(size, IPUS_PER_MACHINE) if size < IPUS_PER_POD else IPUS_PER_POD
+        sound = (
+            kind in kinds
+            and len(set(pods)) == len(pods) == max(1, size // IPUS_PER_POD)
+            and all(self.fleet.has_pod(pod) and self.fleet.pod_types[pod] is kind for pod in pods)
+            and 0 <= start < IPUS_PER_POD
+            and start % step == 0
+        )
+        if sound:
+            sound = all(
+                self._space.free_mask(pod) & mask == mask for pod, mask in footprint(pods, start, size)
+            )
+        if not sound:
+            raise PolicyError(
+                f"placement policy {self._policy.name!r} chose {size} IPUs at pods {pods} position {start}, "
+                "which is not a free valid window of the requested type"
+            )
 
     @staticmethod
     def _placement(partition_id: str, choice: _Choice, *, gcds: int, reconfigurable: bool) -> Placement:

@@ -1,6 +1,6 @@
 import pytest
 
-from vipu.allocator import AllocationConflict, Allocator
+from vipu.allocator import AllocationConflict, Allocator, PolicyError
 from vipu.partitions import PartitionRuleError, validate_partition
 from vipu.placement_policies import PlacementPolicy, available_policies, lowest_window
 from vipu.topology import Fleet, Health, MachineType, ipu_id
@@ -338,3 +338,17 @@ def test_custom_policy_instances_plug_in():
     allocator = Allocator(Fleet.uniform(3), LastPod())
     assert allocator.policy_name == "last-pod"
     assert allocator.allocate("x", 4).pods == (2,)
+
+
+def test_a_policy_that_answers_with_busy_ipus_is_caught():
+    class Careless(PlacementPolicy):
+        name = "careless"
+
+        def choose_window(self, space, level, kinds):
+            return 0, 0
+
+    allocator = Allocator(Fleet.uniform(1), Careless())
+    assert allocator.allocate("first", 4).ipu_ids[0] == "pod0000-m00-i0"
+    with pytest.raises(PolicyError, match="careless"):
+        allocator.allocate("second", 4)
+    assert set(allocator.partitions()) == {"first"}

@@ -1,0 +1,271 @@
+"""Allocator figures: decision time at 65,536 IPUs, and the capacity each placement policy strands.
+
+    .venv/bin/python benchmarks/allocator.py [--ops N] [--pods N] [--seed S] [--trace PATH]
+
+Request sizes come from the Philly trace (``--trace``; by default ``../shared/traces/philly.csv`` next
+to the repository, else ``/work/shared/traces/philly.csv``). The stranding replay takes durations from
+it too. Each job's ``num_gpus`` is rounded up to a power of two, as IPU users size partitions.
+
+1. Speed. Fill a fleet of ``--pods`` POD64s to 75%, then run ``--ops`` random operations that keep it
+   60-90% occupied: allocate a trace-sized partition, or release a random live one. Every allocate is
+   preceded by a ``find`` of the same size and every operation by a ``largest_free``; each call is
+   timed on its own. ``clone`` is timed on the final state.
+2. Stranding. One request sequence is replayed through every policy side by side: Poisson arrivals
+   offering ``--load`` times the fleet's capacity, with trace sizes and durations. A request that does
+   not fit is refused and dropped. Before each arrival we record the share of free IPUs stranded for
+   that request's size (``Allocator.fragmentation``). A refusal counts as "refused with room" when
+   enough free, healthy IPUs of the right type existed in total. The first quarter of the sequence is
+   warm-up. The mixed run alternates m2000 and bow POD64s and pins 30% of requests to bow and 10% to
+   m2000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import random
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from vipu.allocator import Allocator  # noqa: E402
+from vipu.placement_policies import available_policies  # noqa: E402
+from vipu.topology import IPUS_PER_POD, Fleet, MachineType  # noqa: E402
+
+
+def default_trace() -> Path:
+    beside_repo = REPO.parent / "shared" / "traces" / "philly.csv"
+    return beside_repo if beside_repo.exists() else Path("/work/shared/traces/philly.csv")
+
+
+def load_jobs(trace: Path) -> list[tuple[int, float]]:
+    """``(size, duration_s)`` of every trace job, sizes rounded up to powers of two."""
+    with trace.open(newline="") as handle:
+        return [
+            (1 << max(int(row["num_gpus"]) - 1, 0).bit_length(), float(row["duration"]))
+            for row in csv.DictReader(handle)
+        ]
+
+
+def percentile(sorted_values: list[float], share: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(share * len(sorted_values)))]
+
+
+@dataclass
+class Timings:
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def time(self, operation: str, call: Callable[[], object]) -> object:
+        started = time.perf_counter_ns()
+        result = call()
+        self.samples.setdefault(operation, []).append((time.perf_counter_ns() - started) / 1000)
+        return result
+
+
+def speed_run(policy: str, pods: int, ops: int, sizes: list[int], seed: int) -> tuple[Timings, int, float]:
+    """Timings per operation, refusals and mean occupancy of one churn run."""
+    rng = random.Random(seed)
+    allocator = Allocator(Fleet.uniform(pods), policy)
+    capacity = pods * IPUS_PER_POD
+    timings = Timings()
+    live: list[tuple[str, int]] = []
+    used = 0
+    refused = 0
+
+    def allocate(measured: bool) -> None:
+        nonlocal used, refused
+        size = rng.choice(sizes)
+        name = f"p{rng.getrandbits(64):016x}"
+        if not measured:
+            placement = allocator.allocate(name, size)
+        else:
+            timings.time("find", lambda: allocator.find(size))
+            placement = timings.time("allocate", lambda: allocator.allocate(name, size))
+        if placement is None:
+            refused += measured
+        else:
+            live.append((name, size))
+            used += size
+
+    while used < 0.75 * capacity:
+        allocate(measured=False)
+    occupancy = 0.0
+    for _ in range(ops):
+        occupancy += used / capacity
+        timings.time("largest_free", allocator.largest_free)
+        if used < 0.6 * capacity or (used <= 0.9 * capacity and rng.random() < 0.5):
+            allocate(measured=True)
+        else:
+            index = rng.randrange(len(live))
+            live[index], live[-1] = live[-1], live[index]
+            name, size = live.pop()
+            used -= size
+            timings.time("release", lambda name=name: allocator.release(name))
+    for _ in range(20):
+        timings.time("clone", allocator.clone)
+    return timings, refused, occupancy / ops
+
+
+@dataclass
+class Request:
+    arrival: float
+    size: int
+    duration: float
+    machine_type: MachineType | None
+
+
+@dataclass
+class StrandResult:
+    policy: str
+    measured: int = 0
+    stranded: float = 0.0  # summed stranded share over measured requests
+    stranded_multi: float = 0.0  # the same, over requests of 2+ IPUs
+    multi: int = 0
+    refused: int = 0
+    refused_with_room: int = 0
+    occupancy: float = 0.0
+
+
+def request_sequence(
+    jobs: list[tuple[int, float]],
+    pods: int,
+    count: int,
+    load: float,
+    seed: int,
+    pinned: dict[MachineType, float],
+) -> list[Request]:
+    """Poisson arrivals whose offered IPU-seconds are ``load`` times the fleet's capacity."""
+    rng = random.Random(seed)
+    mean_ipu_seconds = sum(size * duration for size, duration in jobs) / len(jobs)
+    rate = load * pods * IPUS_PER_POD / mean_ipu_seconds
+    clock = 0.0
+    sequence = []
+    for _ in range(count):
+        clock += rng.expovariate(rate)
+        size, duration = rng.choice(jobs)
+        draw = rng.random()
+        machine_type = None
+        for kind, share in pinned.items():
+            if draw < share:
+                machine_type = kind
+                break
+            draw -= share
+        sequence.append(Request(clock, size, duration, machine_type))
+    return sequence
+
+
+def strand_run(policy: str, fleet: Fleet, requests: list[Request]) -> StrandResult:
+    allocator = Allocator(fleet, policy)
+    result = StrandResult(policy)
+    departures: list[tuple[float, str]] = []
+    warm_up = len(requests) // 4
+    for index, request in enumerate(requests):
+        while departures and departures[0][0] <= request.arrival:
+            allocator.release(heapq.heappop(departures)[1])
+        measured = index >= warm_up
+        if measured:
+            report = allocator.fragmentation(request.size, request.machine_type)
+            result.measured += 1
+            result.stranded += report.stranded_share
+            if request.size > 1:
+                result.multi += 1
+                result.stranded_multi += report.stranded_share
+            result.occupancy += 1 - allocator.free_ipus() / fleet.ipus
+        name = f"j{index}"
+        if allocator.allocate(name, request.size, machine_type=request.machine_type) is None:
+            if measured:
+                result.refused += 1
+                result.refused_with_room += allocator.free_ipus(request.machine_type) >= request.size
+        else:
+            heapq.heappush(departures, (request.arrival + request.duration, name))
+    return result
+
+
+def print_strand_table(title: str, results: list[StrandResult]) -> None:
+    print(title)
+    print("| policy | avg stranded share | avg stranded share, 2+ IPU requests | refused | "
+          "refused with room | mean occupancy |")
+    print("|---|---|---|---|---|---|")
+    for result in results:
+        measured = max(result.measured, 1)
+        print(f"| {result.policy} | {result.stranded / measured:.4f} | "
+              f"{result.stranded_multi / max(result.multi, 1):.4f} | {result.refused / measured:.2%} | "
+              f"{result.refused_with_room / measured:.2%} | {result.occupancy / measured:.1%} |")
+    by_name = {result.policy: result for result in results}
+    if {"default", "first-fit"} <= set(by_name) and by_name["first-fit"].stranded:
+        ratio = by_name["default"].stranded / by_name["first-fit"].stranded
+        print(f"default strands {ratio:.2f}x what first-fit strands")
+    print()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ops", type=int, default=100_000, help="measured operations of the speed run")
+    parser.add_argument("--pods", type=int, default=1024, help="POD64s of the speed run (1024 = 65,536 IPUs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", type=Path, default=default_trace())
+    parser.add_argument("--policy", action="append", choices=available_policies(),
+                        help="a policy to run; repeat for several (default: all)")
+    parser.add_argument("--frag-pods", type=int, nargs="*", default=[32],
+                        help="fleet sizes of the stranding replay; give none to skip it")
+    parser.add_argument("--frag-requests", type=int, default=80_000, help="requests per stranding replay")
+    parser.add_argument("--load", type=float, default=1.0, help="offered load of the stranding replay")
+    parser.add_argument("--no-mixed", action="store_true", help="skip the mixed-type stranding replay")
+    parser.add_argument("--skip-speed", action="store_true")
+    args = parser.parse_args(argv)
+    policies = args.policy or list(available_policies())
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join([".venv/bin/python", "benchmarks/allocator.py", *given])
+
+    jobs = load_jobs(args.trace)
+    print(f"trace: {args.trace} ({len(jobs)} jobs, sizes rounded up to powers of two)")
+    print(f"reproduce: {command}\n")
+
+    if not args.skip_speed:
+        print(f"decision time at {args.pods} POD64s = {args.pods * IPUS_PER_POD} IPUs, {args.ops} "
+              "operations, fleet kept 60-90% occupied, microseconds per call (CPython, garbage collector on)")
+        print("| policy | operation | calls | p50 | p99 | max |")
+        print("|---|---|---|---|---|---|")
+        sizes = [size for size, _ in jobs]
+        for policy in policies:
+            timings, refused, occupancy = speed_run(policy, args.pods, args.ops, sizes, args.seed)
+            for operation in ("allocate", "release", "find", "largest_free", "clone"):
+                values = sorted(timings.samples.get(operation, [0.0]))
+                print(f"| {policy} | {operation} | {len(values)} | {percentile(values, 0.5):.1f} | "
+                      f"{percentile(values, 0.99):.1f} | {values[-1]:.1f} |")
+            print(f"| {policy} | (refused {refused}, mean occupancy {occupancy:.1%}) | | | | |")
+        print()
+
+    for pods in args.frag_pods:
+        scenarios: list[tuple[str, Fleet, dict[MachineType, float]]] = [
+            (f"{pods} m2000 POD64s", Fleet.uniform(pods), {})
+        ]
+        if not args.no_mixed:
+            alternating = Fleet([(MachineType.M2000, MachineType.BOW)[pod % 2] for pod in range(pods)])
+            scenarios.append((
+                f"{pods} POD64s alternating m2000/bow, 30% of requests pinned to bow and 10% to m2000",
+                alternating,
+                {MachineType.BOW: 0.3, MachineType.M2000: 0.1},
+            ))
+        for label, fleet, pinned in scenarios:
+            requests = request_sequence(jobs, pods, args.frag_requests, args.load, args.seed, pinned)
+            results = [strand_run(policy, fleet, requests) for policy in policies]
+            print_strand_table(
+                f"stranding: {label} = {fleet.ipus} IPUs, {len(requests)} requests at offered load "
+                f"{args.load:g} (first quarter is warm-up)",
+                results,
+            )
+
+
+if __name__ == "__main__":
+    main()
