@@ -247,7 +247,9 @@ class SchedulerLoop:
                 select(Partition.name, Partition.tenant_id).where(
                     Partition.kind == "reserved", Partition.released_at.is_(None)
                 )
-            ).tuples()
+            )
+            .tuples()
+            .all()
         )
         for name in busy:
             reserved_free.pop(name, None)

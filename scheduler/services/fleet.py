@@ -117,7 +117,7 @@ class AllocatorSync:
             self.health_seen = {}
         alloc = self.allocator
         health = dict(
-            session.execute(select(Machine.id, Machine.health).where(Machine.health != "up")).tuples()
+            session.execute(select(Machine.id, Machine.health).where(Machine.health != "up")).tuples().all()
         )
         for mid in set(self.health_seen) - set(health):
             alloc.set_machine_health(mid, Health.UP)
@@ -126,9 +126,9 @@ class AllocatorSync:
                 alloc.set_machine_health(mid, Health(h))
         self.health_seen = health
         live = dict(
-            session.execute(
-                select(Partition.pk, Partition.name).where(Partition.released_at.is_(None))
-            ).tuples()
+            session.execute(select(Partition.pk, Partition.name).where(Partition.released_at.is_(None)))
+            .tuples()
+            .all()
         )
         for pk in set(self.known) - set(live):
             alloc.release(self.known.pop(pk))

@@ -22,9 +22,11 @@ from scheduler.models import Attempt, Job, MeterEvent, Tenant, utcnow
 def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
     """INSERT the meter event unless its id exists. True if this call inserted it."""
     dialect = session.get_bind().dialect.name
-    ins = postgresql.insert(MeterEvent) if dialect == "postgresql" else sqlite.insert(MeterEvent)
-    result = session.execute(ins.values(**values).on_conflict_do_nothing(index_elements=["id"]))
-    return result.rowcount == 1
+    table = MeterEvent.__table__
+    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    # RETURNING, not rowcount: it says unambiguously, on both databases, whether a row was written.
+    stmt = ins.values(**values).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
+    return session.execute(stmt).first() is not None
 
 
 def ipu_ms(size: int, cluster_s: float) -> int:

