@@ -18,7 +18,7 @@ JOB = {"name": "r50", "workload": {"model": "resnet50", "batch_size": 64, "steps
 def test_twenty_jobs_from_two_tenants_all_succeed_and_meter_once(cloud: RunningCloud, db: Any) -> None:
     tenants = [cloud.create_tenant(f"tenant-{i}") for i in range(2)]
     submitted: dict[str, list[str]] = {}
-    for tid, key in tenants:
+    for _tid, key in tenants:
         with cloud.http(key) as c:
             for i in range(10):
                 size = [1, 2, 4, 8, 16][i % 5]
@@ -45,7 +45,7 @@ def test_twenty_jobs_from_two_tenants_all_succeed_and_meter_once(cloud: RunningC
         settles = s.execute(select(MeterEvent.attempt_id).where(MeterEvent.kind == "settle")).scalars().all()
         assert sorted(settles) == sorted(attempts), "exactly one settled meter record per attempt"
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 20
-    for tid, key in tenants:
+    for _tid, key in tenants:
         with cloud.http(key) as c:
             usage = c.get("/api/v1/usage").json()
             assert usage["used_ipu_hours"] > 0
