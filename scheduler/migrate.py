@@ -22,7 +22,7 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "heads") -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
@@ -33,15 +33,17 @@ def upgrade(url: str, revision: str = "head") -> None:
         engine.dispose()
 
 
-def head_revision() -> str | None:
+def head_revision() -> str:
+    """The revision(s) the code needs, e.g. `0003` (or `0002a+0002b` while branches are unmerged)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return "+".join(sorted(ScriptDirectory.from_config(cfg).get_heads()))
 
 
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        heads = MigrationContext.configure(conn).get_current_heads()
+    return "+".join(sorted(heads)) if heads else None
 
 
 def is_up_to_date(engine: Engine) -> bool:
