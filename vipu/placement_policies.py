@@ -182,30 +182,33 @@ def _union_free_count(space: FreeSpace, kinds: tuple[MachineType, ...], count: i
     return pods
 
 
-def _packed_machines(run: int, machines: int) -> int:
-    """Windows of ``machines`` that fit side by side in a linear run, counted in machines."""
-    return run // machines * machines
+def _covered(free_units: int, window: int) -> int:
+    """Units of a free run (or of a set of free pods) that some window of ``window`` units covers."""
+    return free_units if free_units >= window else 0
 
 
 class DemandAware(PlacementPolicy):
     """Fragmentation-aware default: keep the fleet able to host the sizes that are being requested.
 
-    Hosting capacity for a size ``s`` is the number of free IPUs that disjoint ``s``-windows could
-    fill (a run of 7 free machines holds 28 IPUs of 4-windows, 24 of 8-windows, 16 of 16-windows).
-    A candidate placement costs the capacity it destroys, summed over sizes, each size weighted by
-    its share of recent requests that could land on that machine type, plus a small floor so that a
-    size not seen lately still counts for something. The policy takes the cheapest candidate, then
-    the lowest pod.
+    For a request of size ``s``, a free IPU is *stranded* when no free ``s``-window covers it (the
+    figure ``Allocator.fragmentation`` reports). A candidate placement costs the IPUs it newly strands,
+    summed over sizes, each size weighted by its share of recent requests that could land on that
+    machine type, plus a small floor so that a size not seen lately still counts for something. So
+    the cost is the expected rise in stranded IPUs for the next request. The policy takes the
+    cheapest candidate, then the lowest pod.
 
     The size mix is learned as exponentially decayed histograms over sizes 1..65,536, one for
     requests that name no machine type and one per named type. ``allocate`` and ``observe_request``
     each add one request. A request pinned to a type weighs on that type's capacity. An unpinned one
-    weighs on the fleet as a whole, so a scarce, much-demanded type costs more to use.
+    weighs on the fleet as a whole, so a scarce, much-demanded type costs more to use. The mix decides
+    real trade-offs. Cutting a machine off a run of 2 free machines kills an 8-window. Cutting one
+    off a run of 5 keeps the 8-window but shrinks the 16-windows' cover, so which is cheaper depends
+    on whether 8s or 16s are being asked for.
 
     One placement changes only one pod, so the candidates fall into few classes:
 
-    - 1 IPU into a half-used pair: costs nothing beyond the IPU;
-    - 1 or 2 IPUs into a free pair of a machine already in use: costs one pair (for size 1);
+    - 1 IPU into a half-used pair: strands nothing new;
+    - 1 or 2 IPUs into a free pair of a machine already in use: strands the pair's twin (for size 1);
     - whole machines cut from the end of a run of ``n`` free machines: costs what that run loses for
       every machine-sized window, plus, when the run is a whole free POD64, what the machine type
       loses for multi-POD64 partitions.
@@ -266,22 +269,25 @@ class DemandAware(PlacementPolicy):
 
     @staticmethod
     def _run_loss(weights: list[float], run: int, taken: int) -> float:
-        """Weighted IPU capacity lost for machine-sized windows when ``taken`` machines leave a run."""
-        left = run - taken  # a whole ring minus some machines is a linear run
+        """Weighted IPUs stranded for machine-sized windows when ``taken`` machines leave a run.
+
+        A whole free ring (16) minus some machines is a linear run, and a window of 16 machines fits
+        the ring only while it is whole, so the same count works for both.
+        """
+        left = run - taken
         loss = 0.0
         for level in range(MACHINE_LEVEL, POD_LEVELS):
             machines = 1 << (level - MACHINE_LEVEL)
-            before = MACHINES_PER_POD if run == MACHINES_PER_POD else _packed_machines(run, machines)
-            loss += weights[level] * (before - _packed_machines(left, machines)) * IPUS_PER_MACHINE
+            loss += weights[level] * (_covered(run, machines) - _covered(left, machines)) * IPUS_PER_MACHINE
         return loss
 
     @staticmethod
     def _whole_pod_loss(weights: list[float], whole: int, taken: int) -> float:
-        """Weighted capacity lost for multi-POD64 sizes when ``taken`` of ``whole`` free pods go."""
+        """Weighted IPUs stranded for multi-POD64 sizes when ``taken`` of ``whole`` free pods go."""
         loss = 0.0
         for level in range(POD_LEVELS, SIZE_LEVELS):
             pods = 1 << (level - POD_LEVELS + 1)
-            loss += weights[level] * ((whole // pods - (whole - taken) // pods) * pods * IPUS_PER_POD)
+            loss += weights[level] * (_covered(whole, pods) - _covered(whole - taken, pods)) * IPUS_PER_POD
         return loss
 
     def choose_window(

@@ -352,3 +352,17 @@ def test_a_policy_that_answers_with_busy_ipus_is_caught():
     with pytest.raises(PolicyError, match="careless"):
         allocator.allocate("second", 4)
     assert set(allocator.partitions()) == {"first"}
+
+
+def test_default_trades_window_sizes_by_the_learned_mix():
+    def allocator_after(observed: int) -> Allocator:
+        allocator = Allocator(Fleet.uniform(1), "default")
+        fill_except(allocator, 0, {0, 1, 4, 5, 6, 7, 8})  # free runs: m00-m01 and m04-m08
+        for _ in range(50):
+            allocator.observe_request(observed)
+        return allocator
+
+    # 8s wanted: keep the 2-run whole and shave the 5-run (it still holds an 8 and a 16).
+    assert first_machine(allocator_after(8).find(4)) == "pod0000-m04"
+    # 16s wanted: the 5-run is the only home for a 16, so spend the 2-run instead.
+    assert first_machine(allocator_after(16).find(4)) == "pod0000-m00"
