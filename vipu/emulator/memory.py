@@ -25,7 +25,7 @@ from vipu.emulator.catalogue import Layer, ModelGraph
 # Not published: Poplar's always-live memory per IPU (control program, sync and host-exchange code, the
 # runtime's vertex code) is modelled as 48 MiB, and each superstep instance (a superstep of one op in one
 # pass: forward, backward or recomputation) as 192 KiB of exchange program and vertex state spread over
-# the tiles, about 130 bytes per tile. BERT-Large's 3-7-7-7 split then spends ~160 MB per IPU on code
+# the tiles, about 130 bytes per tile. BERT-Large's 3-7-7-7 split then spends 140-165 MB per IPU on code
 # and ResNet-50 on one IPU ~220 MB, the order PopVision memory reports show for those models; deep,
 # many-op graphs (ResNeXt-101, EfficientNet-B4) run out of room on one IPU, as Graphcore's recipes,
 # which pipeline them over two or more IPUs, suggest.

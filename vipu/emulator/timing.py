@@ -4,20 +4,22 @@ pipeline fill and drain, gradient all-reduce over IPU-Links and GW-Links, optimi
 Every op runs as bulk-synchronous supersteps over the IPU's 1,472 tiles. Per op and micro-batch b:
 
     GEMM (matmul, conv, recurrent step):
-        t = W / (tiles x AMP MACs/cycle x clock x e_amp x u)          compute phase
+        t = W / (tiles x AMP MACs/cycle x clock x e_kind x u)         compute phase
           + 3 (W / tiles)^(2/3) x bytes / (exchange B/s / tiles)     exchange phase (operands and partials)
-          + c_ss / clock                                             sync and superstep overhead
-        W = b x m x k x n x groups; u = min(1, input channels per group / AMP input block) for convs
+          + S_kind x c_ss / clock                                    syncs and superstep overheads
+        W = b x m x k x n x groups; e_kind = matmul or conv efficiency;
+        u = min(1, input channels per group / AMP input block) for convs
     vector work (element-wise, normalisation, depthwise conv):
-        t = E / (tiles x lanes x clock x e_vec) + c_ss / clock
+        t = E / (tiles x lanes x clock x e_vec) + S_kind x c_ss / clock
     embedding: the gathered rows cross the exchange, then one vector pass.
+    S_kind: supersteps per op and pass (catalogue.SUPERSTEPS).
 
 Training costs each op three forward times (forward, input gradient, weight gradient) plus one more when
 the stage recomputes its activations. A pipeline of P stages and G micro-batches per step takes
 (G + P - 1) slots, a slot being the slowest stage plus the activations crossing to the next IPU; then
 gradients are all-reduced, the optimizer runs and, every ``device_iterations`` steps, the host is synced.
 
-Three constants are fitted (e_amp for matmuls, e_amp for convolutions, c_ss), once, to the Bow Pod16
+Three constants are fitted (matmul and conv efficiency, c_ss), once, to the Bow Pod16
 table of ``reference/ipu-hardware.md`` by ``calibration.py``; e_vec is fixed (see ``Constants``).
 Everything else is a published figure or a stated first-principles assumption below.
 """
@@ -35,7 +37,7 @@ from vipu.emulator.memory import dtype_bytes, superstep_instances
 
 @dataclass(frozen=True, slots=True)
 class Constants:
-    """The fitted efficiencies of the timing model."""
+    """The calibrated constants of the timing model (see ``FITTED``)."""
 
     matmul_efficiency: float
     """Fraction of the AMP units' peak reached by the compute phases of matmuls (and recurrent cells,
@@ -44,7 +46,9 @@ class Constants:
     """The same for convolutions (dense and grouped), whose spatial windows need their own layouts."""
     vector_efficiency: float
     """Fraction of the vector path's peak (4 FP16 / 2 FP32 elements per cycle per tile) reached by
-    element-wise, normalisation and depthwise work."""
+    element-wise, normalisation and depthwise work. Not fitted: the calibration table cannot tell its
+    cost from the superstep overhead (the element-wise ops are also what adds supersteps), so it is held
+    at 1, element-wise work streaming at the tile's load rate."""
     superstep_cycles: float
     """Fixed cycles of one BSP superstep: tile sync, exchange set-up, vertex launch, load imbalance."""
 
