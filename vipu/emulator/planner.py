@@ -474,12 +474,16 @@ def _build(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, pods: i
     stage_times = tuple(
         stage_compute_s(s, mb, precision, m, c, train, recompute, graph.trainable) for s in stage_layers
     )
-    kwargs = dict(micro_batch=mb, micro_batches=micro_batches, replicas=replicas, pods=allreduce_pods,
-                  precision=precision, machine=m, train=train, recompute=recompute,
-                  optimizer_offchip=offchip, c=c, stage_times=stage_times)
-    first = step_timing(graph, stage_layers, device_iterations=1, **kwargs)  # type: ignore[arg-type]
-    di = _device_iterations(first.step_s - HOST_CALL_S)
-    timing = step_timing(graph, stage_layers, device_iterations=di, **kwargs)  # type: ignore[arg-type]
+
+    def timed(device_iterations: int) -> StepTiming:
+        return step_timing(graph, stage_layers, micro_batch=mb, micro_batches=micro_batches,
+                           replicas=replicas, pods=allreduce_pods, precision=precision, machine=m,
+                           train=train, recompute=recompute, optimizer_offchip=offchip,
+                           device_iterations=device_iterations, c=c, stage_times=stage_times)
+
+    # The host-call cost depends on the device iterations, which depend on the step without it.
+    di = _device_iterations(timed(1).step_s - HOST_CALL_S)
+    timing = timed(di)
     total = sum(stage_times)
     stages = []
     for s, ((i, j), layers) in enumerate(zip(ranges, stage_layers, strict=True)):
