@@ -173,7 +173,7 @@ class ModelGraph:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Workload:
     """A catalogue entry: what a user may ask for, and how to build its graph."""
 

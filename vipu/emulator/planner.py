@@ -449,12 +449,13 @@ def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links:
     if best_rounded is not None:
         return best_rounded[1]
     if too_few_samples:
-        smallest = min(p_options)
+        # R = IPUs / P replicas each need a sample, and P is at most the deepest pipeline tried.
+        deepest = max(p_options)
         raise CompileError(
-            f"a global batch of {batch} cannot give each of the {ipus // max(p_options)} or more replicas of "
+            f"a global batch of {batch} cannot give each of the {ipus // deepest} or more replicas of "
             f"{w.name} on {ipus} IPUs a sample.",
-            suggestion=f"use a batch_size of at least {ipus // max(p_options)}, or a partition of at most "
-            f"{batch * smallest} IPUs",
+            suggestion=f"use a batch_size of at least {ipus // deepest}, or a partition of at most "
+            f"{batch * deepest} IPUs",
         )
     shortfall: _Shortfall | None = None
     for lay in failed.values():
