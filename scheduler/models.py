@@ -154,15 +154,28 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(100), default="")
     scopes: Mapped[str] = mapped_column(String(64))  # space separated: read submit admin
     tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True, index=True)
-    member_id: Mapped[str | None] = mapped_column(ForeignKey("members.id"), nullable=True)
+    member_id: Mapped[str | None] = mapped_column(ForeignKey("members.id"), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The key that created this one (None for keys the cloud made itself), for the audit trail.
+    created_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
 
 class TrialApplication(Base):
     __tablename__ = "trial_applications"
+    __table_args__ = (
+        # One pending application per address: the database refuses the duplicate, so two racing
+        # submissions cannot both get in.
+        Index(
+            "uq_trial_applications_pending_email",
+            "email",
+            unique=True,
+            sqlite_where=text("status = 'pending'"),
+            postgresql_where=text("status = 'pending'"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
@@ -175,6 +188,8 @@ class TrialApplication(Base):
     tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    plan: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the plan it was approved on
+    decided_by: Mapped[str | None] = mapped_column(String(40), nullable=True)  # the admin key's id
 
 
 class Machine(Base):
