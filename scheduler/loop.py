@@ -36,6 +36,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.policy import QueuedJob, RunningJob, Snapshot, TenantState, decide
+from scheduler.routing import Router
 from scheduler.services import attempts, fleet, leader
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -68,9 +69,12 @@ class SchedulerLoop:
     sync: fleet.AllocatorSync | None = None
     last_reconcile: float = 0.0
     stop_event: threading.Event = field(default_factory=threading.Event)
+    router: Router | None = None
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy)
+        if self.router is None:
+            self.router = Router(bus.get_redis)
         if self.celery is None:
             self.celery = make_celery(self.settings)
 
@@ -167,7 +171,9 @@ class SchedulerLoop:
             return placed
 
     def queue_for(self, partition: Partition) -> str:
-        return self.settings.worker_queues.split(",")[0].strip() or "ipucloud"
+        """The most specific queue a live worker serves: the partition's pod, its machine type, default."""
+        assert self.router is not None
+        return self.router.queue_for(partition.machine_type, partition.ipu_ids)
 
     def _snapshot(self, s: Session, alloc: object) -> Snapshot:
         now = time.time()
@@ -265,40 +271,56 @@ class SchedulerLoop:
     # Dispatch -------------------------------------------------------------------------------------
 
     def dispatch(self, limit: int = 1000) -> int:
-        """Publish outbox rows not yet published. A second publish is harmless (take is a CAS)."""
-        assert self.celery is not None
+        """Publish outbox rows not yet published. A second publish is harmless (take is a CAS).
+
+        The queue is chosen again at every publish, so a republish after a worker host died goes to
+        a queue that is served now; the row keeps the queue last used."""
+        assert self.celery is not None and self.router is not None
         with self.db.read() as s:
             pending = s.execute(
-                select(OutboxMessage.id, OutboxMessage.queue, OutboxMessage.payload)
+                select(
+                    OutboxMessage.id,
+                    OutboxMessage.queue,
+                    OutboxMessage.payload,
+                    Partition.machine_type,
+                    Partition.ipu_ids,
+                )
+                .join(Attempt, Attempt.id == OutboxMessage.attempt_id)
+                .join(Partition, Partition.pk == Attempt.partition_pk)
                 .where(OutboxMessage.published_at.is_(None), OutboxMessage.acked_at.is_(None))
                 .order_by(OutboxMessage.id)
                 .limit(limit)
             ).all()
         if not pending:
             return 0
-        sent: list[int] = []
+        sent: dict[str, list[int]] = {}
         try:
             with self.celery.producer_or_acquire() as producer:
-                for oid, queue, payload in pending:
+                for oid, _stored, payload, machine_type, ipu_ids in pending:
+                    queue = self.router.queue_for(machine_type, ipu_ids)
                     self.celery.send_task(
                         TASK_NAME,
                         args=[payload["attempt_id"], payload["epoch"]],
                         queue=queue,
                         producer=producer,
                     )
-                    sent.append(oid)
+                    sent.setdefault(queue, []).append(oid)
         except Exception as exc:  # broker down: what was not marked is published again next time
-            log.warning("publishing to the broker failed after %d of %d: %s", len(sent), len(pending), exc)
+            done = sum(len(ids) for ids in sent.values())
+            log.warning("publishing to the broker failed after %d of %d: %s", done, len(pending), exc)
         if sent:
             with self.db.write() as s:
                 self._fence(s)
-                s.execute(
-                    update(OutboxMessage)
-                    .where(OutboxMessage.id.in_(sent))
-                    .values(published_at=utcnow(), publish_count=OutboxMessage.publish_count + 1)
-                )
-            PUBLISHED.inc(len(sent))
-        return len(sent)
+                for queue, ids in sent.items():
+                    s.execute(
+                        update(OutboxMessage)
+                        .where(OutboxMessage.id.in_(ids))
+                        .values(
+                            queue=queue, published_at=utcnow(), publish_count=OutboxMessage.publish_count + 1
+                        )
+                    )
+            PUBLISHED.inc(sum(len(ids) for ids in sent.values()))
+        return sum(len(ids) for ids in sent.values())
 
     # Reconciliation ---------------------------------------------------------------------------------
 

@@ -67,7 +67,16 @@ class Settings(BaseSettings):
     preemption: bool = Field(False, description="Let higher-priority work preempt lower (off by default).")
 
     worker_queues: str = Field(
-        "ipucloud", description="Comma-separated Celery queues a worker consumes (e.g. `m2000,pod0001`)."
+        "ipucloud",
+        description="Comma-separated Celery queues a worker consumes: `ipucloud` (anything), a machine "
+        "type (`m2000`, `bow`) or a pod (`pod0003`), e.g. `pod0003,m2000` for a worker beside that rack.",
+    )
+    routing_ttl_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="A worker's registration of its queues lapses this long after its last refresh "
+        "(it refreshes every third of it); the dispatcher then stops publishing to queues only it served.",
     )
     worker_concurrency: int = Field(4, ge=1, le=256, description="Jobs one worker process runs at once.")
     vipu_api_host: str = Field("127.0.0.1", description="Given to jobs as IPUOF_VIPU_API_HOST.")
@@ -78,6 +87,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(65536, ge=1024, description="Largest request body accepted.")
     log_level: str = Field("INFO", description="Python logging level.")
     startup_wait_s: float = Field(30.0, ge=0, description="How long a component waits for its DB and Redis.")
+
+    @field_validator("worker_queues")
+    @classmethod
+    def _routable_queues(cls, v: str) -> str:
+        from scheduler.routing import parse_queues
+
+        return ",".join(parse_queues(v))
 
     @field_validator("database_url", "redis_url", mode="before")
     @classmethod

@@ -13,13 +13,17 @@ from typing import Any
 
 from celery import signals
 
+from scheduler import routing
 from scheduler.broker import TASK_NAME, make_celery
-from scheduler.bus import reset_redis
+from scheduler.bus import redis_from_url, reset_redis
 from scheduler.db import reset_database
+from scheduler.settings import get_settings
 
 log = logging.getLogger("ipucloud.worker")
 
 app = make_celery()
+
+_registration: routing.Registration | None = None
 
 
 def stopping_flag(main_pid: int) -> Path:
@@ -43,6 +47,34 @@ def _announce_shutdown(**_: Any) -> None:
 @signals.worker_ready.connect
 def _clear_flag(**_: Any) -> None:
     stopping_flag(os.getpid()).unlink(missing_ok=True)
+
+
+@signals.worker_ready.connect
+def _register_queues(sender: Any = None, **_: Any) -> None:
+    # Only once its consumers run may the dispatcher count on this worker (scheduler/routing.py).
+    global _registration
+    settings = get_settings()
+    queues = sorted(sender.app.amqp.queues.consume_from)
+    timeout = min(5.0, settings.routing_ttl_s / 3)
+    client = redis_from_url(settings.broker_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    _registration = routing.Registration(lambda: client, sender.hostname, queues, settings.routing_ttl_s)
+    _registration.start()
+    log.info("%s serves queues %s", sender.hostname, ", ".join(queues))
+    idle = [q for q in queues if not routing.is_routable(q)]
+    if idle:
+        log.warning("no attempt is ever published to %s (see IPUCLOUD_WORKER_QUEUES)", ", ".join(idle))
+
+
+@signals.worker_shutting_down.connect
+def _withdraw_queues(**_: Any) -> None:
+    if _registration is not None:
+        _registration.stop()
+
+
+@signals.worker_shutdown.connect
+def _wait_for_withdrawal(**_: Any) -> None:
+    if _registration is not None:
+        _registration.join(timeout=5.0)
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
