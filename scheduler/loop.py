@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import redis
 from celery import Celery
@@ -33,11 +32,11 @@ from scheduler.models import (
     Partition,
     Plan,
     Tenant,
-    utcnow,
 )
 from scheduler.policy import QueuedJob, RunningJob, Snapshot, TenantState, decide
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader
+from scheduler.services import attempts, fleet, leader, reconciler
+from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
 
@@ -273,8 +272,9 @@ class SchedulerLoop:
     def dispatch(self, limit: int = 1000) -> int:
         """Publish outbox rows not yet published. A second publish is harmless (take is a CAS).
 
-        The queue is chosen again at every publish, so a republish after a worker host died goes to
-        a queue that is served now; the row keeps the queue last used."""
+        The queue is chosen again at every publish, one level wider each time (scheduler/routing.py),
+        so a republish after a worker host died goes to a queue that is served now; the row keeps
+        the queue last used."""
         assert self.celery is not None and self.router is not None
         with self.db.read() as s:
             pending = s.execute(
@@ -282,6 +282,7 @@ class SchedulerLoop:
                     OutboxMessage.id,
                     OutboxMessage.queue,
                     OutboxMessage.payload,
+                    OutboxMessage.publish_count,
                     Partition.machine_type,
                     Partition.ipu_ids,
                 )
@@ -296,8 +297,8 @@ class SchedulerLoop:
         sent: dict[str, list[int]] = {}
         try:
             with self.celery.producer_or_acquire() as producer:
-                for oid, _stored, payload, machine_type, ipu_ids in pending:
-                    queue = self.router.queue_for(machine_type, ipu_ids)
+                for oid, _stored, payload, published, machine_type, ipu_ids in pending:
+                    queue = self.router.queue_for(machine_type, ipu_ids, widen=published)
                     self.celery.send_task(
                         TASK_NAME,
                         args=[payload["attempt_id"], payload["epoch"]],
@@ -311,12 +312,14 @@ class SchedulerLoop:
         if sent:
             with self.db.write() as s:
                 self._fence(s)
+                # The reconciler judges "published too long ago" on the database's clock too.
+                now = db_now(s)
                 for queue, ids in sent.items():
                     s.execute(
                         update(OutboxMessage)
                         .where(OutboxMessage.id.in_(ids))
                         .values(
-                            queue=queue, published_at=utcnow(), publish_count=OutboxMessage.publish_count + 1
+                            queue=queue, published_at=now, publish_count=OutboxMessage.publish_count + 1
                         )
                     )
             PUBLISHED.inc(sum(len(ids) for ids in sent.values()))
@@ -324,47 +327,22 @@ class SchedulerLoop:
 
     # Reconciliation ---------------------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        now = utcnow()
+    def reconcile(self) -> reconciler.Repairs:
+        """Repair what faults left behind (services.reconciler), in one fenced transaction."""
+        assert self.fence_token is not None
         with self.db.write() as s:
             self._fence(s)
-            lost = attempts.expire_leases(session=s, now=now, max_attempts=self.settings.max_attempts)
-            for a in lost:
-                log.warning("attempt %d of %s lost: lease expired on %s", a.number, a.job_id, a.worker)
-            LOST.inc(len(lost))
-            stale = s.execute(
-                update(OutboxMessage)
-                .where(
-                    OutboxMessage.acked_at.is_(None),
-                    OutboxMessage.published_at < now - timedelta(seconds=self.settings.outbox_retry_s),
-                    OutboxMessage.attempt_id.in_(
-                        select(Attempt.id).where(Attempt.state == AttemptState.PLACED)
-                    ),
-                )
-                .values(published_at=None)
-            ).rowcount
-            if stale:
-                log.warning("republishing %d outbox messages no worker took", stale)
-                REPUBLISHED.inc(stale)
-            orphans = list(
-                s.execute(
-                    select(Partition).where(
-                        Partition.kind == "job",
-                        Partition.released_at.is_(None),
-                        ~select(Attempt.id)
-                        .where(
-                            Attempt.partition_pk == Partition.pk,
-                            Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]),
-                        )
-                        .exists(),
-                        Partition.created_at < now - timedelta(seconds=5),
-                    )
-                ).scalars()
+            repairs = reconciler.reconcile(
+                session=s,
+                leader_epoch=self.fence_token.epoch,
+                max_attempts=self.settings.max_attempts,
+                outbox_retry_s=self.settings.outbox_retry_s,
             )
-            for p in orphans:
-                log.warning("freeing partition %s: its job %s has no live attempt", p.name, p.job_id)
-                fleet.release_partition(session=s, partition=p)
-            ORPHANS.inc(len(orphans))
+        # Counted once committed: a pass rolled back by a lost lease repaired nothing.
+        LOST.inc(repairs.count(reconciler.LEASE_EXPIRED))
+        REPUBLISHED.inc(repairs.count(reconciler.OUTBOX_REPUBLISHED))
+        ORPHANS.inc(repairs.count(reconciler.ORPHAN_PARTITION_FREED))
+        return repairs
 
     # Running ------------------------------------------------------------------------------------------
 

@@ -14,6 +14,12 @@ registration lapses, and the next (re)publish of an attempt goes to a queue that
 Both sides read the expiry on Redis's own clock (`TIME` inside a script), so skewed host clocks
 cannot keep a dead worker's queues alive or drop a live one's.
 
+A registered worker may still not take its messages: all its slots are busy, or its connection to
+Redis is half-open after a network fault (kombu drops such a connection only after about a minute).
+So each republish of an attempt nobody took widens the choice by one served level (pod, then machine
+type, then default): locality is a preference held for one `IPUCLOUD_OUTBOX_RETRY_S`, never a
+place where an attempt can wait forever.
+
 Why registration rather than a static list of site queues in a setting: a static list cannot tell
 that a site's only worker host is down, so its attempts would wait on that site's queue until a
 human edits the setting. The price of registration is one small sorted set in Redis and a routing
@@ -87,13 +93,15 @@ def candidates(machine_type: str, ipu_ids: Iterable[str]) -> list[str]:
     return [*(pod_id(p) for p in pods_of(ipu_ids)), machine_type, DEFAULT_QUEUE]
 
 
-def choose(options: Sequence[str], served: frozenset[str]) -> str:
-    """The first served option. When none is served the default queue: the attempt waits there and
-    the reconciler republishes it, re-choosing, until a worker for it registers."""
-    for queue in options:
-        if queue in served:
-            return queue
-    return DEFAULT_QUEUE
+def choose(options: Sequence[str], served: frozenset[str], widen: int = 0) -> str:
+    """The most specific served option, or `widen` levels less specific (capped at the broadest).
+
+    When none is served, the default queue: the attempt waits there and the reconciler republishes
+    it, choosing again, until a worker for it registers."""
+    live = [q for q in options if q in served]
+    if not live:
+        return DEFAULT_QUEUE
+    return live[min(max(widen, 0), len(live) - 1)]
 
 
 def register(client: redis.Redis, node: str, queues: Sequence[str], ttl_s: float) -> None:
@@ -139,10 +147,11 @@ class Router:
     def invalidate(self) -> None:
         self._read_at = float("-inf")
 
-    def queue_for(self, machine_type: str, ipu_ids: Iterable[str]) -> str:
+    def queue_for(self, machine_type: str, ipu_ids: Iterable[str], widen: int = 0) -> str:
+        """Where to publish an attempt; `widen` is how often it was published before, untaken."""
         options = candidates(machine_type, ipu_ids)
         served = self.served()
-        queue = choose(options, served)
+        queue = choose(options, served, widen)
         if queue not in served:
             key = ",".join(options)
             if key not in self._warned:

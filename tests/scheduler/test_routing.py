@@ -45,6 +45,24 @@ def test_queues_are_tried_pod_first_then_machine_type_then_default() -> None:
     assert routing.choose(options, frozenset({"bow", "pod0001"})) == "ipucloud"
 
 
+def test_each_untaken_republish_widens_one_served_level() -> None:
+    options = routing.candidates("m2000", ["pod0003-m00-i0"])
+    everything = frozenset({"pod0003", "m2000", "ipucloud"})
+    assert [routing.choose(options, everything, widen=n) for n in range(4)] == [
+        "pod0003",
+        "m2000",
+        "ipucloud",
+        "ipucloud",
+    ]
+    # Levels nobody serves are skipped, not waited on.
+    assert [routing.choose(options, frozenset({"pod0003", "ipucloud"}), widen=n) for n in range(3)] == [
+        "pod0003",
+        "ipucloud",
+        "ipucloud",
+    ]
+    assert routing.choose(options, frozenset({"pod0003"}), widen=5) == "pod0003"
+
+
 def test_the_default_queue_is_the_brokers() -> None:
     assert routing.DEFAULT_QUEUE == broker.DEFAULT_QUEUE
 
