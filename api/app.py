@@ -8,12 +8,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import HTMLResponse, ORJSONResponse
+from fastapi.responses import HTMLResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import dashboard, problems
 from api.metrics import LATENCY, REQUESTS
-from api.routers import admin, catalogue, health, jobs, usage
+from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, trials, usage
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.settings import Settings, get_settings
 
@@ -73,7 +73,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="ipucloud",
         version="0.1.0",
         summary="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, metering.",
-        default_response_class=ORJSONResponse,
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,
@@ -93,7 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
-    for module in (jobs, catalogue, usage, admin, health):
+    for module in (jobs, catalogue, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
 
     app.include_router(dashboard.router)

@@ -1,0 +1,539 @@
+"""Control-plane speed, in production shape, side by side with Slurm when asked.
+
+Starts the cloud as production runs it (PostgreSQL, Redis, `ipucloud api` with one uvicorn process per core, one
+scheduler, workers) and measures, over repeated runs, printing min, median and max of each figure:
+
+- submit throughput: accepted jobs per second from 1 and from 16 concurrent clients (wrk), with p50/p99 latency;
+  the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
+- the floor: the same load against a bare endpoint doing one durable INSERT (benchmarks/floor_app.py);
+- start latency: submission to `running` on a free partition, p50 and p99 over 200 jobs, one at a time;
+- short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed);
+- scheduler cost: time to place 10,000 queued jobs on a 1,024-POD64 fleet (65,536 IPUs).
+
+With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the shared scripts
+(`../shared/peers/slurm/`), runs their equivalents in the same run and prints the ratios.
+
+    .venv/bin/python benchmarks/control_plane.py [--reps 3] [--vs-slurm] [--only submit,floor,latency,throughput,placement]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from tests.support.cloud import RunningCloud, free_port  # noqa: E402
+
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_DEFAULT = "redis://127.0.0.1:6379/15"
+ONE_STEP_JOB = {"name": "tiny", "workload": {"model": "mcmc", "task": "infer", "steps": 1}, "ipus": 1}
+SLURM_DIR = next(
+    (p for p in (ROOT.parent / "shared/peers/slurm", Path("/work/shared/peers/slurm")) if p.exists()), None
+)
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    values: list[float] = field(default_factory=list)
+
+    def line(self) -> str:
+        if not self.values:
+            return f"{self.name:<44} no data"
+        v = sorted(self.values)
+        return (
+            f"{self.name:<44} median={statistics.median(v):>10.3f}  min={v[0]:>10.3f}  max={v[-1]:>10.3f}  "
+            f"n={len(v)} {self.unit}"
+        )
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+
+@dataclass
+class Report:
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+    def add(self, name: str, unit: str, value: float) -> None:
+        self.figures.setdefault(name, Figure(name, unit)).values.append(value)
+        print(f"  {name} = {value:.3f} {unit}", flush=True)
+
+
+# Database and cloud ----------------------------------------------------------------------------------------
+
+
+def fresh_database(base: str, name: str) -> str:
+    url = make_url(base.replace("postgresql://", "postgresql+psycopg://", 1))
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+def prepare(db_url: str, pods: int) -> tuple[str, str]:
+    """Migrate and seed; return (admin key, an internal tenant's key)."""
+    from scheduler.db import Database
+    from scheduler.migrate import upgrade
+    from scheduler.services import fleet, tenants
+
+    upgrade(db_url)
+    db = Database(db_url)
+    secret = os.environ["IPUCLOUD_SECRET_KEY"].encode()
+    with db.write() as s:
+        tenants.seed_plans(session=s)
+        fleet.seed_fleet(session=s, pods=pods)
+        admin = tenants.ensure_admin_key(session=s, secret=secret)
+        created = tenants.create_tenant(
+            session=s, secret=secret, name="bench", plan="internal", quota_ipu_hours=10_000_000
+        )
+    db.dispose()
+    assert admin is not None
+    return admin, created.api_key
+
+
+def start_cloud(
+    db_url: str,
+    redis_url: str,
+    workdir: Path,
+    admin: str,
+    *,
+    api_workers: int,
+    worker_procs: int,
+    concurrency: int,
+    scheduler: bool,
+) -> RunningCloud:
+    env = {
+        "IPUCLOUD_MODE": "production",
+        "IPUCLOUD_DATABASE_URL": db_url,
+        "IPUCLOUD_REDIS_URL": redis_url,
+        "IPUCLOUD_SECRET_KEY": os.environ["IPUCLOUD_SECRET_KEY"],
+        "IPUCLOUD_DATA_DIR": str(workdir / "data"),
+        "IPUCLOUD_RATE_LIMIT": "100000000/minute",
+        "IPUCLOUD_LOG_LEVEL": "WARNING",
+        "IPUCLOUD_API_WORKERS": str(api_workers),
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    cloud = RunningCloud(env={**env, **BENCH_ENV}, workdir=workdir, admin_key=admin, port=free_port())
+    if scheduler:
+        cloud.start_scheduler()
+    for i in range(worker_procs):
+        cloud.start_worker(f"worker{i + 1}", concurrency=concurrency)
+    cloud.start_api()
+    cloud.wait_ready()
+    return cloud
+
+
+# Production timing: one cluster second per wall second, heartbeats every second.
+BENCH_ENV = {
+    "IPUCLOUD_TIME_SCALE": "1",
+    "IPUCLOUD_HEARTBEAT_S": "1",
+    "IPUCLOUD_LEASE_S": "10",
+    "IPUCLOUD_SCHEDULER_TICK_S": "0.5",
+}
+
+
+# Load ---------------------------------------------------------------------------------------------------------
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT %%d %%d %%d %%d %%f %%f\\n", summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.duration, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk(
+    url: str, body: dict[str, Any], key: str, *, clients: int, seconds: int
+) -> tuple[float, float, float, int]:
+    """(accepted jobs/s, p50 ms, p99 ms, errors) from `clients` keep-alive connections."""
+    if shutil.which("wrk") is None:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, capture_output=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_SCRIPT % (json.dumps(body), key))
+        script = f.name
+    threads = min(clients, 2)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t",
+            str(threads),
+            "-c",
+            str(clients),
+            "-d",
+            f"{seconds}s",
+            "-s",
+            script,
+            "--timeout",
+            "5s",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(script)
+    m = re.search(r"RESULT (\d+) (\d+) (\d+) (\d+) ([\d.]+) ([\d.]+)", out)
+    assert m, out
+    requests, bad_status, sock_errors, duration_us = (int(m.group(i)) for i in range(1, 5))
+    ok = requests - bad_status
+    return (
+        ok / (duration_us / 1e6),
+        float(m.group(5)) / 1000,
+        float(m.group(6)) / 1000,
+        bad_status + sock_errors,
+    )
+
+
+def bench_submit(report: Report, cloud: RunningCloud, key: str, seconds: int) -> None:
+    url = f"{cloud.url}/api/v1/jobs"
+    for clients in (1, 16):
+        rate, p50, p99, errors = wrk(url, ONE_STEP_JOB, key, clients=clients, seconds=seconds)
+        report.add(f"submit_{clients}_clients_jobs_per_s", "jobs/s", rate)
+        report.add(f"submit_{clients}_clients_p50_ms", "ms", p50)
+        report.add(f"submit_{clients}_clients_p99_ms", "ms", p99)
+        if errors:
+            print(f"  ({errors} requests failed)")
+
+
+def bench_floor(report: Report, db_url: str, seconds: int, workers: int) -> None:
+    port = free_port()
+    env = {**os.environ, "FLOOR_DATABASE_URL": db_url}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "benchmarks.floor_app:app",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        for clients in (1, 16):
+            rate, p50, p99, _ = wrk(
+                f"http://127.0.0.1:{port}/jobs", ONE_STEP_JOB, "floor", clients=clients, seconds=seconds
+            )
+            report.add(f"floor_{clients}_clients_inserts_per_s", "inserts/s", rate)
+            report.add(f"floor_{clients}_clients_p99_ms", "ms", p99)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(10)
+
+
+def bench_latency(report: Report, cloud: RunningCloud, key: str, db_url: str, n: int) -> None:
+    """Submit one job at a time on an idle cloud; time from the client's send to the attempt's start."""
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    lat: list[float] = []
+    with cloud.http(key) as c:
+        for _ in range(n):
+            t0 = time.time()
+            r = c.post("/api/v1/jobs", json=ONE_STEP_JOB)
+            r.raise_for_status()
+            job_id = r.json()["id"]
+            started = None
+            deadline = time.monotonic() + 30
+            with engine.connect() as conn:
+                while started is None and time.monotonic() < deadline:
+                    started = conn.execute(
+                        text("SELECT started_at FROM attempts WHERE job_id = :j AND started_at IS NOT NULL"),
+                        {"j": job_id},
+                    ).scalar()
+                    conn.rollback()
+                    if started is None:
+                        time.sleep(0.001)
+                while conn.execute(text("SELECT state FROM jobs WHERE id = :j"), {"j": job_id}).scalar() in (
+                    "queued",
+                    "running",
+                ):
+                    conn.rollback()
+                    time.sleep(0.005)
+            assert started is not None, "job did not start in 30 s"
+            # Stored as naive UTC; the client and the worker share this machine's clock.
+            lat.append(started.replace(tzinfo=UTC).timestamp() - t0)
+    engine.dispose()
+    lat.sort()
+    report.add("start_latency_p50_ms", "ms", 1000 * lat[len(lat) // 2])
+    report.add("start_latency_p99_ms", "ms", 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))])
+
+
+async def _submit_many(url: str, key: str, n: int, clients: int) -> None:
+    async with httpx.AsyncClient(
+        base_url=url,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+        limits=httpx.Limits(max_connections=clients),
+    ) as c:
+        queue = list(range(n))
+
+        async def client() -> None:
+            while queue:
+                queue.pop()
+                r = await c.post("/api/v1/jobs", json=ONE_STEP_JOB)
+                r.raise_for_status()
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def bench_throughput(report: Report, cloud: RunningCloud, key: str, db_url: str, n: int) -> None:
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.connect() as conn:
+        done_before = conn.execute(text("SELECT count(*) FROM jobs WHERE state = 'succeeded'")).scalar_one()
+    t0 = time.monotonic()
+    asyncio.run(_submit_many(cloud.url, key, n, 16))
+    submitted = time.monotonic() - t0
+    with engine.connect() as conn:
+        while True:
+            done = (
+                conn.execute(text("SELECT count(*) FROM jobs WHERE state = 'succeeded'")).scalar_one()
+                - done_before
+            )
+            conn.rollback()
+            if done >= n:
+                break
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError(f"only {done} of {n} short jobs finished in 600 s")
+            time.sleep(0.05)
+        held = conn.execute(text("SELECT count(*) FROM ipu_assignments")).scalar_one()
+    elapsed = time.monotonic() - t0
+    engine.dispose()
+    assert held == 0, f"{held} IPUs still held after every job finished"
+    report.add(f"short_jobs_{n}_end_to_end_jobs_per_s", "jobs/s", n / elapsed)
+    report.add(f"short_jobs_{n}_submit_phase_s", "s", submitted)
+
+
+def bench_placement(report: Report, base_url: str, jobs: int) -> None:
+    """Place `jobs` queued jobs on 1,024 POD64s with the live loop's own pass (dispatch excluded)."""
+    from scheduler.db import Database
+    from scheduler.jobspec import JobSpec
+    from scheduler.loop import SchedulerLoop
+    from scheduler.services import jobs as job_service
+    from scheduler.services import tenants
+    from scheduler.settings import Settings
+
+    db_url = fresh_database(base_url, "ipucloud_bench_place")
+    prepare(db_url, pods=1024)
+    db = Database(db_url)
+    with db.read() as s:
+        tid = s.execute(text("SELECT id FROM tenants WHERE name = 'bench'")).scalar_one()
+    sizes = [1, 1, 1, 1, 2, 4, 8, 16, 1, 2]
+    with db.write() as s:
+        for i in range(jobs):
+            job_service.submit_job(
+                session=s,
+                tenant_id=tid,
+                spec=JobSpec.model_validate({**ONE_STEP_JOB, "name": f"q{i}", "ipus": sizes[i % len(sizes)]}),
+            )
+    del tenants
+
+    class NoBroker:
+        def producer_or_acquire(self) -> Any:
+            from contextlib import nullcontext
+
+            return nullcontext(None)
+
+        def send_task(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    settings = Settings(database_url=db_url, redis_url="redis://127.0.0.1:6379/15", secret_key="x")  # type: ignore[arg-type]
+    loop = SchedulerLoop(settings=settings, db=db, celery=NoBroker())  # type: ignore[arg-type]
+    assert loop.lead()
+    t0 = time.perf_counter()
+    placed = 0
+    while placed < jobs:
+        n = loop.schedule_pass()
+        if n == 0:
+            break
+        placed += n
+    elapsed = time.perf_counter() - t0
+    db.dispose()
+    report.add(f"place_{jobs}_jobs_on_65536_ipus_s", "s", elapsed)
+    report.add(f"place_{jobs}_jobs_placed", "jobs", placed)
+
+
+# Slurm ----------------------------------------------------------------------------------------------------------
+
+
+def run_slurm(report: Report, reps: int) -> None:
+    if SLURM_DIR is None:
+        print("Slurm scripts not found; skipping --vs-slurm")
+        return
+    subprocess.run(["bash", str(SLURM_DIR / "stop.sh"), "--all"], check=False)
+    subprocess.run(["bash", str(SLURM_DIR / "setup.sh"), "default"], check=True)
+    try:
+        out = subprocess.run(
+            ["bash", str(SLURM_DIR / "bench.sh"), "submit", "latency", "throughput"],
+            env={**os.environ, "REPS": str(reps)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        subprocess.run(["bash", str(SLURM_DIR / "stop.sh"), "--all"], check=False)
+    for line in out.splitlines():
+        m = re.match(r"FIGURE \S+ (\S+) median=([\d.]+) min=([\d.]+) max=([\d.]+)", line)
+        if m:
+            fig = report.figures.setdefault(f"slurm_{m.group(1)}", Figure(f"slurm_{m.group(1)}", ""))
+            fig.values = [float(m.group(3)), float(m.group(2)), float(m.group(4))]
+            print("  " + line)
+
+
+# Main -----------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--vs-slurm", action="store_true")
+    ap.add_argument("--only", default="submit,floor,latency,throughput,placement")
+    ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
+    ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
+    ap.add_argument("--seconds", type=int, default=10, help="wrk duration per submit measurement")
+    ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--short-jobs", type=int, default=2000)
+    ap.add_argument("--place-jobs", type=int, default=10_000)
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
+    cores = os.cpu_count() or 2
+    report = Report()
+    print(f"# ipucloud control plane, {cores} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print("# reproduce: .venv/bin/python benchmarks/control_plane.py " + " ".join(sys.argv[1:]))
+    import redis as redis_lib
+
+    redis_lib.Redis.from_url(args.redis_url).flushdb()
+    for rep in range(args.reps):
+        print(f"== run {rep + 1} of {args.reps}", flush=True)
+        work = Path(tempfile.mkdtemp(prefix="ipucloud-bench-"))
+        if only & {"submit", "latency", "throughput"}:
+            db_url = fresh_database(args.database_url, "ipucloud_bench")
+            admin, key = prepare(db_url, pods=16)
+            if "submit" in only:
+                cloud = start_cloud(
+                    db_url,
+                    args.redis_url,
+                    work / "a",
+                    admin,
+                    api_workers=cores,
+                    worker_procs=0,
+                    concurrency=1,
+                    scheduler=False,
+                )
+                try:
+                    bench_submit(report, cloud, key, args.seconds)
+                finally:
+                    cloud.stop_all()
+                db_url = fresh_database(args.database_url, "ipucloud_bench")
+                admin, key = prepare(db_url, pods=16)
+            if only & {"latency", "throughput"}:
+                cloud = start_cloud(
+                    db_url,
+                    args.redis_url,
+                    work / "b",
+                    admin,
+                    api_workers=cores,
+                    worker_procs=1,
+                    concurrency=16,
+                    scheduler=True,
+                )
+                try:
+                    if "latency" in only:
+                        bench_latency(report, cloud, key, db_url, args.latency_jobs)
+                    if "throughput" in only:
+                        bench_throughput(report, cloud, key, db_url, args.short_jobs)
+                finally:
+                    cloud.stop_all()
+        if "floor" in only:
+            bench_floor(
+                report, fresh_database(args.database_url, "ipucloud_bench_floor"), args.seconds, cores
+            )
+        if "placement" in only:
+            bench_placement(report, args.database_url, args.place_jobs)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.vs_slurm:
+        print("== Slurm 22.05 (Debian), same machine", flush=True)
+        run_slurm(report, args.reps)
+    print("\n# figures (min / median / max over runs)")
+    for fig in report.figures.values():
+        print(fig.line())
+    ratios: list[tuple[str, Callable[[], float]]] = []
+    f = report.figures
+    if "slurm_submit_par8_2000_jobs_per_s" in f and "submit_16_clients_jobs_per_s" in f:
+        ratios.append(
+            (
+                "submit throughput vs Slurm parallel sbatch",
+                lambda: (
+                    f["submit_16_clients_jobs_per_s"].median / f["slurm_submit_par8_2000_jobs_per_s"].median
+                ),
+            )
+        )
+    if "slurm_start_latency_s" in f and "start_latency_p50_ms" in f:
+        ratios.append(
+            (
+                "start latency, Slurm median / ours p50",
+                lambda: 1000 * f["slurm_start_latency_s"].median / f["start_latency_p50_ms"].median,
+            )
+        )
+    key_tp = next((k for k in f if k.startswith("short_jobs_") and k.endswith("jobs_per_s")), None)
+    key_sl = next((k for k in f if k.startswith("slurm_short_jobs_") and k.endswith("jobs_per_s")), None)
+    if key_tp and key_sl:
+        ratios.append(("short-job throughput vs Slurm", lambda: f[key_tp].median / f[key_sl].median))
+    if "floor_16_clients_inserts_per_s" in f and "submit_16_clients_jobs_per_s" in f:
+        ratios.append(
+            (
+                "submit throughput / bare-INSERT floor (16 clients)",
+                lambda: f["submit_16_clients_jobs_per_s"].median / f["floor_16_clients_inserts_per_s"].median,
+            )
+        )
+    if ratios:
+        print("\n# ratios (medians)")
+        for name, fn in ratios:
+            print(f"{name:<52} {fn():.2f}x")
+
+
+if __name__ == "__main__":
+    main()
