@@ -132,7 +132,6 @@ class PodSummary(NamedTuple):
 
     features: int  # feature bits, layout above
     free: int  # free IPUs
-    cap: int  # largest level that fits, -1 when nothing does
     usable: tuple[int, ...]  # per level: free IPUs that some free window of that level covers
 
 
@@ -144,6 +143,7 @@ def summarize(free: int) -> PodSummary:
     runs = circular_runs(machines, MACHINES_PER_POD)
     longest = max((length for _, length in runs), default=0)
 
+    # The largest level that fits, -1 when nothing does.
     if count == 0:
         cap = -1
     elif machines == FULL_RING:
@@ -182,4 +182,4 @@ def summarize(free: int) -> PodSummary:
     for level in range(MACHINE_LEVEL, POD_LEVELS):
         need = 1 << (level - MACHINE_LEVEL)
         usable.append(IPUS_PER_MACHINE * sum(length for _, length in runs if length >= need))
-    return PodSummary(features, count, cap, tuple(usable))
+    return PodSummary(features, count, tuple(usable))

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from vipu._bitmaps import (
     FEATURE_BITS,
-    FREE_COUNT_BIT,
     FULL_POD,
     HOST_BIT,
     POD_LEVELS,
     RUN_BIT,
-    PodSummary,
     summarize,
 )
 from vipu.topology import IPUS_PER_POD, MACHINES_PER_POD, Fleet, MachineType
@@ -61,6 +59,7 @@ class FreeSpace:
         self.fleet = fleet
         empty = summarize(FULL_POD)
         self._free = [FULL_POD] * fleet.pods
+        # Kept beside the masks (not re-derived) so an update never depends on the memo still holding it.
         self._summary = [empty] * fleet.pods
         self._index: dict[MachineType, _TypeIndex] = {}
         for kind in fleet.machine_types:
@@ -72,10 +71,8 @@ class FreeSpace:
             for bit in range(FEATURE_BITS):
                 if empty.features >> bit & 1:
                     by_feature[bit] = pods
-            self._index[kind] = _TypeIndex(
-                count,
-                by_feature, count * IPUS_PER_POD, [count * usable for usable in empty.usable]
-            )
+            usable = [count * ipus for ipus in empty.usable]
+            self._index[kind] = _TypeIndex(count, by_feature, count * IPUS_PER_POD, usable)
 
     def clone(self) -> FreeSpace:
         twin = FreeSpace.__new__(FreeSpace)
@@ -87,9 +84,6 @@ class FreeSpace:
 
     def free_mask(self, pod: int) -> int:
         return self._free[pod]
-
-    def summary(self, pod: int) -> PodSummary:
-        return self._summary[pod]
 
     def set_free_mask(self, pod: int, mask: int) -> None:
         """Record pod's new free mask and update every index that depends on it."""
@@ -133,9 +127,6 @@ class FreeSpace:
     def whole_pods(self, kind: MachineType) -> int:
         """Pods of ``kind`` that are entirely free and healthy."""
         return self._index[kind].by_feature[RUN_BIT + MACHINES_PER_POD]
-
-    def pods_with_free_count(self, kind: MachineType, count: int) -> int:
-        return self._index[kind].by_feature[FREE_COUNT_BIT + count]
 
     def free_ipus(self, kind: MachineType) -> int:
         return self._index[kind].free

@@ -6,9 +6,9 @@ Every policy answers two questions against the ``FreeSpace`` index and never sca
 - ``choose_pods``: ``count`` whole POD64s of one machine type -> ``(machine type, pods)``.
 
 Every policy must find a placement whenever one exists; they differ only in which one they pick.
-``first-fit`` is V-IPU's buddy-style baseline, ``best-fit`` the classic tightest-hole rule, and
-``default`` scores each candidate by how much of the fleet's ability to host the sizes actually being
-requested it would destroy (see ``DemandAware`` and docs/vipu.md).
+``first-fit`` is V-IPU's buddy-style baseline and ``best-fit`` the classic tightest-hole rule.
+``default`` scores each candidate by the free IPUs it would strand for the sizes actually being
+requested (see ``DemandAware`` and docs/vipu.md).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import ClassVar
 
 from vipu._bitmaps import (
     ALIGNED_BIT,
+    FREE_COUNT_BIT,
     FULL_RING,
     HALF_PAIR_BIT,
+    HOST_BIT,
     MACHINE_LEVEL,
     PARTIAL_PAIR_BIT,
     POD_LEVELS,
@@ -56,9 +58,9 @@ def lowest_window(free: int, level: int, *, aligned: bool) -> int | None:
     return ((starts & -starts).bit_length() - 1) * IPUS_PER_MACHINE
 
 
-def lowest_pods_of_kind(space: FreeSpace, count: int, kinds: tuple[MachineType, ...]) -> dict[
-    MachineType, tuple[int, ...]
-]:
+def lowest_pods_of_kind(
+    space: FreeSpace, count: int, kinds: tuple[MachineType, ...]
+) -> dict[MachineType, tuple[int, ...]]:
     """For each kind with at least ``count`` wholly free pods, its ``count`` lowest ones."""
     found: dict[MachineType, tuple[int, ...]] = {}
     for kind in kinds:
@@ -116,7 +118,7 @@ class FirstFit(PlacementPolicy):
     def choose_window(
         self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
     ) -> tuple[int, int] | None:
-        for aligned, feature in ((True, ALIGNED_BIT + level), (False, level)):
+        for aligned, feature in ((True, ALIGNED_BIT + level), (False, HOST_BIT + level)):
             pods = _union(space, kinds, feature)
             if pods:
                 pod = lowest_pod(pods)
@@ -138,11 +140,11 @@ class BestFit(PlacementPolicy):
     def choose_window(
         self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
     ) -> tuple[int, int] | None:
-        hosts = _union(space, kinds, level)
+        hosts = _union(space, kinds, HOST_BIT + level)
         if not hosts:
             return None
         for count in range(1 << level, IPUS_PER_POD + 1):
-            tight = hosts & _union_free_count(space, kinds, count)
+            tight = hosts & _union(space, kinds, FREE_COUNT_BIT + count)
             if tight:
                 pod = lowest_pod(tight)
                 return pod, self._smallest_hole(space.free_mask(pod), level)
@@ -173,13 +175,6 @@ class BestFit(PlacementPolicy):
             return None
         kind = min(options, key=lambda k: (space.whole_pods(k).bit_count(), options[k]))
         return kind, options[kind]
-
-
-def _union_free_count(space: FreeSpace, kinds: tuple[MachineType, ...], count: int) -> int:
-    pods = 0
-    for kind in kinds:
-        pods |= space.pods_with_free_count(kind, count)
-    return pods
 
 
 def _covered(free_units: int, window: int) -> int:
@@ -349,9 +344,11 @@ class DemandAware(PlacementPolicy):
         options = lowest_pods_of_kind(space, count, kinds)
         if not options:
             return None
+
         def cost(kind: MachineType) -> tuple[float, tuple[int, ...]]:
             weights = self.weights(kind, space.capacity_share(kind))
             whole = space.whole_pods(kind).bit_count()
+            # The pods taken are lost to 64-IPU requests too, not only to multi-POD64 ones.
             single = weights[POD_LEVELS - 1] * count * IPUS_PER_POD
             return single + self._whole_pod_loss(weights, whole, count), options[kind]
 
