@@ -396,3 +396,22 @@ class Executable(Base):
     compile_s: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     hits: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ReconcilerAction(Base):
+    """What the scheduler's reconciler repaired, one row per repair: the durable record behind the
+    cluster counters in the API's `/metrics` (the reconciler runs in another process)."""
+
+    __tablename__ = "reconciler_actions"
+    __table_args__ = (Index("ix_reconciler_actions_action_at", "action", "at"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # lease_expired | outbox_republished | orphan_partition_freed | attempt_of_ended_job_ended
+    # | cancel_completed
+    action: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    attempt_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    partition_pk: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    leader_epoch: Mapped[int] = mapped_column(BigInteger)
+    detail: Mapped[str] = mapped_column(String(500), default="")

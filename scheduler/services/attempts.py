@@ -2,8 +2,19 @@
 
 Workers change an attempt only through `take`, `heartbeat` and `finish`, each a compare-and-set
 on (attempt id, state, epoch): `take` moves `placed` to `running` and bumps the epoch, and every
-later write must carry that epoch. A duplicate delivery, a worker that was paused past its lease,
-or a second report of the same finish therefore changes nothing.
+later write must carry that epoch and arrive while the lease is still current. A duplicate
+delivery, a worker that was paused past its lease, or a second report of the same finish
+therefore changes nothing.
+
+Leases are measured on the database's clock (services.clock), never on the worker's: a lease is
+written by one host and judged by another. A lease that ran out is over even before the reconciler
+has noticed: a late heartbeat cannot revive it, so "expired" means the same thing to the worker,
+the reconciler and the tests.
+
+On PostgreSQL (READ COMMITTED) every worker write and the reconciler lock the attempt row first
+(`SELECT ... FOR UPDATE`, re-evaluated after a lock wait), so take, heartbeat, finish, cancel and
+expiry of one attempt are serialised and each sees the others' result. On SQLite every write
+transaction holds the database lock from BEGIN, which serialises them all.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.models import (
+    FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
     Attempt,
     AttemptState,
@@ -25,9 +37,11 @@ from scheduler.models import (
     JobState,
     OutboxMessage,
     Partition,
+    Tenant,
     utcnow,
 )
 from scheduler.services import fleet, metering
+from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
 
 TASK_NAME = "ipucloud.run_attempt"
@@ -103,7 +117,7 @@ def take(
     *, session: Session, attempt_id: int, epoch: int, worker: str, lease_s: float
 ) -> TakenAttempt | None:
     """Compare-and-set `placed` -> `running`. None if someone else has it or it is no longer wanted."""
-    now = utcnow()
+    now = db_now(session)
     won = session.execute(
         update(Attempt)
         .where(Attempt.id == attempt_id, Attempt.state == AttemptState.PLACED, Attempt.epoch == epoch)
@@ -123,6 +137,17 @@ def take(
     job = session.get(Job, attempt.job_id, populate_existing=True)
     partition = session.get(Partition, attempt.partition_pk)
     assert job is not None and partition is not None
+    if job.state in FINAL_JOB_STATES or job.cancel_requested:
+        # A cancel that raced the placement (or the take itself): do not start what nobody wants.
+        end_attempt(
+            session=session,
+            attempt=attempt,
+            job=job,
+            outcome=AttemptState.CANCELLED,
+            reason="cancelled before it started" if job.cancel_requested else f"job already {job.state}",
+            max_attempts=1,
+        )
+        return None
     job.state = JobState.RUNNING
     job.started_at = job.started_at or now
     job.updated_at = now
@@ -168,10 +193,16 @@ class LogLine:
     at: datetime | None = None
 
 
-def _fenced(session: Session, attempt_id: int, epoch: int) -> Attempt | None:
+def _fenced(session: Session, attempt_id: int, epoch: int, now: datetime) -> Attempt | None:
+    """The attempt, locked, if `epoch` still holds a current lease on it; else None."""
     attempt = session.execute(
         select(Attempt)
-        .where(Attempt.id == attempt_id, Attempt.epoch == epoch, Attempt.state == AttemptState.RUNNING)
+        .where(
+            Attempt.id == attempt_id,
+            Attempt.epoch == epoch,
+            Attempt.state == AttemptState.RUNNING,
+            Attempt.lease_expires_at >= now,
+        )
         .with_for_update()
         .execution_options(populate_existing=True)
     ).scalar_one_or_none()
@@ -190,12 +221,12 @@ def heartbeat(
     logs: list[LogLine] | None = None,
 ) -> Directive:
     """Extend the lease, bill the time run so far, record progress; say whether to go on."""
-    attempt = _fenced(session, attempt_id, epoch)
+    now = db_now(session)
+    attempt = _fenced(session, attempt_id, epoch, now)
     if attempt is None:
         return Directive.FENCED
     job = session.get(Job, attempt.job_id, populate_existing=True)
     assert job is not None
-    now = utcnow()
     attempt.lease_expires_at = now + timedelta(seconds=lease_s)
     attempt.cluster_s = max(attempt.cluster_s, cluster_s)
     if progress is not None:
@@ -235,8 +266,8 @@ def finish(
     logs: list[LogLine] | None = None,
     max_attempts: int = 3,
 ) -> bool:
-    """The worker's last word on an attempt. False (and nothing written) if its epoch is stale."""
-    attempt = _fenced(session, attempt_id, epoch)
+    """The worker's last word on an attempt. False (and nothing written) if its lease is gone."""
+    attempt = _fenced(session, attempt_id, epoch, db_now(session))
     if attempt is None:
         return False
     job = session.get(Job, attempt.job_id, populate_existing=True)
@@ -278,10 +309,28 @@ def end_attempt(
     attempt.lease_expires_at = None
     billable = outcome not in PLATFORM_FAULT_STATES
     metering.settle(session=session, attempt=attempt, job=job, billable=billable, outcome=str(outcome))
+    # Nobody needs the message any more: the reconciler must not publish it again.
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
+        .values(acked_at=now)
+    )
     partition = session.get(Partition, attempt.partition_pk)
     assert partition is not None
     if partition.kind == "job":
         fleet.release_partition(session=session, partition=partition)
+    if job.state in FINAL_JOB_STATES:
+        # Only an attempt the reconciler ends for a job that already ended gets here: the job's
+        # outcome was decided, and this attempt's end must not rewrite it. A refund above put the
+        # refunded ticks back into the job's reservation; an ended job holds none.
+        if job.reserved_ipu_ms:
+            session.execute(
+                update(Tenant)
+                .where(Tenant.id == job.tenant_id)
+                .values(reserved_ipu_ms=Tenant.reserved_ipu_ms - job.reserved_ipu_ms)
+            )
+            job.reserved_ipu_ms = 0
+        return
     if outcome == AttemptState.SUCCEEDED:
         finalize_job(session=session, job=job, state=JobState.SUCCEEDED, reason=None)
     elif outcome == AttemptState.CANCELLED:
@@ -331,12 +380,9 @@ def cancel_placed(*, session: Session, attempt: Attempt, job: Job) -> bool:
     ).scalar_one_or_none()
     if locked is None:
         return False
-    session.execute(
-        update(OutboxMessage).where(OutboxMessage.attempt_id == attempt.id).values(acked_at=utcnow())
-    )
     end_attempt(
         session=session,
-        attempt=attempt,
+        attempt=locked,
         job=job,
         outcome=AttemptState.CANCELLED,
         reason="cancelled by user before it started",
@@ -345,8 +391,15 @@ def cancel_placed(*, session: Session, attempt: Attempt, job: Job) -> bool:
     return True
 
 
-def expire_leases(*, session: Session, now: datetime, max_attempts: int, limit: int = 500) -> list[Attempt]:
-    """Reconciler: running attempts whose lease ran out are lost (never billed); jobs go again."""
+def expire_leases(
+    *, session: Session, max_attempts: int, now: datetime | None = None, limit: int = 500
+) -> list[Attempt]:
+    """Reconciler: running attempts whose lease ran out are lost (never billed); jobs go again.
+
+    SKIP LOCKED: an attempt whose row a worker holds right now is heartbeating or finishing, and
+    is looked at again on the next pass rather than waited for.
+    """
+    now = now or db_now(session)
     stale = list(
         session.execute(
             select(Attempt)

@@ -5,6 +5,9 @@ of the leader starts with `fence()`, an UPDATE that matches only while this repl
 the lease at its epoch. On PostgreSQL that UPDATE also locks the row until commit, so a takeover
 waits for the old leader's transaction and then sees it renewed (or not): two leaders can never
 both commit. On SQLite the write lock taken at BEGIN does the same.
+
+Expiry is judged on the database's clock (services.clock), so replicas on hosts whose clocks
+disagree still agree on when a lease ran out.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler.models import LeaderLease, utcnow
+from scheduler.models import LeaderLease
+from scheduler.services.clock import db_now
 
 SCHEDULER_LEASE = "scheduler"
 
@@ -34,7 +38,7 @@ class Fence:
 
 def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHEDULER_LEASE) -> Fence | None:
     """Become leader if the lease is free or expired (or already ours). Returns our fence or None."""
-    now = utcnow()
+    now = db_now(session)
     expires = now + timedelta(seconds=ttl_s)
     row = session.execute(
         select(LeaderLease).where(LeaderLease.name == name).execution_options(populate_existing=True)
@@ -67,15 +71,16 @@ def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHE
 
 def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
     """Renew the lease inside the caller's transaction, or raise NotLeader."""
+    now = db_now(session)
     renewed = session.execute(
         update(LeaderLease)
         .where(
             LeaderLease.name == fence.name,
             LeaderLease.holder == fence.holder,
             LeaderLease.epoch == fence.epoch,
-            LeaderLease.expires_at > utcnow(),
+            LeaderLease.expires_at > now,
         )
-        .values(expires_at=utcnow() + timedelta(seconds=ttl_s))
+        .values(expires_at=now + timedelta(seconds=ttl_s))
     ).rowcount
     if renewed != 1:
         raise NotLeader(f"{fence.holder} no longer holds the {fence.name} lease at epoch {fence.epoch}")
@@ -90,7 +95,7 @@ def release(*, session: Session, fence: Fence) -> None:
             LeaderLease.holder == fence.holder,
             LeaderLease.epoch == fence.epoch,
         )
-        .values(expires_at=utcnow())
+        .values(expires_at=db_now(session))
     )
 
 
