@@ -6,16 +6,51 @@ from __future__ import annotations
 import time
 
 import redis
-from sqlalchemy import text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
 
-from scheduler.db import make_engine
+from scheduler.db import is_sqlite, make_engine, normalise_url
 from scheduler.migrate import current_revision, head_revision
 from scheduler.settings import ConfigError, Settings
 
 
+def _probe_engine(settings: Settings) -> Engine:
+    """An engine whose every connection attempt gives up in seconds: a host that drops packets
+    (a cut link, a firewall) would otherwise hold one attempt for TCP's full SYN timeout, minutes
+    past the bounded wait."""
+    url = normalise_url(settings.db_url)
+    if is_sqlite(url):
+        return make_engine(url)
+    timeout = max(1, min(5, round(settings.startup_wait_s) or 1))
+    return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": timeout})
+
+
+def static_problems(settings: Settings) -> list[str]:
+    """What is missing from the configuration itself, found before waiting for anything."""
+    if settings.embedded:
+        return []
+    problems = []
+    if not settings.database_url:
+        problems.append(
+            "IPUCLOUD_DATABASE_URL is not set (required outside `ipucloud up`; every host must share "
+            "one PostgreSQL, e.g. postgresql://ipucloud:PASSWORD@db.example:5432/ipucloud)"
+        )
+    if not settings.redis_url:
+        problems.append(
+            "IPUCLOUD_REDIS_URL is not set (required outside `ipucloud up`, e.g. redis://redis:6379/0)"
+        )
+    try:
+        settings.secret()
+    except ConfigError as exc:
+        problems.append(
+            f"{exc}; generate one with `python -c 'import secrets; print(secrets.token_urlsafe(48))'`"
+        )
+    return problems
+
+
 def wait_for_database(settings: Settings, *, require_migrated: bool = True) -> None:
     deadline = time.monotonic() + settings.startup_wait_s
-    engine = make_engine(settings.db_url)
+    engine = _probe_engine(settings)
     last: Exception | None = None
     try:
         while True:
@@ -67,6 +102,8 @@ def _redact(url: str) -> str:
 
 
 def check_all(settings: Settings, *, require_migrated: bool = True) -> None:
-    settings.secret()  # raises ConfigError when missing outside the embedded mode
+    problems = static_problems(settings)
+    if problems:
+        raise ConfigError("; ".join(problems))
     wait_for_database(settings, require_migrated=require_migrated)
     wait_for_redis(settings)
