@@ -366,6 +366,8 @@ class SchedulerLoop:
         self.step_down()
 
     def _wait(self, pubsub: object) -> None:
+        if self.stop_event.is_set():
+            return  # step down now: the next replica leads without waiting out a tick
         deadline = time.monotonic() + self.settings.scheduler_tick_s
         if pubsub is None:
             self.stop_event.wait(self.settings.scheduler_tick_s)

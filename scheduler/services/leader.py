@@ -61,12 +61,14 @@ def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHE
         return Fence(name, holder, row.epoch) if renewed == 1 else None
     if row.expires_at > now:
         return None
+    # Read before the UPDATE: the ORM writes the new epoch back into `row` when it matches.
+    seen, epoch = row.epoch, row.epoch + 1
     taken = session.execute(
         update(LeaderLease)
-        .where(LeaderLease.name == name, LeaderLease.epoch == row.epoch, LeaderLease.expires_at <= now)
-        .values(holder=holder, epoch=row.epoch + 1, expires_at=expires)
+        .where(LeaderLease.name == name, LeaderLease.epoch == seen, LeaderLease.expires_at <= now)
+        .values(holder=holder, epoch=epoch, expires_at=expires)
     ).rowcount
-    return Fence(name, holder, row.epoch + 1) if taken == 1 else None
+    return Fence(name, holder, epoch) if taken == 1 else None
 
 
 def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
