@@ -117,6 +117,13 @@ def take(
     *, session: Session, attempt_id: int, epoch: int, worker: str, lease_s: float
 ) -> TakenAttempt | None:
     """Compare-and-set `placed` -> `running`. None if someone else has it or it is no longer wanted."""
+    job_id = session.execute(select(Attempt.job_id).where(Attempt.id == attempt_id)).scalar_one_or_none()
+    if job_id is None:
+        return None
+    # The job's row first, as a cancel takes it (job, then the placed attempt): a take that locked
+    # the attempt first and then wrote the job would deadlock with a concurrent cancel. Holding it
+    # also makes the "is it still wanted" check below exact.
+    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
     now = db_now(session)
     won = session.execute(
         update(Attempt)

@@ -152,7 +152,9 @@ def _end_attempts_of_ended_jobs(
             .where(Attempt.state.in_(LIVE_ATTEMPT_STATES), Job.state.in_(FINAL_JOB_STATES))
             .order_by(Attempt.id)
             .limit(limit)
-            .with_for_update(of=Attempt, skip_locked=True)
+            # Both rows, skipping any a worker or a cancel holds: this pass never waits, so it
+            # cannot deadlock with a take (which locks the job, then the attempt).
+            .with_for_update(skip_locked=True)
         ).scalars()
     )
     for attempt in rows:
