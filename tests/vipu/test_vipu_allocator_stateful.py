@@ -198,7 +198,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 def _suite(policy: str) -> type[unittest.TestCase]:
     machine = type(f"AllocatorMachine_{policy.replace('-', '_')}", (AllocatorMachine,), {"policy": policy})
     machine.TestCase.settings = settings(
-        max_examples=40,
+        max_examples=30,
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
