@@ -75,3 +75,14 @@ def test_the_build_context_holds_every_package() -> None:
         assert included(probe), f"{probe} is excluded from the build context"
     assert not included("tests/conftest.py") and not included(".venv/bin/python")
     assert any("[postgres]" in rest for op, rest in build if op == "RUN"), "the image needs psycopg"
+
+
+def test_every_deploy_file_is_documented() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    for path in sorted(DEPLOY.rglob("*")):
+        if path.is_file() and path.name != "README.md":
+            rel = path.relative_to(DEPLOY)
+            # A file is documented by its path, its name, or its chart's folder.
+            chart = len(rel.parts) > 2 and f"{rel.parts[0]}/{rel.parts[1]}/" in readme
+            named = str(rel) in readme or path.name in readme or chart
+            assert named, f"deploy/{rel} is not described in deploy/README.md"
