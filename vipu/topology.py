@@ -102,7 +102,9 @@ def _match(pattern: re.Pattern[str], text: object, kind: str) -> re.Match[str]:
 
 def parse_pod_id(text: str) -> int:
     """``"pod0003"`` -> ``3``."""
-    return int(_match(_POD_RE, text, "pod").group(1))
+    pod = int(_match(_POD_RE, text, "pod").group(1))
+    _check_pod(pod)
+    return pod
 
 
 def parse_rack_id(text: str) -> int:
@@ -116,6 +118,7 @@ def parse_machine_id(text: str) -> tuple[int, int]:
     """``"pod0003-m07"`` -> ``(3, 7)``."""
     found = _match(_MACHINE_RE, text, "machine")
     pod, machine = int(found.group(1)), int(found.group(2))
+    _check_pod(pod)
     _check_machine(machine)
     return pod, machine
 
@@ -124,6 +127,7 @@ def parse_ipu_id(text: str) -> tuple[int, int, int]:
     """``"pod0003-m07-i2"`` -> ``(3, 7, 2)``."""
     found = _match(_IPU_RE, text, "IPU")
     pod, machine, ipu = int(found.group(1)), int(found.group(2)), int(found.group(3))
+    _check_pod(pod)
     _check_machine(machine)
     _check_ipu(ipu)
     return pod, machine, ipu

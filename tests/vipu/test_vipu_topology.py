@@ -43,14 +43,16 @@ def test_ids_round_trip():
 @pytest.mark.parametrize(
     "text",
     ["pod3-m07-i2", "pod0003-m7-i2", "pod0003-m16-i0", "pod0003-m07-i4", "POD0003-m07-i2",
-     "pod0003-m07-i2 ", "pod0003_m07_i2", "pod0003-m07", "", "pod10000-m00-i0"],
+     "pod0003-m07-i2 ", "pod0003_m07_i2", "pod0003-m07", "", "pod10000-m00-i0", "pod1024-m00-i0"],
 )
 def test_malformed_ipu_ids_are_rejected(text):
     with pytest.raises(ValueError):
         parse_ipu_id(text)
 
 
-@pytest.mark.parametrize("text", ["pod0003-m16", "pod0003-m7", "pod0003", "pod0003-m07-i1", "x"])
+@pytest.mark.parametrize(
+    "text", ["pod0003-m16", "pod0003-m7", "pod0003", "pod0003-m07-i1", "x", "pod2000-m00"]
+)
 def test_malformed_machine_ids_are_rejected(text):
     with pytest.raises(ValueError):
         parse_machine_id(text)
@@ -61,6 +63,8 @@ def test_non_string_ids_are_rejected():
         parse_ipu_id(17)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         parse_pod_id("pod03")
+    with pytest.raises(ValueError):
+        parse_pod_id("pod1024")
     with pytest.raises(ValueError):
         parse_rack_id("rack0512")
 
