@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,9 @@ def test_systemd_accepts_the_units(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed; the units are still parsed above")
-    cli = shutil.which("ipucloud") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ipucloud")
+    # The console script installed beside the interpreter running the tests (.venv/bin/ipucloud).
+    cli = str(Path(sys.executable).with_name("ipucloud"))
+    assert Path(cli).exists(), f"{cli} is missing: install the project (bin/bootstrap dev)"
     paths = []
     for src in sorted(UNITS.glob("*.service")):
         # Verify needs an executable ExecStart; the installed path is /opt, here it is the venv's.
