@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.ratelimit import check_rate
+from api.ratelimit import check_not_exhausted, check_rate, count_failure
 from scheduler.db import Database, get_database
 from scheduler.errors import Unauthorized
 from scheduler.services import keys
@@ -26,6 +27,20 @@ SettingsDep = Annotated[Settings, Depends(_settings)]
 DbDep = Annotated[Database, Depends(_db)]
 
 
+# Declares `Authorization: Bearer` in the OpenAPI spec; the header itself is read below, so that
+# every way of getting it wrong gets its own 401 problem rather than FastAPI's generic 403.
+_bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    bearerFormat="ipuc_...",
+    description="An API key: `Authorization: Bearer ipuc_...`.",
+)
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 def bearer_key(request: Request) -> str:
     header = request.headers.get("authorization")
     if not header:
@@ -36,12 +51,26 @@ def bearer_key(request: Request) -> str:
     return value.strip()
 
 
-def current_principal(request: Request, db: DbDep, settings: SettingsDep) -> Principal:
-    key = bearer_key(request)
-    lookup = keys.parse_key(key)
-    check_rate(f"key:{lookup}", settings.rate_limit)
-    with db.read() as s:
-        principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
+def current_principal(
+    request: Request,
+    db: DbDep,
+    settings: SettingsDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_scheme)] = None,
+) -> Principal:
+    """The caller's key, checked; rate-limited per key, and failed attempts per client address."""
+    failures = f"authfail:{client_address(request)}"
+    check_not_exhausted(failures, settings.rate_limit)
+    try:
+        key = bearer_key(request)
+        with db.read() as s:
+            principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
+    except Unauthorized:
+        count_failure(failures, settings.rate_limit)
+        raise
+    check_rate(f"key:{principal.key_id}", settings.rate_limit)
+    if principal.key_id in keys.stale_last_use:
+        with db.write() as s:
+            keys.touch_last_used(session=s, key_id=principal.key_id)
     request.state.principal = principal
     return principal
 
@@ -67,3 +96,8 @@ def admin(principal: CurrentPrincipal) -> Principal:
 Reader = Annotated[Principal, Depends(reader)]
 Submitter = Annotated[Principal, Depends(submitter)]
 Admin = Annotated[Principal, Depends(admin)]
+
+
+def trial_rate(request: Request, settings: SettingsDep) -> None:
+    """Trial applications come from anyone: limit them per client address."""
+    check_rate(f"trial:{client_address(request)}", settings.trial_rate_limit)

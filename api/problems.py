@@ -33,6 +33,9 @@ _STATUS_SLUGS = {
 }
 
 
+_RESERVED = frozenset({"type", "title", "status", "detail", "instance", "slug", "headers"})
+
+
 def problem(
     status: int,
     detail: str,
@@ -47,7 +50,8 @@ def problem(
     body: dict[str, Any] = {"type": f"/problems/{slug}", "title": title, "status": status, "detail": detail}
     if instance:
         body["instance"] = instance
-    body.update({k: v for k, v in extra.items() if v is not None})
+    # Extension members never overwrite the standard ones (RFC 9457 section 3.2).
+    body.update({k: v for k, v in extra.items() if v is not None and k not in body})
     return Response(
         orjson.dumps(body, default=str), status_code=status, media_type=PROBLEM_JSON, headers=headers
     )
@@ -62,13 +66,20 @@ def _errors(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 
 def install(app: FastAPI) -> None:
+    install_openapi(app)
+
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> Response:
         headers = {}
         if exc.status == 429 and "retry_after" in exc.extra:
             headers["Retry-After"] = str(exc.extra["retry_after"])
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="ipucloud"'
+        if exc.status == 503:
+            headers["Retry-After"] = "2"
+        extra = {k: v for k, v in exc.extra.items() if k not in _RESERVED}
         return problem(
-            exc.status, exc.detail, slug=exc.slug, instance=request.url.path, headers=headers, **exc.extra
+            exc.status, exc.detail, slug=exc.slug, instance=request.url.path, headers=headers, **extra
         )
 
     @app.exception_handler(RequestValidationError)
@@ -120,3 +131,91 @@ def install(app: FastAPI) -> None:
             slug="internal-error",
             instance=request.url.path,
         )
+
+
+# The OpenAPI spec -----------------------------------------------------------------------------------------
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "description": "An RFC 9457 problem (`application/problem+json`): every error this API returns.",
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string", "description": "The problem type, e.g. `/problems/quota-exceeded`."},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string", "description": "What went wrong and what to do about it."},
+        "instance": {"type": "string", "description": "The path of the request."},
+        "errors": {
+            "type": "array",
+            "description": "For invalid requests: each field that is wrong and why.",
+            "items": {"type": "object"},
+        },
+    },
+    "additionalProperties": True,
+}
+
+_PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
+def _problem_response(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": description, "content": {PROBLEM_JSON: {"schema": _PROBLEM_REF}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+_RETRY_AFTER = {
+    "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
+}
+
+
+def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
+    """Make the spec say what the API does on errors: problem bodies, not FastAPI's defaults.
+
+    Every operation gets its 422 as a problem (FastAPI documents its own validation body, which this
+    API never sends), 401/403/429 where a key is needed, 429 on the rate-limited trial route, and a
+    `default` problem for the rest (404, 409, 413, 503, ...).
+    """
+    components = spec.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas["Problem"] = PROBLEM_SCHEMA
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    for path, item in spec.get("paths", {}).items():
+        for method, op in item.items():
+            if method not in ("get", "put", "post", "delete", "patch"):
+                continue
+            responses = op.setdefault("responses", {})
+            if "422" in responses or op.get("parameters") or op.get("requestBody"):
+                responses["422"] = _problem_response("Invalid request: `errors` lists each field.")
+            if op.get("security"):
+                responses["401"] = _problem_response(
+                    "Missing, malformed, unknown, expired or revoked API key.",
+                    {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}},
+                )
+                responses["403"] = _problem_response("The key may not do this (scope, role, plan).")
+                responses["429"] = _problem_response("Too many requests for this key.", _RETRY_AFTER)
+            elif path.startswith("/api/"):
+                responses["429"] = _problem_response("Too many requests from this address.", _RETRY_AFTER)
+            responses["default"] = _problem_response("Any other error, as a problem.")
+    return spec
+
+
+def install_openapi(app: FastAPI) -> None:
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_problems(
+                get_openapi(
+                    title=app.title,
+                    version=app.version,
+                    summary=app.summary,
+                    description=app.description,
+                    routes=app.routes,
+                )
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -51,10 +51,24 @@ def reset_limiter() -> None:
         _limiter = None
 
 
-def check_rate(identity: str, limit: str) -> None:
+def _item(limit: str) -> RateLimitItem:
     item = _items.get(limit)
     if item is None:
         item = _items[limit] = parse(limit)
+    return item
+
+
+def _retry_after(lim: FixedWindowRateLimiter, item: RateLimitItem, identity: str) -> int:
+    try:
+        reset_at = lim.get_window_stats(item, identity).reset_time
+        return max(1, math.ceil(reset_at - time.time()))
+    except Exception:
+        return int(item.get_expiry())
+
+
+def check_rate(identity: str, limit: str) -> None:
+    """Count one request of `identity`; RateLimited (429 with Retry-After) once it is over `limit`."""
+    item = _item(limit)
     lim = limiter()
     try:
         allowed = lim.hit(item, identity)
@@ -62,9 +76,30 @@ def check_rate(identity: str, limit: str) -> None:
         log.warning("rate limiter unavailable (%s); letting the request through", exc)
         return
     if not allowed:
-        try:
-            reset_at = lim.get_window_stats(item, identity).reset_time
-            retry = max(1, math.ceil(reset_at - time.time()))
-        except Exception:
-            retry = item.get_expiry()
+        retry = _retry_after(lim, item, identity)
         raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)
+
+
+def check_not_exhausted(identity: str, limit: str) -> None:
+    """RateLimited if `identity` has no requests left in its window, without counting this one.
+
+    For budgets that only failures spend (bad API keys from one address): a client that keeps
+    failing is stopped before it reaches the database, while successful requests cost nothing.
+    """
+    item = _item(limit)
+    lim = limiter()
+    try:
+        allowed = lim.test(item, identity)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s); letting the request through", exc)
+        return
+    if not allowed:
+        retry = _retry_after(lim, item, identity)
+        raise RateLimited(f"Too many failed attempts; retry in {retry} s.", retry_after=retry)
+
+
+def count_failure(identity: str, limit: str) -> None:
+    try:
+        limiter().hit(_item(limit), identity)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s)", exc)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, EmailStr, Field, StringConstraints
 
 from scheduler.errors import InvalidRequest
+from scheduler.models import ApiKey, Member, Plan, TrialApplication
+from scheduler.services.keys import key_state
 
 T = TypeVar("T")
 
@@ -119,7 +121,85 @@ class LogsOut(BaseModel):
     next_cursor: str | None = None
 
 
-class UsageOut(BaseModel):
+def _sane_datetime(value: datetime) -> datetime:
+    # Far-off dates overflow when converted to UTC and mean nothing to a scheduler or a ledger.
+    if not (datetime(1970, 1, 2, tzinfo=UTC) <= value <= datetime(2999, 12, 30, tzinfo=UTC)):
+        raise ValueError("must be between 1970-01-02 and 2999-12-30")
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[
+    AwareDatetime,
+    AfterValidator(_sane_datetime),
+    Field(description="An RFC 3339 date-time with a timezone, e.g. `2027-01-31T00:00:00Z`."),
+]
+Hours = Annotated[float, Field(ge=0, le=100_000_000, allow_inf_nan=False)]
+Weight = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
+PlanName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+Email = Annotated[EmailStr, StringConstraints(max_length=254)]
+# One line of visible text: no control characters, no leading or trailing blanks.
+LINE = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+# Free text (newlines and tabs allowed) that starts with something visible.
+TEXT = r"^[^\x00-\x20\x7f][^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+PersonName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem: every error this API returns has this shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="A URI reference to the problem type, e.g. `/problems/quota-exceeded`.")
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="For invalid requests: each field that is wrong and why."
+    )
+
+
+# Usage ----------------------------------------------------------------------------------------------
+
+
+class UsageDay(BaseModel):
+    day: str = Field(description="UTC day, `YYYY-MM-DD`.")
+    ipu_hours: float
+
+
+class UsageJob(BaseModel):
+    job_id: str
+    tenant_id: str
+    name: str
+    workload: str
+    partition_size: int
+    ipu_hours: float
+
+
+class UsageWorkload(BaseModel):
+    workload: str
+    ipu_hours: float
+
+
+class UsagePartitionSize(BaseModel):
+    partition_size: int
+    ipu_hours: float
+
+
+class UsageGroups(BaseModel):
+    by_day: list[UsageDay] = Field(default_factory=list)
+    by_job: list[UsageJob] = Field(default_factory=list)
+    by_workload: list[UsageWorkload] = Field(default_factory=list)
+    by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
+    next_cursor: str | None = Field(
+        None,
+        description="More jobs than `limit` were used in the window: pass as `cursor` for the next page.",
+    )
+
+
+class UsageOut(UsageGroups):
     tenant_id: str
     plan: str
     quota_ipu_hours: float
@@ -129,30 +209,50 @@ class UsageOut(BaseModel):
     used_ipu_seconds: float
     expires_at: datetime | None = None
     days_left: float | None = None
-    by_day: list[dict[str, Any]] = Field(default_factory=list)
-    by_job: list[dict[str, Any]] = Field(default_factory=list)
-    by_workload: list[dict[str, Any]] = Field(default_factory=list)
-    by_partition_size: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TenantUsage(BaseModel):
+    tenant_id: str
+    name: str
+    plan: str
+    status: str
+    quota_ipu_hours: float
+    used_ipu_hours: float
+    reserved_ipu_hours: float
+    remaining_ipu_hours: float
+    expires_at: datetime | None = None
+
+
+class AdminUsageOut(UsageGroups):
+    tenants: list[TenantUsage]
+    tenants_next_cursor: str | None = Field(
+        None, description="More tenants than `limit`: pass as `tenants_cursor` for the next page."
+    )
+
+
+# Tenants, members, plans ------------------------------------------------------------------------------
 
 
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: TenantName
-    plan: Annotated[str, StringConstraints(min_length=1, max_length=64)] = "trial"
-    quota_ipu_hours: float | None = Field(None, ge=0, le=100_000_000)
-    expires_at: datetime | None = None
-    fairshare_weight: float | None = Field(None, gt=0, le=1000)
-    owner_email: EmailStr | None = None
+    plan: PlanName = "trial"
+    quota_ipu_hours: Hours | None = Field(None, description="Default: the plan's grant.")
+    expires_at: UtcDatetime | None = Field(None, description="Default: the plan's trial length, if any.")
+    fairshare_weight: Weight | None = None
+    owner_email: Email | None = None
 
 
 class TenantUpdate(BaseModel):
+    """Fields to change; a null leaves the field as it is, except `expires_at` (null: never expires)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    plan: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
-    quota_ipu_hours: float | None = Field(None, ge=0, le=100_000_000)
-    expires_at: datetime | None = None
-    fairshare_weight: float | None = Field(None, gt=0, le=1000)
+    plan: PlanName | None = None
+    quota_ipu_hours: Hours | None = None
+    expires_at: UtcDatetime | None = None
+    fairshare_weight: Weight | None = None
     status: Literal["active", "suspended"] | None = None
 
 
@@ -189,3 +289,267 @@ class PartitionOut(BaseModel):
     state: Literal["active", "released"]
     created_at: datetime
     released_at: datetime | None = None
+
+
+class MemberOut(BaseModel):
+    id: str
+    tenant_id: str
+    email: str
+    name: str
+    role: Literal["owner", "member"]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, m: Member) -> MemberOut:
+        return cls(
+            id=m.id,
+            tenant_id=m.tenant_id or "",
+            email=m.email,
+            name=m.name,
+            role=m.role,
+            created_at=m.created_at,
+        )
+
+
+class MemberCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: Email
+    name: PersonName = Field(description="How the member is shown.")
+    role: Literal["owner", "member"] = "member"
+
+
+class MemberUpdate(BaseModel):
+    """Null or absent fields stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: PersonName | None = None
+    role: Literal["owner", "member"] | None = None
+
+
+class MemberRemoved(MemberOut):
+    revoked_keys: int = Field(description="How many of the member's keys were revoked with it.")
+
+
+class PlanOut(BaseModel):
+    name: str
+    kind: Literal["trial", "standard", "internal"]
+    description: str
+    quota_ipu_hours: float = Field(description="The grant a new tenant on this plan receives.")
+    trial_days: int | None = Field(description="Length of a trial; null: tenants on it do not expire.")
+    max_partition_size: int
+    max_concurrent_jobs: int
+    max_queued_jobs: int
+    max_runtime_s: int
+    idle_timeout_s: int
+    priority: int
+    fairshare_weight: float
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, p: Plan) -> PlanOut:
+        return cls(
+            name=p.name,
+            kind=p.kind,  # type: ignore[arg-type]
+            description=p.description,
+            quota_ipu_hours=p.quota_ipu_hours,
+            trial_days=p.trial_days,
+            max_partition_size=p.max_partition_size,
+            max_concurrent_jobs=p.max_concurrent_jobs,
+            max_queued_jobs=p.max_queued_jobs,
+            max_runtime_s=p.max_runtime_s,
+            idle_timeout_s=p.idle_timeout_s,
+            priority=p.priority,
+            fairshare_weight=p.fairshare_weight,
+            updated_at=p.updated_at,
+        )
+
+
+class PlanUpdate(BaseModel):
+    """Fields to change; null or absent fields stay as they are (`trial_days` null: no expiry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: (
+        Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")] | None
+    ) = None
+    quota_ipu_hours: Hours | None = None
+    trial_days: int | None = Field(None, ge=1, le=3650)
+    max_partition_size: int | None = Field(None, ge=1, le=65_536)
+    max_concurrent_jobs: int | None = Field(None, ge=1, le=1_000_000)
+    max_queued_jobs: int | None = Field(None, ge=1, le=10_000_000)
+    max_runtime_s: int | None = Field(None, ge=1, le=10 * 365 * 24 * 3600)
+    idle_timeout_s: int | None = Field(None, ge=1, le=10 * 365 * 24 * 3600)
+    priority: int | None = Field(None, ge=-1000, le=1000)
+    fairshare_weight: Weight | None = None
+
+
+# API keys ---------------------------------------------------------------------------------------------
+
+Scope = Literal["read", "submit", "admin"]
+TenantScope = Literal["read", "submit"]
+KeyName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
+
+
+class ApiKeyOut(BaseModel):
+    id: str
+    name: str
+    prefix: str = Field(description="The key's first characters, to recognise it; never the secret.")
+    scopes: list[Scope]
+    tenant_id: str | None = None
+    member_id: str | None = None
+    state: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = Field(None, description="Within a minute.")
+    created_by: str | None = Field(None, description="The id of the key that created this one.")
+
+    @classmethod
+    def of(cls, k: ApiKey) -> ApiKeyOut:
+        return cls(**_key_fields(k))
+
+
+def _key_fields(k: ApiKey) -> dict[str, Any]:
+    return dict(
+        id=k.id,
+        name=k.name,
+        prefix=f"ipuc_{k.lookup[:6]}",
+        scopes=k.scopes.split(),
+        tenant_id=k.tenant_id,
+        member_id=k.member_id,
+        state=key_state(k),
+        created_at=k.created_at,
+        expires_at=k.expires_at,
+        revoked_at=k.revoked_at,
+        last_used_at=k.last_used_at,
+        created_by=k.created_by,
+    )
+
+
+class ApiKeyCreated(ApiKeyOut):
+    api_key: str = Field(description="The key itself. Shown once: store it now.")
+
+    @classmethod
+    def created(cls, k: ApiKey, api_key: str) -> ApiKeyCreated:
+        return cls(**_key_fields(k), api_key=api_key)
+
+
+class KeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: KeyName
+    scopes: list[Scope] | None = Field(
+        None,
+        min_length=1,
+        max_length=3,
+        description="Default: the creating key's scopes. A key never gets a scope its creator lacks.",
+    )
+    expires_at: UtcDatetime | None = Field(
+        None,
+        description="Default: never, or the creating key's expiry if it has one (a key cannot outlive it).",
+    )
+    member_id: Annotated[str, StringConstraints(min_length=1, max_length=40)] | None = Field(
+        None, description="Owners may create a key for another member of the tenant; default: yourself."
+    )
+
+
+class AdminKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: KeyName
+    scopes: list[TenantScope] | None = Field(None, min_length=1, max_length=2, description="Default: both.")
+    expires_at: UtcDatetime | None = None
+    member_id: Annotated[str, StringConstraints(min_length=1, max_length=40)] | None = Field(
+        None, description="The member the key belongs to; default: the tenant's first owner."
+    )
+
+
+# Trials -----------------------------------------------------------------------------------------------
+
+Category = Literal["business", "university", "individual"]
+TrialStatus = Literal["pending", "approved", "rejected"]
+
+
+class TrialApplicationCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: PersonName = Field(description="Your name.")
+    email: Email
+    organisation: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=LINE)] = Field(
+        description="Company, university or project (individuals: anything that describes you)."
+    )
+    category: Category
+    intended_use: Annotated[str, StringConstraints(min_length=10, max_length=5000, pattern=TEXT)] = Field(
+        description="What you want to run on IPUs (10 to 5000 characters)."
+    )
+
+
+class TrialReceipt(BaseModel):
+    """What an applicant gets back: the application as recorded."""
+
+    id: str
+    status: TrialStatus
+    name: str
+    email: str
+    organisation: str
+    category: Category
+    created_at: datetime
+
+    @classmethod
+    def of(cls, a: TrialApplication) -> TrialReceipt:
+        return cls(**_receipt_fields(a))
+
+
+def _receipt_fields(a: TrialApplication) -> dict[str, Any]:
+    return dict(
+        id=a.id,
+        status=a.status,
+        name=a.name,
+        email=a.email,
+        organisation=a.organisation,
+        category=a.category,
+        created_at=a.created_at,
+    )
+
+
+class TrialApplicationOut(TrialReceipt):
+    intended_use: str
+    reason: str | None = None
+    tenant_id: str | None = None
+    plan: str | None = None
+    decided_at: datetime | None = None
+    decided_by: str | None = None
+
+    @classmethod
+    def of(cls, a: TrialApplication) -> TrialApplicationOut:
+        return cls(
+            **_receipt_fields(a),
+            intended_use=a.intended_use,
+            reason=a.reason,
+            tenant_id=a.tenant_id,
+            plan=a.plan,
+            decided_at=a.decided_at,
+            decided_by=a.decided_by,
+        )
+
+
+class TrialApprove(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plan: PlanName | None = Field(None, description="Default: the trial plan of the application's category.")
+
+
+class TrialReject(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=TEXT)] = Field(
+        description="Why; the applicant may be told."
+    )
+
+
+class TrialDecision(BaseModel):
+    application: TrialApplicationOut
+    tenant: TenantOut
+    api_key: str = Field(description="The new tenant's first API key. Shown once: store it now.")

@@ -1,91 +1,22 @@
-"""Admin routes: tenants, plans, fleet, machines, partitions, usage across tenants."""
+"""Admin routes: fleet, machines, partitions (tenants, plans, trials: admin_tenants; usage: usage)."""
 
 from __future__ import annotations
 
-import csv
-import io
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.deps import Admin, DbDep, SettingsDep
-from api.schemas import (
-    Page,
-    PartitionOut,
-    TenantCreate,
-    TenantCreated,
-    TenantOut,
-    TenantUpdate,
-    decode_cursor,
-    decode_int_cursor,
-    encode_cursor,
-)
-from api.views import hours, partition_out, tenant_out
+from api.schemas import Page, PartitionOut, decode_int_cursor, encode_cursor
+from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, partitions
-from scheduler.services import tenants as tenant_service
-from scheduler.services import usage as usage_service
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 MachineId = Annotated[str, Path(min_length=1, max_length=32)]
-TenantId = Annotated[str, Path(min_length=1, max_length=64)]
-
-
-# Tenants --------------------------------------------------------------------------------------------
-
-
-@router.post(
-    "/tenants", status_code=201, response_model=TenantCreated, summary="Create a tenant and its first key"
-)
-def create_tenant(body: TenantCreate, principal: Admin, db: DbDep, settings: SettingsDep) -> TenantCreated:
-    with db.write() as s:
-        created = tenant_service.create_tenant(
-            session=s,
-            secret=settings.secret(),
-            name=body.name,
-            plan=body.plan,
-            quota_ipu_hours=body.quota_ipu_hours,
-            expires_at=body.expires_at,
-            fairshare_weight=body.fairshare_weight,
-            owner_email=body.owner_email,
-        )
-        return TenantCreated(**tenant_out(created.tenant).model_dump(), api_key=created.api_key)
-
-
-@router.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
-def list_tenants(
-    principal: Admin,
-    db: DbDep,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
-) -> Page[TenantOut]:
-    with db.read() as s:
-        rows = tenant_service.list_tenants(session=s, after=decode_cursor(cursor), limit=limit + 1)
-        items = [tenant_out(t) for t in rows[:limit]]
-    return Page[TenantOut](
-        items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
-    )
-
-
-@router.get("/tenants/{tenant_id}", response_model=TenantOut, summary="A tenant")
-def get_tenant(tenant_id: TenantId, principal: Admin, db: DbDep) -> TenantOut:
-    with db.read() as s:
-        return tenant_out(tenant_service.get_tenant(session=s, tenant_id=tenant_id))
-
-
-@router.patch(
-    "/tenants/{tenant_id}", response_model=TenantOut, summary="Change a tenant's plan, quota or status"
-)
-def update_tenant(tenant_id: TenantId, body: TenantUpdate, principal: Admin, db: DbDep) -> TenantOut:
-    with db.write() as s:
-        t = tenant_service.update_tenant(
-            session=s, tenant_id=tenant_id, changes=body.model_dump(exclude_unset=True)
-        )
-        return tenant_out(t)
 
 
 # Fleet and machines -------------------------------------------------------------------------------------
@@ -236,43 +167,3 @@ def reset_partition(
         out = {"partition": partition_out(part).model_dump(mode="json"), "interrupted_job": job}
     bus.wake_scheduler("partition")
     return out
-
-
-# Usage across tenants -------------------------------------------------------------------------------
-
-
-@router.get(
-    "/usage", summary="Usage across tenants (JSON or CSV)", responses={200: {"content": {"text/csv": {}}}}
-)
-def admin_usage(
-    principal: Admin,
-    db: DbDep,
-    format: Literal["json", "csv"] = "json",
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> Any:
-    with db.read() as s:
-        tenants = usage_service.tenant_totals(session=s)
-        groups = usage_service.breakdowns(session=s, tenant_id=None, since=since, until=until)
-    rows = [
-        {
-            "tenant_id": t.id,
-            "name": t.name,
-            "plan": t.plan_name,
-            "quota_ipu_hours": hours(t.quota_ipu_ms),
-            "used_ipu_hours": hours(t.used_ipu_ms),
-            "reserved_ipu_hours": hours(t.reserved_ipu_ms),
-        }
-        for t in tenants
-    ]
-    if format == "csv":
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["tenant_id"])
-        w.writeheader()
-        w.writerows(rows)
-        return Response(
-            buf.getvalue(),
-            media_type="text/csv",
-            headers={"Content-Disposition": 'attachment; filename="usage-all.csv"'},
-        )
-    return {"tenants": rows, **groups}

@@ -1,59 +1,146 @@
-"""The tenant's metered usage and what is left of its grant (JSON or CSV)."""
+"""Metered usage: the caller's tenant (`/usage`) and every tenant (`/admin/usage`), as JSON or CSV.
+
+JSON carries every grouping at once: by day (the last `days` days with usage), by job (a page of
+`limit` jobs, newest first, continued with `cursor`), by workload and by partition size. CSV
+carries one grouping, chosen with `group`, under a header row naming its columns; a page of jobs
+that has more after it says so in a `Link: <...>; rel="next"` header.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Request, Response
 
-from api.deps import DbDep, Reader
-from api.schemas import UsageOut
+from api.deps import Admin, DbDep, Reader
+from api.schemas import (
+    AdminUsageOut,
+    TenantUsage,
+    UsageOut,
+    UtcDatetime,
+    decode_cursor,
+    encode_cursor,
+)
 from api.views import days_left, hours
 from scheduler.errors import InvalidRequest
+from scheduler.models import Tenant
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 
+Format = Literal["json", "csv"]
+Group = Literal["job", "day", "workload", "partition_size"]
+AdminGroup = Literal["tenant", "job", "day", "workload", "partition_size"]
+Since = Annotated[UtcDatetime | None, Query(description="Only usage at or after this instant.")]
+Until = Annotated[UtcDatetime | None, Query(description="Only usage before this instant.")]
+Cursor = Annotated[
+    str | None, Query(max_length=200, description="`next_cursor` of the previous page of jobs.")
+]
+Limit = Annotated[int, Query(ge=1, le=1000, description="Jobs per page in `by_job`.")]
+Days = Annotated[int, Query(ge=1, le=3660, description="At most this many days in `by_day` (the latest).")]
 
-def usage_csv(rows: list[dict[str, object]], fields: list[str]) -> str:
+COLUMNS: dict[str, list[str]] = {
+    "job": ["job_id", "tenant_id", "name", "workload", "partition_size", "ipu_hours"],
+    "day": ["day", "ipu_hours"],
+    "workload": ["workload", "ipu_hours"],
+    "partition_size": ["partition_size", "ipu_hours"],
+    "tenant": [
+        "tenant_id",
+        "name",
+        "plan",
+        "status",
+        "quota_ipu_hours",
+        "used_ipu_hours",
+        "reserved_ipu_hours",
+        "remaining_ipu_hours",
+        "expires_at",
+    ],
+}
+CSV_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+        "description": "JSON, or with `format=csv` one grouping as CSV with a header row.",
+    }
+}
+
+
+def usage_csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow(row)
     return buf.getvalue()
 
 
+def _csv_response(rows: list[dict[str, Any]], group: str, filename: str, next_url: Any = None) -> Response:
+    headers = {"Content-Disposition": f'attachment; filename="{filename}-{group}.csv"'}
+    if next_url is not None:
+        headers["Link"] = f'<{next_url}>; rel="next"'
+    return Response(usage_csv(rows, COLUMNS[group]), media_type="text/csv", headers=headers)
+
+
+def _check_window(since: Any, until: Any) -> None:
+    if since is not None and until is not None and since >= until:
+        raise InvalidRequest("`since` must be before `until`.", field="since")
+
+
+def _tenant_usage(t: Tenant) -> TenantUsage:
+    return TenantUsage(
+        tenant_id=t.id,
+        name=t.name,
+        plan=t.plan_name,
+        status=t.status,
+        quota_ipu_hours=hours(t.quota_ipu_ms),
+        used_ipu_hours=hours(t.used_ipu_ms),
+        reserved_ipu_hours=hours(t.reserved_ipu_ms),
+        remaining_ipu_hours=hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)),
+        expires_at=t.expires_at,
+    )
+
+
 @router.get(
     "/usage",
     response_model=UsageOut,
-    summary="Metered usage and remaining quota",
-    responses={200: {"content": {"text/csv": {}}}},
+    summary="The tenant's metered usage and remaining quota (JSON, or one grouping as CSV)",
+    responses=CSV_RESPONSE,
 )
 def get_usage(
+    request: Request,
     principal: Reader,
     db: DbDep,
-    format: Literal["json", "csv"] = "json",
-    since: datetime | None = None,
-    until: datetime | None = None,
+    format: Format = "json",
+    group: Annotated[Group, Query(description="The grouping a CSV carries.")] = "job",
+    since: Since = None,
+    until: Until = None,
+    cursor: Cursor = None,
+    limit: Limit = 100,
+    days: Days = 366,
 ) -> Response | UsageOut:
     if principal.tenant_id is None:
         raise InvalidRequest("Admin keys have no tenant: use GET /api/v1/admin/usage.")
-    if (since is not None and since.tzinfo is None) or (until is not None and until.tzinfo is None):
-        raise InvalidRequest("since and until need a timezone (e.g. 2026-12-01T00:00:00Z).")
+    _check_window(since, until)
     with db.read() as s:
         t = tenant_service.get_tenant(session=s, tenant_id=principal.tenant_id)
-        groups = usage_service.breakdowns(session=s, tenant_id=t.id, since=since, until=until)
-    if format == "csv":
-        rows = [dict(r, tenant_id=t.id) for r in groups["by_job"]]
-        body = usage_csv(rows, ["tenant_id", "job_id", "name", "workload", "partition_size", "ipu_hours"])
-        return Response(
-            body, media_type="text/csv", headers={"Content-Disposition": 'attachment; filename="usage.csv"'}
+        groups = usage_service.breakdowns(
+            session=s,
+            tenant_id=t.id,
+            since=since,
+            until=until,
+            limit=limit + 1,
+            job_after=decode_cursor(cursor),
+            day_limit=days,
         )
+    jobs = groups["by_job"]
+    next_cursor = encode_cursor(jobs[limit - 1]["job_id"]) if len(jobs) > limit else None
+    groups["by_job"] = jobs[:limit]
+    if format == "csv":
+        more = next_cursor is not None and group == "job"
+        url = request.url.include_query_params(cursor=next_cursor) if more else None
+        return _csv_response(groups[f"by_{group}"], group, "usage", url)
     remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
     return UsageOut(
         tenant_id=t.id,
@@ -65,5 +152,59 @@ def get_usage(
         used_ipu_seconds=round(t.used_ipu_ms / 1000, 3),
         expires_at=t.expires_at,
         days_left=days_left(t.expires_at),
+        next_cursor=next_cursor,
         **groups,
     )
+
+
+@router.get(
+    "/admin/usage",
+    response_model=AdminUsageOut,
+    summary="Usage across tenants (JSON, or one grouping as CSV)",
+    responses=CSV_RESPONSE,
+    tags=["admin"],
+)
+def admin_usage(
+    request: Request,
+    principal: Admin,
+    db: DbDep,
+    format: Format = "json",
+    group: Annotated[AdminGroup, Query(description="The grouping a CSV carries.")] = "tenant",
+    tenant: Annotated[str | None, Query(min_length=1, max_length=40, description="Only this tenant.")] = None,
+    since: Since = None,
+    until: Until = None,
+    cursor: Cursor = None,
+    limit: Limit = 100,
+    days: Days = 366,
+    tenants_cursor: Annotated[str | None, Query(max_length=200)] = None,
+    tenants_limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> Response | AdminUsageOut:
+    _check_window(since, until)
+    with db.read() as s:
+        if tenant is not None:
+            tenant_service.get_tenant(session=s, tenant_id=tenant)
+        rows = usage_service.tenant_totals(
+            session=s, after=decode_cursor(tenants_cursor), limit=tenants_limit + 1, tenant_id=tenant
+        )
+        groups = usage_service.breakdowns(
+            session=s,
+            tenant_id=tenant,
+            since=since,
+            until=until,
+            limit=limit + 1,
+            job_after=decode_cursor(cursor),
+            day_limit=days,
+        )
+    tenants = [_tenant_usage(t) for t in rows[:tenants_limit]]
+    tenants_next = encode_cursor(rows[tenants_limit - 1].id) if len(rows) > tenants_limit else None
+    jobs = groups["by_job"]
+    next_cursor = encode_cursor(jobs[limit - 1]["job_id"]) if len(jobs) > limit else None
+    groups["by_job"] = jobs[:limit]
+    if format == "csv":
+        if group == "tenant":
+            url = request.url.include_query_params(tenants_cursor=tenants_next) if tenants_next else None
+            return _csv_response([t.model_dump(mode="json") for t in tenants], group, "usage-all", url)
+        more = next_cursor is not None and group == "job"
+        url = request.url.include_query_params(cursor=next_cursor) if more else None
+        return _csv_response(groups[f"by_{group}"], group, "usage-all", url)
+    return AdminUsageOut(tenants=tenants, tenants_next_cursor=tenants_next, next_cursor=next_cursor, **groups)

@@ -14,14 +14,14 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from scheduler.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from scheduler.ids import new_id
-from scheduler.models import ApiKey, Tenant, utcnow
+from scheduler.models import ApiKey, Member, Tenant, utcnow
 
 PREFIX = "ipuc_"
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -71,16 +71,28 @@ def hash_key(key: str, secret: bytes) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: a key, its tenant (None for a global admin) and what it may do."""
+    """Who is calling: a key, its tenant (None for a global admin) and what it may do.
+
+    `role` is the role of the member the key belongs to (`admin`, `owner`, `member`, or None for a
+    key whose member was removed); `expires_at` is the key's own expiry, which bounds the keys it
+    may create.
+    """
 
     key_id: str
     tenant_id: str | None
     member_id: str | None
     scopes: frozenset[str]
+    role: str | None = None
+    expires_at: datetime | None = None
 
     @property
     def is_admin(self) -> bool:
         return "admin" in self.scopes and self.tenant_id is None
+
+    @property
+    def manages_keys(self) -> bool:
+        """Owners manage their tenant's keys, admins the global ones; members only their own."""
+        return self.is_admin or (self.tenant_id is not None and self.role == "owner")
 
     def require(self, scope: str) -> None:
         if scope == "admin":
@@ -92,10 +104,12 @@ class Principal:
 
 def normalise_scopes(scopes: list[str] | None, *, tenant_key: bool) -> str:
     allowed = TENANT_SCOPES if tenant_key else SCOPES
-    chosen = list(dict.fromkeys(scopes or list(allowed)))
+    chosen = list(dict.fromkeys(list(allowed) if scopes is None else scopes))
     bad = [s for s in chosen if s not in allowed]
     if bad or not chosen:
-        raise InvalidRequest(f"Scopes must be a non-empty subset of {list(allowed)}; got {chosen}.")
+        raise InvalidRequest(
+            f"Scopes must be a non-empty subset of {list(allowed)}; got {chosen}.", field="scopes"
+        )
     return " ".join(sorted(chosen))
 
 
@@ -108,10 +122,11 @@ def create_key(
     scopes: list[str] | None = None,
     expires_at: datetime | None = None,
     member_id: str | None = None,
+    created_by: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key; the plain key is returned once and never stored."""
     if expires_at is not None and expires_at <= utcnow():
-        raise InvalidRequest("expires_at must be in the future.")
+        raise InvalidRequest("expires_at must be in the future.", field="expires_at")
     key, lookup = generate_key()
     row = ApiKey(
         id=new_id("key"),
@@ -122,10 +137,59 @@ def create_key(
         tenant_id=tenant_id,
         member_id=member_id,
         expires_at=expires_at,
+        created_by=created_by,
     )
     session.add(row)
     session.flush()
     return row, key
+
+
+def issue_key(
+    *,
+    session: Session,
+    secret: bytes,
+    principal: Principal,
+    name: str,
+    scopes: list[str] | None = None,
+    expires_at: datetime | None = None,
+    member_id: str | None = None,
+) -> tuple[ApiKey, str]:
+    """A key created by a caller for its own tenant (or, for an admin, a global key).
+
+    Only owners (and admins, for global keys) create keys. A key never grants more than the key
+    that created it: its scopes are a subset of the creator's and it expires no later, so a leaked
+    read-only or short-lived key cannot mint a stronger or longer-lived one.
+    """
+    if not principal.manages_keys:
+        raise Forbidden("Only an owner of the tenant can create API keys; ask an owner or an admin.")
+    if scopes is not None:
+        extra = sorted(set(scopes) - principal.scopes)
+        if extra:
+            raise Forbidden(f"A key cannot grant scopes the key creating it lacks: {extra}.")
+    else:
+        allowed = SCOPES if principal.tenant_id is None else TENANT_SCOPES
+        scopes = [s for s in allowed if s in principal.scopes]
+    if principal.expires_at is not None:
+        if expires_at is None:
+            expires_at = principal.expires_at
+        elif expires_at > principal.expires_at:
+            raise Forbidden("A key cannot outlive the key creating it; choose an earlier expires_at.")
+    if member_id is None:
+        member_id = principal.member_id
+    else:
+        member = session.get(Member, member_id)
+        if member is None or member.tenant_id != principal.tenant_id:
+            raise InvalidRequest(f"No member {member_id} in this tenant.", field="member_id")
+    return create_key(
+        session=session,
+        secret=secret,
+        tenant_id=principal.tenant_id,
+        name=name,
+        scopes=scopes,
+        expires_at=expires_at,
+        member_id=member_id,
+        created_by=principal.key_id,
+    )
 
 
 class _KeyCache:
@@ -165,6 +229,7 @@ key_cache = _KeyCache()
 
 
 def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
+    """The principal of a presented key, or Unauthorized (malformed, unknown, revoked, expired)."""
     lookup = parse_key(key)
     presented = hash_key(key, secret)
     cached = key_cache.get(lookup)
@@ -183,22 +248,146 @@ def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
         status = session.execute(select(Tenant.status).where(Tenant.id == row.tenant_id)).scalar_one()
         if status == "deleted":
             raise Unauthorized("This API key's tenant no longer exists.")
-    principal = Principal(row.id, row.tenant_id, row.member_id, frozenset(row.scopes.split()))
+    role = None
+    if row.member_id is not None:
+        role = session.execute(select(Member.role).where(Member.id == row.member_id)).scalar_one_or_none()
+    principal = Principal(
+        row.id, row.tenant_id, row.member_id, frozenset(row.scopes.split()), role, row.expires_at
+    )
     key_cache.put(lookup, row.key_hash, principal, row.expires_at)
+    if row.last_used_at is None or row.last_used_at < utcnow() - LAST_USED_RESOLUTION:
+        stale_last_use.add(row.id)
     return principal
 
 
-def list_keys(*, session: Session, tenant_id: str | None) -> list[ApiKey]:
-    stmt = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id)
+# Keys whose `last_used_at` is older than its resolution, to be touched by `touch_last_used`.
+# Recording every use would turn each request into a write; once a minute is enough to tell live
+# keys from forgotten ones.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+stale_last_use: set[str] = set()
+
+
+def touch_last_used(*, session: Session, key_id: str) -> None:
+    now = utcnow()
+    session.execute(
+        update(ApiKey)
+        .where(
+            ApiKey.id == key_id,
+            or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < now - LAST_USED_RESOLUTION),
+        )
+        .values(last_used_at=now)
+    )
+    stale_last_use.discard(key_id)
+
+
+def list_keys(
+    *,
+    session: Session,
+    tenant_id: str | None,
+    member_id: str | None = None,
+    after: str | None = None,
+    limit: int = 100,
+    include_revoked: bool = True,
+) -> list[ApiKey]:
+    """Keys of a tenant (None: the global admin keys), oldest first; `after` is a key id."""
+    stmt = select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id).limit(limit)
+    if member_id is not None:
+        stmt = stmt.where(ApiKey.member_id == member_id)
+    if after is not None:
+        stmt = stmt.where(ApiKey.id > after)
+    if not include_revoked:
+        stmt = stmt.where(ApiKey.revoked_at.is_(None))
     return list(session.execute(stmt).scalars())
 
 
-def revoke_key(*, session: Session, key_id: str, tenant_id: str | None, any_tenant: bool = False) -> ApiKey:
+def get_key(*, session: Session, key_id: str, tenant_id: str | None, member_id: str | None = None) -> ApiKey:
+    """A key of that tenant (and member, if given); anything else is indistinguishable from missing."""
     row = session.get(ApiKey, key_id)
-    if row is None or (not any_tenant and row.tenant_id != tenant_id):
+    if row is None or row.tenant_id != tenant_id or (member_id is not None and row.member_id != member_id):
         raise NotFound(f"No API key {key_id}.")
+    return row
+
+
+def revoke_key(
+    *, session: Session, key_id: str, tenant_id: str | None, member_id: str | None = None
+) -> ApiKey:
+    """Revoke a key of that tenant (None: a global key). Idempotent; effective at once in this process.
+
+    Other API processes stop accepting it within the key cache's TTL (2 s).
+    """
+    row = get_key(session=session, key_id=key_id, tenant_id=tenant_id, member_id=member_id)
     if row.revoked_at is None:
-        session.execute(update(ApiKey).where(ApiKey.id == key_id).values(revoked_at=utcnow()))
-        row.revoked_at = utcnow()
+        if row.tenant_id is None and "admin" in row.scopes.split():
+            others = session.execute(
+                select(func.count())
+                .select_from(ApiKey)
+                .where(
+                    ApiKey.tenant_id.is_(None),
+                    ApiKey.revoked_at.is_(None),
+                    ApiKey.id != row.id,
+                    ApiKey.scopes.contains("admin"),
+                    or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > utcnow()),
+                )
+            ).scalar_one()
+            if others == 0:
+                raise Conflict("This is the last valid admin key; create another before revoking it.")
+        now = utcnow()
+        session.execute(
+            update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=now)
+        )
+        row.revoked_at = now
     key_cache.forget(row.lookup)
     return row
+
+
+def _own_filter(principal: Principal) -> str | None:
+    """Owners and admins see every key of their tenant (or the global keys); others only their own."""
+    if principal.manages_keys:
+        return None
+    # A key without a member (its member was removed) is not anyone's; it sees nothing but itself.
+    return principal.member_id or principal.key_id
+
+
+def list_visible_keys(
+    *, session: Session, principal: Principal, after: str | None, limit: int, include_revoked: bool = True
+) -> list[ApiKey]:
+    own = _own_filter(principal)
+    stmt = select(ApiKey).where(ApiKey.tenant_id == principal.tenant_id).order_by(ApiKey.id).limit(limit)
+    if own is not None:
+        stmt = stmt.where(or_(ApiKey.member_id == own, ApiKey.id == principal.key_id))
+    if after is not None:
+        stmt = stmt.where(ApiKey.id > after)
+    if not include_revoked:
+        stmt = stmt.where(ApiKey.revoked_at.is_(None))
+    return list(session.execute(stmt).scalars())
+
+
+def revoke_visible_key(*, session: Session, principal: Principal, key_id: str) -> ApiKey:
+    """Revoke a key the caller may see (an owner any of its tenant's, a member its own)."""
+    own = _own_filter(principal)
+    if own is not None and key_id != principal.key_id:
+        get_key(session=session, key_id=key_id, tenant_id=principal.tenant_id, member_id=own)
+    return revoke_key(session=session, key_id=key_id, tenant_id=principal.tenant_id)
+
+
+def revoke_member_keys(*, session: Session, member_id: str) -> int:
+    """Revoke every live key of a member (on removal); returns how many were revoked."""
+    rows = list(
+        session.execute(
+            select(ApiKey).where(ApiKey.member_id == member_id, ApiKey.revoked_at.is_(None))
+        ).scalars()
+    )
+    now = utcnow()
+    for row in rows:
+        row.revoked_at = now
+        key_cache.forget(row.lookup)
+    session.flush()
+    return len(rows)
+
+
+def key_state(row: ApiKey) -> str:
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and row.expires_at <= utcnow():
+        return "expired"
+    return "active"

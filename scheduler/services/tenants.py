@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -114,13 +116,45 @@ def get_plan(*, session: Session, name: str) -> Plan:
     return plan
 
 
-def list_plans(*, session: Session) -> list[Plan]:
-    return list(session.execute(select(Plan).order_by(Plan.name)).scalars())
+def list_plans(*, session: Session, after: str | None = None, limit: int = 1000) -> list[Plan]:
+    """Plans by name; `after` is the name of the last plan of the previous page."""
+    stmt = select(Plan).order_by(Plan.name).limit(limit)
+    if after is not None:
+        stmt = stmt.where(Plan.name > after)
+    return list(session.execute(stmt).scalars())
+
+
+# What an admin may change on a plan. `kind` and `name` are identity: tenants and the trial
+# categories refer to them. A change applies to tenants on the plan at once (limits, priority),
+# except the grant and the trial length, which a tenant receives when it is created.
+EDITABLE_PLAN_FIELDS = frozenset(
+    {
+        "description",
+        "quota_ipu_hours",
+        "trial_days",
+        "max_partition_size",
+        "max_concurrent_jobs",
+        "max_queued_jobs",
+        "max_runtime_s",
+        "idle_timeout_s",
+        "priority",
+        "fairshare_weight",
+    }
+)
+NULLABLE_PLAN_FIELDS = frozenset({"trial_days"})
 
 
 def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> Plan:
+    """Change a plan's fields; null leaves a field unchanged, except `trial_days` (null: no expiry)."""
+    unknown = sorted(set(changes) - EDITABLE_PLAN_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"These plan fields cannot be changed: {unknown}.")
     plan = get_plan(session=session, name=name)
+    if plan.kind == "trial" and changes.get("trial_days", 1) is None:
+        raise InvalidRequest("A trial plan needs trial_days: trials end.", field="trial_days")
     for field, value in changes.items():
+        if value is None and field not in NULLABLE_PLAN_FIELDS:
+            continue
         setattr(plan, field, value)
     plan.updated_at = utcnow()
     session.flush()
@@ -144,11 +178,14 @@ def create_tenant(
     expires_at: datetime | None = None,
     fairshare_weight: float | None = None,
     owner_email: str | None = None,
+    owner_name: str = "owner",
     category: str | None = None,
     organisation: str | None = None,
 ) -> CreatedTenant:
     """Create a tenant, its owner and its first API key (returned once)."""
-    plan_row = get_plan(session=session, name=plan)
+    plan_row = session.get(Plan, plan)
+    if plan_row is None:
+        raise InvalidRequest(f"No plan named {plan!r}; GET /api/v1/admin/plans lists them.", field="plan")
     if session.execute(select(Tenant.id).where(Tenant.name == name)).first() is not None:
         raise Conflict(f"A tenant named {name!r} already exists.")
     hours = plan_row.quota_ipu_hours if quota_ipu_hours is None else quota_ipu_hours
@@ -163,7 +200,7 @@ def create_tenant(
         reserved_ipu_ms=0,
         expires_at=expires_at,
         fairshare_weight=plan_row.fairshare_weight if fairshare_weight is None else fairshare_weight,
-        contact_email=owner_email,
+        contact_email=owner_email.lower() if owner_email else None,
         category=category,
         organisation=organisation,
         status="active",
@@ -176,8 +213,8 @@ def create_tenant(
     owner = Member(
         id=new_id("mem"),
         tenant_id=tenant.id,
-        email=owner_email or f"owner@{tenant.id}",
-        name="owner",
+        email=(owner_email or f"owner@{tenant.id}").lower(),
+        name=owner_name,
         role="owner",
     )
     session.add(owner)
@@ -203,17 +240,23 @@ def list_tenants(*, session: Session, after: str | None, limit: int) -> list[Ten
 
 
 def update_tenant(*, session: Session, tenant_id: str, changes: dict[str, object]) -> Tenant:
+    """Change a tenant. Null leaves a field unchanged, except `expires_at` (null: never expires)."""
     tenant = get_tenant(session=session, tenant_id=tenant_id)
+    changes = {k: v for k, v in changes.items() if v is not None or k == "expires_at"}
     if "plan" in changes:
-        tenant.plan_name = get_plan(session=session, name=str(changes.pop("plan"))).name
+        plan = session.get(Plan, str(changes.pop("plan")))
+        if plan is None:
+            raise InvalidRequest("No such plan; GET /api/v1/admin/plans lists them.", field="plan")
+        tenant.plan_name = plan.name
     if "quota_ipu_hours" in changes:
         hours = changes.pop("quota_ipu_hours")
-        assert isinstance(hours, int | float)
+        if not isinstance(hours, int | float) or hours < 0:
+            raise InvalidRequest("quota_ipu_hours must be a non-negative number.", field="quota_ipu_hours")
         tenant.quota_ipu_ms = round(hours * IPU_MS_PER_HOUR)
     if "status" in changes:
         status = changes.pop("status")
         if status not in ("active", "suspended"):
-            raise InvalidRequest("status must be `active` or `suspended`.")
+            raise InvalidRequest("status must be `active` or `suspended`.", field="status")
         tenant.status = str(status)
     for field in ("expires_at", "fairshare_weight"):
         if field in changes:
@@ -223,6 +266,154 @@ def update_tenant(*, session: Session, tenant_id: str, changes: dict[str, object
     tenant.updated_at = utcnow()
     session.flush()
     return tenant
+
+
+def unique_tenant_name(*, session: Session, wanted: str) -> str:
+    """A tenant name like `wanted` that no tenant has: letters, digits, space, `._-`; at most 100."""
+    ascii_name = unicodedata.normalize("NFKD", wanted).encode("ascii", "ignore").decode()
+    base = re.sub(r"[^A-Za-z0-9 ._-]+", "-", ascii_name).strip(" ._-")[:90].strip(" ._-") or "tenant"
+    taken = set(
+        session.execute(select(Tenant.name).where(Tenant.name.like(base.replace("%", "") + "%"))).scalars()
+    )
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+# Members ---------------------------------------------------------------------------------------------
+
+ROLES = ("owner", "member")
+
+
+def list_members(*, session: Session, tenant_id: str, after: str | None, limit: int) -> list[Member]:
+    get_tenant(session=session, tenant_id=tenant_id)
+    stmt = select(Member).where(Member.tenant_id == tenant_id).order_by(Member.id).limit(limit)
+    if after is not None:
+        stmt = stmt.where(Member.id > after)
+    return list(session.execute(stmt).scalars())
+
+
+def get_member(*, session: Session, tenant_id: str, member_id: str) -> Member:
+    member = session.get(Member, member_id)
+    if member is None or member.tenant_id != tenant_id:
+        raise NotFound(f"No member {member_id} in tenant {tenant_id}.")
+    return member
+
+
+def add_member(*, session: Session, tenant_id: str, email: str, name: str, role: str) -> Member:
+    if role not in ROLES:
+        raise InvalidRequest(f"role must be one of {list(ROLES)}.", field="role")
+    get_tenant(session=session, tenant_id=tenant_id)
+    email = email.lower()
+    exists = session.execute(
+        select(Member.id).where(Member.tenant_id == tenant_id, Member.email == email)
+    ).first()
+    if exists is not None:
+        raise Conflict(f"{email} is already a member of this tenant.", member_id=exists[0])
+    member = Member(id=new_id("mem"), tenant_id=tenant_id, email=email, name=name, role=role)
+    session.add(member)
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError:
+        raise Conflict(f"{email} is already a member of this tenant.")
+    return member
+
+
+def _owners(session: Session, tenant_id: str) -> int:
+    return session.execute(
+        select(func.count()).select_from(Member).where(Member.tenant_id == tenant_id, Member.role == "owner")
+    ).scalar_one()
+
+
+def _lock_tenant(session: Session, tenant_id: str) -> Tenant:
+    # Serialises membership changes of one tenant, so two removals cannot both leave it ownerless.
+    tenant = session.execute(
+        select(Tenant).where(Tenant.id == tenant_id).with_for_update()
+    ).scalar_one_or_none()
+    if tenant is None:
+        raise NotFound(f"No tenant {tenant_id}.")
+    return tenant
+
+
+def update_member(*, session: Session, tenant_id: str, member_id: str, changes: dict[str, object]) -> Member:
+    _lock_tenant(session, tenant_id)
+    member = get_member(session=session, tenant_id=tenant_id, member_id=member_id)
+    changes = {k: v for k, v in changes.items() if v is not None}
+    unknown = sorted(set(changes) - {"role", "name"})
+    if unknown:
+        raise InvalidRequest(f"These member fields cannot be changed: {unknown}.")
+    role = changes.get("role")
+    if role is not None:
+        if role not in ROLES:
+            raise InvalidRequest(f"role must be one of {list(ROLES)}.", field="role")
+        if member.role == "owner" and role != "owner" and _owners(session, tenant_id) <= 1:
+            raise Conflict("This is the tenant's last owner; make another member owner first.")
+        member.role = str(role)
+    if "name" in changes:
+        member.name = str(changes["name"])
+    session.flush()
+    # Keys carry their member's role in the key cache; drop them so the change applies at once here.
+    for lookup in session.execute(select(ApiKey.lookup).where(ApiKey.member_id == member.id)).scalars():
+        keys.key_cache.forget(lookup)
+    return member
+
+
+def remove_member(*, session: Session, tenant_id: str, member_id: str) -> tuple[Member, int]:
+    """Remove a member and revoke its keys; returns the member as it was and how many keys were revoked."""
+    _lock_tenant(session, tenant_id)
+    member = get_member(session=session, tenant_id=tenant_id, member_id=member_id)
+    if member.role == "owner" and _owners(session, tenant_id) <= 1:
+        raise Conflict("This is the tenant's last owner; make another member owner first.")
+    revoked = keys.revoke_member_keys(session=session, member_id=member.id)
+    # The revoked keys stay (for the record) but no longer point at the member, so it can go.
+    session.execute(update(ApiKey).where(ApiKey.member_id == member.id).values(member_id=None))
+    session.delete(member)
+    session.flush()
+    return member, revoked
+
+
+def create_tenant_key(
+    *,
+    session: Session,
+    secret: bytes,
+    tenant_id: str,
+    name: str,
+    scopes: list[str] | None,
+    expires_at: datetime | None,
+    member_id: str | None,
+    created_by: str | None,
+) -> tuple[ApiKey, str]:
+    """An admin's key for a tenant: it belongs to `member_id`, or by default the tenant's first owner."""
+    get_tenant(session=session, tenant_id=tenant_id)
+    if member_id is not None:
+        member = session.get(Member, member_id)
+        if member is None or member.tenant_id != tenant_id:
+            raise InvalidRequest(f"No member {member_id} in this tenant.", field="member_id")
+    else:
+        member = first_owner(session=session, tenant_id=tenant_id)
+    return keys.create_key(
+        session=session,
+        secret=secret,
+        tenant_id=tenant_id,
+        name=name,
+        scopes=scopes,
+        expires_at=expires_at,
+        member_id=member.id if member is not None else None,
+        created_by=created_by,
+    )
+
+
+def first_owner(*, session: Session, tenant_id: str) -> Member | None:
+    return session.execute(
+        select(Member)
+        .where(Member.tenant_id == tenant_id, Member.role == "owner")
+        .order_by(Member.id)
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def ensure_admin_key(*, session: Session, secret: bytes) -> str | None:

@@ -1,4 +1,9 @@
-"""Usage reports from the meter ledger: by day, job, workload and partition size."""
+"""Usage reports from the meter ledger: by day, job, workload and partition size (and tenant, for admins).
+
+Every figure is a sum over meter events, so it is exactly what was billed: ticks while an attempt
+ran, its settle record at the end, and the negative settle that refunds an attempt the platform
+lost. An event counts on the UTC day it was written.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.models import IPU_MS_PER_HOUR, Job, MeterEvent, Tenant
+
+GROUPS = ("day", "job", "workload", "partition_size")
 
 
 def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
@@ -23,62 +30,128 @@ def _hours(ms: int | None) -> float:
     return round((ms or 0) / IPU_MS_PER_HOUR, 6)
 
 
+def _scoped(stmt: Any, tenant_id: str | None, since: datetime | None, until: datetime | None) -> Any:
+    if tenant_id is not None:
+        stmt = stmt.where(MeterEvent.tenant_id == tenant_id)
+    if since is not None:
+        stmt = stmt.where(MeterEvent.at >= since)
+    if until is not None:
+        stmt = stmt.where(MeterEvent.at < until)
+    return stmt
+
+
+def by_day(
+    *,
+    session: Session,
+    tenant_id: str | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 366,
+) -> list[dict[str, Any]]:
+    """The last `limit` days with usage in the window, oldest first."""
+    day = (
+        cast(MeterEvent.at, Date)
+        if session.get_bind().dialect.name == "postgresql"
+        else func.date(MeterEvent.at)
+    )
+    rows = session.execute(
+        _scoped(select(day.label("day"), func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        .group_by(day)
+        .order_by(day.desc())
+        .limit(limit)
+    ).all()
+    return [{"day": str(d), "ipu_hours": _hours(ms)} for d, ms in reversed(rows)]
+
+
+def by_job(
+    *,
+    session: Session,
+    tenant_id: str | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Newest job first; `after` is the last job id of the previous page."""
+    stmt = _scoped(
+        select(
+            MeterEvent.job_id,
+            MeterEvent.tenant_id,
+            Job.name,
+            MeterEvent.workload,
+            func.max(MeterEvent.partition_size),
+            func.sum(MeterEvent.ipu_ms),
+        ).join(Job, Job.id == MeterEvent.job_id),
+        tenant_id,
+        since,
+        until,
+    )
+    if after is not None:
+        stmt = stmt.where(MeterEvent.job_id < after)
+    rows = session.execute(
+        stmt.group_by(MeterEvent.job_id, MeterEvent.tenant_id, Job.name, MeterEvent.workload)
+        .order_by(MeterEvent.job_id.desc())
+        .limit(limit)
+    ).all()
+    return [
+        {
+            "job_id": j,
+            "tenant_id": t,
+            "name": n,
+            "workload": w,
+            "partition_size": size,
+            "ipu_hours": _hours(ms),
+        }
+        for j, t, n, w, size, ms in rows
+    ]
+
+
+def by_workload(
+    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    rows = session.execute(
+        _scoped(select(MeterEvent.workload, func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        .group_by(MeterEvent.workload)
+        .order_by(MeterEvent.workload)
+    ).all()
+    return [{"workload": w, "ipu_hours": _hours(ms)} for w, ms in rows]
+
+
+def by_partition_size(
+    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    rows = session.execute(
+        _scoped(select(MeterEvent.partition_size, func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        .group_by(MeterEvent.partition_size)
+        .order_by(MeterEvent.partition_size)
+    ).all()
+    return [{"partition_size": s, "ipu_hours": _hours(ms)} for s, ms in rows]
+
+
 def breakdowns(
     *,
     session: Session,
     tenant_id: str | None,
     since: datetime | None = None,
     until: datetime | None = None,
-    limit: int = 1000,
+    limit: int = 100,
+    job_after: str | None = None,
+    day_limit: int = 366,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Usage grouped four ways. `tenant_id=None` reports across tenants (admins)."""
+    """Usage grouped four ways. `tenant_id=None` reports across tenants (admins).
 
-    def scoped(stmt: Any) -> Any:
-        if tenant_id is not None:
-            stmt = stmt.where(MeterEvent.tenant_id == tenant_id)
-        if since is not None:
-            stmt = stmt.where(MeterEvent.at >= since)
-        if until is not None:
-            stmt = stmt.where(MeterEvent.at < until)
-        return stmt
-
-    total = func.sum(MeterEvent.ipu_ms)
-    day = (
-        cast(MeterEvent.at, Date)
-        if session.get_bind().dialect.name == "postgresql"
-        else func.date(MeterEvent.at)
-    )
-    by_day = session.execute(
-        scoped(select(day.label("day"), total).group_by(day).order_by(day)).limit(limit)
-    ).all()
-    by_job = session.execute(
-        scoped(
-            select(
-                MeterEvent.job_id, Job.name, MeterEvent.workload, func.max(MeterEvent.partition_size), total
-            )
-            .join(Job, Job.id == MeterEvent.job_id)
-            .group_by(MeterEvent.job_id, Job.name, MeterEvent.workload)
-            .order_by(MeterEvent.job_id.desc())
-        ).limit(limit)
-    ).all()
-    by_workload = session.execute(
-        scoped(select(MeterEvent.workload, total).group_by(MeterEvent.workload).order_by(MeterEvent.workload))
-    ).all()
-    by_size = session.execute(
-        scoped(
-            select(MeterEvent.partition_size, total)
-            .group_by(MeterEvent.partition_size)
-            .order_by(MeterEvent.partition_size)
-        )
-    ).all()
+    `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
+    days. Workloads and partition sizes are few, so they are reported whole.
+    """
     return {
-        "by_day": [{"day": str(d), "ipu_hours": _hours(ms)} for d, ms in by_day],
-        "by_job": [
-            {"job_id": j, "name": n, "workload": w, "partition_size": size, "ipu_hours": _hours(ms)}
-            for j, n, w, size, ms in by_job
-        ],
-        "by_workload": [{"workload": w, "ipu_hours": _hours(ms)} for w, ms in by_workload],
-        "by_partition_size": [{"partition_size": s, "ipu_hours": _hours(ms)} for s, ms in by_size],
+        "by_day": by_day(session=session, tenant_id=tenant_id, since=since, until=until, limit=day_limit),
+        "by_job": by_job(
+            session=session, tenant_id=tenant_id, since=since, until=until, after=job_after, limit=limit
+        ),
+        "by_workload": by_workload(session=session, tenant_id=tenant_id, since=since, until=until),
+        "by_partition_size": by_partition_size(
+            session=session, tenant_id=tenant_id, since=since, until=until
+        ),
     }
 
 
@@ -90,5 +163,15 @@ def ledger_total_ipu_ms(*, session: Session, tenant_id: str) -> int:
     )
 
 
-def tenant_totals(*, session: Session) -> list[Tenant]:
-    return list(session.execute(select(Tenant).order_by(Tenant.name)).scalars())
+def tenant_totals(
+    *, session: Session, after: str | None = None, limit: int | None = None, tenant_id: str | None = None
+) -> list[Tenant]:
+    """Tenants with their counters, by id (a page when `limit` is given; `after` is a tenant id)."""
+    stmt = select(Tenant).order_by(Tenant.id)
+    if tenant_id is not None:
+        stmt = stmt.where(Tenant.id == tenant_id)
+    if after is not None:
+        stmt = stmt.where(Tenant.id > after)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(session.execute(stmt).scalars())

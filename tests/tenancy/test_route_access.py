@@ -1,0 +1,108 @@
+"""Every route of the API, as nobody, as a bad/revoked/expired key, as the wrong tenant and as admin.
+
+The routes are read from the app's OpenAPI spec, so a route added later is covered without touching this
+file; a new path parameter needs a sample value in SAMPLES (the test says so).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from api.app import create_app
+from scheduler.models import ApiKey, Job
+from scheduler.services import keys, trials
+from scheduler.settings import Settings
+from tests.tenancy.conftest import World, assert_problem, auth
+
+PUBLIC = {("POST", "/api/v1/trials")}
+
+# From the app's OpenAPI spec: what clients are told exists is what must be guarded.
+ROUTES = sorted(
+    (method.upper(), path)
+    for path, item in create_app(Settings()).openapi()["paths"].items()
+    if path.startswith("/api/")
+    for method in item
+)
+
+
+def samples(world: World, db: Any) -> dict[str, str]:
+    """A value for every path parameter: tenant A's objects where the route is a tenant's."""
+    with db.write() as s:
+        application = trials.submit_application(
+            session=s,
+            name="Ada",
+            email="ada@example.org",
+            organisation="Analytical Engines",
+            category="business",
+            intended_use="Training BERT on IPUs",
+        )
+    return {
+        "job_id": world.a.job_id,
+        "key_id": world.a.member_key_id,
+        "tenant_id": world.a.id,
+        "member_id": world.a.member_id,
+        "name": "trial",
+        "application_id": application.id,
+        "partition_id": "no-such-partition",
+        "machine_id": "pod0000-m00",
+    }
+
+
+def fill(path: str, values: dict[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        assert name in values, f"add a sample value for path parameter {{{name}}} to SAMPLES in {__file__}"
+        return values[name]
+
+    return re.sub(r"\{(\w+)\}", one, path)
+
+
+def call(client: Any, method: str, url: str, key: str | None) -> Any:
+    headers = auth(key) if key else {}
+    body = {"json": {}} if method in ("POST", "PUT", "PATCH") else {}
+    return client.request(method, url, headers=headers, **body)
+
+
+def a_objects_unchanged(db: Any, world: World) -> None:
+    with db.read() as s:
+        job = s.get(Job, world.a.job_id)
+        assert job.state == "queued" and not job.cancel_requested
+        assert s.get(ApiKey, world.a.member_key_id).revoked_at is None
+
+
+def test_routes_are_found() -> None:
+    assert len(ROUTES) >= 30
+    assert ("GET", "/api/v1/admin/trials") in ROUTES and ("DELETE", "/api/v1/keys/{key_id}") in ROUTES
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
+def test_route_access(method: str, path: str, client: Any, world: World, db: Any) -> None:
+    url = fill(path, samples(world, db))
+    if (method, path) in PUBLIC:
+        assert call(client, method, url, None).status_code != 401
+        return
+
+    # Nobody, and every kind of bad key: 401 with a problem body and a Bearer challenge.
+    unknown, _ = keys.generate_key()
+    typo = world.a.owner_key[:-1] + ("A" if world.a.owner_key[-1] != "A" else "B")
+    for key in (None, "not-a-key", unknown, typo, world.revoked_key, world.expired_key):
+        r = call(client, method, url, key)
+        assert_problem(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"].startswith("Bearer")
+
+    if path.startswith("/api/v1/admin/"):
+        for key in (world.a.owner_key, world.a.member_key, world.b.owner_key):
+            assert_problem(call(client, method, url, key), 403, "forbidden")
+        a_objects_unchanged(db, world)
+        assert call(client, method, url, world.admin_key).status_code not in (401, 403)
+        return
+
+    if "{" in path:
+        # Another tenant's object does not exist for this key, and nothing happens to it.
+        assert_problem(call(client, method, url, world.b.owner_key), 404, "not-found")
+        a_objects_unchanged(db, world)
+    r = call(client, method, url, world.a.owner_key)
+    assert r.status_code not in (401, 403, 404), r.text
