@@ -41,6 +41,7 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 MULTIHOST_ENV = {
     **FAST,
     "IPUCLOUD_TIME_SCALE": "100",
+    "IPUCLOUD_LEASE_S": "4",
     "IPUCLOUD_ROUTING_TTL_S": "3",
     "IPUCLOUD_RATE_LIMIT": "100000/minute",
     "IPUCLOUD_LOG_LEVEL": "INFO",
@@ -186,8 +187,9 @@ def _start_services(cloud: MultiHostCloud) -> None:
         "synchronous_commit": "off",
         "full_page_writes": "off",
         # A client cut off mid-transaction holds its row locks (the tenant's, the attempt's) until
-        # the server gives up on it: without this, for TCP's two hours. deploy/README.md explains.
-        "idle_in_transaction_session_timeout": "3s",
+        # the server gives up on it: without this, for TCP's two hours. Healthy workers' heartbeats
+        # wait on those locks, so it must be well under the lease (deploy/README.md explains).
+        "idle_in_transaction_session_timeout": "1s",
         "tcp_keepalives_idle": "5",
         "tcp_keepalives_interval": "2",
         "tcp_keepalives_count": "3",

@@ -136,6 +136,8 @@ def test_jobs_run_on_both_worker_hosts_and_move_when_a_link_is_cut(multihost: Mu
         if a.started_at is not None and a.started_at.timestamp() > cut_at + 0.5:
             assert _host_of(a.worker, hosts) == "w1", f"attempt {a.id} started after the cut on {a.worker}"
     assert {_host_of(a.worker, hosts) for a in after if a.worker} == {"w1", "w2"}
+    # The healthy host lost nothing: a dead host's open transaction must not cost it its leases.
+    assert not [a.id for a in after if a.state == "lost" and _host_of(a.worker, hosts) == "w1"]
 
     with c.engine().connect() as conn:
         attempt_ids = conn.execute(select(Attempt.id)).scalars().all()
