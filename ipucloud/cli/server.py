@@ -130,6 +130,17 @@ def worker(
     hostname: Annotated[str | None, typer.Option(help="Celery node name (default worker@<host>).")] = None,
 ) -> None:
     """Run a Celery worker that runs attempts on the emulated IPU."""
+    if queues is not None:
+        from scheduler.routing import parse_queues
+
+        try:
+            queues = ",".join(parse_queues(queues))
+        except ValueError as exc:
+            err.print(f"[red]--queues {exc}[/]")
+            raise typer.Exit(2)
+        # The worker registers what it serves from its settings: the flag must become the setting.
+        os.environ["IPUCLOUD_WORKER_QUEUES"] = queues
+        reset_settings_cache()
     settings = _settings_or_exit()
     _configure_logging(settings)
     _preflight(settings)
@@ -138,7 +149,7 @@ def worker(
     argv = [
         "worker",
         "--queues",
-        queues or settings.worker_queues,
+        settings.worker_queues,
         "--concurrency",
         str(concurrency or settings.worker_concurrency),
         "--pool",
@@ -163,6 +174,10 @@ def migrate() -> None:
     _configure_logging(settings)
     from ipucloud.preflight import wait_for_database
 
+    if not settings.embedded and not settings.database_url:
+        # Without this, production would quietly migrate a local SQLite file nobody else uses.
+        err.print("[red]Cannot migrate:[/] IPUCLOUD_DATABASE_URL is not set (required outside `ipucloud up`).")
+        raise typer.Exit(3)
     try:
         wait_for_database(settings, require_migrated=False)
     except ConfigError as exc:
