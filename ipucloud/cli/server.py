@@ -176,7 +176,7 @@ def migrate() -> None:
 
     if not settings.embedded and not settings.database_url:
         # Without this, production would quietly migrate a local SQLite file nobody else uses.
-        err.print("[red]Cannot migrate:[/] IPUCLOUD_DATABASE_URL is not set (required outside `ipucloud up`).")
+        err.print("[red]Cannot migrate:[/] IPUCLOUD_DATABASE_URL is not set (needed outside `ipucloud up`).")
         raise typer.Exit(3)
     try:
         wait_for_database(settings, require_migrated=False)
