@@ -35,12 +35,12 @@ def normalise_url(url: str) -> str:
     return url
 
 
-# A client cut off mid-transaction keeps its row locks on the server until PostgreSQL notices. Our
-# transactions never sit idle, so a short limit frees those locks long before any lease runs out.
-IDLE_IN_TRANSACTION_TIMEOUT_MS = 3000
-
-
-def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 10, echo: bool = False, idle_tx_timeout_s: float = 3.0
+) -> Engine:
+    """`idle_tx_timeout_s`: a client cut off mid-transaction keeps its row locks on the server until
+    PostgreSQL notices; API and worker transactions never sit idle, so a short limit frees those locks
+    long before any lease runs out."""
     url = normalise_url(url)
     if is_sqlite(url):
         engine = create_engine(
@@ -62,7 +62,7 @@ def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> Engine:
         connect_args={
             # Prepared statements on the server for the hot, repeated queries.
             "prepare_threshold": 3,
-            "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}",
+            "options": f"-c idle_in_transaction_session_timeout={round(idle_tx_timeout_s * 1000)}",
             "keepalives": 1,
             "keepalives_idle": 10,
             "keepalives_interval": 5,
@@ -92,9 +92,9 @@ def _configure_sqlite(engine: Engine) -> None:
 class Database:
     """One engine and the two kinds of transaction every component uses."""
 
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, idle_tx_timeout_s: float = 3.0) -> None:
         self.url = normalise_url(url)
-        self.engine = make_engine(self.url, pool_size=pool_size)
+        self.engine = make_engine(self.url, pool_size=pool_size, idle_tx_timeout_s=idle_tx_timeout_s)
         self.sqlite = is_sqlite(self.url)
         self._write = sessionmaker(bind=self.engine, expire_on_commit=False)
         read_bind = (
@@ -127,7 +127,7 @@ def get_database(settings: Settings | None = None) -> Database:
     with _db_lock:
         if _db is None:
             s = settings or get_settings()
-            _db = Database(s.db_url)
+            _db = Database(s.db_url, idle_tx_timeout_s=s.db_idle_tx_timeout_s)
         return _db
 
 

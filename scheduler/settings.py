@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(65536, ge=1024, description="Largest request body accepted.")
     log_level: str = Field("INFO", description="Python logging level.")
     startup_wait_s: float = Field(30.0, ge=0, description="How long a component waits for its DB and Redis.")
+    db_idle_tx_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        le=3600,
+        description="PostgreSQL ends a session idle this long inside a transaction, freeing the row locks of "
+        "a client that was cut off; the scheduler uses at least 60 s (a pass computes between statements).",
+    )
 
     @field_validator("worker_queues")
     @classmethod

@@ -102,13 +102,15 @@ def api(
 
 def scheduler() -> None:
     """Run a scheduler replica (replicas elect a leader; only it schedules)."""
-    from scheduler.db import get_database
     from scheduler.loop import SchedulerLoop
 
     settings = _settings_or_exit()
     _configure_logging(settings)
     _preflight(settings)
-    loop = SchedulerLoop(settings=settings, db=get_database(settings))
+    from scheduler.db import Database
+
+    db = Database(settings.db_url, idle_tx_timeout_s=max(60.0, settings.db_idle_tx_timeout_s))
+    loop = SchedulerLoop(settings=settings, db=db)
 
     def _stop(signum: int, _frame: object) -> None:
         logging.getLogger("ipucloud.scheduler").info("signal %d: stepping down", signum)
