@@ -1,14 +1,29 @@
-"""Prometheus metrics of the API process, and of all its worker processes when run with several.
+"""Prometheus metrics: this API process's own, and the cluster's as the database records it.
 
 With `PROMETHEUS_MULTIPROC_DIR` set (as `ipucloud api --workers N` does), every process writes
 its samples to that directory and any one of them can serve the sum.
+
+The scheduler and the workers run in other processes, often on other hosts, and restart; their
+in-process counters would be scattered and reset. So `/metrics` also carries `ipucloud_cluster_*`
+figures read from the database at scrape time (ClusterCollector): jobs and attempts by state,
+overdue leases, the outbox, live partitions and IPUs, the leader, and every repair the reconciler
+ever made (it records each one in `reconciler_actions`). They are exact and survive restarts, and
+every API replica reports the same values.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("ipucloud.api")
 
 REQUESTS = Counter("ipucloud_http_requests_total", "HTTP requests", ["method", "route", "status"])
 LATENCY = Histogram(
@@ -19,9 +34,101 @@ LATENCY = Histogram(
 )
 
 
+class ClusterCollector(Collector):
+    """Cluster-wide reliability figures, read from the database on every scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        from scheduler.db import get_database
+        from scheduler.services.reconciler import cluster_state
+
+        ok = GaugeMetricFamily(
+            "ipucloud_cluster_scrape_ok", "1 if the cluster figures below could be read from the database"
+        )
+        try:
+            with get_database().read() as s:
+                state = cluster_state(s)
+        except Exception as exc:  # the API's own metrics still matter while the database is away
+            log.warning("cluster metrics unavailable: %s", exc)
+            ok.add_metric([], 0)
+            yield ok
+            return
+        ok.add_metric([], 1)
+        yield ok
+
+        jobs = GaugeMetricFamily("ipucloud_cluster_jobs", "Jobs by state", labels=["state"])
+        for k, v in state.jobs.items():
+            jobs.add_metric([k], v)
+        yield jobs
+        ended = CounterMetricFamily(
+            "ipucloud_cluster_attempts_ended",
+            "Attempts ended, by outcome (lost, handed_back and preempted are platform faults, never billed)",
+            labels=["outcome"],
+        )
+        for k, v in state.attempts_ended.items():
+            ended.add_metric([k], v)
+        yield ended
+        live = GaugeMetricFamily(
+            "ipucloud_cluster_attempts_live", "Attempts placed or running", labels=["state"]
+        )
+        for k, v in state.attempts_live.items():
+            live.add_metric([k], v)
+        yield live
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_leases_overdue",
+            "Running attempts whose lease ran out and that the reconciler has not ended yet",
+            value=state.leases_overdue,
+        )
+        repairs = CounterMetricFamily(
+            "ipucloud_cluster_reconciler_repairs",
+            "Repairs made by the scheduler's reconciler, by action (lease_expired: attempt lost; "
+            "outbox_republished; orphan_partition_freed; ...)",
+            labels=["action"],
+        )
+        for k, v in state.repairs.items():
+            repairs.add_metric([k], v)
+        yield repairs
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_outbox_unacked",
+            "Outbox messages no worker has taken yet",
+            value=state.outbox_unacked,
+        )
+        yield CounterMetricFamily(
+            "ipucloud_cluster_outbox_publishes",
+            "Publishes of outbox messages to the broker, first ones and republishes",
+            value=state.outbox_publishes,
+        )
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_partitions_live", "Live partitions", value=state.partitions_live
+        )
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_ipus_assigned", "IPUs in live partitions", value=state.ipus_assigned
+        )
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_leader_epoch",
+            "Fencing epoch of the scheduler leader's lease",
+            value=state.leader_epoch,
+        )
+        yield GaugeMetricFamily(
+            "ipucloud_cluster_leader_lease_remaining_seconds",
+            "Seconds until the scheduler leader's lease runs out unless renewed (0: no leader)",
+            value=state.leader_lease_remaining_s,
+        )
+
+
+_cluster = ClusterCollector()
+_registered = False
+_lock = threading.Lock()
+
+
 def registry() -> CollectorRegistry:
+    global _registered
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg)
+        reg.register(_cluster)
         return reg
+    with _lock:
+        if not _registered:
+            REGISTRY.register(_cluster)
+            _registered = True
     return REGISTRY

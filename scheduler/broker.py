@@ -37,8 +37,18 @@ def make_celery(settings: Settings | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         # A redelivery after the visibility timeout is a duplicate the lease CAS turns away, so
-        # this only bounds how long a message of a dead worker waits before another worker sees it.
-        broker_transport_options={"visibility_timeout": 3600, "socket_keepalive": True},
+        # this only bounds how long a message of a dead worker waits before another worker sees it
+        # (the outbox republishes it long before). A broker that vanishes without closing the
+        # connection (a cut cable, a failover) must not hang a publish or a consumer: socket
+        # timeouts bound the first, and the health checks drop a BRPOP connection whose reply is
+        # overdue within about brpop_timeout + 2 * health_check_interval seconds.
+        broker_transport_options={
+            "visibility_timeout": 3600,
+            "socket_keepalive": True,
+            "socket_timeout": 15,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 10,
+        },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         task_send_sent_event=False,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import signals
+from celery.exceptions import Reject
 
 from scheduler import routing
 from scheduler.broker import TASK_NAME, make_celery
@@ -36,6 +37,22 @@ def _fresh_connections(**_: Any) -> None:
     # Connections opened before the fork belong to the parent; every pool child opens its own.
     reset_database()
     reset_redis()
+
+
+@signals.worker_process_init.connect
+def _graceful_sigterm(**_: Any) -> None:
+    # Celery resets a pool process's SIGTERM to "die at once"; a running attempt is handed back
+    # instead (workers/runner.py), so a broker loss or a unit-wide SIGTERM loses no lease time.
+    from workers import runner
+
+    runner.install_sigterm_handler()
+
+
+@signals.worker_ready.connect
+def _warn_fault_injection(**_: Any) -> None:
+    from workers import faults
+
+    faults.warn_if_enabled()
 
 
 @signals.worker_shutting_down.connect
@@ -79,6 +96,9 @@ def _wait_for_withdrawal(**_: Any) -> None:
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_attempt(self: Any, attempt_id: int, epoch: int) -> str:
-    from workers.runner import run
+    from workers.runner import refusing_work, run
 
+    if refusing_work():
+        # Back on the queue for a worker that is staying; the attempt is still placed.
+        raise Reject("this worker is shutting down", requeue=True)
     return run(attempt_id=attempt_id, epoch=epoch, worker=self.request.hostname or "worker")

@@ -1,0 +1,192 @@
+"""The one check every fault scenario ends with: what the database says after the queue drained.
+
+1. every accepted job reached a final state, and no attempt of it is still live;
+2. no job succeeded twice (at most one succeeded attempt; none for a job that did not succeed);
+3. no IPU is held by a finished job;
+4. no two live partitions share an IPU;
+5. the ledger has exactly one settled record per attempt, bills nothing for platform failures
+   (a lost, handed-back or preempted attempt's ticks and settle sum to 0), bills every other
+   attempt exactly partition size x the cluster time it ran, and each tenant's usage is the sum
+   of its ledger.
+
+It also measures what the scenario report needs: which jobs the fault hit (an attempt ended by a
+platform fault, or a message the reconciler had to publish again), which of those recovered (ran
+again and succeeded), and how long after the fault the last of them was running again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    LIVE_ATTEMPT_STATES,
+    PLATFORM_FAULT_STATES,
+    Attempt,
+    AttemptState,
+    IpuAssignment,
+    Job,
+    JobState,
+    MeterEvent,
+    Partition,
+    ReconcilerAction,
+    Tenant,
+)
+from scheduler.services.metering import ipu_ms
+
+
+@dataclass
+class Outcome:
+    jobs: int
+    states: dict[str, int]
+    attempts: dict[str, int]
+    affected: list[str]
+    recovered: list[str]
+    recovery_s: float | None
+    repairs: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "final_states": self.states,
+            "attempts_by_outcome": self.attempts,
+            "jobs_hit": len(self.affected),
+            "jobs_recovered": len(self.recovered),
+            "time_to_recover_s": None if self.recovery_s is None else round(self.recovery_s, 2),
+            "reconciler_repairs": self.repairs,
+        }
+
+
+def check_cloud(db: Any, job_ids: list[str], *, fault_at: datetime | None = None) -> Outcome:
+    """Assert the five invariants over `job_ids` (and the whole fleet); return what happened."""
+    assert job_ids, "a scenario with no accepted job proves nothing"
+    with db.read() as s:
+        jobs = {j.id: j for j in s.execute(select(Job).where(Job.id.in_(job_ids))).scalars()}
+        assert set(jobs) == set(job_ids), "an accepted job is missing from the database"
+        by_job: dict[str, list[Attempt]] = defaultdict(list)
+        for a in s.execute(select(Attempt).where(Attempt.job_id.in_(job_ids)).order_by(Attempt.id)).scalars():
+            by_job[a.job_id].append(a)
+
+        # 1. Every accepted job is final, with no attempt still live.
+        unfinished = {j.id: j.state for j in jobs.values() if j.state not in FINAL_JOB_STATES}
+        assert not unfinished, f"jobs not in a final state: {unfinished}"
+        live = [
+            (a.job_id, a.id, a.state)
+            for atts in by_job.values()
+            for a in atts
+            if a.state in LIVE_ATTEMPT_STATES
+        ]
+        assert not live, f"live attempts of finished jobs: {live}"
+
+        # 2. No job succeeded twice; only a succeeded job has a succeeded attempt.
+        for jid, job in jobs.items():
+            wins = [a.id for a in by_job[jid] if a.state == AttemptState.SUCCEEDED]
+            expected = 1 if job.state == JobState.SUCCEEDED else 0
+            assert len(wins) == expected, f"{jid} ({job.state}) has succeeded attempts {wins}"
+
+        # 3. No IPU is held by a finished job (jobs here are all finished).
+        held = s.execute(
+            select(Partition.job_id, IpuAssignment.ipu_id)
+            .join(Partition, Partition.pk == IpuAssignment.partition_pk)
+            .where(Partition.job_id.in_(job_ids))
+        ).all()
+        assert not held, f"IPUs still assigned to partitions of finished jobs: {held[:10]}"
+        kept = s.execute(
+            select(Partition.name, Partition.job_id).where(
+                Partition.job_id.in_(job_ids), Partition.kind == "job", Partition.released_at.is_(None)
+            )
+        ).all()
+        assert not kept, f"partitions of finished jobs not released: {kept}"
+
+        # 4. No two live partitions share an IPU, and the assignments agree with the partitions.
+        owner: dict[str, str] = {}
+        for name, ipus in s.execute(
+            select(Partition.name, Partition.ipu_ids).where(Partition.released_at.is_(None))
+        ).all():
+            for ipu in ipus:
+                assert ipu not in owner, f"IPU {ipu} is in live partitions {owner[ipu]} and {name}"
+                owner[ipu] = name
+        assigned = s.execute(
+            select(IpuAssignment.ipu_id, Partition.name, Partition.released_at).join(
+                Partition, Partition.pk == IpuAssignment.partition_pk
+            )
+        ).all()
+        for ipu, name, released in assigned:
+            assert released is None, f"IPU {ipu} still assigned to released partition {name}"
+            assert owner.get(ipu) == name, f"IPU {ipu} assigned to {name} but listed in {owner.get(ipu)}"
+
+        # 5. The ledger: one settle per attempt, nothing for platform faults, exactly what ran otherwise.
+        events: dict[int, list[MeterEvent]] = defaultdict(list)
+        for e in s.execute(select(MeterEvent).where(MeterEvent.job_id.in_(job_ids))).scalars():
+            events[e.attempt_id].append(e)
+        for atts in by_job.values():
+            for a in atts:
+                settles = [e for e in events[a.id] if e.kind == "settle"]
+                assert len(settles) == 1, f"attempt {a.id} ({a.state}) has {len(settles)} settle records"
+                assert settles[0].outcome == a.state, f"attempt {a.id} settled as {settles[0].outcome}"
+                billed = sum(e.ipu_ms for e in events[a.id])
+                if a.state in PLATFORM_FAULT_STATES:
+                    assert billed == 0, f"platform fault billed: attempt {a.id} ({a.state}) {billed} IPU-ms"
+                else:
+                    ran = ipu_ms(a.size, a.cluster_s)
+                    assert billed == ran, f"attempt {a.id} ({a.state}) billed {billed} IPU-ms, ran {ran}"
+        tenants = {j.tenant_id for j in jobs.values()}
+        for tid in tenants:
+            tenant = s.get(Tenant, tid)
+            assert tenant is not None
+            ledger = s.execute(
+                select(func.coalesce(func.sum(MeterEvent.ipu_ms), 0)).where(MeterEvent.tenant_id == tid)
+            ).scalar_one()
+            assert tenant.used_ipu_ms == ledger, f"tenant {tid}: used {tenant.used_ipu_ms} != ledger {ledger}"
+            assert tenant.reserved_ipu_ms == 0, f"tenant {tid} still holds {tenant.reserved_ipu_ms} IPU-ms"
+
+        # What the fault did, for the report.
+        republished = set(
+            s.execute(
+                select(ReconcilerAction.job_id).where(
+                    ReconcilerAction.action == "outbox_republished",
+                    ReconcilerAction.job_id.in_(job_ids),
+                    *([ReconcilerAction.at >= fault_at] if fault_at else []),
+                )
+            ).scalars()
+        )
+        repairs = Counter(
+            dict(
+                s.execute(
+                    select(ReconcilerAction.action, func.count())
+                    .where(*([ReconcilerAction.at >= fault_at] if fault_at else []))
+                    .group_by(ReconcilerAction.action)
+                ).all()
+            )
+        )
+    affected: list[str] = []
+    recovered: list[str] = []
+    recovery: list[float] = []
+    for jid, atts in by_job.items():
+        hit = [a for a in atts if a.state in PLATFORM_FAULT_STATES]
+        if not hit and jid not in republished:
+            continue
+        affected.append(jid)
+        if jobs[jid].state == JobState.SUCCEEDED:
+            recovered.append(jid)
+        if fault_at is not None:
+            after = [a.started_at for a in atts if a.started_at is not None and a.started_at >= fault_at]
+            # A job hit by the fault runs again on a later attempt (or, republished, starts at last).
+            later = [a.started_at for a in atts if hit and a.number > hit[0].number and a.started_at]
+            starts = later or after
+            if starts:
+                recovery.append((min(starts) - fault_at).total_seconds())
+    return Outcome(
+        jobs=len(jobs),
+        states=dict(Counter(j.state for j in jobs.values())),
+        attempts=dict(Counter(a.state for atts in by_job.values() for a in atts)),
+        affected=sorted(affected),
+        recovered=sorted(recovered),
+        recovery_s=max(recovery) if recovery else None,
+        repairs=dict(repairs),
+    )

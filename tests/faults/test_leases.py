@@ -1,0 +1,345 @@
+"""Leases, fencing and the reconciler, one function at a time on the real test database.
+
+These run in both passes (SQLite and PostgreSQL); the races are driven with real threads, which
+on PostgreSQL meet on row locks and on SQLite on the database lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from scheduler.models import (
+    Attempt,
+    AttemptState,
+    IpuAssignment,
+    Job,
+    JobEvent,
+    MeterEvent,
+    OutboxMessage,
+    Partition,
+    ReconcilerAction,
+    Tenant,
+    utcnow,
+)
+from scheduler.services import attempts, jobs, leader
+from scheduler.services.attempts import Directive
+from scheduler.settings import reset_settings_cache
+from tests.faults.checker import check_cloud
+from tests.faults.harness import attempt_of, leader_loop, make_tenant, place, submit, take
+
+
+@pytest.fixture
+def tenant(db: Any, seeded: Any) -> str:
+    return make_tenant(db)
+
+
+def test_a_late_heartbeat_or_finish_after_the_lease_ran_out_changes_nothing(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    taken = take(db, attempt, lease_s=0.3)
+    with db.write() as s:
+        assert (
+            attempts.heartbeat(
+                session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=5, lease_s=0.3
+            )
+            == Directive.CONTINUE
+        )
+    time.sleep(0.5)  # the worker is paused past its lease; the reconciler has not run yet
+    with db.write() as s:
+        late = attempts.heartbeat(
+            session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=2, cluster_s=50, lease_s=30
+        )
+    with db.write() as s:
+        finished = attempts.finish(
+            session=s, attempt_id=attempt.id, epoch=taken.epoch, outcome=AttemptState.SUCCEEDED, cluster_s=99
+        )
+    assert late == Directive.FENCED and finished is False
+    a = attempt_of(db, attempt.id)
+    assert a.state == AttemptState.RUNNING and a.cluster_s == 5, "a refused write changed the attempt"
+    with db.read() as s:
+        assert s.execute(select(func.count()).select_from(MeterEvent)).scalar_one() == 1
+        assert s.get(Job, job_id).state == "running"
+    # The reconciler then ends it as lost and refunds the one tick.
+    repairs = loop.reconcile()
+    assert repairs.count("lease_expired") == 1
+    with db.read() as s:
+        assert s.get(Attempt, attempt.id).state == AttemptState.LOST
+        assert s.get(Tenant, tenant).used_ipu_ms == 0
+        assert s.get(Job, job_id).state == "queued"
+
+
+def test_concurrent_deliveries_of_one_attempt_start_it_once(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    barrier = threading.Barrier(6)
+
+    def deliver(i: int) -> object:
+        barrier.wait()
+        with db.write() as s:
+            return attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker=f"w{i}", lease_s=30)
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(deliver, range(6)))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1 and winners[0].epoch == 1
+    with db.read() as s:
+        runs = s.execute(
+            select(func.count()).select_from(JobEvent).where(JobEvent.message.like("running on%"))
+        ).scalar_one()
+        assert runs == 1
+        assert s.get(Attempt, attempt.id).epoch == 1
+
+
+def test_cancel_racing_take_never_leaves_a_cancelled_job_running(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    for i in range(6):
+        job_id = submit(db, tenant, name=f"race-{i}")
+        attempt = place(db, loop, job_id)
+        barrier = threading.Barrier(2)
+
+        def do_take(attempt_id: int, barrier: threading.Barrier = barrier) -> object:
+            barrier.wait()
+            with db.write() as s:
+                return attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="w", lease_s=30)
+
+        def do_cancel(job_id: str, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            with db.write() as s:
+                jobs.request_cancel(session=s, job_id=job_id, tenant_id=tenant)
+
+        with ThreadPoolExecutor(2) as pool:
+            taken_f = pool.submit(do_take, attempt.id)
+            pool.submit(do_cancel, job_id).result()
+            taken = taken_f.result()
+        with db.read() as s:
+            job = s.get(Job, job_id)
+            a = s.get(Attempt, attempt.id)
+        if taken is None:
+            assert job.state == "cancelled" and a.state == AttemptState.CANCELLED
+        else:
+            # The worker won the race: its next heartbeat tells it to stop, and it bills what ran.
+            assert a.state == AttemptState.RUNNING and job.cancel_requested
+            with db.write() as s:
+                d = attempts.heartbeat(
+                    session=s, attempt_id=a.id, epoch=a.epoch, seq=1, cluster_s=1.0, lease_s=30
+                )
+            assert d == Directive.CANCEL
+            with db.write() as s:
+                attempts.finish(
+                    session=s, attempt_id=a.id, epoch=a.epoch, outcome=AttemptState.CANCELLED, cluster_s=1.5
+                )
+        with db.read() as s:
+            assert s.get(Job, job_id).state == "cancelled"
+
+
+def test_take_refuses_an_attempt_whose_job_was_cancelled_meanwhile(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    # What a cancel leaves when it read the attempt before it was placed: the flag, no CAS.
+    with db.write() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    with db.write() as s:
+        assert attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=30) is None
+    check_cloud(db, [job_id])
+    with db.read() as s:
+        assert s.get(Job, job_id).state == "cancelled"
+        assert s.get(Attempt, attempt.id).state == AttemptState.CANCELLED
+
+
+def test_lost_attempts_requeue_until_the_retry_limit_then_the_job_fails_unbilled(
+    db: Any, tenant: str
+) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    with db.read() as s:
+        reserved = s.get(Tenant, tenant).reserved_ipu_ms
+    for n in range(1, loop.settings.max_attempts + 1):
+        attempt = place(db, loop, job_id)
+        assert attempt.number == n
+        taken = take(db, attempt, lease_s=0.2, worker=f"crashy-{n}")
+        with db.write() as s:
+            attempts.heartbeat(
+                session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=7, lease_s=0.2
+            )
+        time.sleep(0.3)
+        assert loop.reconcile().count("lease_expired") == 1
+        with db.read() as s:
+            t = s.get(Tenant, tenant)
+            assert t.used_ipu_ms == 0, "a lost attempt is never billed"
+            if n < loop.settings.max_attempts:
+                assert s.get(Job, job_id).state == "queued"
+                assert t.reserved_ipu_ms == reserved, "the refund restores the job's reservation"
+    with db.read() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "failed"
+        assert job.reason.startswith(f"gave up after {loop.settings.max_attempts} lost attempts")
+        assert "lease expired on crashy-3" in job.reason
+        assert s.get(Tenant, tenant).reserved_ipu_ms == 0
+        actions = s.execute(select(ReconcilerAction.action, ReconcilerAction.leader_epoch)).all()
+        assert [a for a, _ in actions] == ["lease_expired"] * 3
+        assert {e for _, e in actions} == {loop.fence_token.epoch}
+    outcome = check_cloud(db, [job_id])
+    assert outcome.attempts == {"lost": 3}
+
+
+def test_untaken_messages_are_republished_with_backoff(
+    db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IPUCLOUD_OUTBOX_RETRY_S", "0.3")
+    reset_settings_cache()
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    assert loop.dispatch() == 1
+    assert loop.reconcile().count("outbox_republished") == 0, "republished before the retry time"
+    time.sleep(0.35)
+    assert loop.reconcile().count("outbox_republished") == 1
+    assert loop.dispatch() == 1
+    # The second republish waits twice as long: a deep queue is not flooded with copies.
+    time.sleep(0.35)
+    assert loop.reconcile().count("outbox_republished") == 0
+    time.sleep(0.3)
+    assert loop.reconcile().count("outbox_republished") == 1
+    assert loop.dispatch() == 1
+    assert [args for _, args, _ in loop.celery.sent] == [[attempt.id, 0]] * 3  # type: ignore[attr-defined]
+    take(db, attempt)
+    time.sleep(1.3)
+    assert loop.reconcile().count("outbox_republished") == 0, "a taken message is never republished"
+    with db.read() as s:
+        row = s.execute(select(OutboxMessage).where(OutboxMessage.attempt_id == attempt.id)).scalar_one()
+        assert row.publish_count == 3 and row.acked_at is not None
+
+
+def test_orphaned_partitions_and_stray_assignments_are_freed(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    # Whatever bug or hand edit left it: the attempt ended, its partition still holds the IPUs.
+    with db.write() as s:
+        s.execute(update(Attempt).where(Attempt.id == attempt.id).values(state=AttemptState.FAILED))
+        s.execute(
+            update(Partition)
+            .where(Partition.pk == attempt.partition_pk)
+            .values(created_at=utcnow() - timedelta(seconds=60))
+        )
+    repairs = loop.reconcile()
+    assert repairs.count("orphan_partition_freed") == 1
+    with db.read() as s:
+        assert s.get(Partition, attempt.partition_pk).released_at is not None
+        assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
+    assert loop.reconcile().count("orphan_partition_freed") == 0
+
+
+def test_an_attempt_of_a_job_that_already_ended_is_ended_and_frees_its_partition(
+    db: Any, tenant: str
+) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    taken = take(db, attempt)
+    # A cancel that finalized the job while its attempt was being placed (the race the scheduler's
+    # pass and the API's cancel can run on PostgreSQL): the job ended, the attempt lives on.
+    with db.write() as s:
+        job = s.get(Job, job_id)
+        from scheduler.services.job_state import finalize_job
+
+        finalize_job(session=s, job=job, state="cancelled", reason="cancelled by user")  # type: ignore[arg-type]
+    assert loop.reconcile().count("attempt_of_ended_job_ended") == 1
+    with db.write() as s:
+        d = attempts.heartbeat(
+            session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=3, lease_s=30
+        )
+    assert d == Directive.FENCED, "the worker still running it is told to stop"
+    check_cloud(db, [job_id])
+
+
+def test_a_cancel_that_raced_a_lost_lease_is_completed(db: Any, tenant: str) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    take(db, attempt, lease_s=0.2)
+    time.sleep(0.3)
+    # The expiry read the job before the cancel committed, so it requeued; the cancel saw the
+    # attempt running, so left the stop to a worker that is gone: queued, cancel requested.
+    with db.write() as s:
+        attempts.expire_leases(session=s, max_attempts=3)
+        s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+    assert loop.reconcile().count("cancel_completed") == 1
+    outcome = check_cloud(db, [job_id])
+    assert outcome.states == {"cancelled": 1}
+
+
+def test_a_late_leader_can_change_nothing(db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPUCLOUD_LEADER_LEASE_S", "0.3")
+    reset_settings_cache()
+    a = leader_loop(db, holder="a")
+    job_id = submit(db, tenant)
+    time.sleep(0.4)  # a is paused past its leader lease
+    b = leader_loop(db, holder="b")
+    assert b.fence_token.epoch == a.fence_token.epoch + 1
+    with pytest.raises(leader.NotLeader):
+        a.schedule_pass()
+    with pytest.raises(leader.NotLeader):
+        a.reconcile()
+    with db.read() as s:
+        assert s.execute(select(func.count()).select_from(Attempt)).scalar_one() == 0
+    assert place(db, b, job_id).number == 1
+
+
+def test_stepping_down_hands_the_lease_over_at_once(db: Any, tenant: str) -> None:
+    a = leader_loop(db, holder="a")
+    a.step_down()
+    b = leader_loop(db, holder="b")  # no wait for the lease to run out
+    assert b.fence_token.epoch == 2
+
+
+def test_metrics_report_the_cluster_from_the_database(db: Any, tenant: str, client: Any) -> None:
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    take(db, attempt, lease_s=0.2)
+    time.sleep(0.3)
+    body = client.get("/metrics").text
+    assert "ipucloud_cluster_scrape_ok 1.0" in body
+    assert "ipucloud_cluster_leases_overdue 1.0" in body
+    loop.reconcile()
+    body = client.get("/metrics").text
+    assert 'ipucloud_cluster_reconciler_repairs_total{action="lease_expired"} 1.0' in body
+    assert 'ipucloud_cluster_attempts_ended_total{outcome="lost"} 1.0' in body
+    assert 'ipucloud_cluster_jobs{state="queued"} 1.0' in body
+    assert "ipucloud_cluster_leases_overdue 0.0" in body
+    assert f"ipucloud_cluster_leader_epoch {float(loop.fence_token.epoch)}" in body
+
+
+@pytest.mark.needs_services
+def test_leases_are_judged_on_the_database_clock_not_the_workers(
+    db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker host whose clock runs an hour behind neither loses its leases nor keeps dead ones."""
+    if db.sqlite:
+        pytest.skip("SQLite runs on one host: there is only one clock")
+    import scheduler.models
+    import scheduler.services.attempts
+
+    loop = leader_loop(db)
+    job_id = submit(db, tenant)
+    attempt = place(db, loop, job_id)
+    behind = utcnow() - timedelta(hours=1)
+    monkeypatch.setattr(scheduler.services.attempts, "utcnow", lambda: behind)
+    monkeypatch.setattr(scheduler.models, "utcnow", lambda: behind)
+    taken = take(db, attempt, lease_s=1.0)
+    monkeypatch.undo()
+    assert loop.reconcile().count("lease_expired") == 0, "a skewed worker clock expired a live lease"
+    time.sleep(1.2)
+    assert loop.reconcile().count("lease_expired") == 1
+    assert attempt_of(db, taken.attempt_id).state == AttemptState.LOST
