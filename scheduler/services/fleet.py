@@ -130,7 +130,9 @@ class AllocatorSync:
             .tuples()
             .all()
         )
-        for pk in set(self.known) - set(live):
+        # A name that changed under a known key is a row we registered, saw roll back, and whose key
+        # SQLite handed to someone else's partition (it reuses the highest rowid): drop ours too.
+        for pk in [pk for pk, name in self.known.items() if live.get(pk) != name]:
             alloc.release(self.known.pop(pk))
         new = [pk for pk in live if pk not in self.known]
         if new:

@@ -76,6 +76,10 @@ def create_partition(
                     created_by=created_by,
                 )
             except fleet.PlacementConflict:
+                # The unique index on live names refuses the same way as the one on IPUs. A create of
+                # this name that committed while we waited on it is final: retrying cannot help.
+                if fleet.get_live_partition(session=session, name=name) is not None:
+                    raise Conflict(f"A partition named {name!r} already exists.")
                 # Another process holds those IPUs; by the time the database said so, it has
                 # committed, so a refresh sees it and the next try places elsewhere.
                 sync.invalidate()
