@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import orjson
@@ -65,6 +66,32 @@ def _errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+_METHODS = ("get", "put", "post", "delete", "patch")
+
+
+def allowed_methods(app: FastAPI, path: str) -> str | None:
+    """Every method the resource at `path` supports, for a 405's `Allow` (RFC 9110 section 15.5.6).
+
+    The router answers 405 from the first route whose path matched, which knows only its own
+    method; the spec knows them all.
+    """
+    table: list[tuple[re.Pattern[str], set[str]]] | None = getattr(app.state, "allow_table", None)
+    if table is None:
+        table = []
+        for template, item in app.openapi().get("paths", {}).items():
+            methods = {m.upper() for m in item if m in _METHODS}
+            if "GET" in methods:
+                methods.add("HEAD")
+            pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+            table.append((re.compile(f"^{pattern}$"), methods))
+        app.state.allow_table = table
+    allowed: set[str] = set()
+    for regex, methods in table:
+        if regex.match(path):
+            allowed |= methods
+    return ", ".join(sorted(allowed)) or None
+
+
 def install(app: FastAPI) -> None:
     install_openapi(app)
 
@@ -105,11 +132,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         detail = exc.detail if isinstance(exc.detail, str) else "Request failed."
+        headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"No route {request.url.path}."
-        return problem(
-            exc.status_code, detail, instance=request.url.path, headers=getattr(exc, "headers", None)
-        )
+        if exc.status_code == 405:
+            allowed = allowed_methods(app, request.url.path)
+            if allowed:
+                headers["Allow"] = allowed
+                detail = f"{request.method} is not allowed here; use {allowed}."
+        return problem(exc.status_code, detail, instance=request.url.path, headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> Response:

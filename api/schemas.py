@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-import base64
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, EmailStr, Field, StringConstraints
+from fastapi import Query
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    EmailStr,
+    Field,
+    StringConstraints,
+)
 
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, Member, Plan, TrialApplication
@@ -25,32 +35,40 @@ class Page(BaseModel, Generic[T]):
     )
 
 
+# A cursor is the key of the last item of the previous page (an id, a name, a number), as Stripe's
+# `starting_after` is: every string of this shape is a valid position, so a request with any such
+# cursor gets a page (possibly empty), and anything else is refused before it reaches a query.
+# Empty is the first page, as if no cursor were given.
+CURSOR_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,99})?$"
+INT_CURSOR_PATTERN = r"^([0-9]{1,18})?$"
+CursorParam = Annotated[
+    str | None,
+    Query(max_length=100, pattern=CURSOR_PATTERN, description="`next_cursor` of the previous page."),
+]
+IntCursorParam = Annotated[
+    str | None,
+    Query(max_length=18, pattern=INT_CURSOR_PATTERN, description="`next_cursor` of the previous page."),
+]
+
+
 def encode_cursor(value: str | int | None) -> str | None:
-    if value is None:
-        return None
-    return base64.urlsafe_b64encode(str(value).encode()).decode().rstrip("=")
+    return None if value is None else str(value)
 
 
 def decode_cursor(cursor: str | None) -> str | None:
     if cursor is None or cursor == "":
         return None
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        value = base64.urlsafe_b64decode(padded.encode()).decode()
-    except Exception:
+    if not re.fullmatch(CURSOR_PATTERN, cursor):
         raise InvalidRequest("cursor is not one this API returned.", field="cursor")
-    if not value or len(value) > 100 or not value.isprintable():
-        raise InvalidRequest("cursor is not one this API returned.", field="cursor")
-    return value
+    return cursor
 
 
 def decode_int_cursor(cursor: str | None) -> int | None:
-    value = decode_cursor(cursor)
-    if value is None:
+    if cursor is None or cursor == "":
         return None
-    if not value.isdigit() or len(value) > 18:
+    if not re.fullmatch(INT_CURSOR_PATTERN, cursor):
         raise InvalidRequest("cursor is not one this API returned.", field="cursor")
-    return int(value)
+    return int(cursor)
 
 
 class HistoryEntry(BaseModel):
@@ -121,23 +139,71 @@ class LogsOut(BaseModel):
     next_cursor: str | None = None
 
 
-def _sane_datetime(value: datetime) -> datetime:
-    # Far-off dates overflow when converted to UTC and mean nothing to a scheduler or a ledger.
-    if not (datetime(1970, 1, 2, tzinfo=UTC) <= value <= datetime(2999, 12, 30, tzinfo=UTC)):
-        raise ValueError("must be between 1970-01-02 and 2999-12-30")
+def _json_text(value: object) -> object:
+    # Lax mode would read a number, or a string like "0.5", as a Unix time: RFC 3339 it must be.
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not re.match(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt]", value):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+def _sane_year(value: datetime) -> datetime:
+    if not 1970 <= value.year <= 2999:
+        raise ValueError("the year must be between 1970 and 2999")
     return value.astimezone(UTC)
 
 
+# The year range is in the spec as a pattern (formats cannot bound dates), so what the spec
+# allows is exactly what is accepted, and no accepted date overflows when converted to UTC.
+DATETIME_PATTERN = r"^(19[7-9][0-9]|2[0-9]{3})-"
 UtcDatetime = Annotated[
     AwareDatetime,
-    AfterValidator(_sane_datetime),
-    Field(description="An RFC 3339 date-time with a timezone, e.g. `2027-01-31T00:00:00Z`."),
+    BeforeValidator(_json_text),
+    AfterValidator(_sane_year),
+    Field(
+        description="An RFC 3339 date-time with a timezone, years 1970 to 2999, e.g. `2027-01-31T00:00:00Z`.",
+        json_schema_extra={"pattern": DATETIME_PATTERN},
+    ),
 ]
-Hours = Annotated[float, Field(ge=0, le=100_000_000, allow_inf_nan=False)]
-Weight = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
-PlanName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _json_number(value: object) -> object:
+    # Lax mode would read `true` as 1 and "5" as 5; a JSON number it must be.
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+# Bounds go inside, before the validator, or the spec would lose them (pydantic cannot push them
+# through a before-validator into JSON Schema).
+_NUMBER = BeforeValidator(_json_number)
+Hours = Annotated[float, Field(ge=0, le=100_000_000, allow_inf_nan=False), _NUMBER]
+Weight = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False), _NUMBER]
+Days = Annotated[int, Field(ge=1, le=3650), _NUMBER]
+Size = Annotated[int, Field(ge=1, le=65_536), _NUMBER]
+Count = Annotated[int, Field(ge=1, le=10_000_000), _NUMBER]
+Seconds = Annotated[int, Field(ge=1, le=10 * 365 * 24 * 3600), _NUMBER]
+Priority = Annotated[int, Field(ge=-1000, le=1000), _NUMBER]
+POWERS_OF_TWO = [2**i for i in range(17)]
+
+
+def _power_of_two(value: int | None) -> int | None:
+    if value is not None and value not in POWERS_OF_TWO:
+        raise ValueError("must be a power of two from 1 to 65536")
+    return value
+
+
+# A partition size in a query: the spec lists the powers of two V-IPU allows (a Literal would not
+# read "4" from a query string as 4).
+PowerOfTwoQuery = Annotated[
+    int | None,
+    Query(ge=1, le=65_536, json_schema_extra={"enum": POWERS_OF_TWO}),
+    AfterValidator(_power_of_two),
 ]
+# Plans are the five a cloud is seeded with (they are edited, never created), so a body naming
+# one can say exactly which names exist.
+PlanName = Literal["internal", "standard", "trial", "trial-business", "trial-university"]
 Email = Annotated[EmailStr, StringConstraints(max_length=254)]
 # One line of visible text: no control characters, no leading or trailing blanks.
 LINE = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
@@ -375,13 +441,13 @@ class PlanUpdate(BaseModel):
         Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")] | None
     ) = None
     quota_ipu_hours: Hours | None = None
-    trial_days: int | None = Field(None, ge=1, le=3650)
-    max_partition_size: int | None = Field(None, ge=1, le=65_536)
-    max_concurrent_jobs: int | None = Field(None, ge=1, le=1_000_000)
-    max_queued_jobs: int | None = Field(None, ge=1, le=10_000_000)
-    max_runtime_s: int | None = Field(None, ge=1, le=10 * 365 * 24 * 3600)
-    idle_timeout_s: int | None = Field(None, ge=1, le=10 * 365 * 24 * 3600)
-    priority: int | None = Field(None, ge=-1000, le=1000)
+    trial_days: Days | None = None
+    max_partition_size: Size | None = None
+    max_concurrent_jobs: Count | None = None
+    max_queued_jobs: Count | None = None
+    max_runtime_s: Seconds | None = None
+    idle_timeout_s: Seconds | None = None
+    priority: Priority | None = None
     fairshare_weight: Weight | None = None
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.deps import Admin, DbDep, SettingsDep
-from api.schemas import Page, PartitionOut, decode_int_cursor, encode_cursor
+from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, decode_int_cursor, encode_cursor
 from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, partitions
@@ -29,7 +29,7 @@ def get_fleet(
     settings: SettingsDep,
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
     pods: Annotated[int, Query(ge=1, le=1024)] = 64,
-    head_size: Annotated[int | None, Query(ge=1, le=65536)] = None,
+    head_size: PowerOfTwoQuery = None,
 ) -> dict[str, Any]:
     with db.read() as s:
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=pods)
@@ -124,7 +124,7 @@ def create_partition(
 def list_partitions(
     principal: Admin,
     db: DbDep,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: IntCursorParam = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     tenant: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Page[PartitionOut]:

@@ -11,6 +11,7 @@ from api.schemas import (
     AdminKeyCreate,
     ApiKeyCreated,
     ApiKeyOut,
+    CursorParam,
     MemberCreate,
     MemberOut,
     MemberRemoved,
@@ -42,7 +43,6 @@ MemberId = Annotated[str, Path(min_length=1, max_length=40)]
 KeyId = Annotated[str, Path(min_length=1, max_length=40)]
 PlanPath = Annotated[str, Path(min_length=1, max_length=64)]
 ApplicationId = Annotated[str, Path(min_length=1, max_length=40)]
-Cursor = Annotated[str | None, Query(max_length=200, description="`next_cursor` of the previous page.")]
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
@@ -72,7 +72,9 @@ def create_tenant(body: TenantCreate, principal: Admin, db: DbDep, settings: Set
 
 
 @router.get("/tenants", response_model=Page[TenantOut], summary="List tenants")
-def list_tenants(principal: Admin, db: DbDep, cursor: Cursor = None, limit: Limit = 100) -> Page[TenantOut]:
+def list_tenants(
+    principal: Admin, db: DbDep, cursor: CursorParam = None, limit: Limit = 100
+) -> Page[TenantOut]:
     with db.read() as s:
         rows = tenant_service.list_tenants(session=s, after=decode_cursor(cursor), limit=limit + 1)
         items = [tenant_out(t) for t in rows[:limit]]
@@ -103,7 +105,7 @@ def update_tenant(tenant_id: TenantId, body: TenantUpdate, principal: Admin, db:
 
 @router.get("/tenants/{tenant_id}/members", response_model=Page[MemberOut], summary="A tenant's members")
 def list_members(
-    tenant_id: TenantId, principal: Admin, db: DbDep, cursor: Cursor = None, limit: Limit = 100
+    tenant_id: TenantId, principal: Admin, db: DbDep, cursor: CursorParam = None, limit: Limit = 100
 ) -> Page[MemberOut]:
     with db.read() as s:
         rows = tenant_service.list_members(
@@ -161,7 +163,7 @@ def list_tenant_keys(
     tenant_id: TenantId,
     principal: Admin,
     db: DbDep,
-    cursor: Cursor = None,
+    cursor: CursorParam = None,
     limit: Limit = 100,
     include_revoked: bool = True,
 ) -> Page[ApiKeyOut]:
@@ -215,7 +217,7 @@ def revoke_tenant_key(tenant_id: TenantId, key_id: KeyId, principal: Admin, db: 
 
 
 @router.get("/plans", response_model=Page[PlanOut], summary="List plans")
-def list_plans(principal: Admin, db: DbDep, cursor: Cursor = None, limit: Limit = 100) -> Page[PlanOut]:
+def list_plans(principal: Admin, db: DbDep, cursor: CursorParam = None, limit: Limit = 100) -> Page[PlanOut]:
     with db.read() as s:
         rows = tenant_service.list_plans(session=s, after=decode_cursor(cursor), limit=limit + 1)
         items = [PlanOut.of(p) for p in rows[:limit]]
@@ -249,7 +251,7 @@ def list_trials(
     principal: Admin,
     db: DbDep,
     status: TrialStatus | None = None,
-    cursor: Cursor = None,
+    cursor: CursorParam = None,
     limit: Limit = 100,
 ) -> Page[TrialApplicationOut]:
     with db.read() as s:

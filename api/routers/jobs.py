@@ -13,6 +13,8 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 
 from api.deps import DbDep, Reader, Submitter
 from api.schemas import (
+    CursorParam,
+    IntCursorParam,
     JobOut,
     LogEntry,
     LogsOut,
@@ -24,7 +26,7 @@ from api.schemas import (
 )
 from api.views import job_out
 from scheduler import bus
-from scheduler.errors import InvalidRequest
+from scheduler.errors import Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import jobs as job_service
@@ -48,7 +50,7 @@ def submit_job(
     spec: JobSpec, principal: Submitter, db: DbDep, idempotency_key: IdempotencyKey = None
 ) -> Response:
     if principal.tenant_id is None:
-        raise InvalidRequest("Admin keys have no tenant; submit with a tenant's key.")
+        raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     for attempt in range(2):
         try:
             with db.write() as s:
@@ -76,7 +78,7 @@ def submit_job(
 def list_jobs(
     principal: Reader,
     db: DbDep,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: CursorParam = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
 ) -> Page[JobOut]:
@@ -127,7 +129,7 @@ def job_logs(
     request: Request,
     principal: Reader,
     db: DbDep,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: IntCursorParam = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
 ) -> Response:

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from api.deps import DbDep, Reader, SettingsDep, Submitter
-from api.schemas import ApiKeyCreated, ApiKeyOut, KeyCreate, Page, decode_cursor, encode_cursor
+from api.schemas import ApiKeyCreated, ApiKeyOut, CursorParam, KeyCreate, Page, decode_cursor, encode_cursor
 from scheduler.services import keys as key_service
 
 router = APIRouter(prefix="/api/v1", tags=["keys"])
@@ -24,7 +24,7 @@ KeyId = Annotated[str, Path(min_length=1, max_length=40)]
 def list_keys(
     principal: Reader,
     db: DbDep,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: CursorParam = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     include_revoked: bool = True,
 ) -> Page[ApiKeyOut]:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request, Response
 from api.deps import Admin, DbDep, Reader
 from api.schemas import (
     AdminUsageOut,
+    CursorParam,
     TenantUsage,
     UsageOut,
     UtcDatetime,
@@ -24,7 +25,7 @@ from api.schemas import (
     encode_cursor,
 )
 from api.views import days_left, hours
-from scheduler.errors import InvalidRequest
+from scheduler.errors import Forbidden
 from scheduler.models import Tenant
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
@@ -83,11 +84,6 @@ def _csv_response(rows: list[dict[str, Any]], group: str, filename: str, next_ur
     return Response(usage_csv(rows, COLUMNS[group]), media_type="text/csv", headers=headers)
 
 
-def _check_window(since: Any, until: Any) -> None:
-    if since is not None and until is not None and since >= until:
-        raise InvalidRequest("`since` must be before `until`.", field="since")
-
-
 def _tenant_usage(t: Tenant) -> TenantUsage:
     return TenantUsage(
         tenant_id=t.id,
@@ -116,13 +112,12 @@ def get_usage(
     group: Annotated[Group, Query(description="The grouping a CSV carries.")] = "job",
     since: Since = None,
     until: Until = None,
-    cursor: Cursor = None,
+    cursor: CursorParam = None,
     limit: Limit = 100,
     days: Days = 366,
 ) -> Response | UsageOut:
     if principal.tenant_id is None:
-        raise InvalidRequest("Admin keys have no tenant: use GET /api/v1/admin/usage.")
-    _check_window(since, until)
+        raise Forbidden("Admin keys have no tenant: use GET /api/v1/admin/usage.")
     with db.read() as s:
         t = tenant_service.get_tenant(session=s, tenant_id=principal.tenant_id)
         groups = usage_service.breakdowns(
@@ -173,13 +168,12 @@ def admin_usage(
     tenant: Annotated[str | None, Query(min_length=1, max_length=40, description="Only this tenant.")] = None,
     since: Since = None,
     until: Until = None,
-    cursor: Cursor = None,
+    cursor: CursorParam = None,
     limit: Limit = 100,
     days: Days = 366,
-    tenants_cursor: Annotated[str | None, Query(max_length=200)] = None,
+    tenants_cursor: CursorParam = None,
     tenants_limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response | AdminUsageOut:
-    _check_window(since, until)
     with db.read() as s:
         if tenant is not None:
             tenant_service.get_tenant(session=s, tenant_id=tenant)

@@ -141,19 +141,20 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "fairshare_weight",
     }
 )
-NULLABLE_PLAN_FIELDS = frozenset({"trial_days"})
 
 
 def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> Plan:
-    """Change a plan's fields; null leaves a field unchanged, except `trial_days` (null: no expiry)."""
+    """Change a plan's fields; a null leaves its field unchanged.
+
+    `trial_days` is the lifetime a new tenant on the plan gets; it can be changed or given to any
+    plan, but not removed through the API (a trial plan without an end would not be a trial).
+    """
     unknown = sorted(set(changes) - EDITABLE_PLAN_FIELDS)
     if unknown:
         raise InvalidRequest(f"These plan fields cannot be changed: {unknown}.")
     plan = get_plan(session=session, name=name)
-    if plan.kind == "trial" and changes.get("trial_days", 1) is None:
-        raise InvalidRequest("A trial plan needs trial_days: trials end.", field="trial_days")
     for field, value in changes.items():
-        if value is None and field not in NULLABLE_PLAN_FIELDS:
+        if value is None:
             continue
         setattr(plan, field, value)
     plan.updated_at = utcnow()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from scheduler.jobspec import JobSpec
-from scheduler.models import ApiKey, utcnow
-from scheduler.services import jobs, keys, tenants
+from scheduler.models import ApiKey, AttemptState, Job, utcnow
+from scheduler.services import attempts, jobs, keys, partitions, tenants
 from scheduler.settings import get_settings
 
 JOB: dict[str, Any] = {
@@ -107,3 +107,49 @@ def assert_problem(r: Any, status: int, slug: str | None = None) -> dict[str, An
     if slug is not None:
         assert body["type"] == f"/problems/{slug}", body
     return body
+
+
+def place_attempt(db: Any, job_id: str, partition: str) -> int:
+    """Place the job on a partition carved for it, as the scheduler does; returns the attempt id.
+
+    The partition is a reserved one made with the admin verb, so these tests depend on the attempt
+    and metering services only, not on the scheduling policy.
+    """
+    with db.write() as s:
+        job = s.get(Job, job_id)
+        part = partitions.create_partition(
+            session=s, name=partition, size=job.ipus, machine_type=None, tenant_id=job.tenant_id
+        )
+        return attempts.place(session=s, job=job, partition=part, queue="ipucloud").id
+
+
+def start_attempt(db: Any, job_id: str, partition: str) -> tuple[int, int]:
+    """Place the job and take the lease as a worker does; returns (attempt id, epoch)."""
+    attempt_id = place_attempt(db, job_id, partition)
+    with db.write() as s:
+        taken = attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="test", lease_s=60)
+    assert taken is not None
+    return attempt_id, taken.epoch
+
+
+def heartbeat(db: Any, attempt_id: int, epoch: int, seq: int, cluster_s: float) -> attempts.Directive:
+    with db.write() as s:
+        return attempts.heartbeat(
+            session=s, attempt_id=attempt_id, epoch=epoch, seq=seq, cluster_s=cluster_s, lease_s=60
+        )
+
+
+def finish(
+    db: Any, attempt_id: int, epoch: int, outcome: AttemptState, cluster_s: float, reason: str | None = None
+) -> bool:
+    with db.write() as s:
+        return attempts.finish(
+            session=s, attempt_id=attempt_id, epoch=epoch, outcome=outcome, cluster_s=cluster_s, reason=reason
+        )
+
+
+def submit(db: Any, tenant_id: str, **over: Any) -> str:
+    with db.write() as s:
+        return jobs.submit_job(
+            session=s, tenant_id=tenant_id, spec=JobSpec.model_validate({**JOB, **over})
+        ).job.id
