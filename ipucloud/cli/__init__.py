@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from ipucloud.cli import server, tools
+from ipucloud.cli import client, server, tools
 
 app = typer.Typer(
     name="ipucloud",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 server.register(app)
 tools.register(app)
+client.register(app)
 
 
 def main() -> None:

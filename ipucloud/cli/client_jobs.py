@@ -1,0 +1,359 @@
+"""`ipucloud jobs submit|list|show|logs|cancel`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from ipucloud.cli.client_common import (
+    EXIT_CODES_HELP,
+    Exit,
+    JsonOpt,
+    KeyOpt,
+    UrlOpt,
+    connect,
+    console,
+    duration,
+    fail,
+    kv_table,
+    parse_ipus,
+    print_json,
+    show,
+    table,
+    when,
+)
+from ipucloud.sdk import Client, Job, StreamEvent
+
+app = typer.Typer(
+    help="Submit, list, inspect, follow and cancel jobs.", epilog=EXIT_CODES_HELP, no_args_is_help=True
+)
+
+STATE_STYLE = {
+    "queued": "yellow",
+    "running": "cyan",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+}
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """A job spec from a JSON or YAML file (`-` reads stdin)."""
+    try:
+        text = typer.get_text_stream("stdin").read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}", Exit.USAGE)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        fail(f"{path} is not valid JSON or YAML: {exc}", Exit.USAGE)
+    if not isinstance(data, dict):
+        fail(f"{path} must hold one job spec (a mapping), not {type(data).__name__}", Exit.USAGE)
+    return data
+
+
+def final_exit(job_state: str | None) -> Exit:
+    return Exit.OK if job_state == "succeeded" else Exit.JOB_FAILED
+
+
+def follow(client: Client, job: Job, *, as_json: bool, show_logs: bool = True) -> str | None:
+    """Follow a job to its end: a progress bar and log lines (or NDJSON events); the final state."""
+    if as_json:
+        final: str | None = None
+        for event in client.stream_logs(job.id):
+            typer.echo(json.dumps({"event": event.event, "id": event.id, **event.data}, default=str))
+            final = event.state or final
+        return final
+    err = console(stderr=True)
+    out = console()
+    columns = (
+        TextColumn("[bold]{task.fields[state]:<9}"),
+        BarColumn(bar_width=None),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+    )
+    final = None
+    with Progress(*columns, console=err, transient=False, redirect_stdout=False) as bar:
+        task = bar.add_task(job.name, total=100.0, state=job.state, detail="")
+        for event in client.stream_logs(job.id):
+            final = _render_event(event, bar, task, out if show_logs else None) or final
+    if final:
+        style = STATE_STYLE.get(final, "white")
+        err.print(f"job {job.id} [{style}]{final}[/]")
+    return final
+
+
+def _render_event(event: StreamEvent, bar: Progress, task: Any, out: Any) -> str | None:
+    if event.event == "progress" and event.progress is not None:
+        p = event.progress
+        bits = []
+        if p.phase:
+            bits.append(p.phase)
+        if p.step is not None and p.steps:
+            bits.append(f"step {p.step}/{p.steps}")
+        if p.throughput:
+            bits.append(f"{p.throughput:,.0f} samples/s")
+        if p.eta_s is not None and p.phase != "done":
+            bits.append(f"eta {duration(p.eta_s)}")
+        bar.update(task, completed=p.percent or 0.0, detail="  ".join(bits))
+    elif event.entry is not None:
+        entry = event.entry
+        state = (entry.data or {}).get("state")
+        if isinstance(state, str):
+            bar.update(task, state=state)
+        if out is not None:
+            # On a terminal the lines go above the bar; piped, they go to stdout and the bar to stderr.
+            target = bar.console if out.is_terminal and bar.console.is_terminal else out
+            target.print(f"{when(entry.at)}  {entry.kind:<5}  {entry.message}", markup=False)
+    elif event.event == "end":
+        state = event.state
+        bar.update(task, state=state, completed=100.0 if state == "succeeded" else None)
+        return state
+    return None
+
+
+@app.command()
+def submit(
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="Job spec as JSON or YAML (`-` for stdin); flags override it."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Job name.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Catalogue workload, e.g. bert-large (see `ipucloud estimate`).")
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="train or infer.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length (BERT, LSTM, GRU).")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp16 or fp32.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Steps to run.")] = None,
+    samples: Annotated[int | None, typer.Option(help="Samples to process (instead of --steps).")] = None,
+    ipus: Annotated[str | None, typer.Option(help="Partition size (a power of two) or `auto`.")] = None,
+    machine: Annotated[str | None, typer.Option(help="m2000 or bow.")] = None,
+    partition: Annotated[str | None, typer.Option(help="Run inside this reserved partition.")] = None,
+    priority: Annotated[int | None, typer.Option(help="-100..100 within your tenant.")] = None,
+    max_runtime: Annotated[
+        int | None, typer.Option("--max-runtime", help="Stop after this many cluster seconds.")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Submitting again with the same key returns the same job.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only estimate: fit, time, IPU-hours, wait.")
+    ] = False,
+    do_follow: Annotated[
+        bool, typer.Option("--follow", help="Watch it run to the end (exit 1 if it fails).")
+    ] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job from flags and/or a JSON/YAML spec file."""
+    base = load_spec(file) if file is not None else {}
+    fields = dict(
+        name=name,
+        model=model,
+        task=task,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        precision=precision,
+        steps=steps,
+        samples=samples,
+        ipus=parse_ipus(ipus),
+        machine=machine,
+        partition=partition,
+        priority=priority,
+        max_runtime_s=max_runtime,
+    )
+    if not base and model is None:
+        fail("give --model (or a spec with --file)", Exit.USAGE)
+    with connect(url, key, as_json) as client:
+        if dry_run:
+            est = client.estimate(base, **fields)
+            if as_json:
+                print_json(est)
+            else:
+                _print_estimate(est)
+            raise typer.Exit(Exit.OK if est.fits else Exit.USAGE)
+        job = client.submit_job(base, idempotency_key=idempotency_key, **fields)
+        if not do_follow:
+            if as_json:
+                print_json(job)
+            else:
+                show(
+                    f"submitted [bold]{job.id}[/] ({job.name}): {job.state}, {job.ipus} IPUs, "
+                    f"predicted {duration(job.predicted_runtime_s)}"
+                )
+            return
+        if as_json:
+            # Scripts get one JSON document: the job as it ended.
+            for _ in client.stream_logs(job.id):
+                pass
+            done = client.get_job(job.id)
+            print_json(done)
+            final = done.state
+        else:
+            console(stderr=True).print(f"submitted [bold]{job.id}[/] ({job.name}), {job.ipus} IPUs")
+            final = follow(client, job, as_json=False)
+    raise typer.Exit(final_exit(final))
+
+
+def _print_estimate(est: Any) -> None:
+    if not est.fits:
+        fail(f"does not fit: {est.error}", Exit.USAGE)
+    plan = est.plan or {}
+    wait = est.expected_wait_s
+    show(
+        kv_table(
+            [
+                ("fits", "yes"),
+                ("IPUs", plan.get("ipus")),
+                ("IPUs per replica x replicas", f"{plan.get('ipus_per_replica')} x {plan.get('replicas')}"),
+                ("compile", duration(est.compile_s)),
+                ("step", duration(est.step_s)),
+                ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
+                ("total time", duration(est.total_s)),
+                ("IPU-hours", f"{est.ipu_hours:,.4f}" if est.ipu_hours is not None else None),
+                ("expected wait", "no room of that size" if wait is None else duration(wait)),
+            ]
+        )
+    )
+
+
+@app.command("list")
+def list_(
+    state: Annotated[
+        str | None, typer.Option(help="queued, running, succeeded, failed or cancelled.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="How many (newest first).", min=1, max=500)] = 20,
+    all_: Annotated[bool, typer.Option("--all", help="Every job, page by page.")] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Your tenant's jobs, newest first."""
+    with connect(url, key, as_json) as client:
+        if all_:
+            jobs = list(client.iter_jobs(state=state, page_size=200))
+        else:
+            jobs = client.list_jobs(state=state, limit=limit).items
+    if as_json:
+        print_json(jobs)
+        return
+    rows = [
+        (
+            j.id,
+            j.name,
+            f"[{STATE_STYLE.get(j.state, 'white')}]{j.state}[/]",
+            j.ipus,
+            j.workload.get("model"),
+            j.partition,
+            _percent(j),
+            when(j.created_at),
+        )
+        for j in jobs
+    ]
+    show(table(None, ["ID", "NAME", "STATE", "IPUS", "MODEL", "PARTITION", "PROGRESS", "CREATED"], rows))
+
+
+def _percent(job: Job) -> str:
+    if job.state == "succeeded":
+        return "100%"
+    if job.progress is not None and job.progress.percent is not None:
+        return f"{job.progress.percent:.0f}%"
+    return "-"
+
+
+@app.command("show")
+def show_(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """One job: its state, where it runs, progress, why it waits, its history."""
+    with connect(url, key, as_json) as client:
+        job = client.get_job(job_id)
+    if as_json:
+        print_json(job)
+        return
+    p = job.progress
+    rows: list[tuple[str, Any]] = [
+        ("id", job.id),
+        ("name", job.name),
+        ("state", f"[{STATE_STYLE.get(job.state, 'white')}]{job.state}[/]"),
+        ("reason", job.reason),
+        ("workload", ", ".join(f"{k}={v}" for k, v in job.workload.items() if v is not None)),
+        ("IPUs", f"{job.ipus} (asked: {job.ipus_requested})"),
+        ("machine", job.machine),
+        ("partition", job.partition),
+        ("predicted", duration(job.predicted_runtime_s)),
+        ("progress", f"{p.percent:.1f}% ({p.phase})" if p and p.percent is not None else None),
+        ("throughput", f"{p.throughput:,.1f} samples/s" if p and p.throughput else None),
+        ("used", f"{job.used_ipu_hours:.6f} IPU-hours" if job.used_ipu_hours is not None else None),
+        ("attempts", job.attempts),
+        ("created", when(job.created_at)),
+        ("started", when(job.started_at)),
+        ("finished", when(job.finished_at)),
+    ]
+    if job.wait is not None:
+        rows.append(("waiting", f"{job.wait.reason}: {job.wait.detail}"))
+    show(kv_table(rows))
+    if job.history:
+        show(
+            table(
+                "history", ["AT", "STATE", "MESSAGE"], [(when(h.at), h.state, h.message) for h in job.history]
+            )
+        )
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    do_follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-F", help="Stream until the job ends, with a progress bar (exit 1 if it fails)."
+        ),
+    ] = False,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A job's events and log lines; --follow streams them live (server-sent events)."""
+    with connect(url, key, as_json) as client:
+        if do_follow:
+            job = client.get_job(job_id)
+            final = follow(client, job, as_json=as_json)
+            raise typer.Exit(final_exit(final))
+        entries = list(client.iter_logs(job_id))
+    if as_json:
+        print_json(entries)
+        return
+    out = console()
+    for e in entries:
+        out.print(f"{when(e.at)}  {e.kind:<5}  {e.message}", markup=False)
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel a job: a queued one ends now, a running one stops at its next heartbeat."""
+    with connect(url, key, as_json) as client:
+        job = client.cancel_job(job_id)
+    if as_json:
+        print_json(job)
+    elif job.state == "cancelled":
+        show(f"{job.id} cancelled")
+    else:
+        show(f"{job.id} cancel requested (it is {job.state}; it stops at its next heartbeat)")

@@ -1,0 +1,171 @@
+"""The `ipucloud` client commands through Typer's runner, against a cloud in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from ipucloud.cli import app
+from tests.support.cloud import RunningCloud
+
+pytestmark = pytest.mark.e2e
+
+R50 = ["--model", "resnet50", "--batch-size", "64", "--steps", "200", "--ipus", "4"]
+
+
+class Cli:
+    """Runs `ipucloud ...` in-process with its own config file and no IPUCLOUD_URL/KEY inherited."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.runner = CliRunner()
+
+    def __call__(self, *args: str, key: str | None = None, url: str | None = None) -> Result:
+        env = {"IPUCLOUD_CONFIG": str(self.config), "IPUCLOUD_URL": url, "IPUCLOUD_API_KEY": key}
+        return self.runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+    def json(self, *args: str, key: str | None = None, url: str | None = None) -> Any:
+        result = self(*args, "--json", key=key, url=url)
+        assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path / "home" / "ipucloud" / "config.json")
+
+
+def test_tenant_logs_in_runs_follows_and_cancels_jobs(cloud: RunningCloud, cli: Cli, tmp_path: Path) -> None:
+    _, key = cloud.create_tenant("cli-tenant", quota_ipu_hours=1000)
+
+    login = cli("login", "--url", cloud.url, "--key", key)
+    assert login.exit_code == 0, login.stderr
+    assert "tenant" in login.stdout
+    saved = json.loads(cli.config.read_text())
+    assert saved == {"url": cloud.url, "api_key": key}
+    assert stat.S_IMODE(os.stat(cli.config).st_mode) == 0o600
+
+    # From here on the saved config is the only source of URL and key.
+    follow = cli("jobs", "submit", *R50, "--name", "cli-r50", "--follow")
+    assert follow.exit_code == 0, (follow.stdout, follow.stderr)
+    assert "succeeded" in follow.stderr
+    assert "running" in follow.stdout  # the state changes, streamed as log lines
+
+    jobs = cli.json("jobs", "list")
+    assert [j["name"] for j in jobs] == ["cli-r50"]
+    job = jobs[0]
+    assert job["state"] == "succeeded" and job["ipus"] == 4
+
+    shown = cli("jobs", "show", job["id"])
+    assert shown.exit_code == 0 and job["id"] in shown.stdout and "succeeded" in shown.stdout
+
+    entries = cli.json("jobs", "logs", job["id"])
+    states = [e["data"]["state"] for e in entries if e["kind"] == "state" and e.get("data", {}).get("state")]
+    assert states[0] == "queued" and states[-1] == "succeeded"
+
+    replay = cli("jobs", "logs", job["id"], "--follow", "--json")
+    assert replay.exit_code == 0
+    events = [json.loads(line) for line in replay.stdout.splitlines()]
+    assert events[-1] == {"event": "end", "id": events[-1]["id"], "state": "succeeded"}
+
+    usage = cli.json("usage")
+    assert usage["used_ipu_hours"] > 0
+    assert usage["remaining_ipu_hours"] < usage["quota_ipu_hours"]
+    header, *csv_rows = cli("usage", "--csv").stdout.splitlines()
+    assert {"job_id", "ipu_hours"} <= set(header.split(",")) and job["id"] in csv_rows[0]
+
+    # A YAML spec, overridden by a flag; a job that cannot start soon is cancelled while queued.
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: from-yaml\nworkload:\n  model: bert-large\n  steps: 5000\nipus: 16\npriority: 1\n")
+    queued = cli.json("jobs", "submit", "-f", str(spec), "--name", "yaml-override")
+    assert queued["name"] == "yaml-override" and queued["workload"]["model"] == "bert-large"
+    assert queued["ipus"] == 16 and queued["priority"] >= 1
+    cancelled = cli.json("jobs", "cancel", queued["id"])
+    assert cancelled["cancel_requested"] is True
+    ended = cli("jobs", "logs", queued["id"], "--follow")
+    assert ended.exit_code == 1, "a followed job that was cancelled exits 1"
+    assert "cancelled" in ended.stderr
+
+    # Exit codes scripts rely on.
+    assert cli("jobs", "show", "job_doesnotexist").exit_code == 4
+    bad = cli("jobs", "submit", "--model", "gpt-17", "--steps", "3")
+    assert bad.exit_code == 2 and "gpt-17" in bad.stderr
+    assert cli("jobs", "submit", "--model", "resnet50", "--ipus", "three").exit_code == 2
+    assert cli("jobs", "list", "--key", "ipuc_" + "A" * 61).exit_code == 3
+    assert cli("admin", "tenants", "list").exit_code == 3, "a tenant key on an admin route"
+    unreachable = cli("jobs", "list", "--url", "http://127.0.0.1:9")
+    assert unreachable.exit_code == 6 and "127.0.0.1:9" in unreachable.stderr
+    problem = cli("jobs", "show", "job_doesnotexist", "--json")
+    assert problem.exit_code == 4 and json.loads(problem.stderr)["type"] == "/problems/not-found"
+
+    # Dry run, and a job bigger than what is left of a grant (exit 5).
+    _, poor = cloud.create_tenant("cli-poor", quota_ipu_hours=0.001)
+    est = cli.json("jobs", "submit", *R50, "--dry-run", key=poor)
+    assert est["fits"] is True and est["ipu_hours"] > 0 and est["expected_wait_s"] == 0
+    big = cli("jobs", "submit", "--model", "bert-large", "--steps", "100000", "--ipus", "16", key=poor)
+    assert big.exit_code == 5 and "quota-exceeded" in big.stderr, (big.stdout, big.stderr)
+
+    assert cli("logout").exit_code == 0
+    assert not cli.config.exists()
+    assert cli("jobs", "list").exit_code == 3, "no key anywhere is an authentication error"
+
+
+def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
+    admin = {"key": cloud.admin_key, "url": cloud.url}
+
+    created = cli.json("admin", "tenants", "create", "acme", "--plan", "standard", "--quota", "10", **admin)
+    assert created["api_key"].startswith("ipuc_") and created["quota_ipu_hours"] == 10
+    tenant = created["id"]
+    assert tenant in [t["id"] for t in cli.json("admin", "tenants", "list", **admin)]
+    updated = cli.json(
+        "admin", "tenants", "update", tenant, "--quota", "20", "--status", "suspended", **admin
+    )
+    assert updated["quota_ipu_hours"] == 20 and updated["status"] == "suspended"
+    assert cli.json("admin", "tenants", "show", tenant, **admin)["status"] == "suspended"
+    assert cli("admin", "tenants", "update", tenant, **admin).exit_code == 2
+    assert cli("admin", "tenants", "show", "ten_nope", **admin).exit_code == 4
+
+    made = cli("vipu", "create", "partition", "p1", "--size", "16", "--tenant", tenant, **admin)
+    assert made.exit_code == 0 and made.stdout.strip() == "create partition (p1): success."
+    listing = cli("vipu", "list", "partitions", **admin)
+    assert listing.exit_code == 0
+    lines = listing.stdout.splitlines()
+    assert lines[0].startswith("---") and "Partition ID" in lines[1] and "|" in lines[1]
+    row = [c.strip() for c in next(line for line in lines if line.startswith(" p1 ")).split("|")]
+    assert row[:4] == ["p1", "reserved", "16", "1"] and row[6] == tenant and row[-1] == "ACTIVE"
+    got = cli("vipu", "get", "partition", "p1", **admin)
+    assert got.exit_code == 0 and got.stdout.count("-i") >= 16
+    part = cli.json("vipu", "get", "partition", "p1", **admin)
+    assert part["size"] == 16 and len(part["ipus"]) == 16 and part["tenant"] == tenant
+    assert cli("vipu", "create", "partition", "p1", "--size", "16", **admin).exit_code == 5
+    assert cli("vipu", "create", "partition", "p3", "--size", "3", **admin).exit_code == 2
+
+    fleet = cli("admin", "fleet", **admin)
+    assert fleet.exit_code == 0
+    assert "AAAA AAAA AAAA AAAA" in fleet.stdout and "p1" in fleet.stdout
+
+    assert cli("vipu", "reset", "partition", "p1", **admin).stdout.strip() == "reset partition (p1): success."
+    assert (
+        cli("vipu", "remove", "partition", "p1", **admin).stdout.strip() == "remove partition (p1): success."
+    )
+    assert cli("vipu", "get", "partition", "p1", **admin).exit_code == 4
+
+    machine = cli.json("admin", "machines", "drain", "pod0001-m03", "--reason", "fan", **admin)
+    assert machine["health"] == "draining" and machine["reason"] == "fan"
+    assert cli.json("admin", "machines", "fail", "pod0001-m04", **admin)["health"] == "failed"
+    fleet = cli("admin", "fleet", **admin)
+    pod1 = next(line for line in fleet.stdout.splitlines() if line.startswith("pod0001"))
+    assert "~~~~ xxxx" in pod1
+    assert cli.json("admin", "machines", "restore", "pod0001-m03", **admin)["health"] == "up"
+    assert cli("admin", "machines", "drain", "pod9999-m00", **admin).exit_code == 4
+
+    usage = cli.json("admin", "usage", **admin)
+    assert "acme" in [t["name"] for t in usage["tenants"]]
+    assert "tenant_id" in cli("admin", "usage", "--csv", **admin).stdout.splitlines()[0].split(",")
