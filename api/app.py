@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import dashboard, problems
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
 
     app.include_router(dashboard.router)
+    app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
 
     @app.get("/problems/{slug}", include_in_schema=False)
     def problem_type(slug: str) -> HTMLResponse:

@@ -1,28 +1,133 @@
-"""Dashboard pages."""
+"""Dashboard pages anyone may see: the landing page, sign in and out, the trial application."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from api.deps import DbDep
-from scheduler.services import fleet
+from api.dashboard import admin_pages, forms, sessions, tenant_pages
+from api.dashboard.web import DashboardRoute, OptionalUser, User, form_data, render, safe_next
+from api.deps import DbDep, SettingsDep
+from api.ratelimit import check_rate
+from scheduler.errors import Conflict, InvalidRequest, RateLimited, Unauthorized
+from scheduler.services import fleet, keys, trials
 
-HERE = Path(__file__).parent
-templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
-router = APIRouter(include_in_schema=False)
+LOGIN_RATE = "30/minute"
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
 
 
 @router.get("/", response_class=HTMLResponse)
-def home(request: Request, db: DbDep) -> HTMLResponse:
+def home(request: Request, db: DbDep, settings: SettingsDep, user: OptionalUser) -> Response:
+    if user is not None:
+        if user.is_admin:
+            return RedirectResponse("/admin/fleet", status_code=303)
+        return tenant_pages.tenant_home(request, db, settings, user)
     with db.read() as s:
         shape = fleet.fleet_shape(session=s)
-    return templates.TemplateResponse(
+    return render(
         request,
         "home.html",
         {"pods": shape.pods, "ipus": shape.ipus, "types": sorted({str(t) for t in shape.machine_types})},
     )
+
+
+def _anonymous_form(
+    request: Request, template: str, context: dict[str, object], *, status_code: int = 200
+) -> Response:
+    token, new = sessions.form_token(request)
+    response = render(request, template, {**context, "form_token": token}, status_code=status_code)
+    if new:
+        sessions.set_form_cookie(response, request, token)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, user: OptionalUser, next: str | None = None) -> Response:
+    if user is not None:
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _anonymous_form(request, "login.html", {"next": safe_next(next), "error": None})
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, db: DbDep, settings: SettingsDep) -> Response:
+    form = await form_data(request)
+    sessions.check_csrf(request, form.get("form_token"), request.cookies.get(sessions.FORM_COOKIE, ""))
+    next_path = safe_next(form.get("next"))
+    key = form.get("api_key", "").strip()
+    try:
+        check_rate(f"dashboard-login:{_client(request)}", LOGIN_RATE)
+        if not key:
+            raise Unauthorized("Paste your API key (it starts with ipuc_).")
+        secret = settings.secret()
+        with db.read() as s:
+            principal = keys.authenticate(session=s, secret=secret, key=key)
+    except (Unauthorized, RateLimited) as exc:
+        return _anonymous_form(
+            request, "login.html", {"next": next_path, "error": exc.detail}, status_code=exc.status
+        )
+    token, _ = sessions.create(key, principal, secret=secret)
+    response = RedirectResponse(next_path, status_code=303)
+    sessions.set_session_cookie(response, request, token)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, user: User) -> Response:
+    form = await form_data(request)
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    sessions.destroy(user.token)
+    response = RedirectResponse("/login", status_code=303)
+    sessions.clear_session_cookie(response, request)
+    return response
+
+
+@router.get("/trial", response_class=HTMLResponse)
+def trial_page(request: Request) -> Response:
+    return _anonymous_form(
+        request, "trial.html", {"values": {"category": "individual"}, "errors": {}, "done": None}
+    )
+
+
+@router.post("/trial", response_class=HTMLResponse)
+async def trial_apply(request: Request, db: DbDep, settings: SettingsDep) -> Response:
+    form = await form_data(request)
+    sessions.check_csrf(request, form.get("form_token"), request.cookies.get(sessions.FORM_COOKIE, ""))
+    parsed, trial = forms.parse_trial(form)
+    if trial is None:
+        return _anonymous_form(
+            request,
+            "trial.html",
+            {"values": parsed.values, "errors": parsed.errors, "done": None},
+            status_code=422,
+        )
+    try:
+        check_rate(f"trial:{_client(request)}", settings.trial_rate_limit)
+        with db.write() as s:
+            application = trials.submit_application(
+                session=s,
+                name=trial.name,
+                email=str(trial.email),
+                organisation=trial.organisation,
+                category=trial.category,
+                intended_use=trial.intended_use,
+            )
+            done = {"id": application.id, "email": application.email}
+    except (InvalidRequest, Conflict, RateLimited) as exc:
+        errors = {str(exc.extra.get("field", "form")): exc.detail}
+        return _anonymous_form(
+            request,
+            "trial.html",
+            {"values": parsed.values, "errors": errors, "done": None},
+            status_code=exc.status,
+        )
+    return _anonymous_form(request, "trial.html", {"values": {}, "errors": {}, "done": done})
+
+
+router.include_router(tenant_pages.router)
+router.include_router(admin_pages.router)

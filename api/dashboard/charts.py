@@ -1,0 +1,99 @@
+"""SVG charts drawn on the server: plain markup, every text escaped, no script, no inline style."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import date, timedelta
+from html import escape
+
+
+def daily_series(by_day: Sequence[dict[str, object]], *, days: int, today: date) -> list[tuple[date, float]]:
+    """The last `days` days ending today, zero where nothing was metered."""
+    values: dict[date, float] = {}
+    for row in by_day:
+        try:
+            d = date.fromisoformat(str(row["day"])[:10])
+        except (KeyError, ValueError):
+            continue
+        values[d] = values.get(d, 0.0) + float(row.get("ipu_hours") or 0.0)  # type: ignore[arg-type]
+    start = today - timedelta(days=days - 1)
+    return [(start + timedelta(days=i), values.get(start + timedelta(days=i), 0.0)) for i in range(days)]
+
+
+def nice_ceiling(value: float) -> float:
+    """The next 1, 2 or 5 x 10^n at or above value (for the y axis)."""
+    if value <= 0:
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        top = step * 10**exp
+        if top >= value * (1 - 1e-9):
+            return float(top)
+    return float(10 ** (exp + 1))
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.1f}".rstrip("0").rstrip(".")
+    return f"{value:.3g}"
+
+
+def bar_chart(
+    series: Sequence[tuple[date, float]],
+    *,
+    title: str,
+    unit: str,
+    chart_id: str,
+    width: int = 720,
+    height: int = 220,
+) -> str:
+    """A bar per day with a labelled y axis; each bar has a tooltip; scales to its container."""
+    left, right, top, bottom = 48, 8, 12, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = nice_ceiling(max((v for _, v in series), default=0.0))
+    n = max(1, len(series))
+    slot = plot_w / n
+    bar_w = max(2.0, slot * 0.7)
+    total = sum(v for _, v in series)
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{chart_id}-t {chart_id}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{chart_id}-t">{escape(title)}</title>',
+        f'<desc id="{chart_id}-d">{escape(f"{total:.4f} {unit} in {n} days")}</desc>',
+    ]
+    for i in range(5):
+        value = peak * i / 4
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+            'stroke="#d4d4de" stroke-width="1"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="13" fill="#4a4a5e">'
+            f"{escape(_fmt(value))}</text>"
+        )
+    label_every = max(1, math.ceil(n / 6))
+    for i, (day, value) in enumerate(series):
+        h = 0.0 if peak == 0 else plot_h * value / peak
+        x = left + i * slot + (slot - bar_w) / 2
+        y = top + plot_h - h
+        tip = escape(f"{day.isoformat()}: {value:.4f} {unit}")
+        if value > 0:
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{max(h, 1.0):.1f}" '
+                f'fill="#4b4bc8" rx="1"><title>{tip}</title></rect>'
+            )
+        if (n - 1 - i) % label_every == 0:  # counted from today, so the last day is always labelled
+            last = i == n - 1
+            label_x = left + plot_w if last else left + i * slot + slot / 2
+            parts.append(
+                f'<text x="{label_x:.1f}" y="{height - 8}" text-anchor="{"end" if last else "middle"}" '
+                f'font-size="13" fill="#4a4a5e">{escape(day.strftime("%d %b"))}</text>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -1,0 +1,177 @@
+"""The fleet as an SVG map: each POD64 as its 16 machines x 4 IPUs.
+
+Cells are coloured by tenant (hue) and partition (shade) and carry the partition's letter, so the
+map also reads without colour; failed machines are hatched red and crossed, draining ones outlined
+amber and dashed. Every machine is a link (keyboard-focusable) to its details and actions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+CELL_W, CELL_H, GAP = 26, 20, 2
+LABEL_W, MARK_W, HEADER_H = 40, 18, 30
+ROW_H = CELL_H + GAP
+POD_W = LABEL_W + 4 * (CELL_W + GAP) + MARK_W
+POD_H = HEADER_H + 16 * ROW_H
+POD_GAP = 22
+PODS_PER_ROW = 4
+LETTERS = string.ascii_uppercase + string.ascii_lowercase + string.digits
+
+FREE = "#e9e9f0"
+FAILED = "#c62828"
+DRAINING = "#b26a00"
+
+
+@dataclass
+class PartitionKey:
+    name: str
+    letter: str
+    colour: str
+    ink: str
+    tenant: str | None
+    tenant_name: str | None
+    kind: str | None
+    ipus: int
+    job: str | None = None
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
+
+
+def colours(tenant: str | None, partition: str) -> tuple[str, str]:
+    """(fill, text colour): the tenant picks the hue, the partition the shade."""
+    if tenant is None:
+        hue, sat = 215, 18
+    else:
+        hue, sat = _digest(tenant) % 360, 62
+    light = (34, 44, 54, 64)[_digest(partition) % 4]
+    ink = "#ffffff" if light < 50 else "#14141f"
+    return f"hsl({hue}, {sat}%, {light}%)", ink
+
+
+def legend(
+    view: Mapping[str, Any], tenant_names: Mapping[str, str], jobs: Mapping[str, str | None]
+) -> list[PartitionKey]:
+    keys: dict[str, PartitionKey] = {}
+    for pod in view.get("pods", []):
+        for machine in pod["machines"]:
+            for ipu in machine["ipus"]:
+                name = ipu.get("partition")
+                if not name:
+                    continue
+                if name not in keys:
+                    fill, ink = colours(ipu.get("tenant"), name)
+                    tenant = ipu.get("tenant")
+                    keys[name] = PartitionKey(
+                        name=name,
+                        letter=LETTERS[len(keys) % len(LETTERS)],
+                        colour=fill,
+                        ink=ink,
+                        tenant=tenant,
+                        tenant_name=tenant_names.get(tenant) if tenant else None,
+                        kind=ipu.get("kind"),
+                        ipus=0,
+                        job=jobs.get(name),
+                    )
+                keys[name].ipus += 1
+    return list(keys.values())
+
+
+def draw(view: Mapping[str, Any], keys: list[PartitionKey], *, selected: str | None = None) -> str:
+    by_name = {k.name: k for k in keys}
+    pods = view.get("pods", [])
+    columns = max(1, min(PODS_PER_ROW, len(pods)))
+    rows = max(1, -(-len(pods) // PODS_PER_ROW))
+    width = columns * POD_W + (columns - 1) * POD_GAP
+    height = rows * POD_H + (rows - 1) * POD_GAP
+    held = sum(k.ipus for k in keys)
+    total = sum(len(m["ipus"]) for p in pods for m in p["machines"])
+    title = f"Fleet map: {len(pods)} POD64s, {held} of {total} IPUs in partitions"
+    out = [
+        f'<svg class="fleet-map" viewBox="0 0 {width} {height}" role="group" aria-labelledby="fleet-t" '
+        f'xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="fleet-t">{escape(title)}</title>',
+        '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f6d4d4"/>'
+        f'<line x1="0" y1="0" x2="0" y2="6" stroke="{FAILED}" stroke-width="2"/></pattern></defs>',
+    ]
+    for index, pod in enumerate(pods):
+        ox = (index % PODS_PER_ROW) * (POD_W + POD_GAP)
+        oy = (index // PODS_PER_ROW) * (POD_H + POD_GAP)
+        out.append(f'<g transform="translate({ox},{oy})">')
+        out.append(
+            f'<text x="0" y="16" font-size="13" font-weight="600" fill="#1c1c28">{escape(pod["id"])}</text>'
+            f'<text x="{POD_W - 2}" y="16" font-size="11" text-anchor="end" fill="#4a4a5e">'
+            f"{escape(str(pod.get('machine_type', '')))}</text>"
+        )
+        for machine in pod["machines"]:
+            out.append(_machine(machine, by_name, selected))
+        out.append("</g>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _machine(machine: Mapping[str, Any], by_name: Mapping[str, PartitionKey], selected: str | None) -> str:
+    slot = int(machine["slot"])
+    y = HEADER_H + slot * ROW_H
+    health = machine.get("health", "up")
+    held = [i for i in machine["ipus"] if i.get("partition")]
+    describe = f"{machine['id']}, {health}"
+    if machine.get("reason"):
+        describe += f" ({machine['reason']})"
+    names = sorted({str(i["partition"]) for i in held})
+    describe += f", {len(held)} of 4 IPUs in " + ", ".join(names) if held else ", all 4 IPUs free"
+    href = f"/admin/fleet?machine={quote(str(machine['id']))}#machine"
+    parts = [
+        f'<a href="{escape(href)}" aria-label="{escape(describe)}" class="machine machine-{escape(health)}">',
+        f'<rect class="machine-focus" x="-2" y="{y - 2}" width="{POD_W}" height="{ROW_H + 2}" rx="3" '
+        f'fill="{"#fff3c4" if machine["id"] == selected else "transparent"}"/>',
+        f'<text x="2" y="{y + 14}" font-size="11" fill="#4a4a5e">m{slot:02d}</text>',
+    ]
+    for i, ipu in enumerate(machine["ipus"]):
+        x = LABEL_W + i * (CELL_W + GAP)
+        key = by_name.get(ipu.get("partition") or "")
+        if key is not None:
+            fill, ink, letter = key.colour, key.ink, key.letter
+            tip = f"{ipu['id']}: partition {key.name}" + (
+                f", tenant {key.tenant_name or key.tenant}" if key.tenant else ""
+            )
+        else:
+            fill = "url(#hatch)" if health == "failed" else FREE
+            ink, letter = "#14141f", ""
+            tip = f"{ipu['id']}: free" + ("" if health == "up" else f" ({health})")
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" rx="2" fill="{fill}">'
+            f"<title>{escape(tip)}</title></rect>"
+        )
+        if letter:
+            parts.append(
+                f'<text x="{x + CELL_W / 2}" y="{y + 14}" font-size="12" font-weight="600" '
+                f'text-anchor="middle" fill="{ink}">{escape(letter)}</text>'
+            )
+    cells_w = 4 * (CELL_W + GAP) - GAP
+    mark_x = LABEL_W + cells_w + 5
+    if health == "failed":
+        parts.append(
+            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{CELL_H + 2}" fill="none" '
+            f'stroke="{FAILED}" stroke-width="2"/>'
+            f'<path d="M{mark_x} {y + 4} l10 12 M{mark_x + 10} {y + 4} l-10 12" stroke="{FAILED}" '
+            'stroke-width="2.5"/>'
+        )
+    elif health == "draining":
+        parts.append(
+            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{CELL_H + 2}" fill="none" '
+            f'stroke="{DRAINING}" stroke-width="2" stroke-dasharray="4 3"/>'
+            f'<path d="M{mark_x} {y + 10} h10 M{mark_x + 6} {y + 5} l5 5 l-5 5" stroke="{DRAINING}" '
+            'stroke-width="2" fill="none"/>'
+        )
+    parts.append("</a>")
+    return "".join(parts)

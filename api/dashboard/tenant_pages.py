@@ -1,0 +1,317 @@
+"""A tenant's pages: home (grant, usage chart, running and queued jobs), jobs, submit, a job live."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+
+from api.dashboard import charts, forms, sessions
+from api.dashboard.web import DashboardRoute, TenantUser, User, form_data, markup, render
+from api.deps import DbDep, SettingsDep
+from api.routers.jobs import _stream as job_event_stream
+from api.routers.usage import usage_csv
+from api.schemas import JobOut, WaitReason
+from api.views import days_left, hours, job_out
+from scheduler import bus, emulation
+from scheduler.errors import DomainError
+from scheduler.jobspec import JobSpec
+from scheduler.models import FINAL_JOB_STATES, Job
+from scheduler.services import estimates
+from scheduler.services import jobs as job_service
+from scheduler.services import tenants as tenant_service
+from scheduler.services import usage as usage_service
+from vipu import emulator
+
+router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
+
+JobId = Annotated[str, Path(min_length=1, max_length=64)]
+CHART_DAYS = 30
+LOG_TAIL = 300
+
+
+def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
+    attempt = job_service.current_attempt(session=s, job=job)
+    if not full:
+        out = job_out(job, attempt=attempt)
+    else:
+        out = job_out(
+            job,
+            attempt=attempt,
+            partition=job_service.attempt_partition(session=s, attempt=attempt),
+            history=job_service.job_events(session=s, job_id=job.id, kinds=("state",)),
+            used_ipu_ms=usage_service.job_used_ipu_ms(session=s, job_id=job.id),
+        )
+    wait = job_service.wait_reason(session=s, job=job)
+    if wait is not None:
+        out.wait = WaitReason(**wait)
+    return out
+
+
+def grant(t: Any, plan: Any) -> dict[str, Any]:
+    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    return {
+        "plan": plan.name,
+        "plan_kind": plan.kind,
+        "plan_description": plan.description,
+        "quota": hours(t.quota_ipu_ms),
+        "used": hours(t.used_ipu_ms),
+        "reserved": hours(t.reserved_ipu_ms),
+        "remaining": hours(remaining),
+        "used_share": 0.0 if t.quota_ipu_ms == 0 else min(1.0, t.used_ipu_ms / t.quota_ipu_ms),
+        "expires_at": t.expires_at,
+        "days_left": days_left(t.expires_at),
+        "trial_days": plan.trial_days,
+        "max_partition_size": plan.max_partition_size,
+        "max_concurrent_jobs": plan.max_concurrent_jobs,
+    }
+
+
+def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessions.DashSession) -> Response:
+    if user.tenant_id is None:
+        return RedirectResponse("/admin/fleet", status_code=303)
+    today = datetime.now(UTC).date()
+    since = datetime.combine(today - timedelta(days=CHART_DAYS - 1), datetime.min.time(), tzinfo=UTC)
+    with db.read() as s:
+        t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
+        plan = tenant_service.get_plan(session=s, name=t.plan_name)
+        groups = usage_service.breakdowns(session=s, tenant_id=t.id, since=since)
+        running = [
+            _job_view(s, j)
+            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="running")
+        ]
+        queued = [
+            _job_view(s, j)
+            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="queued")
+        ]
+        recent = [
+            job_out(j)
+            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=20)
+            if j.state in FINAL_JOB_STATES
+        ][:8]
+        tenant = {"id": t.id, "name": t.name, "status": t.status}
+        info = grant(t, plan)
+    series = charts.daily_series(groups["by_day"], days=CHART_DAYS, today=today)
+    chart = charts.bar_chart(
+        series, title=f"IPU-hours per day, last {CHART_DAYS} days", unit="IPU-hours", chart_id="usage-chart"
+    )
+    return render(
+        request,
+        "tenant_home.html",
+        {
+            "tenant": tenant,
+            "grant": info,
+            "chart": markup(chart),
+            "series": series,
+            "running": running,
+            "queued": queued,
+            "recent": recent,
+            "by_workload": groups["by_workload"],
+        },
+        user=user,
+    )
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(
+    request: Request,
+    db: DbDep,
+    user: User,
+    state: Annotated[str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    limit = 50
+    with db.read() as s:
+        rows = job_service.list_jobs(
+            session=s, tenant_id=user.tenant_id, after=after, limit=limit + 1, state=state
+        )
+        items = [_job_view(s, j) for j in rows[:limit]]
+    more = rows[limit - 1].id if len(rows) > limit else None
+    return render(
+        request, "jobs.html", {"jobs": items, "state": state, "more": more, "states": _STATES}, user=user
+    )
+
+
+_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+def _catalogue() -> list[dict[str, Any]]:
+    return [w.to_dict() for w in emulator.catalogue()]
+
+
+def _submit_context(
+    values: dict[str, str],
+    errors: dict[str, str],
+    estimate: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "values": values,
+        "errors": errors,
+        "estimate": estimate,
+        "catalogue": _catalogue(),
+        "ipu_choices": forms.IPU_CHOICES,
+        "idempotency": values.get("idempotency") or secrets.token_urlsafe(16),
+    }
+
+
+DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "auto"}
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+def submit_page(request: Request, user: TenantUser) -> Response:
+    values = forms.job_values({}, DEFAULTS)
+    return render(request, "submit.html", _submit_context(values, {}, None), user=user)
+
+
+def run_estimate(
+    db: DbDep, settings: SettingsDep, user: sessions.DashSession, spec: JobSpec
+) -> dict[str, Any]:
+    """The API's dry run, with what it would leave of the grant; a refusal becomes a message."""
+    try:
+        with db.read() as s:
+            out = estimates.estimate(
+                session=s,
+                workload=spec.workload,
+                ipus=spec.ipus,
+                machine=spec.machine,
+                policy=settings.placement_policy,
+            )
+            t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
+            remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
+    except DomainError as exc:
+        return {"fits": False, "error": exc.detail}
+    out["remaining_ipu_hours"] = remaining
+    out["sram_bytes_per_ipu"] = emulator.MACHINES[spec.machine or emulation.DEFAULT_MACHINE].sram_bytes
+    return out
+
+
+@router.post("/jobs/new", response_class=HTMLResponse)
+async def submit(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser) -> Response:
+    form = await form_data(request)
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    values = forms.job_values(form)
+    values["idempotency"] = str(form.get("idempotency", ""))[:64]
+    parsed, spec = forms.parse_job(values)
+    if spec is None:
+        return render(request, "submit.html", _submit_context(values, parsed.errors, None), status_code=422)
+    if form.get("action") == "preview":
+        est = run_estimate(db, settings, user, spec)
+        return render(request, "submit.html", _submit_context(values, {}, est), user=user)
+    try:
+        job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
+    except DomainError as exc:
+        context = _submit_context(values, {"form": exc.detail}, None)
+        return render(request, "submit.html", context, status_code=exc.status, user=user)
+    bus.wake_scheduler("submit")
+    sessions.flash(user, f"Job {spec.name} submitted.")
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+def _submit(db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | None) -> str:
+    # The form carries a key made when it was shown: a double click or a resent form is one job.
+    key = f"dashboard-{idempotency_key}" if idempotency_key else None
+    for attempt in range(2):
+        try:
+            with db.write() as s:
+                result = job_service.submit_job(
+                    session=s,
+                    tenant_id=tenant_id,
+                    spec=spec,
+                    idempotency_key=key,
+                    render=lambda job: job_out(job).model_dump(mode="json"),
+                )
+                return result.job.id
+        except job_service.IdempotencyRace:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+@router.post("/jobs/estimate", response_class=HTMLResponse)
+async def estimate_fragment(
+    request: Request,
+    db: DbDep,
+    settings: SettingsDep,
+    user: TenantUser,
+    x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
+) -> Response:
+    """The estimate panel alone, for the page's script to swap in as the form changes."""
+    form = await form_data(request)
+    sessions.check_csrf(request, x_csrf_token or form.get("csrf"), user.csrf)
+    parsed, spec = forms.parse_job(forms.job_values(form))
+    if spec is None:
+        est: dict[str, Any] = {
+            "fits": False,
+            "error": "; ".join(f"{k}: {v}" for k, v in parsed.errors.items()),
+        }
+    else:
+        est = run_estimate(db, settings, user, spec)
+    return render(request, "_estimate.html", {"estimate": est}, user=user)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
+    with db.read() as s:
+        job = job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        view = _job_view(s, job, full=True)
+        events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
+        tail = [
+            {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
+            for e in events[-LOG_TAIL:]
+        ]
+    last_id = events[-1].id if events else 0
+    return render(
+        request,
+        "job.html",
+        {"job": view, "events": tail, "last_id": last_id, "final": view.state in FINAL_JOB_STATES},
+        user=user,
+    )
+
+
+@router.get("/jobs/{job_id}/events")
+def job_events(
+    job_id: JobId,
+    db: DbDep,
+    user: User,
+    after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+) -> Response:
+    """The job's live events for the page's EventSource (the cookie session, not a bearer key)."""
+    with db.read() as s:
+        job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    return StreamingResponse(
+        job_event_stream(db, job_id, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
+    form = await form_data(request)
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    with db.write() as s:
+        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        state = job.state
+    bus.publish(bus.job_channel(job_id), "cancel")
+    bus.wake_scheduler("cancel")
+    sessions.flash(
+        user, "Job cancelled." if state == "cancelled" else "Cancel requested; the job stops shortly."
+    )
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+@router.get("/usage.csv")
+def usage_export(db: DbDep, user: TenantUser) -> Response:
+    with db.read() as s:
+        groups = usage_service.breakdowns(session=s, tenant_id=user.tenant_id)
+    rows = [dict(r, tenant_id=user.tenant_id) for r in groups["by_job"]]
+    body = usage_csv(rows, ["tenant_id", "job_id", "name", "workload", "partition_size", "ipu_hours"])
+    return Response(
+        body, media_type="text/csv", headers={"Content-Disposition": 'attachment; filename="usage.csv"'}
+    )

@@ -1,0 +1,340 @@
+"""The dashboard over HTTP, without a browser (fast): sessions, CSRF, isolation, no-JS flows, headers.
+
+The browser tests next to this file drive the same pages through Chromium; these check what a
+browser would not show: cookie attributes, what is stored in Redis, refusals of forged requests.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from scheduler.services import keys as key_service
+from scheduler.services import tenants as tenant_service
+from scheduler.settings import get_settings
+from tests.support.services import Seeded
+
+FORM_TOKEN = re.compile(r'name="form_token" value="([^"]+)"')
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+R50 = {
+    "model": "resnet50",
+    "task": "train",
+    "batch_size": "64",
+    "steps": "200",
+    "ipus": "4",
+    "precision": "fp16",
+}
+
+
+def make_tenant(db: Any, name: str, plan: str = "trial", quota: float | None = None) -> tuple[str, str]:
+    with db.write() as s:
+        created = tenant_service.create_tenant(
+            session=s, secret=get_settings().secret(), name=name, plan=plan, quota_ipu_hours=quota
+        )
+        return created.tenant.id, created.api_key
+
+
+def sign_in(client: TestClient, key: str, next_path: str = "/") -> Any:
+    page = client.get("/login")
+    token = FORM_TOKEN.search(page.text)
+    assert token, page.text
+    return client.post(
+        "/login",
+        data={"api_key": key, "form_token": token.group(1), "next": next_path},
+        follow_redirects=False,
+    )
+
+
+def csrf_of(client: TestClient, path: str) -> str:
+    page = client.get(path)
+    assert page.status_code == 200, page.text
+    found = CSRF.search(page.text)
+    assert found, page.text
+    return found.group(1)
+
+
+def test_sign_in_keeps_the_key_server_side_and_sign_out_ends_the_session(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, key = make_tenant(db, "acme")
+    r = sign_in(client, key)
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith("ipucloud_session=")
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/" in cookie
+    assert key not in cookie
+
+    home = client.get("/")
+    assert home.status_code == 200 and "acme" in home.text and "IPU-hours left" in home.text
+    assert key not in home.text, "the key never reaches the page (so never reaches JavaScript)"
+    assert home.headers["cache-control"] == "no-store"
+
+    from scheduler import bus
+
+    stored = [bus.get_redis().get(k) for k in bus.get_redis().scan_iter("ipucloud:dash:session:*")]
+    assert len(stored) == 1 and key.encode() not in stored[0], "Redis holds the key only sealed"
+
+    token = client.cookies.get("ipucloud_session")
+    client.post("/logout", data={"csrf": csrf_of(client, "/")}, follow_redirects=False)
+    assert list(bus.get_redis().scan_iter("ipucloud:dash:session:*")) == []
+    client.cookies.set("ipucloud_session", token or "")
+    again = client.get("/jobs", follow_redirects=False)
+    assert again.status_code == 303 and again.headers["location"] == "/login?next=/jobs"
+
+
+def test_a_wrong_key_is_refused_and_next_never_leaves_the_site(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    bad = sign_in(client, "ipuc_" + "A" * 61)
+    assert bad.status_code == 401 and "checksum does not match" in bad.text and 'role="alert"' in bad.text
+    assert "ipucloud_session" not in bad.headers.get("set-cookie", "")
+    _, key = make_tenant(db, "acme")
+    for evil in ("//evil.example/x", "https://evil.example/", "/\\evil.example"):
+        client.cookies.clear()
+        r = sign_in(client, key, next_path=evil)
+        assert r.status_code == 303 and r.headers["location"] == "/"
+    client.cookies.clear()
+    assert sign_in(client, key, next_path="/jobs?state=running").headers["location"] == "/jobs?state=running"
+
+
+def test_forged_forms_are_refused(client: TestClient, seeded: Seeded, db: Any) -> None:
+    _, key = make_tenant(db, "acme")
+    # Sign-in needs the double-submit token of a form this site showed.
+    r = client.post("/login", data={"api_key": key, "form_token": "x" * 40}, follow_redirects=False)
+    assert r.status_code == 403
+    assert sign_in(client, key).status_code == 303
+    token = csrf_of(client, "/jobs/new")
+    assert client.post("/jobs/new", data={**R50, "action": "submit"}).status_code == 403
+    assert client.post("/jobs/new", data={**R50, "action": "submit", "csrf": "forged"}).status_code == 403
+    cross = client.post(
+        "/jobs/new",
+        data={**R50, "action": "submit", "csrf": token},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert cross.status_code == 403 and "another site" in cross.text
+    assert "No jobs yet" in client.get("/jobs").text, "nothing was submitted"
+
+
+def test_revoking_the_key_ends_its_dashboard_session(client: TestClient, seeded: Seeded, db: Any) -> None:
+    tenant_id, key = make_tenant(db, "acme")
+    assert sign_in(client, key).status_code == 303
+    assert client.get("/", follow_redirects=False).status_code == 200
+    with db.write() as s:
+        (row,) = key_service.list_keys(session=s, tenant_id=tenant_id)
+        key_service.revoke_key(session=s, key_id=row.id, tenant_id=tenant_id)
+    r = client.get("/jobs", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/login")
+
+
+def test_preview_and_submit_without_javascript_then_cancel(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, key = make_tenant(db, "acme")
+    sign_in(client, key)
+    form = client.get("/jobs/new").text
+    token = CSRF.search(form).group(1)  # type: ignore[union-attr]
+    idem = re.search(r'name="idempotency" value="([^"]+)"', form).group(1)  # type: ignore[union-attr]
+
+    preview = client.post("/jobs/new", data={**R50, "action": "preview", "csrf": token, "idempotency": idem})
+    assert preview.status_code == 200
+    assert "Fits</strong> on 4 IPUs" in preview.text and "IPU-hours" in preview.text
+    assert "starts at once" in preview.text
+    assert 'value="64"' in preview.text, "the form keeps what was typed"
+
+    wrong = client.post("/jobs/new", data={**R50, "batch_size": "lots", "action": "preview", "csrf": token})
+    assert (
+        wrong.status_code == 422
+        and "Enter a whole number." in wrong.text
+        and 'aria-invalid="true"' in wrong.text
+    )
+    too_big = client.post("/jobs/new", data={**R50, "ipus": "3", "action": "preview", "csrf": token})
+    assert too_big.status_code == 422 and "power of two" in too_big.text
+
+    fragment = client.post("/jobs/estimate", data=R50, headers={"X-CSRF-Token": token})
+    assert fragment.status_code == 200 and "Fits" in fragment.text and "<html" not in fragment.text
+    assert client.post("/jobs/estimate", data=R50).status_code == 403
+
+    data = {**R50, "name": "nojs", "action": "submit", "csrf": token, "idempotency": idem}
+    first = client.post("/jobs/new", data=data, follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"].startswith("/jobs/job_")
+    again = client.post("/jobs/new", data=data, follow_redirects=False)
+    assert again.headers["location"] == first.headers["location"], "a resent form is the same job"
+
+    page = client.get(first.headers["location"])
+    assert page.status_code == 200 and "nojs" in page.text and "Job nojs submitted." in page.text
+    assert "queued" in page.text and "Why it waits" in page.text
+    job_id = first.headers["location"].rsplit("/", 1)[-1]
+    cancelled = client.post(f"/jobs/{job_id}/cancel", data={"csrf": token})
+    assert cancelled.status_code == 200 and "Job cancelled." in cancelled.text
+    assert 'class="state state-cancelled" id="job-state"' in cancelled.text
+
+
+def test_quota_refusal_is_shown_on_the_form(client: TestClient, seeded: Seeded, db: Any) -> None:
+    _, key = make_tenant(db, "poor", quota=0.0001)
+    sign_in(client, key)
+    token = csrf_of(client, "/jobs/new")
+    r = client.post("/jobs/new", data={**R50, "steps": "100000", "action": "submit", "csrf": token})
+    assert r.status_code == 403 and "IPU-hours" in r.text and 'role="alert"' in r.text
+
+
+def test_tenants_see_only_their_own_jobs(client: TestClient, seeded: Seeded, db: Any) -> None:
+    _, key_a = make_tenant(db, "alpha")
+    _, key_b = make_tenant(db, "beta")
+    sign_in(client, key_a)
+    token = csrf_of(client, "/jobs/new")
+    r = client.post(
+        "/jobs/new",
+        data={**R50, "name": "secret-a", "action": "submit", "csrf": token},
+        follow_redirects=False,
+    )
+    job_path = r.headers["location"]
+    client.post("/logout", data={"csrf": token})
+
+    sign_in(client, key_b)
+    assert "secret-a" not in client.get("/jobs").text
+    assert "secret-a" not in client.get("/").text
+    other = client.get(job_path)
+    assert other.status_code == 404 and "secret-a" not in other.text
+    assert client.get(job_path + "/events").status_code == 404
+    token_b = csrf_of(client, "/")
+    assert client.post(job_path + "/cancel", data={"csrf": token_b}).status_code == 404
+    assert client.get("/admin/fleet").status_code == 403
+    assert "alpha" not in client.get("/usage.csv").text
+
+
+def test_every_page_has_a_strict_csp_and_no_inline_script_or_style(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, key = make_tenant(db, "acme")
+    pages = ["/", "/login", "/trial"]
+    for path in pages:
+        check_page(client.get(path))
+    sign_in(client, key)
+    for path in ["/", "/jobs", "/jobs/new"]:
+        check_page(client.get(path))
+    client.post("/logout", data={"csrf": csrf_of(client, "/")})
+    sign_in(client, seeded.admin_key)
+    for path in [
+        "/admin/fleet",
+        "/admin/partitions",
+        "/admin/tenants",
+        "/admin/trials",
+        "/admin/usage",
+        "/jobs",
+    ]:
+        check_page(client.get(path))
+    css = client.get("/static/app.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+
+
+def check_page(r: Any) -> None:
+    assert r.status_code == 200, r.text
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
+    assert r.headers["x-frame-options"] == "DENY"
+    html = r.text
+    assert html.lstrip().startswith("<!doctype html>") and '<html lang="en">' in html
+    assert re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html) is None, "no inline script"
+    assert re.search(r"\son[a-z]+=", html) is None, "no inline event handlers"
+    assert re.search(r"\sstyle=", html) is None and "<style" not in html, "no inline style"
+    assert 'class="skip" href="#main"' in html and 'id="main"' in html
+    assert 'name="viewport"' in html
+    for input_id in re.findall(r'<(?:input|select|textarea)[^>]*\bid="([^"]+)"', html):
+        assert f'for="{input_id}"' in html, f"#{input_id} has a label"
+
+
+def test_trial_application_approval_shows_the_key_once(client: TestClient, seeded: Seeded, db: Any) -> None:
+    page = client.get("/trial")
+    token = FORM_TOKEN.search(page.text).group(1)  # type: ignore[union-attr]
+    form = {
+        "name": "Ada Lovelace",
+        "email": "ada@example.org",
+        "organisation": "Analytical Engines",
+        "category": "individual",
+        "intended_use": "Fine-tune BERT on my own notes.",
+        "form_token": token,
+    }
+    bad = client.post("/trial", data={**form, "email": "not-an-address"})
+    assert bad.status_code == 422 and 'id="email-error"' in bad.text and "Ada Lovelace" in bad.text
+    ok = client.post("/trial", data=form)
+    assert ok.status_code == 200 and "application app_" in ok.text
+    twice = client.post("/trial", data=form)
+    assert twice.status_code == 409 and "already waiting" in twice.text
+
+    sign_in(client, seeded.admin_key)
+    trials = client.get("/admin/trials")
+    assert "Ada Lovelace" in trials.text and "Fine-tune BERT" in trials.text
+    app_id = re.search(r'action="/admin/trials/(app_[^/]+)/approve"', trials.text).group(1)  # type: ignore[union-attr]
+    approved = client.post(
+        f"/admin/trials/{app_id}/approve", data={"csrf": CSRF.search(trials.text).group(1), "plan": "trial"}
+    )  # type: ignore[union-attr]
+    assert approved.status_code == 200 and approved.headers["cache-control"] == "no-store"
+    new_key = re.search(r'id="new-key" class="mono key" readonly value="(ipuc_[^"]+)"', approved.text).group(
+        1
+    )  # type: ignore[union-attr]
+    assert "approved" in client.get("/admin/trials?status=approved").text
+    assert new_key not in client.get("/admin/tenants").text, "shown once, never again"
+
+    client.post("/logout", data={"csrf": csrf_of(client, "/admin/fleet")})
+    assert sign_in(client, new_key).status_code == 303
+    home = client.get("/")
+    assert "Ada Lovelace" in home.text and "100.000" in home.text and "days" in home.text
+
+
+def test_admin_pages_change_the_fleet_and_export_usage(client: TestClient, seeded: Seeded, db: Any) -> None:
+    tenant_id, _ = make_tenant(db, "acme", plan="standard")
+    sign_in(client, seeded.admin_key)
+    fleet = client.get("/admin/fleet")
+    assert fleet.text.count('class="machine machine-up"') == 32, "2 POD64s of 16 machines"
+    token = CSRF.search(client.get("/admin/fleet?machine=pod0000-m03").text).group(1)  # type: ignore[union-attr]
+    drained = client.post("/admin/machines/pod0000-m03/drain", data={"csrf": token, "reason": "fan noise"})
+    assert drained.status_code == 200 and "pod0000-m03 is now draining." in drained.text
+    assert 'class="machine machine-draining"' in drained.text and "fan noise" in drained.text
+    assert client.post("/admin/machines/pod9999-m00/fail", data={"csrf": token}).status_code == 404
+
+    made = client.post(
+        "/admin/partitions",
+        data={
+            "csrf": token,
+            "id": "res1",
+            "size": "16",
+            "machine_type": "",
+            "tenant": tenant_id,
+            "gcds": "1",
+        },
+    )
+    assert made.status_code == 200 and "create partition (res1): success." in made.text
+    fleet = client.get("/admin/fleet").text
+    fleet_map = fleet.split('class="fleet-map"')[1].split("</svg>")[0]
+    assert fleet_map.count(">A</text>") == 16, "the partition's letter on each of its 16 IPUs"
+    assert "partition res1, tenant acme" in fleet_map and ">res1<" in fleet
+    dup = client.post("/admin/partitions", data={"csrf": token, "id": "res1", "size": "16", "gcds": "1"})
+    assert dup.status_code == 422 and "already exists" in dup.text
+    gone = client.post("/admin/partitions/res1/remove", data={"csrf": token})
+    assert "remove partition (res1): success." in gone.text
+
+    created = client.post(
+        "/admin/tenants", data={"csrf": token, "name": "beta", "plan": "standard", "quota_ipu_hours": "7"}
+    )
+    assert created.status_code == 200 and re.search(r'value="ipuc_[A-Za-z0-9]+"', created.text)
+    assert (
+        client.post("/admin/tenants", data={"csrf": token, "name": "beta", "plan": "standard"}).status_code
+        == 422
+    )
+
+    csv = client.get("/admin/usage.csv")
+    assert csv.headers["content-type"].startswith("text/csv")
+    header, *rows = csv.text.splitlines()
+    assert header.startswith("tenant_id,name,plan") and {r.split(",")[1] for r in rows} == {"acme", "beta"}
+
+
+@pytest.mark.parametrize("path", ["/admin/fleet", "/jobs", "/jobs/new", "/"])
+def test_pages_need_a_session(client: TestClient, seeded: Seeded, path: str) -> None:
+    r = client.get(path, follow_redirects=False)
+    if path == "/":
+        assert r.status_code == 200 and "Apply for a free trial" in r.text
+    else:
+        assert r.status_code == 303 and r.headers["location"] == f"/login?next={path}"
