@@ -461,11 +461,14 @@ def fleet(
     s = f.summary
     frag = s.get("fragmentation") or {}
     out = console()
+    live = s.get("live_partitions", 0)
     parts = [f"{s.get('ipus', '-')} IPUs", f"{s.get('free_ipus', '-')} free"]
-    parts.append(f"{s.get('live_partitions', '-')} partitions")
-    if frag:
-        parts.append(f"largest free {frag.get('largest_free_by_type')}")
-        parts.append(f"{frag.get('stranded_ipus')} IPUs stranded for size {frag.get('head_size')}")
+    parts.append(f"{live} partition{'' if live == 1 else 's'}")
+    largest = frag.get("largest_free_by_type") or {}
+    if largest:
+        parts.append("largest free block " + ", ".join(f"{n} ({t})" for t, n in sorted(largest.items())))
+    if frag.get("head_size"):
+        parts.append(f"{frag.get('stranded_ipus')} IPUs stranded for {frag['head_size']}-IPU jobs")
     out.print(", ".join(parts), markup=False)
     lines, legend = fleet_map(f)
     for line in lines:

@@ -204,6 +204,12 @@ def submit(
     raise typer.Exit(final_exit(final))
 
 
+def _wait(seconds: float | None) -> str:
+    if seconds is None:
+        return "no healthy room of that size"
+    return "starts at once" if seconds == 0 else duration(seconds)
+
+
 def _print_estimate(est: Any) -> None:
     if not est.fits:
         fail(f"does not fit: {est.error}", Exit.USAGE)
@@ -220,7 +226,7 @@ def _print_estimate(est: Any) -> None:
                 ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
                 ("total time", duration(est.total_s)),
                 ("IPU-hours", f"{est.ipu_hours:,.4f}" if est.ipu_hours is not None else None),
-                ("expected wait", "no room of that size" if wait is None else duration(wait)),
+                ("expected wait", _wait(wait)),
             ]
         )
     )
@@ -253,21 +259,12 @@ def list_(
             f"[{STATE_STYLE.get(j.state, 'white')}]{j.state}[/]",
             j.ipus,
             j.workload.get("model"),
-            j.partition,
-            _percent(j),
+            duration(j.predicted_runtime_s),
             when(j.created_at),
         )
         for j in jobs
     ]
-    show(table(None, ["ID", "NAME", "STATE", "IPUS", "MODEL", "PARTITION", "PROGRESS", "CREATED"], rows))
-
-
-def _percent(job: Job) -> str:
-    if job.state == "succeeded":
-        return "100%"
-    if job.progress is not None and job.progress.percent is not None:
-        return f"{job.progress.percent:.0f}%"
-    return "-"
+    show(table(None, ["ID", "NAME", "STATE", "IPUS", "MODEL", "PREDICTED", "CREATED"], rows))
 
 
 @app.command("show")
