@@ -27,7 +27,8 @@ def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
 
 
 def _hours(ms: int | None) -> float:
-    return round((ms or 0) / IPU_MS_PER_HOUR, 6)
+    # PostgreSQL sums BIGINTs as NUMERIC (a Decimal here): back to int, so every database reports alike.
+    return round(int(ms or 0) / IPU_MS_PER_HOUR, 6)
 
 
 def _scoped(stmt: Any, tenant_id: str | None, since: datetime | None, until: datetime | None) -> Any:

@@ -1,15 +1,13 @@
 """Every route of the API, as nobody, as a bad/revoked/expired key, as the wrong tenant and as admin.
 
 The routes are read from the app's OpenAPI spec, so a route added later is covered without touching this
-file; a new path parameter needs a sample value in SAMPLES (the test says so).
+file; a new path parameter needs a sample value in `samples()` (the test says so).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-import pytest
 
 from api.app import create_app
 from scheduler.models import ApiKey, Job
@@ -54,7 +52,7 @@ def samples(world: World, db: Any) -> dict[str, str]:
 def fill(path: str, values: dict[str, str]) -> str:
     def one(m: re.Match[str]) -> str:
         name = m.group(1)
-        assert name in values, f"add a sample value for path parameter {{{name}}} to SAMPLES in {__file__}"
+        assert name in values, f"add a sample value for path parameter {{{name}}} to samples() in {__file__}"
         return values[name]
 
     return re.sub(r"\{(\w+)\}", one, path)
@@ -78,31 +76,44 @@ def test_routes_are_found() -> None:
     assert ("GET", "/api/v1/admin/trials") in ROUTES and ("DELETE", "/api/v1/keys/{key_id}") in ROUTES
 
 
-@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
-def test_route_access(method: str, path: str, client: Any, world: World, db: Any) -> None:
-    url = fill(path, samples(world, db))
-    if (method, path) in PUBLIC:
-        assert call(client, method, url, None).status_code != 401
-        return
+def test_every_route_guards_its_data(client: Any, world: World, db: Any, subtests: Any) -> None:
+    """One world for all routes (a subtest each): first every refusal, then the calls that succeed.
 
-    # Nobody, and every kind of bad key: 401 with a problem body and a Bearer challenge.
+    Refusals change nothing, so they share the world; the successful calls (which cancel, revoke,
+    remove) come after all of them, the tenant's before the admin's.
+    """
+    values = samples(world, db)
     unknown, _ = keys.generate_key()
     typo = world.a.owner_key[:-1] + ("A" if world.a.owner_key[-1] != "A" else "B")
-    for key in (None, "not-a-key", unknown, typo, world.revoked_key, world.expired_key):
-        r = call(client, method, url, key)
-        assert_problem(r, 401, "unauthorized")
-        assert r.headers["www-authenticate"].startswith("Bearer")
+    bad_keys = (None, "not-a-key", unknown, typo, world.revoked_key, world.expired_key)
 
-    if path.startswith("/api/v1/admin/"):
-        for key in (world.a.owner_key, world.a.member_key, world.b.owner_key):
-            assert_problem(call(client, method, url, key), 403, "forbidden")
-        a_objects_unchanged(db, world)
-        assert call(client, method, url, world.admin_key).status_code not in (401, 403)
-        return
+    for method, path in ROUTES:
+        url = fill(path, values)
+        with subtests.test(msg="refusals", route=f"{method} {path}"):
+            if (method, path) in PUBLIC:
+                assert call(client, method, url, None).status_code != 401
+                continue
+            # Nobody, and every kind of bad key: 401 with a problem body and a Bearer challenge.
+            for key in bad_keys:
+                r = call(client, method, url, key)
+                assert_problem(r, 401, "unauthorized")
+                assert r.headers["www-authenticate"].startswith("Bearer")
+            if path.startswith("/api/v1/admin/"):
+                for key in (world.a.owner_key, world.a.member_key, world.b.owner_key):
+                    assert_problem(call(client, method, url, key), 403, "forbidden")
+            elif "{" in path:
+                # Another tenant's object does not exist for this key.
+                assert_problem(call(client, method, url, world.b.owner_key), 404, "not-found")
+            a_objects_unchanged(db, world)
 
-    if "{" in path:
-        # Another tenant's object does not exist for this key, and nothing happens to it.
-        assert_problem(call(client, method, url, world.b.owner_key), 404, "not-found")
-        a_objects_unchanged(db, world)
-    r = call(client, method, url, world.a.owner_key)
-    assert r.status_code not in (401, 403, 404), r.text
+    for method, path in sorted(ROUTES, key=lambda r: r[1].startswith("/api/v1/admin/")):
+        if (method, path) in PUBLIC:
+            continue
+        url = fill(path, values)
+        with subtests.test(msg="allowed", route=f"{method} {path}"):
+            if path.startswith("/api/v1/admin/"):
+                # The admin passes every guard (a sample object it removed earlier may be gone).
+                assert call(client, method, url, world.admin_key).status_code not in (401, 403)
+            else:
+                r = call(client, method, url, world.a.owner_key)
+                assert r.status_code not in (401, 403, 404), r.text

@@ -22,7 +22,7 @@ from tests.support.cloud import FAST, RunningCloud, free_port
 
 pytestmark = pytest.mark.e2e
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 25
 SEED = 20261202
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
