@@ -166,6 +166,60 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     assert cli.json("admin", "machines", "restore", "pod0001-m03", **admin)["health"] == "up"
     assert cli("admin", "machines", "drain", "pod9999-m00", **admin).exit_code == 4
 
+    # Trials: apply without a key, approve (the key is printed once and works), reject another.
+    applied = cli.json(
+        "trial",
+        "apply",
+        "--name",
+        "Ada",
+        "--email",
+        "ada@example.org",
+        "--organisation",
+        "-",
+        "--category",
+        "individual",
+        "--use",
+        "Fine-tune BERT on my notes",
+        url=cloud.url,
+    )
+    assert applied["status"] == "pending"
+    other = cli.json(
+        "trial",
+        "apply",
+        "--name",
+        "Bob",
+        "--email",
+        "bob@example.org",
+        "--organisation",
+        "Bob Ltd",
+        "--category",
+        "business",
+        "--use",
+        "Evaluate ResNet-50 training",
+        url=cloud.url,
+    )
+    pending = cli.json("admin", "trials", "list", "--status", "pending", **admin)
+    assert [a["id"] for a in pending] == [applied["id"], other["id"]]
+    decision = cli.json("admin", "trials", "approve", applied["id"], **admin)
+    assert decision["tenant"]["plan"] == "trial" and decision["api_key"].startswith("ipuc_")
+    assert cli("jobs", "list", key=decision["api_key"], url=cloud.url).exit_code == 0
+    assert cli("admin", "trials", "approve", applied["id"], **admin).exit_code == 5, "decided already"
+    rejected = cli.json("admin", "trials", "reject", other["id"], "--reason", "Use a work address.", **admin)
+    assert rejected["status"] == "rejected" and rejected["reason"] == "Use a work address."
+
+    # Plans and a tenant's keys.
+    plan = cli.json("admin", "plans", "update", "trial", "--quota", "150", **admin)
+    assert plan["quota_ipu_hours"] == 150
+    assert {"trial", "standard"} <= {p["name"] for p in cli.json("admin", "plans", "list", **admin)}
+    made_key = cli.json("admin", "keys", "create", "ci", "--tenant", tenant, "--scope", "read", **admin)
+    assert made_key["api_key"].startswith("ipuc_") and made_key["scopes"] == ["read"]
+    listed = cli.json("admin", "keys", "list", "--tenant", tenant, **admin)
+    assert made_key["id"] in [k["id"] for k in listed] and all("api_key" not in k for k in listed)
+    assert (
+        cli.json("admin", "keys", "revoke", made_key["id"], "--tenant", tenant, **admin)["state"] == "revoked"
+    )
+    assert cli("jobs", "list", key=made_key["api_key"], url=cloud.url).exit_code == 3
+
     usage = cli.json("admin", "usage", **admin)
     assert "acme" in [t["name"] for t in usage["tenants"]]
     assert "tenant_id" in cli("admin", "usage", "--csv", **admin).stdout.splitlines()[0].split(",")
