@@ -105,3 +105,36 @@ def test_concurrent_submissions_never_overspend_the_grant(
             assert t.reserved_ipu_ms == 0
     finally:
         cloud.stop_all()
+
+
+def test_concurrent_retries_with_one_idempotency_key_make_one_job(
+    env: Any, db: Any, seeded: Any, tmp_path: Path
+) -> None:
+    """A client retrying a submission on 20 connections at once: one job, twenty identical answers."""
+    cloud = RunningCloud(env={**env, **FAST}, workdir=tmp_path, admin_key=seeded.admin_key, port=free_port())
+    try:
+        cloud.spawn("api", "--port", str(cloud.port), "--host", "127.0.0.1", "--workers", "2")
+        cloud.wait_ready()
+        tenant_id, key = cloud.create_tenant("retrier", quota_ipu_hours=1000)
+        headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "nightly-build-42"}
+        with (
+            httpx.Client(base_url=cloud.url, headers=headers, timeout=60) as c,
+            ThreadPoolExecutor(max_workers=20) as pool,
+        ):
+            responses = list(pool.map(lambda _: c.post("/api/v1/jobs", json=JOB), range(20)))
+        assert {r.status_code for r in responses} == {202}, [
+            r.text for r in responses if r.status_code != 202
+        ]
+        assert len({r.content for r in responses}) == 1, "every retry replays the first response"
+        assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 19
+        with db.read() as s:
+            assert (
+                s.execute(
+                    select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
+                ).scalar_one()
+                == 1
+            )
+            t = s.get(Tenant, tenant_id)
+            assert t.reserved_ipu_ms == s.execute(select(Job.reserved_ipu_ms)).scalar_one(), "reserved once"
+    finally:
+        cloud.stop_all()
