@@ -39,9 +39,11 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # A redelivery after the visibility timeout is a duplicate the lease CAS turns away, so
         # this only bounds how long a message of a dead worker waits before another worker sees it
         # (the outbox republishes it long before). A broker that vanishes without closing the
-        # connection (a cut cable, a failover) must not hang a publish or a consumer: socket
-        # timeouts bound the first, and the health checks drop a BRPOP connection whose reply is
-        # overdue within about brpop_timeout + 2 * health_check_interval seconds.
+        # connection (a cut cable, a failover) must not hang a publish forever: the socket
+        # timeouts bound it. kombu's health checks are its own best effort against half-open
+        # consumer connections; nothing here relies on them (the fault suite saw a cut-off worker
+        # not notice for many seconds): leases in the database decide what a worker may run, and
+        # the outbox republishes whatever a cut-off worker never received.
         broker_transport_options={
             "visibility_timeout": 3600,
             "socket_keepalive": True,

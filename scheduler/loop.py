@@ -348,6 +348,7 @@ class SchedulerLoop:
 
     def run(self) -> None:
         """Loop until `stop_event` is set; wakes on bus events or every tick."""
+        log.info("scheduler replica %s stands by until it holds the leader lease", self.holder)
         pubsub = None
         while not self.stop_event.is_set():
             try:

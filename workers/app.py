@@ -39,15 +39,6 @@ def _fresh_connections(**_: Any) -> None:
     reset_redis()
 
 
-@signals.worker_process_init.connect
-def _graceful_sigterm(**_: Any) -> None:
-    # Celery resets a pool process's SIGTERM to "die at once"; a running attempt is handed back
-    # instead (workers/runner.py), so a broker loss or a unit-wide SIGTERM loses no lease time.
-    from workers import runner
-
-    runner.install_sigterm_handler()
-
-
 @signals.worker_ready.connect
 def _warn_fault_injection(**_: Any) -> None:
     from workers import faults
@@ -96,9 +87,14 @@ def _wait_for_withdrawal(**_: Any) -> None:
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_attempt(self: Any, attempt_id: int, epoch: int) -> str:
-    from workers.runner import refusing_work, run
+    from workers import runner
 
-    if refusing_work():
-        # Back on the queue for a worker that is staying; the attempt is still placed.
+    if runner.terminated():
+        # This pool process was sent SIGTERM and has handed back what it ran: it goes now, and
+        # Celery requeues this message for another process (reject_on_worker_lost). Rejecting it
+        # instead would hand it straight back to this same process, over and over.
+        os._exit(runner.TERMINATED_EXIT_CODE)
+    if runner.refusing_work():
+        # The worker is shutting down: back on the queue for a worker that is staying.
         raise Reject("this worker is shutting down", requeue=True)
-    return run(attempt_id=attempt_id, epoch=epoch, worker=self.request.hostname or "worker")
+    return runner.run(attempt_id=attempt_id, epoch=epoch, worker=self.request.hostname or "worker")

@@ -48,14 +48,33 @@ _terminate = threading.Event()  # this pool process got SIGTERM
 _busy = threading.Event()  # this pool process is running an attempt
 
 
+_previous_handler: Any = signal.SIG_DFL
+
+
 def install_sigterm_handler() -> None:
-    """In a pool process: turn SIGTERM into finish-or-hand-back (called at pool process start)."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    """Turn SIGTERM into finish-or-hand-back while an attempt runs in this process.
+
+    Called as each attempt starts, not at pool process start: billiard installs its own SIGTERM
+    handler (exit at once) after Celery's process initialisers have run, so one installed there
+    would be replaced. Whatever handler was there still acts when no attempt is running.
+    """
+    global _previous_handler
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm:
+        return
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (a threaded pool): leave signals to the pool
+        return
+    _previous_handler = current
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if not _busy.is_set():
-        # Nothing to hand back: die of the signal as if no handler were installed.
+        # Nothing to hand back: do what the process did before (billiard's: exit at once).
+        if callable(_previous_handler):
+            _previous_handler(signum, frame)
+            return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
@@ -73,6 +92,11 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     log.warning(
         "SIGTERM: the running attempt finishes within %.0fs or is handed back", settings.worker_grace_s
     )
+
+
+def terminated() -> bool:
+    """True once this pool process got SIGTERM (it hands back what it runs, then goes)."""
+    return _terminate.is_set()
 
 
 def refusing_work() -> bool:
@@ -156,6 +180,7 @@ def run(*, attempt_id: int, epoch: int, worker: str) -> str:
         stopping=lambda: _terminate.is_set() or flag.exists(),
         hint=hints().send,
     )
+    install_sigterm_handler()
     _busy.set()
     try:
         return run_attempt(ctx, attempt_id=attempt_id, epoch=epoch)
@@ -294,16 +319,19 @@ def _progress(run: emulator.EmulatedRun, t: float) -> dict[str, Any]:
 def _with_retries(ctx: RunContext, what: str, fn: Callable[[], Any], deadline: float | None = None) -> Any:
     """Ride out a short database outage, but never past the lease: then the attempt is lost anyway.
 
-    The first try is always made, even past the deadline: the database, not this worker's
-    estimate, decides whether a late write still counts (it refuses it if the lease is gone).
+    Two tries are always made, even past the deadline: the database, not this worker's estimate,
+    decides whether a late write still counts (it refuses it if the lease is gone), and a process
+    that was frozen finds its first try failing on a connection the server dropped meanwhile.
     """
     deadline = ctx.lease_deadline if deadline is None else deadline
     delay = 0.1
+    tries = 0
     while True:
+        tries += 1
         try:
             return fn()
         except Exception as exc:
-            if ctx.clock() + delay > deadline:
+            if tries >= 2 and ctx.clock() + delay > deadline:
                 raise
             log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
             ctx.sleep(delay)

@@ -10,8 +10,10 @@
    of its ledger.
 
 It also measures what the scenario report needs: which jobs the fault hit (an attempt ended by a
-platform fault, or a message the reconciler had to publish again), which of those recovered (ran
-again and succeeded), and how long after the fault the last of them was running again.
+platform fault: lost or handed back), which of those recovered (ran again and succeeded), how long
+after the fault each was running again (its next attempt's start minus the latest fault injected
+before the hit attempt ended; the report gives the worst and the mean), and which jobs were only
+delayed (a message the reconciler had to publish again, no attempt lost).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class Outcome:
     attempts: dict[str, int]
     affected: list[str]
     recovered: list[str]
-    recovery_s: float | None
+    recovery_s: list[float]
+    delayed: list[str] = field(default_factory=list)
     repairs: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -57,13 +60,25 @@ class Outcome:
             "attempts_by_outcome": self.attempts,
             "jobs_hit": len(self.affected),
             "jobs_recovered": len(self.recovered),
-            "time_to_recover_s": None if self.recovery_s is None else round(self.recovery_s, 2),
+            "jobs_only_delayed": len(self.delayed),
+            "time_to_recover_s": {
+                "max": round(max(self.recovery_s), 2),
+                "mean": round(sum(self.recovery_s) / len(self.recovery_s), 2),
+            }
+            if self.recovery_s
+            else None,
             "reconciler_repairs": self.repairs,
         }
 
 
-def check_cloud(db: Any, job_ids: list[str], *, fault_at: datetime | None = None) -> Outcome:
-    """Assert the five invariants over `job_ids` (and the whole fleet); return what happened."""
+def check_cloud(
+    db: Any, job_ids: list[str], *, fault_at: datetime | None = None, faults: list[datetime] | None = None
+) -> Outcome:
+    """Assert the five invariants over `job_ids` (and the whole fleet); return what happened.
+
+    `fault_at` is when the first fault was injected, `faults` every injection time (default: just
+    `fault_at`); they only shape the report."""
+    faults = sorted(faults or ([fault_at] if fault_at else []))
     assert job_ids, "a scenario with no accepted job proves nothing"
     with db.read() as s:
         jobs = {j.id: j for j in s.execute(select(Job).where(Job.id.in_(job_ids))).scalars()}
@@ -166,27 +181,29 @@ def check_cloud(db: Any, job_ids: list[str], *, fault_at: datetime | None = None
         )
     affected: list[str] = []
     recovered: list[str] = []
+    delayed: list[str] = []
     recovery: list[float] = []
     for jid, atts in by_job.items():
         hit = [a for a in atts if a.state in PLATFORM_FAULT_STATES]
-        if not hit and jid not in republished:
+        if not hit:
+            if jid in republished:
+                delayed.append(jid)
             continue
         affected.append(jid)
         if jobs[jid].state == JobState.SUCCEEDED:
             recovered.append(jid)
-        if fault_at is not None:
-            after = [a.started_at for a in atts if a.started_at is not None and a.started_at >= fault_at]
-            # A job hit by the fault runs again on a later attempt (or, republished, starts at last).
-            later = [a.started_at for a in atts if hit and a.number > hit[0].number and a.started_at]
-            starts = later or after
-            if starts:
-                recovery.append((min(starts) - fault_at).total_seconds())
+        for a in hit:
+            nxt = next((b for b in atts if b.number > a.number and b.started_at is not None), None)
+            before = [f for f in faults if a.ended_at is not None and f <= a.ended_at]
+            if nxt is not None and before:
+                recovery.append((nxt.started_at - before[-1]).total_seconds())
     return Outcome(
         jobs=len(jobs),
         states=dict(Counter(j.state for j in jobs.values())),
         attempts=dict(Counter(a.state for atts in by_job.values() for a in atts)),
         affected=sorted(affected),
         recovered=sorted(recovered),
-        recovery_s=max(recovery) if recovery else None,
+        recovery_s=recovery,
+        delayed=sorted(delayed),
         repairs=dict(repairs),
     )
