@@ -321,7 +321,6 @@ def test_a_job_that_crashes_every_worker_fails_after_the_retry_limit(
     assert final[poison]["state"] == "failed"
     assert final[poison]["reason"].startswith(f"gave up after {max_attempts} lost attempts")
     assert {final[j]["state"] for j in others} == {"succeeded"}
-    outcome = check_cloud(db, [poison, *others], fault_at=fault_at)
     with db.read() as s:
         poisoned = s.execute(select(Attempt).where(Attempt.job_id == poison)).scalars().all()
         healthy = s.execute(select(Attempt).where(Attempt.job_id.in_(others))).scalars().all()
@@ -331,14 +330,16 @@ def test_a_job_that_crashes_every_worker_fails_after_the_retry_limit(
     assert {a.state for a in healthy} == {"succeeded"} and len(healthy) == len(others), (
         "the others were harmed"
     )
+    # Each crash happens a heartbeat into its attempt: time to recover runs from there.
+    outcome = check_cloud(db, [poison, *others], fault_at=fault_at, faults=[a.started_at for a in poisoned])
     record(
         "6_job_that_crashes_its_worker",
         {
             **outcome.summary(),
             "faults_injected": crashes,
-            "jobs_recovered": len(others),
+            "healthy_jobs_succeeded_first_time": len(others),
             "poison_job_failed_after_s": round((failed_at - fault_at).total_seconds(), 2),
-            "note": "jobs_hit is the poison job; it fails by design, the 8 others all succeed once",
+            "note": "the one job hit is the poison job: it ran again after each crash, then failed by design",
         },
     )
 
