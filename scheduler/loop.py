@@ -318,9 +318,7 @@ class SchedulerLoop:
                     s.execute(
                         update(OutboxMessage)
                         .where(OutboxMessage.id.in_(ids))
-                        .values(
-                            queue=queue, published_at=now, publish_count=OutboxMessage.publish_count + 1
-                        )
+                        .values(queue=queue, published_at=now, publish_count=OutboxMessage.publish_count + 1)
                     )
             PUBLISHED.inc(sum(len(ids) for ids in sent.values()))
         return sum(len(ids) for ids in sent.values())
