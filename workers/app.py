@@ -57,6 +57,12 @@ def _clear_flag(**_: Any) -> None:
     stopping_flag(os.getpid()).unlink(missing_ok=True)
 
 
+@signals.worker_shutdown.connect
+def _remove_flag(**_: Any) -> None:
+    # The pool has finished by now; the flag would otherwise outlive the worker in TMPDIR.
+    stopping_flag(os.getpid()).unlink(missing_ok=True)
+
+
 @signals.worker_ready.connect
 def _register_queues(sender: Any = None, **_: Any) -> None:
     # Only once its consumers run may the dispatcher count on this worker (scheduler/routing.py).
