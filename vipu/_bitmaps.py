@@ -36,6 +36,36 @@ FREE_COUNT_BIT = PARTIAL_PAIR_BIT + 1  # + c (0..64): exactly c free IPUs
 FEATURE_BITS = FREE_COUNT_BIT + IPUS_PER_POD + 1
 
 
+# Holes: free IPUs of a machine that is partly in use, which only 1- and 2-IPU partitions can take.
+HALF_PAIR_HOLE = 0  # the machine has an aligned pair with exactly one free IPU
+FREE_PAIR_HOLE = 1  # the machine has a free aligned pair but is not wholly free
+HOLE_CLASSES = 2
+
+
+def _hole_classes(nibble: int) -> int:
+    half = (nibble ^ (nibble >> 1)) & 0b0101
+    pair = nibble & (nibble >> 1) & 0b0101
+    return (half != 0) << HALF_PAIR_HOLE | (nibble != 0b1111 and pair != 0) << FREE_PAIR_HOLE
+
+
+# Bit c of entry n: a machine whose four free bits are n has holes of class c.
+MACHINE_HOLES = tuple(_hole_classes(nibble) for nibble in range(16))
+
+
+def changed_machines(before: int, after: int) -> int:
+    """16-bit mask of machines whose free IPUs differ between two free masks of one pod."""
+    diff = before ^ after
+    diff |= diff >> 1
+    diff |= diff >> 2
+    firsts = diff & _MACHINE_FIRST_POSITIONS
+    machines = 0
+    while firsts:
+        low = firsts & -firsts
+        machines |= 1 << ((low.bit_length() - 1) // IPUS_PER_MACHINE)
+        firsts ^= low
+    return machines
+
+
 def window_mask(start: int, size: int) -> int:
     """Positions ``start .. start + size - 1`` of the 64-position ring, wrapping past 63."""
     bits = ((1 << size) - 1) << start

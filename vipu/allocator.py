@@ -9,6 +9,7 @@ keeps per-pod bitmasks and per-type indexes, so ``find``, ``allocate``, ``releas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -22,7 +23,7 @@ from vipu.partitions import (
     partition_ipu_ids,
     validate_partition,
 )
-from vipu.placement_policies import PlacementPolicy, make_policy
+from vipu.placement_policies import PlacementPolicy, Timing, make_policy
 from vipu.topology import (
     IPUS_PER_MACHINE,
     IPUS_PER_POD,
@@ -34,6 +35,7 @@ from vipu.topology import (
 )
 
 _SEVERITY = {Health.UP: 0, Health.DRAINING: 1, Health.FAILED: 2}
+_MACHINE_FIRST_IPUS = int("0001" * MACHINES_PER_POD, 2)
 
 
 class PolicyError(RuntimeError):
@@ -94,6 +96,10 @@ class Allocator:
         self._ipu_health: dict[int, Health] = {}  # pod * 64 + position -> state, only when not up
         self._partitions: dict[str, Placement] = {}
         self._footprints: dict[str, tuple[tuple[int, int], ...]] = {}
+        # Expected ends of the partitions placed with one, and per machine (pod * 16 + machine) that
+        # holds partitions smaller than a machine: how many, and the expected ends of those told.
+        self._ends: dict[str, float] = {}
+        self._machine_ends: dict[int, tuple[int, tuple[float, ...]]] = {}
 
     @property
     def policy_name(self) -> str:
@@ -112,6 +118,8 @@ class Allocator:
         # Placements and footprints are immutable, so sharing them between the twins is safe.
         twin._partitions = self._partitions.copy()
         twin._footprints = self._footprints.copy()
+        twin._ends = self._ends.copy()
+        twin._machine_ends = self._machine_ends.copy()
         return twin
 
     # --- placing -------------------------------------------------------------------------------
@@ -124,10 +132,17 @@ class Allocator:
         check_size(size)
         self._policy.observe(size, None if machine_type is None else MachineType(machine_type))
 
-    def find(self, size: int, *, machine_type: MachineType | str | None = None) -> Placement | None:
+    def find(
+        self,
+        size: int,
+        *,
+        machine_type: MachineType | str | None = None,
+        expected_end: float | None = None,
+        now: float | None = None,
+    ) -> Placement | None:
         """Where ``allocate`` would put a partition right now (partition_id ""), or None. No side effect."""
         check_size(size)
-        choice = self._choose(size, machine_type)
+        choice = self._choose(size, machine_type, _timing(expected_end, now))
         return None if choice is None else self._placement("", choice, gcds=1, reconfigurable=False)
 
     def allocate(
@@ -138,19 +153,33 @@ class Allocator:
         machine_type: MachineType | str | None = None,
         gcds: int = 1,
         reconfigurable: bool = False,
+        expected_end: float | None = None,
+        now: float | None = None,
     ) -> Placement | None:
-        """Place and commit a new partition on healthy free IPUs; None when nothing fits now."""
+        """Place and commit a new partition on healthy free IPUs; None when nothing fits now.
+
+        ``expected_end`` (with ``now``, both in cluster seconds) is an optional hint: when the
+        partition is expected to be released. The default policy uses it to put small partitions
+        beside ones that will leave at about the same time, so that whole machines come free
+        together. Without it, placement is exactly as without hints.
+        """
         if partition_id in self._partitions:
             raise AllocationConflict(f"partition {partition_id!r} already exists")
         check_size(size)
         check_gcds(size, gcds)
-        choice = self._choose(size, machine_type)
+        timing = _timing(expected_end, now)
+        choice = self._choose(size, machine_type, timing)
         # Observed after choosing, so that allocate puts the partition exactly where find said.
         self._policy.observe(size, None if machine_type is None else MachineType(machine_type))
         if choice is None:
             return None
         placement = self._placement(partition_id, choice, gcds=gcds, reconfigurable=reconfigurable)
-        self._commit(partition_id, placement, footprint(choice.pods, choice.start, choice.size))
+        self._commit(
+            partition_id,
+            placement,
+            footprint(choice.pods, choice.start, choice.size),
+            None if timing is None else timing.end,
+        )
         return placement
 
     def occupy(
@@ -160,15 +189,19 @@ class Allocator:
         *,
         gcds: int = 1,
         reconfigurable: bool = False,
+        expected_end: float | None = None,
     ) -> Placement:
         """Register a partition that already exists (e.g. loaded from the database).
 
         Its IPUs may be draining or failed: a partition that was live before its machine went down is
         still live until released. Raises ``AllocationConflict`` if the id is in use, any IPU belongs to
-        another live partition, or the IPUs do not form a valid partition.
+        another live partition, or the IPUs do not form a valid partition. ``expected_end`` is the
+        same optional hint as ``allocate`` takes.
         """
         if partition_id in self._partitions:
             raise AllocationConflict(f"partition {partition_id!r} already exists")
+        if expected_end is not None:
+            _check_moment("expected_end", expected_end)
         try:
             shape = validate_partition(self.fleet, ipu_ids, gcds=gcds, reconfigurable=reconfigurable)
         except PartitionRuleError as error:
@@ -188,13 +221,28 @@ class Allocator:
             spans_gw_links=shape.spans_gw_links,
             reconfigurable=shape.reconfigurable,
         )
-        self._commit(partition_id, placement, masks)
+        self._commit(partition_id, placement, masks, expected_end)
         return placement
 
     def release(self, partition_id: str) -> None:
         """Free a partition's IPUs; unhealthy ones stay out of use until restored."""
         masks = self._footprints.pop(partition_id)  # KeyError for an unknown id
-        del self._partitions[partition_id]
+        placement = self._partitions.pop(partition_id)
+        end = self._ends.pop(partition_id, None)
+        if placement.size < IPUS_PER_MACHINE:
+            pod, machine = _machine_of(masks)
+            key = pod * MACHINES_PER_POD + machine
+            count, ends = self._machine_ends.pop(key)
+            if end is not None:
+                kept = list(ends)
+                kept.remove(end)
+                ends = tuple(kept)
+            if count > 1:
+                self._machine_ends[key] = (count - 1, ends)
+            self._space.set_release(pod, machine, _release_of(count - 1, ends))
+        elif end is not None:
+            for pod, machine in _machines_of(masks):
+                self._space.set_release(pod, machine, None)
         for pod, mask in masks:
             self._assigned[pod] &= ~mask
             self._refresh(pod)
@@ -209,13 +257,19 @@ class Allocator:
         self._partitions[partition_id] = updated
         return updated
 
-    def _choose(self, size: int, machine_type: MachineType | str | None) -> _Choice | None:
+    def _choose(
+        self, size: int, machine_type: MachineType | str | None, timing: Timing | None
+    ) -> _Choice | None:
         kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
         if not kinds:
             return None
         level = size.bit_length() - 1
         if level < POD_LEVELS:
-            window = self._policy.choose_window(self._space, level, kinds)
+            window = (
+                self._policy.choose_window(self._space, level, kinds)
+                if timing is None
+                else self._policy.choose_timed_window(self._space, level, kinds, timing)
+            )
             if window is None:
                 return None
             pod, start = window
@@ -264,9 +318,31 @@ class Allocator:
             reconfigurable=reconfigurable,
         )
 
-    def _commit(self, partition_id: str, placement: Placement, masks: tuple[tuple[int, int], ...]) -> None:
+    def _commit(
+        self,
+        partition_id: str,
+        placement: Placement,
+        masks: tuple[tuple[int, int], ...],
+        end: float | None,
+    ) -> None:
         self._partitions[partition_id] = placement
         self._footprints[partition_id] = masks
+        if end is not None and placement.size < IPUS_PER_POD:
+            self._ends[partition_id] = end
+        if placement.size < IPUS_PER_MACHINE:
+            # Partitions smaller than a machine share it; the last of them to end frees it.
+            pod, machine = _machine_of(masks)
+            key = pod * MACHINES_PER_POD + machine
+            count, ends = self._machine_ends.get(key, (0, ()))
+            if end is not None:
+                ends = (*ends, end)
+            self._machine_ends[key] = (count + 1, ends)
+            self._space.set_release(pod, machine, _release_of(count + 1, ends))
+        elif end is not None and placement.size < IPUS_PER_POD:
+            # Whole machines inside a pod neighbour free runs, so their release times matter.
+            # (A partition of whole pods has no neighbour in them.)
+            for pod, machine in _machines_of(masks):
+                self._space.set_release(pod, machine, end)
         for pod, mask in masks:
             self._assigned[pod] |= mask
             self._refresh(pod)
@@ -397,3 +473,43 @@ class Allocator:
             stranded_share=stranded / free if free else 0.0,
             largest_free_by_type={kind.value: self.largest_free(kind) for kind in self.fleet.machine_types},
         )
+
+
+def _check_moment(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of cluster seconds, not {value!r}")
+
+
+def _timing(expected_end: float | None, now: float | None) -> Timing | None:
+    """The optional end-time hint: both moments or neither."""
+    if expected_end is None and now is None:
+        return None
+    if expected_end is None or now is None:
+        raise ValueError("expected_end and now go together: give both or neither")
+    _check_moment("expected_end", expected_end)
+    _check_moment("now", now)
+    return Timing(now=float(now), end=float(expected_end))
+
+
+def _machines_of(masks: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """(pod, machine) of every machine a partition of whole machines holds."""
+    found = []
+    for pod, mask in masks:
+        firsts = mask & _MACHINE_FIRST_IPUS
+        while firsts:
+            low = firsts & -firsts
+            found.append((pod, (low.bit_length() - 1) // IPUS_PER_MACHINE))
+            firsts ^= low
+    return found
+
+
+def _machine_of(masks: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """(pod, machine) of a partition smaller than a machine."""
+    pod, mask = masks[0]
+    return pod, ((mask & -mask).bit_length() - 1) // IPUS_PER_MACHINE
+
+
+def _release_of(count: int, ends: tuple[float, ...]) -> float | None:
+    """When a machine is expected to be free of its ``count`` small partitions, of which ``ends``
+    are the expected ends told: unknown unless all were."""
+    return max(ends) if ends and len(ends) == count else None

@@ -7,19 +7,29 @@ one int used as a bitmask over pod indices. A change to one pod flips only the b
 changed, and a question like "lowest m2000 pod that can host 16" is one mask lookup plus a lowest-bit
 trick. Totals (free IPUs and usable IPUs per size) are kept per machine type the same way, so the
 fragmentation figures are O(1) too.
+
+Holes (free IPUs of machines partly in use) are also indexed per machine, by the time the machine
+is expected to be wholly free again when the allocator was told (its *release* time), so that "the
+machine with a half-used pair whose release comes soonest after t" is a binary search.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from typing import TypeVar
+
 from vipu._bitmaps import (
     FEATURE_BITS,
     FULL_POD,
+    HOLE_CLASSES,
     HOST_BIT,
+    MACHINE_HOLES,
     POD_LEVELS,
     RUN_BIT,
+    changed_machines,
     summarize,
 )
-from vipu.topology import IPUS_PER_POD, MACHINES_PER_POD, Fleet, MachineType
+from vipu.topology import IPUS_PER_MACHINE, IPUS_PER_POD, MACHINES_PER_POD, Fleet, MachineType
 
 
 def lowest_pod(pods: int) -> int:
@@ -37,23 +47,41 @@ def iter_pods(pods: int, limit: int | None = None) -> list[int]:
     return found
 
 
+_Sortable = TypeVar("_Sortable", int, tuple[float, int])
+
+
 class _TypeIndex:
-    __slots__ = ("by_feature", "free", "pods", "usable")
+    __slots__ = ("by_feature", "free", "pods", "timed_holes", "untimed_holes", "usable")
 
     def __init__(self, pods: int, by_feature: list[int], free: int, usable: list[int]) -> None:
         self.pods = pods
         self.by_feature = by_feature
         self.free = free
         self.usable = usable
+        # Per hole class, machines (pod * 16 + machine) with such holes: sorted (release, machine)
+        # pairs for those with a known release time, sorted machines for the rest.
+        self.timed_holes: list[list[tuple[float, int]]] = [[] for _ in range(HOLE_CLASSES)]
+        self.untimed_holes: list[list[int]] = [[] for _ in range(HOLE_CLASSES)]
 
     def copy(self) -> _TypeIndex:
-        return _TypeIndex(self.pods, self.by_feature.copy(), self.free, self.usable.copy())
+        twin = _TypeIndex(self.pods, self.by_feature.copy(), self.free, self.usable.copy())
+        twin.timed_holes = [machines.copy() for machines in self.timed_holes]
+        twin.untimed_holes = [machines.copy() for machines in self.untimed_holes]
+        return twin
+
+
+def _discard(ordered: list[_Sortable], item: _Sortable) -> None:
+    at = bisect_left(ordered, item)
+    # Deleting whatever sits there would corrupt the index silently; a miss is a bug to surface.
+    if at == len(ordered) or ordered[at] != item:
+        raise AssertionError(f"hole index out of step: {item!r} is not indexed")
+    del ordered[at]
 
 
 class FreeSpace:
     """Free-IPU masks of every pod plus per machine type indexes over them."""
 
-    __slots__ = ("_free", "_index", "_summary", "fleet")
+    __slots__ = ("_free", "_index", "_release", "_summary", "fleet")
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -61,6 +89,8 @@ class FreeSpace:
         self._free = [FULL_POD] * fleet.pods
         # Kept beside the masks (not re-derived) so an update never depends on the memo still holding it.
         self._summary = [empty] * fleet.pods
+        # pod * 16 + machine -> when the machine is expected to be wholly free, where known.
+        self._release: dict[int, float] = {}
         self._index: dict[MachineType, _TypeIndex] = {}
         for kind in fleet.machine_types:
             pods = 0
@@ -79,6 +109,7 @@ class FreeSpace:
         twin.fleet = self.fleet
         twin._free = self._free.copy()
         twin._summary = self._summary.copy()
+        twin._release = self._release.copy()
         twin._index = {kind: index.copy() for kind, index in self._index.items()}
         return twin
 
@@ -87,7 +118,8 @@ class FreeSpace:
 
     def set_free_mask(self, pod: int, mask: int) -> None:
         """Record pod's new free mask and update every index that depends on it."""
-        if mask == self._free[pod]:
+        old_mask = self._free[pod]
+        if mask == old_mask:
             return
         old = self._summary[pod]
         new = summarize(mask)
@@ -105,6 +137,81 @@ class FreeSpace:
         usable = index.usable
         for level in range(POD_LEVELS):
             usable[level] += new.usable[level] - old.usable[level]
+        machines = changed_machines(old_mask, mask)
+        while machines:
+            low = machines & -machines
+            machines ^= low
+            machine = low.bit_length() - 1
+            shift = machine * IPUS_PER_MACHINE
+            before = MACHINE_HOLES[old_mask >> shift & 0b1111]
+            after = MACHINE_HOLES[mask >> shift & 0b1111]
+            if before != after:
+                key = pod * MACHINES_PER_POD + machine
+                release = self._release.get(key)
+                self._unindex_holes(index, key, before, release)
+                self._index_holes(index, key, after, release)
+
+    def set_release(self, pod: int, machine: int, release: float | None) -> None:
+        """Record when a machine is expected to be wholly free again (None: unknown)."""
+        key = pod * MACHINES_PER_POD + machine
+        old = self._release.get(key)
+        if old == release:
+            return
+        if release is None:
+            del self._release[key]
+        else:
+            self._release[key] = release
+        holes = MACHINE_HOLES[self._free[pod] >> (machine * IPUS_PER_MACHINE) & 0b1111]
+        if holes:
+            index = self._index[self.fleet.pod_types[pod]]
+            self._unindex_holes(index, key, holes, old)
+            self._index_holes(index, key, holes, release)
+
+    def holes(self, kind: MachineType, hole_class: int) -> tuple[list[tuple[float, int]], list[int]]:
+        """The index of one hole class, for checks: sorted (release, machine key) pairs of machines
+        with a known release time, and the sorted keys of the others."""
+        index = self._index[kind]
+        return index.timed_holes[hole_class].copy(), index.untimed_holes[hole_class].copy()
+
+    def release(self, pod: int, machine: int) -> float | None:
+        """When the machine is expected to be free of its partitions, if the allocator was told."""
+        return self._release.get(pod * MACHINES_PER_POD + machine)
+
+    @staticmethod
+    def _index_holes(index: _TypeIndex, key: int, holes: int, release: float | None) -> None:
+        for hole_class in range(HOLE_CLASSES):
+            if holes >> hole_class & 1:
+                if release is None:
+                    insort(index.untimed_holes[hole_class], key)
+                else:
+                    insort(index.timed_holes[hole_class], (release, key))
+
+    @staticmethod
+    def _unindex_holes(index: _TypeIndex, key: int, holes: int, release: float | None) -> None:
+        for hole_class in range(HOLE_CLASSES):
+            if holes >> hole_class & 1:
+                if release is None:
+                    _discard(index.untimed_holes[hole_class], key)
+                else:
+                    _discard(index.timed_holes[hole_class], (release, key))
+
+    def holes_around(
+        self, kind: MachineType, hole_class: int, end: float
+    ) -> tuple[tuple[float, int] | None, tuple[float, int] | None, int | None]:
+        """Machines of ``kind`` with holes of ``hole_class`` nearest in release time to ``end``.
+
+        Returns (the latest release before ``end``, the earliest at or after it), each as
+        ``(release, pod * 16 + machine)``, and the lowest such machine whose release is unknown.
+        """
+        index = self._index[kind]
+        timed = index.timed_holes[hole_class]
+        at = bisect_left(timed, (end, -1))
+        untimed = index.untimed_holes[hole_class]
+        return (
+            timed[at - 1] if at else None,
+            timed[at] if at < len(timed) else None,
+            untimed[0] if untimed else None,
+        )
 
     def capacity_share(self, kind: MachineType) -> float:
         """The share of the fleet's IPUs that are of ``kind``."""

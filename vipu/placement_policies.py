@@ -8,19 +8,24 @@ Every policy answers two questions against the ``FreeSpace`` index and never sca
 Every policy must find a placement whenever one exists; they differ only in which one they pick.
 ``first-fit`` is V-IPU's buddy-style baseline and ``best-fit`` the classic tightest-hole rule.
 ``default`` scores each candidate by the free IPUs it would strand for the sizes actually being
-requested (see ``DemandAware`` and docs/vipu.md).
+requested, and, told when a partition is expected to end, puts it beside partitions that leave at
+about the same time (``choose_timed_window``; see ``DemandAware`` and docs/vipu.md).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 from vipu._bitmaps import (
     ALIGNED_BIT,
     FREE_COUNT_BIT,
+    FREE_PAIR_HOLE,
     FULL_RING,
     HALF_PAIR_BIT,
+    HALF_PAIR_HOLE,
     HOST_BIT,
     MACHINE_LEVEL,
     PARTIAL_PAIR_BIT,
@@ -37,6 +42,14 @@ from vipu.free_space import FreeSpace, iter_pods, lowest_pod
 from vipu.topology import IPUS_PER_MACHINE, IPUS_PER_POD, MACHINES_PER_POD, MAX_IPUS, MachineType
 
 SIZE_LEVELS = MAX_IPUS.bit_length()  # levels 0..16: sizes 1..65,536
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """When a request is placed (``now``) and when it is expected to end (``end``), in cluster seconds."""
+
+    now: float
+    end: float
 
 
 def lowest_window(free: int, level: int, *, aligned: bool) -> int | None:
@@ -94,6 +107,13 @@ class PlacementPolicy(ABC):
         self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
     ) -> tuple[int, int] | None:
         """``(pod, start)`` for a partition of ``2**level`` IPUs (level 0..6), or None if none fits."""
+
+    def choose_timed_window(
+        self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...], timing: Timing
+    ) -> tuple[int, int] | None:
+        """``choose_window`` for a partition expected to end at ``timing.end`` (ignored by default)."""
+        del timing
+        return self.choose_window(space, level, kinds)
 
     def choose_pods(
         self, space: FreeSpace, count: int, kinds: tuple[MachineType, ...]
@@ -211,11 +231,21 @@ class DemandAware(PlacementPolicy):
     Cutting from a run's end is never worse than cutting from its middle, for every size at once, so
     a class's cost depends on ``n`` alone. The lowest pod of each class is then the only candidate
     worth scoring: at most 19 per machine type, each O(1).
+
+    Told when a request is expected to end (``Allocator.allocate(..., expected_end=, now=)``), it
+    also packs in time: see ``choose_timed_window``. A machine is only whole again when the last
+    of its partitions leaves, so partitions that leave together free whole machines and runs.
     """
 
     name = "default"
     DECAY = 0.995  # per observed request: the mix's half-life is about 140 requests
     FLOOR = 1e-3  # weight every size keeps, so unseen sizes are still preferred whole
+    # Temporal packing (see ``choose_timed_window``): costs per unit of log-time mismatch.
+    LATE = 1.0
+    EARLY = 0.1
+    UNTIMED = 0.5  # a hole whose machine's release time nobody told us
+    NEIGHBOUR_PODS = 4  # pods with the cheapest class of run whose ends are weighed by time
+    NEIGHBOUR_UNTIMED = 3.0  # a neighbour with no known release: as bad as a 20-fold mismatch
 
     def __init__(self) -> None:
         self._untyped = [0.0] * SIZE_LEVELS
@@ -288,9 +318,21 @@ class DemandAware(PlacementPolicy):
     def choose_window(
         self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
     ) -> tuple[int, int] | None:
+        best = self._cheapest(space, level, kinds)
+        if best is None:
+            return None
+        _, pod, klass, _ = best
+        return pod, self._start_in(space.free_mask(pod), klass)
+
+    def _cheapest(
+        self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...]
+    ) -> tuple[float, int, int, MachineType] | None:
+        """The cheapest candidate class as (cost, its lowest pod, class, machine type), or None.
+
+        Class -2 is a half-used pair, -1 a free pair of a machine in use, n a run of n free machines.
+        """
         taken = 1 if level < MACHINE_LEVEL else 1 << (level - MACHINE_LEVEL)
-        # (cost, pod, class) with class -2 = half-used pair, -1 = pair of a machine in use, n = run of n.
-        best: tuple[float, int, int] | None = None
+        best: tuple[float, int, int, MachineType] | None = None
         for kind in kinds:
             weights = self.weights(kind, space.capacity_share(kind))
             pair_loss = 2 * weights[1] if level == 0 else 0.0
@@ -308,13 +350,10 @@ class DemandAware(PlacementPolicy):
                     options.append((cost, run, pods))
             for cost, klass, pods in options:
                 if pods:
-                    candidate = (cost, lowest_pod(pods), klass)
-                    if best is None or candidate < best:
+                    candidate = (cost, lowest_pod(pods), klass, kind)
+                    if best is None or candidate[:3] < best[:3]:
                         best = candidate
-        if best is None:
-            return None
-        _, pod, klass = best
-        return pod, self._start_in(space.free_mask(pod), klass)
+        return best
 
     @staticmethod
     def _start_in(free: int, klass: int) -> int:
@@ -338,6 +377,112 @@ class DemandAware(PlacementPolicy):
                 return start * IPUS_PER_MACHINE
         raise AssertionError("pod index out of step with its free mask")
 
+    def choose_timed_window(
+        self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...], timing: Timing
+    ) -> tuple[int, int] | None:
+        """Temporal packing: put the partition beside partitions expected to leave when it does, so
+        that they free contiguous space together.
+
+        - 1 and 2 IPUs go into a hole (a free IPU or pair of a machine in use), as untimed: a hole
+          never costs a whole machine. But the hole is the one whose machine's other partitions
+          end nearest after this one: outliving them costs ``LATE`` per unit of log-time (the
+          machine stays broken longer), ending first ``EARLY`` (its IPU idles in a busy machine),
+          ``UNTIMED`` when one of them was placed without a hint, plus the pair's twin as untimed
+          when a 1 splits a free pair. The release-time index finds the two nearest machines of
+          each class by binary search. Only when there is no hole at all does a machine get
+          broken into, by the untimed rule.
+        - 4 to 32 IPUs go into the cheapest class of free run, as untimed, so they strand no more
+          than the untimed choice. Among the lowest ``NEIGHBOUR_PODS`` pods with such a run, they
+          take the run end whose busy neighbour machine is expected to leave nearest in log-time.
+        - Whole POD64s are placed as untimed: their neighbours are whole POD64s, joined by GW-Links
+          at any distance.
+        """
+        if level >= MACHINE_LEVEL:
+            return self._timed_run_window(space, level, kinds, timing)
+        ends_in = _log_horizon(timing.end, timing.now)
+        # (cost, machine key, hole class)
+        best: tuple[float, int, int] | None = None
+        for kind in kinds:
+            pair_loss = 2 * self.weights(kind, space.capacity_share(kind))[1] if level == 0 else 0.0
+            for hole_class in (HALF_PAIR_HOLE, FREE_PAIR_HOLE) if level == 0 else (FREE_PAIR_HOLE,):
+                base = 0.0 if hole_class == HALF_PAIR_HOLE else pair_loss
+                before, after, untimed = space.holes_around(kind, hole_class, timing.end)
+                candidates: list[tuple[float, int, int]] = []
+                for found in (before, after):
+                    if found is not None:
+                        release, key = found
+                        mismatch = self._mismatch(ends_in, _log_horizon(release, timing.now))
+                        candidates.append((base + mismatch, key, hole_class))
+                if untimed is not None:
+                    candidates.append((base + self.UNTIMED, untimed, hole_class))
+                for candidate in candidates:
+                    if best is None or candidate < best:
+                        best = candidate
+        if best is None:
+            # No holes at all: a machine must be broken into, and the untimed rule picks which.
+            return self.choose_window(space, level, kinds)
+        _, key, hole_class = best
+        pod, machine = divmod(key, MACHINES_PER_POD)
+        nibble = space.free_mask(pod) >> (machine * IPUS_PER_MACHINE) & 0b1111
+        if hole_class == HALF_PAIR_HOLE:
+            halves = (nibble ^ (nibble >> 1)) & 0b0101
+            slots = nibble & (halves | halves << 1)
+        else:
+            slots = nibble & (nibble >> 1) & 0b0101
+        return pod, machine * IPUS_PER_MACHINE + (slots & -slots).bit_length() - 1
+
+    def _timed_run_window(
+        self, space: FreeSpace, level: int, kinds: tuple[MachineType, ...], timing: Timing
+    ) -> tuple[int, int] | None:
+        best = self._cheapest(space, level, kinds)
+        if best is None:
+            return None
+        _, first_pod, klass, kind = best
+        if klass == MACHINES_PER_POD:  # a whole free ring: no busy neighbour to match
+            return first_pod, self._start_in(space.free_mask(first_pod), klass)
+        taken = 1 << (level - MACHINE_LEVEL)
+        ends_in = _log_horizon(timing.end, timing.now)
+        # (mismatch, order, pod, first machine): order keeps the untimed choice first among equals.
+        chosen: tuple[float, int, int, int] | None = None
+        order = 0
+        for pod in iter_pods(space.pods_with(kind, RUN_BIT + klass), self.NEIGHBOUR_PODS):
+            for start, length in circular_runs(free_machines(space.free_mask(pod)), MACHINES_PER_POD):
+                if length != klass:
+                    continue
+                after = (start + length) % MACHINES_PER_POD
+                before = (start - 1) % MACHINES_PER_POD
+                ends: tuple[tuple[int, tuple[int, ...]], ...] = (
+                    ((start, (before, after)),)
+                    if length == taken
+                    else ((start, (before,)), ((after - taken) % MACHINES_PER_POD, (after,)))
+                )
+                for first, neighbours in ends:
+                    mismatch = min(
+                        self._neighbour_mismatch(space.release(pod, machine), ends_in, timing.now)
+                        for machine in neighbours
+                    )
+                    candidate = (mismatch, order, pod, first)
+                    order += 1
+                    if chosen is None or candidate < chosen:
+                        chosen = candidate
+        assert chosen is not None, "pod index out of step with its free mask"
+        return chosen[2], chosen[3] * IPUS_PER_MACHINE
+
+    @classmethod
+    def _neighbour_mismatch(cls, release: float | None, ends_in: float, now: float) -> float:
+        if release is None:
+            return cls.NEIGHBOUR_UNTIMED
+        return abs(ends_in - _log_horizon(release, now))
+
+    @classmethod
+    def _mismatch(cls, ends_in: float, released_in: float) -> float:
+        """What sharing a machine costs a job that ends ``ends_in`` (log seconds) from now with jobs
+        that leave it ``released_in`` from now: outliving them keeps the machine from being whole
+        again, the costlier way; ending first leaves its IPU idle in a busy machine."""
+        if ends_in > released_in:
+            return cls.LATE * (ends_in - released_in)
+        return cls.EARLY * (released_in - ends_in)
+
     def choose_pods(
         self, space: FreeSpace, count: int, kinds: tuple[MachineType, ...]
     ) -> tuple[MachineType, tuple[int, ...]] | None:
@@ -354,6 +499,12 @@ class DemandAware(PlacementPolicy):
 
         kind = min(options, key=cost)
         return kind, options[kind]
+
+
+def _log_horizon(moment: float, now: float) -> float:
+    """log of the seconds from ``now`` to ``moment``, from one second up (a job past its
+    expected end is expected to end any moment)."""
+    return math.log(max(moment - now, 1.0))
 
 
 _POLICIES: dict[str, type[PlacementPolicy]] = {

@@ -4,6 +4,7 @@ every policy, checked against a brute-force enumeration of the partition rules."
 from __future__ import annotations
 
 import unittest
+from collections import defaultdict
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -16,13 +17,16 @@ from hypothesis.stateful import (
 )
 from vipu_oracle import SIZES, all_windows, fits, largest, stranded
 
+from vipu._bitmaps import HOLE_CLASSES, MACHINE_HOLES
 from vipu.allocator import AllocationConflict, Allocator, Placement
 from vipu.partitions import validate_partition
 from vipu.placement_policies import available_policies
-from vipu.topology import Fleet, Health, MachineType, ipu_id, machine_id
+from vipu.topology import Fleet, Health, MachineType, ipu_id, machine_id, parse_ipu_id
 
 KINDS = (None, MachineType.M2000, MachineType.BOW)
 STATES = (Health.UP, Health.DRAINING, Health.FAILED)
+# How long a partition is expected to run, when the caller says: often nothing, often a tie.
+RUNTIMES = st.none() | st.sampled_from([10.0, 100.0, 1000.0]) | st.floats(0.0, 1e6)
 
 
 class AllocatorMachine(RuleBasedStateMachine):
@@ -33,6 +37,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.allocator: Allocator
         self.fleet: Fleet
         self.live: dict[str, frozenset[str]] = {}
+        self.ends: dict[str, float] = {}  # expected ends of the partitions placed with one
+        self.clock = 0.0
         self.machine_health: dict[str, Health] = {}
         self.ipu_health: dict[str, Health] = {}
         self.serial = 0
@@ -75,12 +81,22 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # --- rules ---------------------------------------------------------------------------------
 
-    @rule(size=st.sampled_from(SIZES), kind=st.sampled_from(KINDS), gcds=st.sampled_from([1, 2]))
-    def allocate(self, size: int, kind: MachineType | None, gcds: int) -> None:
+    @rule(
+        size=st.sampled_from(SIZES),
+        kind=st.sampled_from(KINDS),
+        gcds=st.sampled_from([1, 2]),
+        runtime=RUNTIMES,
+        elapsed=st.sampled_from([0.0, 1.0, 50.0]),
+    )
+    def allocate(
+        self, size: int, kind: MachineType | None, gcds: int, runtime: float | None, elapsed: float
+    ) -> None:
         gcds = min(gcds, size)
+        self.clock += elapsed
+        hint = {} if runtime is None else {"expected_end": self.clock + runtime, "now": self.clock}
         expected = fits(self.fleet, self.free(), size, kind)
-        found = self.allocator.find(size, machine_type=kind)
-        placement = self.allocator.allocate(self.new_id(), size, machine_type=kind, gcds=gcds)
+        found = self.allocator.find(size, machine_type=kind, **hint)
+        placement = self.allocator.allocate(self.new_id(), size, machine_type=kind, gcds=gcds, **hint)
         if not expected:
             assert found is None and placement is None
             return
@@ -89,6 +105,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.check_new_placement(placement, size, kind)
         assert placement.gcds == gcds
         self.live[placement.partition_id] = frozenset(placement.ipu_ids)
+        if runtime is not None:
+            self.ends[placement.partition_id] = self.clock + runtime
 
     @rule(size=st.sampled_from(SIZES))
     def observe(self, size: int) -> None:
@@ -100,22 +118,26 @@ class AllocatorMachine(RuleBasedStateMachine):
         partition_id = data.draw(st.sampled_from(sorted(self.live)))
         self.allocator.release(partition_id)
         del self.live[partition_id]
+        self.ends.pop(partition_id, None)
 
-    @rule(data=st.data(), size=st.sampled_from([1, 2, 4, 8, 16, 64]))
-    def occupy_existing(self, data: st.DataObject, size: int) -> None:
+    @rule(data=st.data(), size=st.sampled_from([1, 2, 4, 8, 16, 64]), runtime=RUNTIMES)
+    def occupy_existing(self, data: st.DataObject, size: int, runtime: float | None) -> None:
         """Register a partition as if loaded from the database, on any machines, healthy or not."""
         windows = [ipus for _, ipus in all_windows(self.fleet, size)]
         ipus = data.draw(st.sampled_from(windows))
         partition_id = self.new_id()
+        end = None if runtime is None else self.clock + runtime
         if ipus & self.taken():
             try:
-                self.allocator.occupy(partition_id, sorted(ipus))
+                self.allocator.occupy(partition_id, sorted(ipus), expected_end=end)
             except AllocationConflict:
                 return
             raise AssertionError("occupy accepted IPUs that are in use")
-        placement = self.allocator.occupy(partition_id, sorted(ipus))
+        placement = self.allocator.occupy(partition_id, sorted(ipus), expected_end=end)
         assert frozenset(placement.ipu_ids) == ipus
         self.live[partition_id] = ipus
+        if end is not None:
+            self.ends[partition_id] = end
 
     @rule(data=st.data(), state=st.sampled_from(STATES))
     def set_machine_health(self, data: st.DataObject, state: Health) -> None:
@@ -158,6 +180,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for ipu in sorted(self.ipu_health):
             self.allocator.set_ipu_health(ipu, Health.UP)
         self.live.clear()
+        self.ends.clear()
         self.machine_health.clear()
         self.ipu_health.clear()
         assert self.allocator.partitions() == {}
@@ -193,6 +216,47 @@ class AllocatorMachine(RuleBasedStateMachine):
             report = self.allocator.fragmentation(size)
             assert report.stranded_ipus == stranded(self.fleet, free, size, None)
             assert report.free_ipus == len(free)
+
+    @invariant()
+    def release_times_and_holes_match_brute_force(self) -> None:
+        """The index behind timed placement (white-box: the allocator's FreeSpace) against the model:
+        a machine's release time is the latest expected end of the partitions smaller than a machine
+        on it when all of them were given one, or the expected end of the partition of whole
+        machines (inside one pod) holding it; its holes are by its free IPUs alone."""
+        if not hasattr(self, "allocator"):
+            return
+        space = self.allocator._space
+        small: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+        release: dict[tuple[int, int], float | None] = {}
+        for partition_id, ipus in self.live.items():
+            end = self.ends.get(partition_id)
+            machines = {parse_ipu_id(ipu)[:2] for ipu in ipus}
+            for machine in machines:
+                if len(ipus) < 4:
+                    small[machine].append(end)
+                elif len(ipus) < 64 and end is not None:
+                    release[machine] = end
+        for machine, ends in small.items():
+            release[machine] = None if None in ends else max(e for e in ends if e is not None)
+        free = self.free()
+        for kind in self.fleet.machine_types:
+            expected: list[tuple[list[tuple[float, int]], list[int]]] = [
+                ([], []) for _ in range(HOLE_CLASSES)
+            ]
+            for pod in self.fleet.pods_of_type(kind):
+                for machine in range(16):
+                    when = release.get((pod, machine))
+                    assert space.release(pod, machine) == when, (pod, machine)
+                    nibble = sum(1 << i for i in range(4) if ipu_id(pod, machine, i) in free)
+                    for hole_class in range(HOLE_CLASSES):
+                        if MACHINE_HOLES[nibble] >> hole_class & 1:
+                            timed, untimed = expected[hole_class]
+                            if when is None:
+                                untimed.append(pod * 16 + machine)
+                            else:
+                                timed.append((when, pod * 16 + machine))
+            for hole_class, (timed, untimed) in enumerate(expected):
+                assert space.holes(kind, hole_class) == (sorted(timed), sorted(untimed))
 
 
 def _suite(policy: str) -> type[unittest.TestCase]:
