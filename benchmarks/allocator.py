@@ -12,11 +12,18 @@ it too. Each job's ``num_gpus`` is rounded up to a power of two, as IPU users si
    timed on its own. ``clone`` is timed on the final state.
 2. Stranding. One request sequence is replayed through every policy side by side: Poisson arrivals
    offering ``--load`` times the fleet's capacity, with trace sizes and durations. A request that does
-   not fit is refused and dropped. Before each arrival we record the share of free IPUs stranded for
-   that request's size (``Allocator.fragmentation``). A refusal counts as "refused with room" when
-   enough free, healthy IPUs of the right type existed in total. The first quarter of the sequence is
-   warm-up. The mixed run alternates m2000 and bow POD64s and pins 30% of requests to bow and 10% to
-   m2000.
+   not fit is refused and dropped. Before each arrival we record the free IPUs stranded for that
+   request's size, and their share of all free IPUs (``Allocator.fragmentation``). A refusal counts as
+   "refused with room" when enough free, healthy IPUs of the right type existed in total. The first
+   quarter of the sequence is warm-up. The mixed run alternates m2000 and bow POD64s and pins 30% of
+   requests to bow and 10% to m2000.
+
+   The default policy runs twice: without hints, and told each request's expected end
+   (``allocate(..., expected_end=, now=)``). The expected end is what the scheduler would predict:
+   the true duration times a log-normal error ``exp(N(0, sigma))``, with sigma the scheduler
+   simulator's stated prediction error (``--prediction-error``, default
+   ``scheduler.simulator.estimates.DEFAULT_PREDICTION_ERROR`` = 0.3). The baselines ignore hints.
+   The speed run times the hinted default too, with expected ends drawn from the trace's durations.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import heapq
+import math
 import random
 import shlex
 import sys
@@ -36,9 +44,26 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR  # noqa: E402
 from vipu.allocator import Allocator  # noqa: E402
 from vipu.placement_policies import available_policies  # noqa: E402
 from vipu.topology import IPUS_PER_POD, Fleet, MachineType  # noqa: E402
+
+HINTED = "default, end hint"  # the label of the default policy told each request's expected end
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    policy: str
+    hinted: bool
+
+
+def variants(policies: list[str], hints: bool) -> list[Variant]:
+    out = [Variant(policy, policy, False) for policy in policies]
+    if hints and "default" in policies:
+        out.insert(policies.index("default") + 1, Variant(HINTED, "default", True))
+    return out
 
 
 def default_trace() -> Path:
@@ -70,25 +95,34 @@ class Timings:
         return result
 
 
-def speed_run(policy: str, pods: int, ops: int, sizes: list[int], seed: int) -> tuple[Timings, int, float]:
-    """Timings per operation, refusals and mean occupancy of one churn run."""
+def speed_run(
+    variant: Variant, pods: int, ops: int, jobs: list[tuple[int, float]], seed: int
+) -> tuple[Timings, int, float]:
+    """Timings per operation, refusals and mean occupancy of one churn run.
+
+    The churn releases a random live partition rather than the one due, so for the hinted variant
+    the clock is the operation count and each expected end is a trace duration (in operations)
+    from now: what matters for the timing is how many machines with holes the index holds.
+    """
     rng = random.Random(seed)
-    allocator = Allocator(Fleet.uniform(pods), policy)
+    allocator = Allocator(Fleet.uniform(pods), variant.policy)
     capacity = pods * IPUS_PER_POD
     timings = Timings()
     live: list[tuple[str, int]] = []
     used = 0
     refused = 0
+    clock = 0.0
 
     def allocate(measured: bool) -> None:
         nonlocal used, refused
-        size = rng.choice(sizes)
+        size, duration = rng.choice(jobs)
         name = f"p{rng.getrandbits(64):016x}"
+        hint = {"expected_end": clock + duration, "now": clock} if variant.hinted else {}
         if not measured:
-            placement = allocator.allocate(name, size)
+            placement = allocator.allocate(name, size, **hint)
         else:
-            timings.time("find", lambda: allocator.find(size))
-            placement = timings.time("allocate", lambda: allocator.allocate(name, size))
+            timings.time("find", lambda: allocator.find(size, **hint))
+            placement = timings.time("allocate", lambda: allocator.allocate(name, size, **hint))
         if placement is None:
             refused += measured
         else:
@@ -99,6 +133,7 @@ def speed_run(policy: str, pods: int, ops: int, sizes: list[int], seed: int) -> 
         allocate(measured=False)
     occupancy = 0.0
     for _ in range(ops):
+        clock += 1.0
         occupancy += used / capacity
         timings.time("largest_free", allocator.largest_free)
         if used < 0.6 * capacity or (used <= 0.9 * capacity and rng.random() < 0.5):
@@ -120,6 +155,7 @@ class Request:
     size: int
     duration: float
     machine_type: MachineType | None
+    expected_end: float  # arrival + duration x the prediction error
 
 
 @dataclass
@@ -127,7 +163,8 @@ class StrandResult:
     policy: str
     measured: int = 0
     stranded: float = 0.0  # summed stranded share over measured requests
-    stranded_multi: float = 0.0  # the same, over requests of 2+ IPUs
+    stranded_ipus: float = 0.0  # summed stranded IPUs over measured requests
+    stranded_multi: float = 0.0  # the stranded share summed over requests of 2+ IPUs
     multi: int = 0
     refused: int = 0
     refused_with_room: int = 0
@@ -141,9 +178,12 @@ def request_sequence(
     load: float,
     seed: int,
     pinned: dict[MachineType, float],
+    prediction_error: float = DEFAULT_PREDICTION_ERROR,
 ) -> list[Request]:
     """Poisson arrivals whose offered IPU-seconds are ``load`` times the fleet's capacity."""
     rng = random.Random(seed)
+    # A stream of its own, so the arrivals, sizes and durations do not depend on the error's sigma.
+    errors = random.Random(seed + 1)
     mean_ipu_seconds = sum(size * duration for size, duration in jobs) / len(jobs)
     rate = load * pods * IPUS_PER_POD / mean_ipu_seconds
     clock = 0.0
@@ -158,13 +198,14 @@ def request_sequence(
                 machine_type = kind
                 break
             draw -= share
-        sequence.append(Request(clock, size, duration, machine_type))
+        predicted = duration * math.exp(errors.gauss(0.0, prediction_error))
+        sequence.append(Request(clock, size, duration, machine_type, clock + predicted))
     return sequence
 
 
-def strand_run(policy: str, fleet: Fleet, requests: list[Request]) -> StrandResult:
-    allocator = Allocator(fleet, policy)
-    result = StrandResult(policy)
+def strand_run(variant: Variant, fleet: Fleet, requests: list[Request]) -> StrandResult:
+    allocator = Allocator(fleet, variant.policy)
+    result = StrandResult(variant.label)
     departures: list[tuple[float, str]] = []
     warm_up = len(requests) // 4
     for index, request in enumerate(requests):
@@ -175,12 +216,14 @@ def strand_run(policy: str, fleet: Fleet, requests: list[Request]) -> StrandResu
             report = allocator.fragmentation(request.size, request.machine_type)
             result.measured += 1
             result.stranded += report.stranded_share
+            result.stranded_ipus += report.stranded_ipus
             if request.size > 1:
                 result.multi += 1
                 result.stranded_multi += report.stranded_share
             result.occupancy += 1 - allocator.free_ipus() / fleet.ipus
         name = f"j{index}"
-        if allocator.allocate(name, request.size, machine_type=request.machine_type) is None:
+        hint = {"expected_end": request.expected_end, "now": request.arrival} if variant.hinted else {}
+        if allocator.allocate(name, request.size, machine_type=request.machine_type, **hint) is None:
             if measured:
                 result.refused += 1
                 result.refused_with_room += allocator.free_ipus(request.machine_type) >= request.size
@@ -191,18 +234,23 @@ def strand_run(policy: str, fleet: Fleet, requests: list[Request]) -> StrandResu
 
 def print_strand_table(title: str, results: list[StrandResult]) -> None:
     print(title)
-    print("| policy | avg stranded share | avg stranded share, 2+ IPU requests | refused | "
-          "refused with room | mean occupancy |")
-    print("|---|---|---|---|---|---|")
+    print("| policy | avg stranded share | avg stranded share, 2+ IPU requests | avg stranded IPUs | "
+          "refused | refused with room | mean occupancy |")
+    print("|---|---|---|---|---|---|---|")
     for result in results:
         measured = max(result.measured, 1)
         print(f"| {result.policy} | {result.stranded / measured:.4f} | "
-              f"{result.stranded_multi / max(result.multi, 1):.4f} | {result.refused / measured:.2%} | "
-              f"{result.refused_with_room / measured:.2%} | {result.occupancy / measured:.1%} |")
+              f"{result.stranded_multi / max(result.multi, 1):.4f} | {result.stranded_ipus / measured:.2f} | "
+              f"{result.refused / measured:.2%} | {result.refused_with_room / measured:.2%} | "
+              f"{result.occupancy / measured:.1%} |")
     by_name = {result.policy: result for result in results}
-    if {"default", "first-fit"} <= set(by_name) and by_name["first-fit"].stranded:
-        ratio = by_name["default"].stranded / by_name["first-fit"].stranded
-        print(f"default strands {ratio:.2f}x what first-fit strands")
+    baseline = by_name.get("first-fit")
+    for label in ("default", HINTED):
+        if baseline is None or label not in by_name or not baseline.stranded or not baseline.stranded_ipus:
+            continue
+        share = by_name[label].stranded / baseline.stranded
+        ipus = by_name[label].stranded_ipus / baseline.stranded_ipus
+        print(f"{label}: {share:.2f}x first-fit's stranded share, {ipus:.2f}x its stranded IPUs")
     print()
 
 
@@ -221,9 +269,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frag-requests", type=int, default=80_000, help="requests per stranding replay")
     parser.add_argument("--load", type=float, default=1.0, help="offered load of the stranding replay")
     parser.add_argument("--no-mixed", action="store_true", help="skip the mixed-type stranding replay")
+    parser.add_argument("--prediction-error", type=float, default=DEFAULT_PREDICTION_ERROR,
+                        help="sigma of the log-normal error of the expected ends given as hints")
+    parser.add_argument("--no-hints", action="store_true", help="skip the default policy with end hints")
     parser.add_argument("--skip-speed", action="store_true")
     args = parser.parse_args(argv)
     policies = args.policy or list(available_policies())
+    runs = variants(policies, not args.no_hints)
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join([".venv/bin/python", "benchmarks/allocator.py", *given])
 
@@ -236,14 +288,13 @@ def main(argv: list[str] | None = None) -> None:
               "operations, fleet kept 60-90% occupied, microseconds per call (CPython, garbage collector on)")
         print("| policy | operation | calls | p50 | p99 | max |")
         print("|---|---|---|---|---|---|")
-        sizes = [size for size, _ in jobs]
-        for policy in policies:
-            timings, refused, occupancy = speed_run(policy, args.pods, args.ops, sizes, args.seed)
+        for variant in runs:
+            timings, refused, occupancy = speed_run(variant, args.pods, args.ops, jobs, args.seed)
             for operation in ("allocate", "release", "find", "largest_free", "clone"):
                 values = sorted(timings.samples.get(operation, [0.0]))
-                print(f"| {policy} | {operation} | {len(values)} | {percentile(values, 0.5):.1f} | "
+                print(f"| {variant.label} | {operation} | {len(values)} | {percentile(values, 0.5):.1f} | "
                       f"{percentile(values, 0.99):.1f} | {values[-1]:.1f} |")
-            print(f"| {policy} | (refused {refused}, mean occupancy {occupancy:.1%}) | | | | |")
+            print(f"| {variant.label} | (refused {refused}, mean occupancy {occupancy:.1%}) | | | | |")
         print()
 
     for pods in args.frag_pods:
@@ -258,11 +309,14 @@ def main(argv: list[str] | None = None) -> None:
                 {MachineType.BOW: 0.3, MachineType.M2000: 0.1},
             ))
         for label, fleet, pinned in scenarios:
-            requests = request_sequence(jobs, pods, args.frag_requests, args.load, args.seed, pinned)
-            results = [strand_run(policy, fleet, requests) for policy in policies]
+            requests = request_sequence(
+                jobs, pods, args.frag_requests, args.load, args.seed, pinned, args.prediction_error
+            )
+            results = [strand_run(variant, fleet, requests) for variant in runs]
             print_strand_table(
                 f"stranding: {label} = {fleet.ipus} IPUs, {len(requests)} requests at offered load "
-                f"{args.load:g} (first quarter is warm-up)",
+                f"{args.load:g} (first quarter is warm-up; hints' prediction error sigma "
+                f"{args.prediction_error:g})",
                 results,
             )
 
