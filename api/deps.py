@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -13,6 +14,8 @@ from scheduler.errors import Unauthorized
 from scheduler.services import keys
 from scheduler.services.keys import Principal
 from scheduler.settings import Settings, get_settings
+
+log = logging.getLogger("ipucloud.api")
 
 
 def _settings() -> Settings:
@@ -69,8 +72,11 @@ def current_principal(
         raise
     check_rate(f"key:{principal.key_id}", settings.rate_limit)
     if principal.key_id in keys.stale_last_use:
-        with db.write() as s:
-            keys.touch_last_used(session=s, key_id=principal.key_id)
+        try:
+            with db.write() as s:
+                keys.touch_last_used(session=s, key_id=principal.key_id)
+        except Exception as exc:  # bookkeeping only: never the reason a request fails
+            log.warning("could not record the use of key %s: %s", principal.key_id, type(exc).__name__)
     request.state.principal = principal
     return principal
 
