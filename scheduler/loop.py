@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from celery import Celery
@@ -25,20 +26,18 @@ from scheduler.broker import TASK_NAME, make_celery
 from scheduler.db import Database
 from scheduler.models import (
     Attempt,
-    AttemptState,
     Job,
     JobState,
     OutboxMessage,
     Partition,
-    Plan,
-    Tenant,
 )
-from scheduler.policy import QueuedJob, RunningJob, Snapshot, TenantState, decide
+from scheduler.policy import Snapshot, decide
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader, reconciler
+from scheduler.services import attempts, fleet, leader, reconciler, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
+from vipu.allocator import Allocator
 
 log = logging.getLogger("ipucloud.scheduler")
 
@@ -52,10 +51,8 @@ CONFLICTS = Counter("ipucloud_placement_conflicts_total", "Placements refused by
 PASS_SECONDS = Histogram("ipucloud_scheduler_pass_seconds", "Time of one scheduling pass")
 IS_LEADER = Gauge("ipucloud_scheduler_is_leader", "1 while this replica leads")
 QUEUED = Gauge("ipucloud_jobs_queued", "Jobs waiting for a partition (as of the last pass)")
-
-
-def _epoch_s(dt: object) -> float:
-    return dt.timestamp()  # type: ignore[attr-defined]
+BACKFILLED = Counter("ipucloud_jobs_backfilled_total", "Jobs started ahead of a blocked one (backfill)")
+PREEMPTED = Counter("ipucloud_attempts_preempted_total", "Attempts stopped for higher-priority work")
 
 
 @dataclass
@@ -69,9 +66,17 @@ class SchedulerLoop:
     last_reconcile: float = 0.0
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
+    # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
+    # each queued job, and the queued jobs already shown to the placement policy's demand model.
+    _waits: dict[str, dict[str, Any] | None] | None = None
+    _seen: set[str] = field(default_factory=set)
+    _waits_epoch: int | None = None
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy)
+        self._policy = scheduling.live_policy(
+            placement=self.settings.placement_policy, preemption=self.settings.preemption
+        )
         if self.router is None:
             self.router = Router(bus.get_redis)
         if self.celery is None:
@@ -125,17 +130,34 @@ class SchedulerLoop:
     # Scheduling ---------------------------------------------------------------------------------
 
     def schedule_pass(self) -> int:
-        """Place what the policy says can start now; returns the number of attempts placed."""
-        assert self.sync is not None
+        """Place what the policy says can start now; returns the number of attempts placed.
+
+        The pass also stops what the policy preempts (when IPUCLOUD_PREEMPTION is on) and stores
+        why every other queued job waits, for `GET /api/v1/jobs/{id}`.
+        """
+        assert self.sync is not None and self.fence_token is not None
         with PASS_SECONDS.time(), self.db.write() as s:
             self._fence(s)
             PASSES.inc()
+            if self._waits_epoch != self.fence_token.epoch:
+                # A new term: what an earlier leader stored is read once, then kept in step.
+                self._waits, self._seen = None, set()
+                self._waits_epoch = self.fence_token.epoch
             alloc = self.sync.refresh(s)
             snapshot = self._snapshot(s, alloc)
-            QUEUED.set(len(snapshot.queued))
-            if not snapshot.queued:
+            QUEUED.set(len(snapshot.queue))
+            if not len(snapshot.queue):
                 return 0
-            decision = decide(snapshot, policy=self.settings.placement_policy)
+            decision = decide(snapshot, self._policy)
+            if decision.preempt:
+                assert decision.reservation is not None
+                stopped = scheduling.preempt(
+                    session=s,
+                    victims=decision.preempt,
+                    for_job=decision.reservation.job_id,
+                    max_attempts=self.settings.max_attempts,
+                )
+                PREEMPTED.inc(stopped)
             placed = 0
             jobs = {
                 j.id: j
@@ -143,6 +165,7 @@ class SchedulerLoop:
                     select(Job).where(Job.id.in_([q.id for q, _ in decision.starts]))
                 ).scalars()
             }
+            started: set[str] = set()
             for queued, where in decision.starts:
                 job = jobs[queued.id]
                 if isinstance(where, str):
@@ -165,8 +188,16 @@ class SchedulerLoop:
                         break
                     self.sync.known[partition.pk] = partition.name
                 attempts.place(session=s, job=job, partition=partition, queue=self.queue_for(partition))
+                job.wait = None
+                started.add(job.id)
                 placed += 1
             PLACED.inc(placed)
+            BACKFILLED.inc(decision.stats.backfilled)
+            assert self._waits is not None
+            for job_id in started:
+                self._waits.pop(job_id, None)
+            waits = {job_id: wait for job_id, wait in decision.waits.items() if job_id not in started}
+            scheduling.record_waits(session=s, waits=waits, known=self._waits)
             return placed
 
     def queue_for(self, partition: Partition) -> str:
@@ -174,98 +205,20 @@ class SchedulerLoop:
         assert self.router is not None
         return self.router.queue_for(partition.machine_type, partition.ipu_ids)
 
-    def _snapshot(self, s: Session, alloc: object) -> Snapshot:
-        now = time.time()
-        live = (
-            select(Attempt.job_id)
-            .where(Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]))
-            .scalar_subquery()
-        )
-        rows = s.execute(
-            select(
-                Job.id,
-                Job.tenant_id,
-                Job.ipus,
-                Job.created_at,
-                Job.predicted_runtime_s,
-                Job.priority,
-                Job.machine_type,
-                Job.partition_name,
-            ).where(Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live))
-        ).all()
-        queued = [
-            QueuedJob(
-                id=r[0],
-                tenant_id=r[1],
-                size=r[2],
-                submitted_at=_epoch_s(r[3]),
-                predicted_runtime_s=r[4],
-                priority=r[5],
-                machine_type=r[6],
-                partition=r[7],
-            )
-            for r in rows
-        ]
-        running_rows = s.execute(
-            select(
-                Attempt.job_id,
-                Attempt.tenant_id,
-                Attempt.size,
-                Partition.name,
-                Attempt.placed_at,
-                Job.predicted_runtime_s,
-                Job.priority,
-            )
-            .join(Partition, Partition.pk == Attempt.partition_pk)
-            .join(Job, Job.id == Attempt.job_id)
-            .where(Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]))
-        ).all()
-        running = [
-            RunningJob(
-                id=r[0],
-                tenant_id=r[1],
-                size=r[2],
-                partition=r[3],
-                started_at=_epoch_s(r[4]),
-                expected_end=_epoch_s(r[4]) + r[5],
-                priority=r[6],
-            )
-            for r in running_rows
-        ]
-        tenant_ids = {q.tenant_id for q in queued}
-        counts: dict[str, int] = {}
-        for r in running:
-            counts[r.tenant_id] = counts.get(r.tenant_id, 0) + 1
-        tenants: dict[str, TenantState] = {}
-        if tenant_ids:
-            for tid, max_conc in s.execute(
-                select(Tenant.id, Plan.max_concurrent_jobs)
-                .join(Plan, Plan.name == Tenant.plan_name)
-                .where(Tenant.id.in_(tenant_ids))
-            ).tuples():
-                tenants[tid] = TenantState(
-                    id=tid, max_concurrent_jobs=max_conc, running_jobs=counts.get(tid, 0)
-                )
-        busy = {r.partition for r in running}
-        reserved_free = dict(
-            s.execute(
-                select(Partition.name, Partition.tenant_id).where(
-                    Partition.kind == "reserved", Partition.released_at.is_(None)
-                )
-            )
-            .tuples()
-            .all()
-        )
-        for name in busy:
-            reserved_free.pop(name, None)
-        return Snapshot(
-            now=now,
-            queued=queued,
-            running=running,
-            tenants=tenants,
+    def _snapshot(self, s: Session, alloc: Allocator) -> Snapshot:
+        first = self._waits is None
+        live = scheduling.build_snapshot(
+            session=s,
             allocator=alloc,
-            reserved_free={k: v for k, v in reserved_free.items() if v},
-        )  # type: ignore[arg-type]
+            now=db_now(s),
+            time_scale=self.settings.time_scale,
+            half_life_s=self._policy.half_life_s,
+            arrivals_seen=self._seen,
+            read_waits=first,
+        )
+        if first:
+            self._waits = live.waits
+        return live.snapshot
 
     # Dispatch -------------------------------------------------------------------------------------
 

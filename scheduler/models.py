@@ -129,6 +129,12 @@ class Tenant(Base):
     reserved_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # Fair share (scheduler.services.scheduling): decayed IPU-seconds of cluster time as last sampled,
+    # the `used_ipu_ms` counter at that sample, and when. Sampled by the scheduler, so a pass reads
+    # each tenant's standing in O(1) instead of summing its meter events.
+    fairshare_usage_ipu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    fairshare_used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    fairshare_sampled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

@@ -1,5 +1,48 @@
-"""Scheduling policy: pure functions over a snapshot, shared by the live loop and the simulator."""
+"""Scheduling policy: pure functions over a snapshot, shared by the live loop and the simulator.
 
-from scheduler.policy.core import Decision, QueuedJob, RunningJob, Snapshot, TenantState, Wait, decide
+`decide` runs one pass of a named policy (`config.POLICIES`) over a `Snapshot` and returns a
+`Decision`: what starts where, what is preempted, and why every other queued job waits.
+"""
 
-__all__ = ["Decision", "QueuedJob", "RunningJob", "Snapshot", "TenantState", "Wait", "decide"]
+from scheduler.policy.config import BASELINES, POLICIES, PolicyConfig, get_policy
+from scheduler.policy.fairshare import DEFAULT_HALF_LIFE_S, accrue, add_sample, decay, standing
+from scheduler.policy.model import (
+    Decision,
+    JobQueue,
+    PassStats,
+    QueuedJob,
+    Reservation,
+    ReservedPartition,
+    RunningJob,
+    Snapshot,
+    TenantState,
+    Wait,
+)
+from scheduler.policy.pipeline import decide, partition_name_for
+from scheduler.policy.timetable import TimeTable, expected_end
+
+__all__ = [
+    "BASELINES",
+    "DEFAULT_HALF_LIFE_S",
+    "POLICIES",
+    "Decision",
+    "JobQueue",
+    "PassStats",
+    "PolicyConfig",
+    "QueuedJob",
+    "Reservation",
+    "ReservedPartition",
+    "RunningJob",
+    "Snapshot",
+    "TenantState",
+    "TimeTable",
+    "Wait",
+    "accrue",
+    "add_sample",
+    "decay",
+    "decide",
+    "expected_end",
+    "get_policy",
+    "partition_name_for",
+    "standing",
+]

@@ -1,0 +1,297 @@
+"""What a scheduling pass sees and what it decides: plain data, no database, no clock.
+
+The live loop fills a `Snapshot` from the database and the wall clock; the simulator keeps one up to
+date in memory on a simulated clock. Times are seconds on the caller's clock (epoch seconds live,
+trace seconds in the simulator); sizes are IPUs; usage is IPU-seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vipu.allocator import Allocator, Placement
+from vipu.topology import MAX_IPUS
+
+if TYPE_CHECKING:
+    from scheduler.policy.timetable import TimeTable
+
+SIZE_LEVELS = MAX_IPUS.bit_length()  # sizes 1 .. 65,536 are levels 0 .. 16
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job waiting for a partition.
+
+    ``predicted_runtime_s`` is what the policy believes the job will take (the emulator's prediction
+    capped by the job's ``max_runtime_s`` live; whatever estimate model the simulator runs).
+    ``cost_ipu_ms`` is the quota it needs; 0 when quotas do not apply.
+    """
+
+    id: str
+    tenant_id: str
+    size: int
+    submitted_at: float
+    predicted_runtime_s: float
+    priority: int = 0
+    machine_type: str | None = None
+    partition: str | None = None  # a reserved partition it must run in
+    cost_ipu_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime."""
+
+    id: str
+    tenant_id: str
+    size: int
+    partition: str
+    started_at: float
+    expected_end: float
+    priority: int = 0
+    reserved: bool = False  # runs in a reserved partition (which outlives it)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantState:
+    """One tenant as admission and fair share see it. ``None`` limits mean "no limit".
+
+    ``usage_ipu_s`` is the decayed IPU-seconds the tenant has used; ``committed_ipu_s`` the
+    predicted IPU-seconds its running jobs still have to run. ``quota_left_ipu_ms`` is the grant
+    minus what was used minus what running jobs still hold, i.e. what its queued jobs may spend.
+    """
+
+    id: str
+    active: bool = True
+    expires_at: float | None = None
+    quota_left_ipu_ms: int | None = None
+    max_concurrent_jobs: int | None = None
+    max_queued_jobs: int | None = None
+    max_partition_size: int | None = None
+    running_jobs: int = 0
+    usage_ipu_s: float = 0.0
+    committed_ipu_s: float = 0.0
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReservedPartition:
+    """An admin-made partition that serves one tenant's jobs, one at a time."""
+
+    name: str
+    tenant_id: str | None
+    size: int
+    running_job: str | None = None  # the job in it now, if any
+
+
+class JobQueue:
+    """Queued jobs grouped by (priority, tenant), each group in age order, and by priority alone.
+
+    Every ordering the policies use is a merge of these groups (fair share), or a walk through the
+    priority classes (FIFO), so the simulator keeps one queue up to date job by job instead of
+    re-sorting thousands of jobs at every event. Each group also counts its jobs per size, so a pass
+    can skip a group none of whose sizes can start.
+    """
+
+    __slots__ = ("_classes", "_groups", "_where")
+
+    def __init__(self, jobs: Sequence[QueuedJob] = ()) -> None:
+        self._groups: dict[tuple[int, str], _Group] = {}
+        self._classes: dict[int, _Group] = {}
+        self._where: dict[str, tuple[int, str]] = {}
+        for job in sorted(jobs, key=age_key):
+            self.add(job)
+
+    def add(self, job: QueuedJob) -> None:
+        if job.id in self._where:
+            raise ValueError(f"job {job.id} is already queued")
+        key = (job.priority, job.tenant_id)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group()
+        group.add(job)
+        klass = self._classes.get(job.priority)
+        if klass is None:
+            klass = self._classes[job.priority] = _Group()
+        klass.add(job)
+        self._where[job.id] = key
+
+    def remove(self, job_id: str) -> QueuedJob:
+        key = self._where.pop(job_id)
+        group = self._groups[key]
+        job = group.remove(job_id)
+        if not group.jobs:
+            del self._groups[key]
+        klass = self._classes[key[0]]
+        klass.remove(job_id)
+        if not klass.jobs:
+            del self._classes[key[0]]
+        return job
+
+    def get(self, job_id: str) -> QueuedJob | None:
+        key = self._where.get(job_id)
+        return None if key is None else self._groups[key].jobs[job_id]
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __iter__(self) -> Iterator[QueuedJob]:
+        for group in self._groups.values():
+            yield from group.jobs.values()
+
+    def groups(self) -> Mapping[tuple[int, str], _Group]:
+        return self._groups
+
+    def classes(self) -> Mapping[int, _Group]:
+        """All queued jobs of each priority, in age order."""
+        return self._classes
+
+
+class _Group:
+    """One (priority, tenant) group: jobs by id in age order, and how many there are of each size."""
+
+    __slots__ = ("by_level", "jobs", "last")
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, QueuedJob] = {}
+        self.by_level = [0] * SIZE_LEVELS
+        self.last: tuple[float, str] | None = None
+
+    def add(self, job: QueuedJob) -> None:
+        key = age_key(job)
+        if self.last is not None and key < self.last:
+            # Out of order (a preempted job back in the queue): rebuild this group in age order.
+            ordered = sorted([*self.jobs.values(), job], key=age_key)
+            self.jobs = {j.id: j for j in ordered}
+        else:
+            self.jobs[job.id] = job
+            self.last = key
+        self.by_level[job.size.bit_length() - 1] += 1
+
+    def remove(self, job_id: str) -> QueuedJob:
+        job = self.jobs.pop(job_id)
+        self.by_level[job.size.bit_length() - 1] -= 1
+        if not self.jobs:
+            self.last = None
+        return job
+
+    def smallest_level(self) -> int:
+        for level, count in enumerate(self.by_level):
+            if count:
+                return level
+        return SIZE_LEVELS
+
+
+def age_key(job: QueuedJob) -> tuple[float, str]:
+    return (job.submitted_at, job.id)
+
+
+@dataclass
+class Snapshot:
+    """Everything one pass decides over. The pass allocates on ``allocator`` as it starts jobs.
+
+    ``arrivals`` are queued jobs the caller has not shown the policy before: their sizes feed the
+    placement policy's demand model (``Allocator.observe_request``) before anything is placed.
+    ``timetable``, when the caller keeps one in step with the allocator and ``running``, saves the
+    pass rebuilding it for a reservation (the simulator keeps one; the live loop does not need to).
+    """
+
+    now: float
+    queue: JobQueue
+    running: Collection[RunningJob]
+    tenants: Mapping[str, TenantState]
+    allocator: Allocator
+    reserved: Mapping[str, ReservedPartition] = field(default_factory=dict)
+    arrivals: Sequence[QueuedJob] = ()
+    timetable: TimeTable | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        now: float,
+        queued: Sequence[QueuedJob],
+        allocator: Allocator,
+        running: Collection[RunningJob] = (),
+        tenants: Mapping[str, TenantState] | None = None,
+        reserved: Mapping[str, ReservedPartition] | None = None,
+        arrivals: Sequence[QueuedJob] = (),
+    ) -> Snapshot:
+        return cls(
+            now=now,
+            queue=JobQueue(queued),
+            running=running,
+            tenants=tenants or {},
+            allocator=allocator,
+            reserved=reserved or {},
+            arrivals=arrivals,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Why a queued job did not start in this pass.
+
+    ``reason`` is one of: ``quota``, ``limit``, ``tenant-inactive``, ``no-room`` (no free partition
+    of its size), ``behind`` (it would fit, but starting it would delay the job(s) in ``behind``),
+    ``reserved`` (it is first in line; ``estimated_start`` is when its reserved IPUs free up),
+    ``preempting`` (lower-priority work is being stopped for it), ``partition-busy`` and
+    ``partition-missing`` (for jobs bound to a reserved partition).
+    """
+
+    reason: str
+    detail: str
+    behind: tuple[str, ...] = ()
+    estimated_start: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "detail": self.detail,
+            "behind": list(self.behind),
+            "estimated_start": self.estimated_start,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The first job in line that cannot start now: when and where it will, if estimates hold."""
+
+    job_id: str
+    size: int
+    start: float  # math.inf when it cannot start even once everything running has ended
+    ipu_ids: frozenset[str] = frozenset()
+
+    @property
+    def timed(self) -> bool:
+        return math.isfinite(self.start)
+
+
+@dataclass
+class PassStats:
+    """Figures of one pass, for the simulator's report and the live loop's metrics."""
+
+    examined: int = 0
+    backfilled: int = 0
+    head_size: int | None = None
+    head_machine_type: str | None = None
+    head_refused_with_room: bool = False  # enough IPUs were free in total, but no valid partition
+    launch_failures: int = 0  # count-only planners: starts the allocator could not place
+
+
+@dataclass
+class Decision:
+    """What to do now: start ``starts`` (a placement, or the name of a reserved partition), stop
+    ``preempt`` (their attempts are requeued and not billed), and why the others wait."""
+
+    starts: list[tuple[QueuedJob, Placement | str]] = field(default_factory=list)
+    preempt: list[RunningJob] = field(default_factory=list)
+    waits: dict[str, Wait] = field(default_factory=dict)
+    reservation: Reservation | None = None
+    stats: PassStats = field(default_factory=PassStats)

@@ -1,0 +1,294 @@
+"""One scheduling pass: admission, ordering, start what fits, reserve for the first job that does not,
+backfill around it, optionally preempt for it. Pure over a `Snapshot`: the live loop and the
+simulator both call `decide` and then make its starts real (database rows, or simulated events).
+
+The pass allocates every start on ``snapshot.allocator``, so the caller's allocator already holds the
+new partitions when `decide` returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from scheduler.policy.admission import Admission
+from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.model import (
+    Decision,
+    QueuedJob,
+    Reservation,
+    Snapshot,
+    TenantState,
+    Wait,
+)
+from scheduler.policy.ordering import Order
+from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
+from scheduler.policy.preemption import choose_victims
+
+
+def partition_name_for(job_id: str) -> str:
+    """The partition a job runs in is named after it (names are unique among live partitions)."""
+    return "p_" + job_id.split("_", 1)[-1]
+
+
+def decide(
+    snapshot: Snapshot,
+    policy: PolicyConfig | str = "default",
+    *,
+    explain: bool = True,
+    name_for: Callable[[str], str] = partition_name_for,
+) -> Decision:
+    """Decide what starts now. With ``explain`` every queued job that does not start gets a `Wait`;
+    without it (the simulator) the pass stops as soon as nothing more can start."""
+    return _Pass(snapshot, get_policy(policy) if isinstance(policy, str) else policy, explain, name_for).run()
+
+
+class _Pass:
+    def __init__(
+        self, snapshot: Snapshot, config: PolicyConfig, explain: bool, name_for: Callable[[str], str]
+    ) -> None:
+        self.s = snapshot
+        self.config = config
+        self.explain = explain
+        self.name_for = name_for
+        self.decision = Decision()
+        self.planner: TopologyPlanner | CountPlanner = (
+            TopologyPlanner(snapshot.allocator, snapshot.running, snapshot.now, snapshot.timetable)
+            if config.planner == "topology"
+            else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
+        )
+        self.admission = Admission(snapshot.tenants, snapshot.now)
+        # Smallest size that cannot start now, per machine type (None: any type). Free space only
+        # shrinks during a pass, and a partition of 2N always contains one of N, so every larger
+        # size of that type cannot start either.
+        self.dead: dict[str | None, int] = {}
+        # The same for backfilling past the reserved start (placing off the reserved IPUs).
+        self.held: dict[str | None, int] = {}
+        self.head: QueuedJob | None = None
+        self.reservation: Reservation | None = None
+        self.busy = {name: rp.running_job for name, rp in snapshot.reserved.items()}
+        # Without explanations and reserved partitions, the pass may stop once nothing can start.
+        self.can_stop = not explain and not snapshot.reserved
+        self.stop = False
+
+    # The pass ------------------------------------------------------------------------------------
+
+    def run(self) -> Decision:
+        alloc = self.s.allocator
+        for job in self.s.arrivals:
+            if job.partition is None:
+                alloc.observe_request(job.size, machine_type=job.machine_type)
+        order = Order(
+            self.s.queue,
+            self.s.tenants,
+            self.config.ordering,
+            self.dead if self.can_stop else None,
+            now=self.s.now,
+            aging_s=self.config.aging_s,
+        )
+        backfill = self.config.backfill
+        admit = self.admission.check if any(_restricts(t) for t in self.s.tenants.values()) else None
+        for job in order:
+            refusal = None if admit is None else admit(job)
+            if refusal is not None:
+                self._wait(job, refusal)
+            elif job.partition is not None:
+                self._reserved_partition(job, order)
+            elif self.head is None:
+                self._first_in_line(job, order)
+            elif backfill:
+                self._backfill(job, order)
+            else:
+                self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
+                self.stop = self.can_stop
+            if self.stop:
+                break
+        if self.head is not None and self.explain and self.head.id not in self.decision.waits:
+            self._explain_head()
+        self.decision.reservation = self.reservation
+        return self.decision
+
+    def _first_in_line(self, job: QueuedJob, order: Order) -> None:
+        if self.can_stop and self.planner.free(None) == 0:
+            self.stop = True  # nothing is free: the first job in line cannot start, nor any other
+        elif job.size < self._bound(self.dead, job):
+            started = self.planner.start(job, self.name_for(job.id))
+            if started.placement is not None:
+                self._started(job, started, order)
+                return
+            self._failed(job, started)
+        self.head = job
+        stats = self.decision.stats
+        stats.head_size = job.size
+        stats.head_machine_type = job.machine_type
+        stats.head_refused_with_room = self.s.allocator.free_ipus(job.machine_type) >= job.size
+        if self.config.preemption:
+            self._preempt_for(job)
+
+    def _backfill(self, job: QueuedJob, order: Order) -> None:
+        head = self.head
+        assert head is not None
+        stats = self.decision.stats
+        stats.examined += 1
+        if stats.examined > self.config.max_backfill_tests:
+            # Like Slurm's bf_max_job_test: a pass looks this deep behind the first job, no deeper.
+            if self.explain:
+                self._wait(
+                    job, Wait("behind", f"not examined this pass: in line behind {head.id}", (head.id,))
+                )
+            self.stop = self.can_stop
+            return
+        size = job.size
+        if size >= (
+            self.dead.get(None, math.inf) if job.machine_type is None else self._bound(self.dead, job)
+        ):
+            if self.explain:
+                self._wait(job, self._no_room(job, head))
+            return
+        reservation = self.reservation or self._reserve()
+        ends_first = not reservation.timed or self.s.now + job.predicted_runtime_s <= reservation.start
+        if not ends_first and size >= self._bound(self.held, job):
+            if self.explain:
+                self._wait(job, self._held_back(job, reservation))
+            return
+        started = self.planner.backfill(job, self.name_for(job.id), reservation)
+        if started.placement is not None:
+            stats.backfilled += 1
+            self._started(job, started, order)
+            return
+        self._failed(job, started)
+        if started.failure == "held":
+            self._wait(job, self._held_back(job, reservation))
+        else:
+            self._wait(job, self._no_room(job, head))
+
+    # Outcomes -------------------------------------------------------------------------------------
+
+    def _started(self, job: QueuedJob, started: Start, order: Order) -> None:
+        assert started.placement is not None
+        self.decision.starts.append((job, started.placement))
+        self.admission.started(job)
+        order.charge(job)
+        if self.can_stop and self.planner.free(None) == 0:
+            self.stop = True
+
+    def _failed(self, job: QueuedJob, started: Start) -> None:
+        kind = job.machine_type
+        if started.failure == "held":
+            self.held[kind] = min(self.held.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+            return
+        self.dead[kind] = min(self.dead.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+        if kind is None and job.size == 1:
+            self.stop = self.can_stop  # not one IPU can start: nothing can
+        if started.failure == "launch":
+            # Counted once per size and pass: later jobs of that size are not sent to V-IPU again.
+            self.decision.stats.launch_failures += 1
+
+    def _wait(self, job: QueuedJob, wait: Wait) -> None:
+        if self.explain:
+            self.decision.waits[job.id] = wait
+
+    def _reserved_partition(self, job: QueuedJob, order: Order) -> None:
+        name = job.partition
+        assert name is not None
+        partition = self.s.reserved.get(name)
+        if partition is None or (partition.tenant_id is not None and partition.tenant_id != job.tenant_id):
+            self._wait(job, Wait("partition-missing", f"no reserved partition {name} for this tenant"))
+            return
+        holder = self.busy.get(name)
+        if holder is not None:
+            self._wait(job, Wait("partition-busy", f"reserved partition {name} runs {holder}", (holder,)))
+            return
+        self.busy[name] = job.id
+        self.decision.starts.append((job, name))
+        self.admission.started(job)
+        order.charge(job)
+
+    def _preempt_for(self, job: QueuedJob) -> None:
+        chosen = choose_victims(job, self.s.running, self.s.allocator)
+        if chosen is None:
+            return
+        victims, placement = chosen
+        self.decision.preempt = victims
+        # Hold the IPUs it will get, so nothing backfilled now takes them before the victims stop.
+        self.reservation = Reservation(job.id, job.size, self.s.now, frozenset(placement.ipu_ids))
+        names = ", ".join(v.id for v in victims)
+        self._wait(
+            job,
+            Wait(
+                "preempting",
+                f"stopping lower-priority {names} to make room for {job.size} IPUs",
+                tuple(v.id for v in victims),
+                self.s.now,
+            ),
+        )
+
+    # Questions ---------------------------------------------------------------------------------------
+
+    def _reserve(self) -> Reservation:
+        if self.reservation is None:
+            assert self.head is not None
+            self.reservation = self.planner.reserve(self.head)
+        return self.reservation
+
+    @staticmethod
+    def _bound(limits: dict[str | None, int], job: QueuedJob) -> float:
+        """Sizes at or above this cannot start for ``job``'s machine type (an untyped failure bounds
+        every type: the untyped request could have used any of them)."""
+        untyped = limits.get(None, math.inf)
+        if job.machine_type is None:
+            return untyped
+        return min(untyped, limits.get(job.machine_type, math.inf))
+
+    # Explanations --------------------------------------------------------------------------------------
+
+    def _explain_head(self) -> None:
+        head = self.head
+        assert head is not None
+        reservation = self._reserve()
+        free = self.s.allocator.free_ipus(head.machine_type)
+        if not reservation.timed:
+            self._wait(
+                head,
+                Wait(
+                    "no-room",
+                    f"first in line, but no partition of {head.size} IPUs can form even when every "
+                    "running job has ended (machines are down or draining)",
+                ),
+            )
+            return
+        if free >= head.size:
+            detail = (
+                f"first in line: {free} IPUs are free but no {head.size} of them form a partition; "
+                f"{head.size} IPUs are reserved for it"
+            )
+        else:
+            detail = f"first in line: {head.size} IPUs are reserved for it"
+        self._wait(head, Wait("reserved", detail, (), reservation.start))
+
+    def _no_room(self, job: QueuedJob, head: QueuedJob) -> Wait:
+        return Wait("no-room", f"no free partition of {job.size} IPUs; in line behind {head.id}", (head.id,))
+
+    def _held_back(self, job: QueuedJob, reservation: Reservation) -> Wait:
+        if self.explain and self.head is not None and not self.planner.fits_now(job):
+            return self._no_room(job, self.head)
+        return Wait(
+            "behind",
+            f"it would fit now, but would delay {reservation.job_id}, which has {reservation.size} IPUs "
+            "reserved",
+            (reservation.job_id,),
+        )
+
+
+def _restricts(tenant: TenantState) -> bool:
+    """Whether admission can refuse any of this tenant's jobs (else the pass skips asking)."""
+    return not tenant.active or any(
+        value is not None
+        for value in (
+            tenant.expires_at,
+            tenant.quota_left_ipu_ms,
+            tenant.max_concurrent_jobs,
+            tenant.max_queued_jobs,
+            tenant.max_partition_size,
+        )
+    )

@@ -1,0 +1,313 @@
+"""The live side of the scheduling policy: a `Snapshot` from the database, and what a `Decision` writes
+besides placements (preemptions, why jobs wait, fair-share samples).
+
+Times handed to the policy are wall-clock epoch seconds, the scheduler's clock. Predicted run times
+and usage are cluster time (DESIGN.md, "Time"), so they are divided by ``time_scale`` on the way in:
+a job predicted to take 100 cluster seconds holds its partition for 100 / time_scale wall seconds.
+
+Fair share needs each tenant's decayed usage. Summing meter events at every pass would grow with the
+history; instead each tenant row keeps its decayed usage as last sampled, with the metered counter
+(`used_ipu_ms`) at that moment. A pass adds what was metered since (`add_sample`) and writes the new
+sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queued tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from scheduler.models import (
+    LIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    Job,
+    JobState,
+    OutboxMessage,
+    Partition,
+    Plan,
+    Tenant,
+    utcnow,
+)
+from scheduler.policy import (
+    JobQueue,
+    PolicyConfig,
+    QueuedJob,
+    ReservedPartition,
+    RunningJob,
+    Snapshot,
+    TenantState,
+    Wait,
+    add_sample,
+    get_policy,
+)
+from scheduler.services import attempts
+from vipu.allocator import Allocator
+
+FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
+
+
+def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
+    """The `default` policy with the cloud's settings (IPUCLOUD_PLACEMENT_POLICY, _PREEMPTION)."""
+    return get_policy("default").with_options(placement=placement, preemption=preemption)
+
+
+@dataclass
+class LiveSnapshot:
+    snapshot: Snapshot
+    waits: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # stored, when asked for
+
+
+def build_snapshot(
+    *,
+    session: Session,
+    allocator: Allocator,
+    now: datetime,
+    time_scale: float,
+    half_life_s: float,
+    arrivals_seen: set[str] | None = None,
+    read_waits: bool = False,
+) -> LiveSnapshot:
+    """Everything a pass decides over, read in a handful of indexed queries.
+
+    ``arrivals_seen`` holds the ids of queued jobs shown to the policy before (the caller keeps it);
+    jobs not in it are this pass's arrivals, whose sizes feed the placement policy's demand model.
+    ``read_waits`` also returns each queued job's stored wait, to compare new explanations with.
+    """
+    now_s = now.timestamp()
+    live = select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES)).scalar_subquery()
+    columns = [
+        Job.id,
+        Job.tenant_id,
+        Job.ipus,
+        Job.created_at,
+        Job.predicted_runtime_s,
+        Job.priority,
+        Job.machine_type,
+        Job.partition_name,
+        Job.reserved_ipu_ms,
+    ]
+    if read_waits:
+        columns.append(Job.wait)
+    rows = session.execute(
+        select(*columns).where(
+            Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live)
+        )
+    ).all()
+    queued: list[QueuedJob] = []
+    held_by_queued: dict[str, int] = {}
+    stored: dict[str, dict[str, Any] | None] = {}
+    for row in rows:
+        job_id, tenant_id, size, created, predicted, priority, machine, partition, held = row[:9]
+        queued.append(
+            QueuedJob(
+                id=job_id,
+                tenant_id=tenant_id,
+                size=size,
+                submitted_at=created.timestamp(),
+                predicted_runtime_s=predicted / time_scale,
+                priority=priority,
+                machine_type=machine,
+                partition=partition,
+                cost_ipu_ms=round(size * predicted * 1000),
+            )
+        )
+        held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
+        if read_waits:
+            stored[job_id] = row[9]
+
+    running: list[RunningJob] = []
+    running_jobs: dict[str, int] = {}
+    committed: dict[str, float] = {}
+    busy: dict[str, str] = {}
+    for job_id, tenant_id, size, name, kind, placed, predicted, ran, priority in session.execute(
+        select(
+            Attempt.job_id,
+            Attempt.tenant_id,
+            Attempt.size,
+            Partition.name,
+            Partition.kind,
+            Attempt.placed_at,
+            Job.predicted_runtime_s,
+            Attempt.cluster_s,
+            Job.priority,
+        )
+        .join(Partition, Partition.pk == Attempt.partition_pk)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(Attempt.state.in_(LIVE_ATTEMPT_STATES))
+    ).tuples():
+        left = max(0.0, predicted - ran) / time_scale
+        started = placed.timestamp()
+        # A job past its prediction keeps the predicted end; the policy extends it (planners).
+        end = now_s + left if left > 0 else started + predicted / time_scale
+        running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, kind == "reserved"))
+        running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
+        committed[tenant_id] = committed.get(tenant_id, 0.0) + size * left
+        busy[name] = job_id
+
+    tenants = _tenant_states(
+        session=session,
+        tenant_ids={q.tenant_id for q in queued},
+        now=now,
+        time_scale=time_scale,
+        half_life_s=half_life_s,
+        held_by_queued=held_by_queued,
+        running_jobs=running_jobs,
+        committed=committed,
+    )
+    reserved = {
+        name: ReservedPartition(name, tenant_id, size, busy.get(name))
+        for name, tenant_id, size in session.execute(
+            select(Partition.name, Partition.tenant_id, Partition.size).where(
+                Partition.kind == "reserved", Partition.released_at.is_(None)
+            )
+        ).tuples()
+    }
+    arrivals: list[QueuedJob] = []
+    if arrivals_seen is not None:
+        arrivals = [q for q in queued if q.id not in arrivals_seen]
+        arrivals_seen.intersection_update(q.id for q in queued)
+        arrivals_seen.update(q.id for q in arrivals)
+    snapshot = Snapshot(
+        now=now_s,
+        queue=JobQueue(queued),
+        running=running,
+        tenants=tenants,
+        allocator=allocator,
+        reserved=reserved,
+        arrivals=arrivals,
+    )
+    return LiveSnapshot(snapshot, stored)
+
+
+def _tenant_states(
+    *,
+    session: Session,
+    tenant_ids: set[str],
+    now: datetime,
+    time_scale: float,
+    half_life_s: float,
+    held_by_queued: Mapping[str, int],
+    running_jobs: Mapping[str, int],
+    committed: Mapping[str, float],
+) -> dict[str, TenantState]:
+    """Admission state and fair-share standing of the tenants with queued jobs; refreshes the
+    fair-share sample of those whose last one is older than `FAIRSHARE_SAMPLE_S`."""
+    if not tenant_ids:
+        return {}
+    states: dict[str, TenantState] = {}
+    samples: list[dict[str, Any]] = []
+    for tenant, plan in session.execute(
+        select(Tenant, Plan).join(Plan, Plan.name == Tenant.plan_name).where(Tenant.id.in_(tenant_ids))
+    ).tuples():
+        since = tenant.fairshare_sampled_at
+        elapsed = 0.0 if since is None else max(0.0, (now - since).total_seconds())
+        metered_s = (tenant.used_ipu_ms - tenant.fairshare_used_ipu_ms) / 1000
+        usage = add_sample(tenant.fairshare_usage_ipu_s, metered_s, elapsed, half_life_s)
+        if since is None or elapsed >= FAIRSHARE_SAMPLE_S:
+            samples.append({"t_id": tenant.id, "t_usage": usage, "t_used": tenant.used_ipu_ms, "t_at": now})
+        # What the queued jobs may spend: the grant less what was used and what running jobs hold.
+        held_by_running = tenant.reserved_ipu_ms - held_by_queued.get(tenant.id, 0)
+        states[tenant.id] = TenantState(
+            id=tenant.id,
+            active=tenant.status == "active",
+            expires_at=None if tenant.expires_at is None else tenant.expires_at.timestamp(),
+            quota_left_ipu_ms=tenant.quota_ipu_ms - tenant.used_ipu_ms - held_by_running,
+            max_concurrent_jobs=plan.max_concurrent_jobs,
+            max_queued_jobs=plan.max_queued_jobs,
+            max_partition_size=plan.max_partition_size,
+            running_jobs=running_jobs.get(tenant.id, 0),
+            usage_ipu_s=usage / time_scale,
+            committed_ipu_s=committed.get(tenant.id, 0.0),
+            weight=tenant.fairshare_weight,
+        )
+    if samples:
+        table = Tenant.__table__
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("t_id"))
+            .values(
+                fairshare_usage_ipu_s=bindparam("t_usage"),
+                fairshare_used_ipu_ms=bindparam("t_used"),
+                fairshare_sampled_at=bindparam("t_at"),
+                updated_at=table.c.updated_at,  # bookkeeping, not a change of the tenant
+            ),
+            samples,
+        )
+    return states
+
+
+def wait_json(wait: Wait) -> dict[str, Any]:
+    """A wait as `Job.wait` stores it and `GET /jobs/{id}` shows it."""
+    start = wait.estimated_start
+    return {
+        "reason": wait.reason,
+        "detail": wait.detail,
+        "behind": list(wait.behind),
+        "estimated_start": None if start is None else datetime.fromtimestamp(round(start), UTC).isoformat(),
+    }
+
+
+def record_waits(
+    *, session: Session, waits: Mapping[str, Wait], known: dict[str, dict[str, Any] | None]
+) -> int:
+    """Store the explanations that changed since ``known`` (updated in place); returns rows written.
+
+    Only changes are written: with thousands of queued jobs, most explanations are the same from
+    one pass to the next, and rewriting them all every half second would be pure write load.
+    """
+    changed = []
+    for job_id, wait in waits.items():
+        value = wait_json(wait)
+        if known.get(job_id) != value:
+            changed.append({"j_id": job_id, "j_wait": value})
+            known[job_id] = value
+    for gone in set(known) - set(waits):
+        del known[gone]
+    if changed:
+        table = Job.__table__
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("j_id"), table.c.state == JobState.QUEUED)
+            .values(wait=bindparam("j_wait"), updated_at=table.c.updated_at),
+            changed,
+        )
+    return len(changed)
+
+
+def preempt(*, session: Session, victims: list[RunningJob], for_job: str, max_attempts: int) -> int:
+    """Stop the victims' live attempts: each is requeued and not billed (`preempted` is a platform
+    state, see attempts.end_attempt). Returns how many were stopped (one may have ended meanwhile)."""
+    stopped = 0
+    for victim in victims:
+        attempt = session.execute(
+            select(Attempt)
+            .where(Attempt.job_id == victim.id, Attempt.state.in_(LIVE_ATTEMPT_STATES))
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if attempt is None:
+            continue
+        job = session.get(Job, attempt.job_id, populate_existing=True)
+        assert job is not None
+        if attempt.state == AttemptState.PLACED:
+            # No worker has it yet: make sure none will (take() also refuses a non-placed attempt).
+            session.execute(
+                update(OutboxMessage)
+                .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
+                .values(acked_at=utcnow())
+            )
+        attempts.end_attempt(
+            session=session,
+            attempt=attempt,
+            job=job,
+            outcome=AttemptState.PREEMPTED,
+            reason=f"preempted to make room for higher-priority {for_job}",
+            max_attempts=max_attempts,
+        )
+        stopped += 1
+    return stopped
