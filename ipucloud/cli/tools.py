@@ -1,8 +1,9 @@
-"""Offline tools: `estimate` (the emulator's dry run)."""
+"""Offline tools: `estimate` (the emulator's dry run) and `simulate` (replay a trace through the policies)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -87,5 +88,153 @@ def estimate(
     out.print(table)
 
 
+def simulate(
+    trace: Annotated[Path, typer.Option(help="Trace CSV (Philly's columns unless mapped below).")],
+    pods: Annotated[int, typer.Option(min=1, max=1024, help="POD64s in the simulated fleet.")] = 8,
+    machine: Annotated[str, typer.Option(help="m2000 or bow.")] = "m2000",
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Scheduling policy; repeat for several side by side. Default: the three baselines."
+        ),
+    ] = None,
+    estimates: Annotated[
+        str, typer.Option(help="What policies know of run times: predicted, perfect, user or none.")
+    ] = "predicted",
+    seed: Annotated[int, typer.Option(help="Seed of the estimate models (same seed, same numbers).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object keyed by policy.")] = False,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write per-job CSV, summary JSON and SVG plots here.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Replay only this many jobs (in time order).")
+    ] = None,
+    skip: Annotated[int, typer.Option(min=0, help="Skip this many jobs first (in time order).")] = 0,
+    prediction_error: Annotated[
+        float, typer.Option(min=0.0, help="Sigma of the log-normal error of `predicted` estimates.")
+    ] = 0.3,
+    max_runtime: Annotated[
+        float | None, typer.Option(help="Queue time limit in seconds (default: longest job, in whole days).")
+    ] = None,
+    submit_column: Annotated[str, typer.Option(help="Column with submission times.")] = "timestamp",
+    duration_column: Annotated[str, typer.Option(help="Column with run times in seconds.")] = "duration",
+    size_column: Annotated[str, typer.Option(help="Column with accelerators requested.")] = "num_gpus",
+    tenant_column: Annotated[str, typer.Option(help="Column naming the tenant.")] = "cluster",
+    workers: Annotated[
+        int, typer.Option(min=0, help="Policies replayed in parallel processes (0: one per CPU).")
+    ] = 0,
+) -> None:
+    """Replay a job trace on a simulated fleet through the scheduler's policies, side by side."""
+    import os
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from scheduler.policy import BASELINES, POLICIES
+    from scheduler.simulator import (
+        ESTIMATE_MODELS,
+        Columns,
+        ReplaySpec,
+        TraceError,
+        replay,
+        report,
+        write_outputs,
+    )
+
+    names = tuple(policy) if policy else BASELINES
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        err.print(f"[red]unknown policy {', '.join(unknown)}; available: {', '.join(POLICIES)}[/]")
+        raise typer.Exit(2)
+    if estimates not in ESTIMATE_MODELS:
+        err.print(f"[red]--estimates must be one of {', '.join(ESTIMATE_MODELS)}[/]")
+        raise typer.Exit(2)
+    if machine not in ("m2000", "bow"):
+        err.print("[red]--machine must be m2000 or bow[/]")
+        raise typer.Exit(2)
+    spec = ReplaySpec(
+        trace=trace,
+        pods=pods,
+        machine=machine,
+        policies=names,
+        estimates=estimates,
+        seed=seed,
+        columns=Columns(submit_column, duration_column, size_column, tenant_column),
+        limit=limit,
+        start_row=skip,
+        prediction_error=prediction_error,
+        max_runtime_s=max_runtime,
+    )
+    try:
+        jobs = spec.load()
+    except TraceError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2)
+    if not jobs:
+        err.print("[red]the trace (or the slice asked for) has no jobs[/]")
+        raise typer.Exit(2)
+    with Progress(
+        TextColumn("{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+    ) as bar:
+        tasks = {name: bar.add_task(name, total=len(jobs)) for name in names}
+        results = replay(
+            spec,
+            jobs,
+            workers=workers or min(len(names), os.cpu_count() or 1),
+            progress=lambda name, done: bar.advance(tasks[name], done),
+        )
+    figures = report(results)
+    if out_dir is not None:
+        title = f"{len(jobs):,} jobs on {pods} x POD64 {machine}"
+        for path in write_outputs(results, out_dir, title=title):
+            err.print(f"wrote {path}")
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    table = Table(title=f"{trace.name}: {len(jobs):,} jobs on {pods} POD64 ({pods * 64} IPUs, {machine})")
+    rows = [
+        ("avg JCT", "avg_jct_s", _duration),
+        ("p50 JCT", "p50_jct_s", _duration),
+        ("p99 JCT", "p99_jct_s", _duration),
+        ("avg wait", "avg_wait_s", _duration),
+        ("p50 wait", "p50_wait_s", _duration),
+        ("p99 wait", "p99_wait_s", _duration),
+        ("makespan", "makespan_s", _duration),
+        ("utilisation", "utilization", _share),
+        ("fragmentation", "fragmentation", _share),
+        ("refused with room", "refused_while_free", _share),
+        ("fairness (Jain)", "fairness", lambda v: f"{v:.3f}"),
+        ("fairness, per job", "fairness_jobs", lambda v: f"{v:.3f}"),
+        ("estimates", "estimates", str),
+        ("launch failures", "launch_failures", lambda v: f"{v:,}"),
+        ("replay time", "replay_wall_s", lambda v: f"{v:.1f} s"),
+    ]
+    table.add_column("")
+    for name in figures:
+        table.add_column(name, justify="right")
+    for head, key, fmt in rows:
+        table.add_row(head, *(fmt(row[key]) for row in figures.values()))
+    out.print(table)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86_400:
+        return f"{seconds / 86_400:.1f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def _share(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
 def register(app: typer.Typer) -> None:
     app.command()(estimate)
+    app.command()(simulate)

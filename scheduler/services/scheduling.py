@@ -169,7 +169,10 @@ def build_snapshot(
     }
     arrivals: list[QueuedJob] = []
     if arrivals_seen is not None:
-        arrivals = [q for q in queued if q.id not in arrivals_seen]
+        # In age order, as the simulator meets them: the demand model weighs later ones more.
+        arrivals = sorted(
+            (q for q in queued if q.id not in arrivals_seen), key=lambda q: (q.submitted_at, q.id)
+        )
         arrivals_seen.intersection_update(q.id for q in queued)
         arrivals_seen.update(q.id for q in arrivals)
     snapshot = Snapshot(

@@ -1,0 +1,275 @@
+"""The event-driven simulator: one policy replays one trace on a simulated fleet and clock.
+
+Events are submissions and completions. At every instant something happens, the simulator applies
+the completions (freeing partitions), queues the submissions, and runs one scheduling pass: the same
+`scheduler.policy.decide` the live loop runs, over a `Snapshot` it keeps up to date in memory, with
+the real `vipu.allocator.Allocator` placing every partition. A pass that preempts work is followed by
+another pass at the same instant, as the live loop's next pass would follow once the victims stop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.policy import (
+    JobQueue,
+    PolicyConfig,
+    QueuedJob,
+    RunningJob,
+    Snapshot,
+    TenantState,
+    TimeTable,
+    accrue,
+    decide,
+)
+from scheduler.simulator.trace import TraceJob
+from vipu.allocator import Allocator
+from vipu.topology import IPUS_PER_POD, Fleet, MachineType
+
+
+def largest_partition(pods: int) -> int:
+    """The largest partition a fleet of ``pods`` POD64s of one type can form."""
+    if pods <= 0:
+        return 0
+    return IPUS_PER_POD * (1 << (pods.bit_length() - 1))
+
+
+@dataclass
+class JobOutcome:
+    start_s: float = math.nan
+    end_s: float = math.nan
+    ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
+    preempted: int = 0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    estimates: str
+    jobs: Sequence[TraceJob]
+    outcomes: list[JobOutcome]
+    capacity_ipus: int
+    busy_bins: list[float]  # IPU-seconds run in each bin of `bin_s`
+    bin_s: float
+    waiting_s: float = 0.0  # time during which some job was first in line and could not start
+    stranded_ipu_s: float = 0.0  # integral of the stranded share of free IPUs over that time
+    refused_with_room_s: float = 0.0  # part of that time with enough IPUs free in total
+    launch_failures: int = 0
+    passes: int = 0
+    backfilled: int = 0
+    preemptions: int = 0
+    wall_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Tenant:
+    """A tenant's fair-share ledger, advanced in closed form from event to event."""
+
+    usage: float = 0.0
+    at: float = 0.0
+    ipus: int = 0
+    end_weighted: float = 0.0  # sum over running jobs of size * predicted end
+
+    def advance(self, now: float, half_life: float) -> None:
+        self.usage = accrue(self.usage, self.ipus, now - self.at, half_life)
+        self.at = now
+
+
+class Simulation:
+    """Replay ``jobs`` under ``policy`` with the given per-job estimates."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        policy: PolicyConfig,
+        estimates: Sequence[float],
+        *,
+        pods: int,
+        machine: str = "m2000",
+        estimate_model: str = "predicted",
+        record_placements: bool = False,
+        bins: int = 400,
+    ) -> None:
+        if len(estimates) != len(jobs):
+            raise ValueError("one estimate per job")
+        self.jobs = jobs
+        self.policy = policy
+        self.estimates = estimates
+        self.fleet = Fleet.uniform(pods, MachineType(machine))
+        self.estimate_model = estimate_model
+        self.record_placements = record_placements
+        self.bins = bins
+
+    def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        jobs, config, est = self.jobs, self.policy, self.estimates
+        alloc = Allocator(self.fleet, policy=config.placement)
+        capacity = self.fleet.ipus
+        index = {job.id: i for i, job in enumerate(jobs)}
+        outcomes = [JobOutcome() for _ in jobs]
+        horizon = max((j.submit_s + j.duration_s for j in jobs), default=1.0)
+        # Bins cover the submissions plus the longest job; a queue that outlasts them grows the list.
+        bin_s = max(horizon / self.bins, 1.0)
+        result = SimResult(
+            policy=config.name,
+            estimates=self.estimate_model,
+            jobs=jobs,
+            outcomes=outcomes,
+            capacity_ipus=capacity,
+            busy_bins=[0.0] * (self.bins + 1),
+            bin_s=bin_s,
+        )
+        fair = config.ordering == "fair"
+        half_life = config.half_life_s
+        queue = JobQueue()
+        running: dict[str, RunningJob] = {}
+        table = TimeTable(self.fleet)
+        tenants: dict[str, _Tenant] = {}
+        # (end, job index, attempt): a preempted attempt's completion is ignored when it comes up.
+        completions: list[tuple[float, int, int]] = []
+        attempt = [0] * len(jobs)
+        submitted: list[QueuedJob | None] = [None] * len(jobs)
+        now = 0.0
+        busy = 0
+        head_size: int | None = None
+        head_refused = False
+        next_arrival = 0
+        done = 0
+
+        while next_arrival < len(jobs) or completions:
+            upcoming = jobs[next_arrival].submit_s if next_arrival < len(jobs) else math.inf
+            if completions and completions[0][0] <= upcoming:
+                upcoming = completions[0][0]
+            # Integrate the figures over the interval during which nothing changed.
+            elapsed = upcoming - now
+            if elapsed > 0:
+                if busy:
+                    self._add_busy(result, now, upcoming, busy)
+                if head_size is not None:
+                    result.waiting_s += elapsed
+                    result.stranded_ipu_s += elapsed * alloc.fragmentation(head_size).stranded_share
+                    if head_refused:
+                        result.refused_with_room_s += elapsed
+            now = upcoming
+
+            while completions and completions[0][0] <= now:
+                _, i, number = heapq.heappop(completions)
+                if number != attempt[i]:
+                    continue  # this attempt was preempted
+                job = jobs[i]
+                ended = running.pop(job.id)
+                alloc.release(ended.partition)
+                table.remove(ended.partition)
+                busy -= job.size
+                ledger = tenants[job.tenant]
+                ledger.advance(now, half_life)
+                ledger.ipus -= job.size
+                ledger.end_weighted -= job.size * ended.expected_end
+                outcomes[i].end_s = now
+                done += 1
+            arrivals: list[QueuedJob] = []
+            while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
+                job = jobs[next_arrival]
+                queued = submitted[next_arrival] = QueuedJob(
+                    job.id, job.tenant, job.size, job.submit_s, est[next_arrival]
+                )
+                queue.add(queued)
+                arrivals.append(queued)
+                tenants.setdefault(job.tenant, _Tenant(at=now))
+                next_arrival += 1
+
+            head_size = None
+            head_refused = False
+            while queue:
+                snapshot = Snapshot(
+                    now=now,
+                    queue=queue,
+                    running=running.values(),
+                    tenants=self._tenant_states(tenants, now, half_life) if fair else {},
+                    allocator=alloc,
+                    arrivals=arrivals,
+                    timetable=table,
+                )
+                decision = decide(snapshot, config, explain=False, name_for=_own_name)
+                arrivals = []
+                result.passes += 1
+                result.launch_failures += decision.stats.launch_failures
+                result.backfilled += decision.stats.backfilled
+                for queued, placement in decision.starts:
+                    assert not isinstance(placement, str)
+                    i = index[queued.id]
+                    job = jobs[i]
+                    queue.remove(queued.id)
+                    end = now + est[i]
+                    started = RunningJob(job.id, job.tenant, job.size, placement.partition_id, now, end)
+                    running[job.id] = started
+                    table.add(placement.partition_id, placement, started)
+                    heapq.heappush(completions, (now + job.duration_s, i, attempt[i]))
+                    busy += job.size
+                    ledger = tenants[job.tenant]
+                    ledger.advance(now, half_life)
+                    ledger.ipus += job.size
+                    ledger.end_weighted += job.size * end
+                    outcome = outcomes[i]
+                    outcome.start_s = now
+                    if self.record_placements:
+                        outcome.ipus = placement.ipu_ids
+                head_size = decision.stats.head_size
+                head_refused = decision.stats.head_refused_with_room
+                if not decision.preempt:
+                    break
+                for victim in decision.preempt:
+                    # The victim stops now and goes back to the queue; its work so far is lost.
+                    i = index[victim.id]
+                    del running[victim.id]
+                    alloc.release(victim.partition)
+                    table.remove(victim.partition)
+                    attempt[i] += 1
+                    busy -= victim.size
+                    ledger = tenants[victim.tenant_id]
+                    ledger.advance(now, half_life)
+                    ledger.ipus -= victim.size
+                    ledger.end_weighted -= victim.size * victim.expected_end
+                    outcomes[i].preempted += 1
+                    outcomes[i].start_s = math.nan
+                    again = submitted[i]
+                    assert again is not None
+                    queue.add(again)
+                result.preemptions += len(decision.preempt)
+            if progress is not None and done:
+                progress(done)
+                done = 0
+        if queue:
+            raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
+        return result
+
+    @staticmethod
+    def _tenant_states(tenants: dict[str, _Tenant], now: float, half_life: float) -> dict[str, TenantState]:
+        states = {}
+        for name, ledger in tenants.items():
+            usage = accrue(ledger.usage, ledger.ipus, now - ledger.at, half_life)
+            committed = max(0.0, ledger.end_weighted - now * ledger.ipus)
+            states[name] = TenantState(name, usage_ipu_s=usage, committed_ipu_s=committed)
+        return states
+
+    @staticmethod
+    def _add_busy(result: SimResult, start: float, end: float, busy: int) -> None:
+        bins, width = result.busy_bins, result.bin_s
+        first = int(start // width)
+        last = int(end // width)
+        while last >= len(bins):
+            bins.append(0.0)
+        if first == last:
+            bins[first] += busy * (end - start)
+            return
+        bins[first] += busy * ((first + 1) * width - start)
+        for b in range(first + 1, last):
+            bins[b] += busy * width
+        bins[last] += busy * (end - last * width)
+
+
+def _own_name(job_id: str) -> str:
+    return job_id

@@ -1,0 +1,94 @@
+"""The report of one replay: completion times, queueing delay, utilisation, fragmentation, fairness.
+
+- Job completion time (JCT): completion minus submission. Queueing delay (wait): start minus
+  submission (the last start, for a job that was preempted).
+- Makespan: last completion minus first submission. Utilisation: IPU-seconds run over the fleet's
+  IPU-seconds during the makespan.
+- Fragmentation: while some job is first in line and cannot start, the share of free IPUs that no
+  partition of its size could include (``Allocator.fragmentation``), averaged over that time.
+- Refused while free: the share of that time during which enough IPUs were free in total for the
+  first job in line, which still could not start: capacity lost to the shape of free space.
+- Fairness: Jain's index (1 is perfectly even) over tenants of their slowdown, the sum of their
+  jobs' completion times over the sum of their run times: how much longer the tenant's work took
+  than it ran. ``fairness_jobs`` is the same index over each tenant's mean per-job bounded slowdown,
+  ``max(1, JCT / max(run time, 10 s))``; it weighs a ten-second job that waited an hour like a
+  360-hour delay, so a tenant with three tiny jobs can decide it (see docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.simulator.engine import SimResult
+
+SLOWDOWN_BOUND_S = 10.0
+
+
+def percentile(sorted_values: Sequence[float], share: float) -> float:
+    """Nearest-rank percentile of an ascending sequence."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(share * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def jain(values: Sequence[float]) -> float:
+    if not values:
+        return math.nan
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return total * total / (len(values) * squares) if squares else 1.0
+
+
+def bounded_slowdown(jct_s: float, duration_s: float) -> float:
+    return max(1.0, jct_s / max(duration_s, SLOWDOWN_BOUND_S))
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """Figures of one replay, JSON-ready. The fields the contract names come first."""
+    jobs, outcomes = result.jobs, result.outcomes
+    jct = sorted(o.end_s - j.submit_s for j, o in zip(jobs, outcomes, strict=True))
+    wait = sorted(o.start_s - j.submit_s for j, o in zip(jobs, outcomes, strict=True))
+    n = len(jobs)
+    makespan = max((o.end_s for o in outcomes), default=0.0) - min((j.submit_s for j in jobs), default=0.0)
+    work = sum(j.size * j.duration_s for j in jobs)
+    slowdowns: dict[str, list[float]] = {}
+    totals: dict[str, list[float]] = {}
+    for j, o in zip(jobs, outcomes, strict=True):
+        slowdowns.setdefault(j.tenant, []).append(bounded_slowdown(o.end_s - j.submit_s, j.duration_s))
+        total = totals.setdefault(j.tenant, [0.0, 0.0])
+        total[0] += o.end_s - j.submit_s
+        total[1] += max(j.duration_s, SLOWDOWN_BOUND_S)
+    per_tenant = {t: jct_sum / run_sum for t, (jct_sum, run_sum) in totals.items()}
+    per_tenant_jobs = {t: sum(v) / len(v) for t, v in slowdowns.items()}
+    waiting = result.waiting_s
+    return {
+        "avg_jct_s": _r(sum(jct) / n if n else math.nan),
+        "p50_jct_s": _r(percentile(jct, 0.50)),
+        "p99_jct_s": _r(percentile(jct, 0.99)),
+        "avg_wait_s": _r(sum(wait) / n if n else math.nan),
+        "p50_wait_s": _r(percentile(wait, 0.50)),
+        "p99_wait_s": _r(percentile(wait, 0.99)),
+        "utilization": _r(work / (result.capacity_ipus * makespan) if makespan > 0 else 0.0, 4),
+        "fragmentation": _r(result.stranded_ipu_s / waiting if waiting > 0 else 0.0, 4),
+        "fairness": _r(jain(list(per_tenant.values())), 4),
+        "fairness_jobs": _r(jain(list(per_tenant_jobs.values())), 4),
+        "refused_while_free": _r(result.refused_with_room_s / waiting if waiting > 0 else 0.0, 4),
+        "makespan_s": _r(makespan),
+        "avg_slowdown": _r(sum(sum(v) for v in slowdowns.values()) / n if n else math.nan, 3),
+        "jobs": n,
+        "estimates": result.estimates,
+        "passes": result.passes,
+        "backfilled": result.backfilled,
+        "launch_failures": result.launch_failures,
+        "preemptions": result.preemptions,
+        "replay_wall_s": _r(result.wall_s, 2),
+        "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
+        "tenant_job_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant_jobs.items())},
+    }
+
+
+def _r(value: float, digits: int = 1) -> float:
+    return round(value, digits) if math.isfinite(value) else value

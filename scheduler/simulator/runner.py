@@ -1,0 +1,212 @@
+"""Replay one trace under several policies side by side, and write what came out.
+
+Every policy sees the same jobs and, unless it forces its own (``slurm-backfill`` always uses
+``user`` estimates), the same estimates drawn from the same seed. With ``workers > 1`` the policies
+run in parallel processes; the numbers do not depend on it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.policy import BASELINES, get_policy
+from scheduler.simulator.engine import SimResult, Simulation, largest_partition
+from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR, default_limit, estimates
+from scheduler.simulator.metrics import summarize
+from scheduler.simulator.svg import cdf_chart, line_chart
+from scheduler.simulator.trace import Columns, TraceJob, load_trace
+
+Progress = Callable[[str, int], None]  # (policy, jobs completed since the last call)
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    trace: Path
+    pods: int = 8
+    machine: str = "m2000"
+    policies: tuple[str, ...] = BASELINES
+    estimates: str = "predicted"
+    seed: int = 0
+    columns: Columns = field(default_factory=Columns)
+    limit: int | None = None
+    start_row: int = 0
+    prediction_error: float = DEFAULT_PREDICTION_ERROR
+    max_runtime_s: float | None = None
+
+    def load(self) -> list[TraceJob]:
+        return load_trace(
+            self.trace,
+            largest_partition=largest_partition(self.pods),
+            columns=self.columns,
+            limit=self.limit,
+            start_row=self.start_row,
+        )
+
+
+def replay_policy(
+    spec: ReplaySpec, jobs: Sequence[TraceJob], policy: str, progress: Progress | None = None
+) -> SimResult:
+    config = get_policy(policy)
+    model = config.estimates or spec.estimates
+    limit = spec.max_runtime_s or default_limit(jobs)
+    told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)
+    sim = Simulation(jobs, config, told, pods=spec.pods, machine=spec.machine, estimate_model=model)
+    pending = 0
+
+    def step(done: int) -> None:
+        nonlocal pending
+        pending += done
+        if progress is not None and pending >= 250:
+            progress(policy, pending)
+            pending = 0
+
+    started = time.perf_counter()
+    result = sim.run(step)
+    result.wall_s = time.perf_counter() - started
+    if progress is not None and pending:
+        progress(policy, pending)
+    return result
+
+
+_progress_queue: Any = None
+
+
+def _init_worker(queue: Any) -> None:
+    global _progress_queue
+    _progress_queue = queue
+
+
+def _worker(spec: ReplaySpec, jobs: Sequence[TraceJob], policy: str) -> SimResult:
+    return replay_policy(spec, jobs, policy, lambda name, n: _progress_queue.put((name, n)))
+
+
+def replay(
+    spec: ReplaySpec, jobs: Sequence[TraceJob], *, workers: int = 1, progress: Progress | None = None
+) -> dict[str, SimResult]:
+    """Results by policy, in the order the policies were asked for."""
+    for name in spec.policies:
+        get_policy(name)  # fail on a bad name before any work
+    if workers <= 1 or len(spec.policies) <= 1:
+        return {name: replay_policy(spec, jobs, name, progress) for name in spec.policies}
+    context = multiprocessing.get_context("fork")
+    with context.Manager() as manager:
+        queue = manager.Queue()
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(spec.policies)),
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(queue,),
+        ) as pool:
+            futures = {name: pool.submit(_worker, spec, jobs, name) for name in spec.policies}
+            while not all(f.done() for f in futures.values()):
+                _drain(queue, progress, timeout=0.2)
+            _drain(queue, progress, timeout=0)
+            return {name: future.result() for name, future in futures.items()}
+
+
+def _drain(queue: Any, progress: Progress | None, timeout: float) -> None:
+    import queue as queue_module
+
+    try:
+        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+    except queue_module.Empty:
+        return
+    while True:
+        if progress is not None:
+            progress(*item)
+        try:
+            item = queue.get_nowait()
+        except queue_module.Empty:
+            return
+
+
+def report(results: dict[str, SimResult]) -> dict[str, dict[str, Any]]:
+    return {name: summarize(result) for name, result in results.items()}
+
+
+def write_outputs(results: dict[str, SimResult], out: Path, *, title: str) -> list[Path]:
+    """Per-job CSV, the summary as JSON, and the plots. Returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    jobs_csv = out / "jobs.csv"
+    with jobs_csv.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                "policy",
+                "job",
+                "tenant",
+                "size",
+                "requested_size",
+                "duration_s",
+                "submit_s",
+                "start_s",
+                "end_s",
+                "wait_s",
+                "jct_s",
+                "preempted",
+            ]
+        )
+        for name, result in results.items():
+            for job, outcome in zip(result.jobs, result.outcomes, strict=True):
+                writer.writerow(
+                    [
+                        name,
+                        job.id,
+                        job.tenant,
+                        job.size,
+                        job.requested_size,
+                        job.duration_s,
+                        job.submit_s,
+                        outcome.start_s,
+                        outcome.end_s,
+                        round(outcome.start_s - job.submit_s, 3),
+                        round(outcome.end_s - job.submit_s, 3),
+                        outcome.preempted,
+                    ]
+                )
+    written.append(jobs_csv)
+    summary = out / "summary.json"
+    summary.write_text(json.dumps(report(results), indent=2) + "\n")
+    written.append(summary)
+    jct = {
+        name: [o.end_s - j.submit_s for j, o in zip(r.jobs, r.outcomes, strict=True)]
+        for name, r in results.items()
+    }
+    waits = {
+        name: [o.start_s - j.submit_s for j, o in zip(r.jobs, r.outcomes, strict=True)]
+        for name, r in results.items()
+    }
+    plots = {
+        "sched-jct-cdf.svg": cdf_chart(
+            jct, title=f"Job completion time, {title}", x_label="job completion time"
+        ),
+        "sched-wait-cdf.svg": cdf_chart(
+            waits, title=f"Queueing delay, {title}", x_label="queueing delay (1 s and less at the left edge)"
+        ),
+        "sched-utilization.svg": line_chart(
+            {name: _utilization_series(r) for name, r in results.items()},
+            title=f"IPU utilisation over time, {title}",
+            x_label="days since the first submission",
+            y_label="busy IPUs / all IPUs",
+            y_max=1.0,
+        ),
+    }
+    for name, text in plots.items():
+        path = out / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def _utilization_series(result: SimResult) -> list[tuple[float, float]]:
+    capacity = result.capacity_ipus * result.bin_s
+    return [((i + 0.5) * result.bin_s / 86_400, busy / capacity) for i, busy in enumerate(result.busy_bins)]
