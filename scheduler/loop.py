@@ -158,39 +158,44 @@ class SchedulerLoop:
                     max_attempts=self.settings.max_attempts,
                 )
                 PREEMPTED.inc(stopped)
-            placed = 0
             jobs = {
                 j.id: j
                 for j in s.execute(
                     select(Job).where(Job.id.in_([q.id for q, _ in decision.starts]))
                 ).scalars()
             }
-            started: set[str] = set()
+            new_parts = [
+                (where, jobs[q.id].tenant_id, q.id)
+                for q, where in decision.starts
+                if not isinstance(where, str)
+            ]
+            made: dict[str, Partition] = {}
+            try:
+                for part in fleet.insert_job_partitions(session=s, placements=new_parts) if new_parts else ():
+                    self.sync.known[part.pk] = part.name
+                    made[part.job_id or ""] = part
+            except fleet.PlacementConflict as exc:
+                # Someone else took some of these IPUs: start none of them now; the next pass
+                # decides again on a reloaded allocator.
+                CONFLICTS.inc()
+                log.warning("placements refused by the database: %s", exc)
+                self.sync.invalidate()
+            batch = []
             for queued, where in decision.starts:
                 job = jobs[queued.id]
-                if isinstance(where, str):
-                    partition = fleet.get_live_partition(session=s, name=where)
-                    assert partition is not None
-                else:
-                    try:
-                        partition = fleet.insert_partition(
-                            session=s,
-                            name=where.partition_id,
-                            kind="job",
-                            placement=where,
-                            tenant_id=job.tenant_id,
-                            job_id=job.id,
-                        )
-                    except fleet.PlacementConflict as exc:
-                        CONFLICTS.inc()
-                        log.warning("placement of %s refused by the database: %s", job.id, exc)
-                        self.sync.invalidate()
-                        break
-                    self.sync.known[partition.pk] = partition.name
-                attempts.place(session=s, job=job, partition=partition, queue=self.queue_for(partition))
+                partition = (
+                    fleet.get_live_partition(session=s, name=where)
+                    if isinstance(where, str)
+                    else made.get(job.id)
+                )
+                if partition is not None:
+                    batch.append((job, partition, self.queue_for(partition)))
+            attempts.place_many(session=s, placements=batch)
+            started: set[str] = set()
+            for job, _, _ in batch:
                 job.wait = None
                 started.add(job.id)
-                placed += 1
+            placed = len(batch)
             PLACED.inc(placed)
             BACKFILLED.inc(decision.stats.backfilled)
             assert self._waits is not None

@@ -20,6 +20,7 @@ transaction holds the database lock from BEGIN, which serialises them all.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,41 +56,54 @@ def place(
     queue: str,
 ) -> Attempt:
     """Record attempt N of `job` on `partition` and its outbox message, in the caller's transaction."""
-    job.attempts += 1
+    return place_many(session=session, placements=[(job, partition, queue)])[0]
+
+
+def place_many(*, session: Session, placements: Sequence[tuple[Job, Partition, str]]) -> list[Attempt]:
+    """`place` for many jobs at once: one flush for all the attempts, so a scheduling pass that starts
+    a thousand jobs costs a few batched statements rather than a few per job."""
+    if not placements:
+        return []
     now = utcnow()
-    attempt = Attempt(
-        job_id=job.id,
-        tenant_id=job.tenant_id,
-        number=job.attempts,
-        state=AttemptState.PLACED,
-        epoch=0,
-        partition_pk=partition.pk,
-        size=partition.size,
-        machine_type=partition.machine_type,
-        placed_at=now,
-    )
-    session.add(attempt)
-    session.flush()
-    session.add(
-        OutboxMessage(
-            attempt_id=attempt.id,
-            queue=queue,
-            payload={"attempt_id": attempt.id, "epoch": 0, "job_id": job.id},
-            created_at=now,
+    placed = []
+    for job, partition, _ in placements:
+        job.attempts += 1
+        placed.append(
+            Attempt(
+                job_id=job.id,
+                tenant_id=job.tenant_id,
+                number=job.attempts,
+                state=AttemptState.PLACED,
+                epoch=0,
+                partition_pk=partition.pk,
+                size=partition.size,
+                machine_type=partition.machine_type,
+                placed_at=now,
+            )
         )
-    )
-    job.updated_at = now
-    add_event(
-        session,
-        job.id,
-        "state",
-        f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
-        f"{_ipu_range(partition.ipu_ids)})",
-        attempt=attempt.number,
-        data={"partition": partition.name, "ipus": partition.ipu_ids, "attempt": attempt.number},
-        at=now,
-    )
-    return attempt
+    session.add_all(placed)
+    session.flush()
+    for attempt, (job, partition, queue) in zip(placed, placements, strict=True):
+        session.add(
+            OutboxMessage(
+                attempt_id=attempt.id,
+                queue=queue,
+                payload={"attempt_id": attempt.id, "epoch": 0, "job_id": job.id},
+                created_at=now,
+            )
+        )
+        job.updated_at = now
+        add_event(
+            session,
+            job.id,
+            "state",
+            f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
+            f"{_ipu_range(partition.ipu_ids)})",
+            attempt=attempt.number,
+            data={"partition": partition.name, "ipus": partition.ipu_ids, "attempt": attempt.number},
+            at=now,
+        )
+    return placed
 
 
 def _ipu_range(ipus: list[str]) -> str:

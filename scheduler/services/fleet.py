@@ -193,6 +193,40 @@ def insert_partition(
     return part
 
 
+def insert_job_partitions(
+    *, session: Session, placements: Sequence[tuple[Placement, str, str]]
+) -> list[Partition]:
+    """`insert_partition` for many job partitions ((placement, tenant, job) each) in one savepoint
+    and a few batched statements. Raises PlacementConflict, inserting none, if any IPU is taken."""
+    now = utcnow()
+    parts = [
+        Partition(
+            name=placement.partition_id,
+            kind="job",
+            size=placement.size,
+            machine_type=str(placement.machine_type),
+            gcds=1,
+            reconfigurable=False,
+            tenant_id=tenant_id,
+            job_id=job_id,
+            ipu_ids=list(placement.ipu_ids),
+            created_at=now,
+        )
+        for placement, tenant_id, job_id in placements
+    ]
+    try:
+        with session.begin_nested():
+            session.add_all(parts)
+            session.flush()
+            session.execute(
+                insert(IpuAssignment),
+                [{"ipu_id": i, "partition_pk": part.pk} for part in parts for i in part.ipu_ids],
+            )
+    except IntegrityError as exc:
+        raise PlacementConflict(str(exc.orig)) from exc
+    return parts
+
+
 def release_partition(*, session: Session, partition: Partition) -> bool:
     """Free a partition's IPUs. Returns False if it was already released (safe to call twice)."""
     done = session.execute(
