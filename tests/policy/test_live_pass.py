@@ -1,0 +1,152 @@
+"""The live scheduling pass on the test database: why a job waits (stored once, shown by the API),
+quota checked again at every pass, fair-share samples, and preemption when it is switched on."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from scheduler import loop as loop_module
+from scheduler.jobspec import JobSpec
+from scheduler.loop import SchedulerLoop
+from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
+from scheduler.services import attempts, jobs, scheduling, tenants
+from scheduler.settings import get_settings, reset_settings_cache
+from tests.scheduler.test_lifecycle import FakeCelery
+
+
+def spec(ipus: int, steps: int = 100, **extra: Any) -> JobSpec:
+    workload = {"model": "resnet50", "task": "train", "batch_size": 1024, "steps": steps}
+    return JobSpec.model_validate({"name": f"j{ipus}", "workload": workload, "ipus": ipus, **extra})
+
+
+def new_tenant(db: Any, name: str, **kw: Any) -> tuple[str, str]:
+    with db.write() as s:
+        made = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name=name, plan="standard", **kw
+        )
+        return made.tenant.id, made.api_key
+
+
+def submit(db: Any, tenant: str, job_spec: JobSpec) -> str:
+    with db.write() as s:
+        return jobs.submit_job(session=s, tenant_id=tenant, spec=job_spec).job.id
+
+
+def scheduler(db: Any) -> SchedulerLoop:
+    loop = SchedulerLoop(settings=get_settings(), db=db, celery=FakeCelery())  # type: ignore[arg-type]
+    assert loop.lead()
+    return loop
+
+
+def test_a_waiting_job_says_why_through_the_api_and_is_written_only_when_that_changes(
+    db: Any, seeded: Any, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant, key = new_tenant(db, "acme", quota_ipu_hours=1_000)
+    first = submit(db, tenant, spec(128))
+    big = submit(db, tenant, spec(128))
+    small = submit(db, tenant, spec(4, steps=100_000))  # would outlast the first job: must not start
+    written: list[int] = []
+    real = scheduling.record_waits
+
+    def counting(**kw: Any) -> int:
+        written.append(real(**kw))
+        return written[-1]
+
+    monkeypatch.setattr(scheduling, "record_waits", counting)
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    assert loop.schedule_pass() == 0
+    assert written == [2, 0]  # the second pass explains the same: nothing written
+    headers = {"Authorization": f"Bearer {key}"}
+    body = client.get(f"/api/v1/jobs/{big}", headers=headers).json()
+    assert body["state"] == "queued"
+    assert body["wait"]["reason"] == "reserved" and body["wait"]["estimated_start"] is not None
+    assert "128 IPUs are reserved" in body["wait"]["detail"]
+    behind = client.get(f"/api/v1/jobs/{small}", headers=headers).json()["wait"]
+    assert behind["reason"] in ("behind", "no-room") and behind["behind"] == [big]
+    assert client.get(f"/api/v1/jobs/{first}", headers=headers).json()["wait"]["reason"] == "starting"
+
+
+def test_quota_is_checked_again_at_every_pass(db: Any, seeded: Any) -> None:
+    tenant, _ = new_tenant(db, "thrifty", quota_ipu_hours=10)
+    job_id = submit(db, tenant, spec(4))
+    with db.write() as s:  # an admin cuts the grant after the job was accepted
+        s.execute(update(Tenant).where(Tenant.id == tenant).values(quota_ipu_ms=1))
+    assert scheduler(db).schedule_pass() == 0
+    with db.read() as s:
+        wait = s.get(Job, job_id).wait
+    assert wait["reason"] == "quota" and "IPU-hours" in wait["detail"]
+
+
+def test_fair_share_usage_is_sampled_from_what_was_metered(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant, _ = new_tenant(db, "busy")
+    job_id = submit(db, tenant, spec(4))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
+    with db.write() as s:
+        taken = attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=60)
+        assert taken is not None
+        attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=1, cluster_s=30, lease_s=60)
+    submit(db, tenant, spec(1))
+    loop.schedule_pass()
+    with db.read() as s:
+        row = s.get(Tenant, tenant)
+        first_sample = row.fairshare_sampled_at
+        # Sampled by the first pass; the second came within FAIRSHARE_SAMPLE_S and wrote nothing.
+        assert first_sample is not None and row.fairshare_used_ipu_ms == 0 and row.used_ipu_ms == 4 * 30_000
+    later = first_sample + timedelta(seconds=scheduling.FAIRSHARE_SAMPLE_S + 1)
+    monkeypatch.setattr(loop_module, "db_now", lambda session: later)
+    submit(db, tenant, spec(2))
+    loop.schedule_pass()
+    with db.read() as s:
+        row = s.get(Tenant, tenant)
+        assert row.fairshare_sampled_at == later
+        assert row.fairshare_used_ipu_ms == 4 * 30_000
+        # 120 IPU-seconds, decayed over half a minute of a 7-day half-life: a hair less.
+        assert row.fairshare_usage_ipu_s == pytest.approx(120.0, rel=1e-4)
+        assert row.fairshare_usage_ipu_s < 120.0
+
+
+def test_preemption_stops_lower_priority_work_only_when_switched_on(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant, _ = new_tenant(db, "mixed")
+    low = submit(db, tenant, spec(128))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == low)).scalar_one()
+    with db.write() as s:
+        attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=60)
+        attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=1, cluster_s=20, lease_s=60)
+    urgent = submit(db, tenant, spec(64, priority=50))
+    assert loop.schedule_pass() == 0  # off by default: the urgent job waits for its reservation
+    with db.read() as s:
+        assert s.get(Attempt, attempt.id).state == AttemptState.RUNNING
+
+    monkeypatch.setenv("IPUCLOUD_PREEMPTION", "true")
+    reset_settings_cache()
+    on = scheduler(db)
+    assert on.schedule_pass() == 0  # this pass stops the low-priority attempt...
+    with db.read() as s:
+        stopped = s.get(Attempt, attempt.id)
+        assert stopped.state == AttemptState.PREEMPTED
+        assert s.get(Job, low).state == "queued"  # ...which goes back to the queue...
+        assert s.get(Job, urgent).wait["reason"] == "preempting"
+        # ...and is not billed: its tick is refunded by the settle.
+        assert sum(e.ipu_ms for e in s.execute(select(MeterEvent)).scalars()) == 0
+        assert s.get(Tenant, tenant).used_ipu_ms == 0
+    assert on.schedule_pass() == 1  # the next pass starts the urgent job
+    with db.read() as s:
+        assert (
+            s.execute(select(Attempt.job_id).where(Attempt.state == AttemptState.PLACED)).scalar_one()
+            == urgent
+        )
