@@ -24,6 +24,8 @@ it too. Each job's ``num_gpus`` is rounded up to a power of two, as IPU users si
    simulator's stated prediction error (``--prediction-error``, default
    ``scheduler.simulator.estimates.DEFAULT_PREDICTION_ERROR`` = 0.3). The baselines ignore hints.
    The speed run times the hinted default too, with expected ends drawn from the trace's durations.
+   ``--where`` also reports where the free IPUs sit (in machines partly in use, in lone free
+   machines, in runs of free machines) when 4+ IPU requests arrive.
 """
 
 from __future__ import annotations
@@ -45,9 +47,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR  # noqa: E402
-from vipu.allocator import Allocator  # noqa: E402
+from vipu._bitmaps import FULL_POD, circular_runs, free_machines  # noqa: E402
+from vipu.allocator import Allocator, Placement  # noqa: E402
 from vipu.placement_policies import available_policies  # noqa: E402
-from vipu.topology import IPUS_PER_POD, Fleet, MachineType  # noqa: E402
+from vipu.topology import (  # noqa: E402
+    IPUS_PER_MACHINE,
+    IPUS_PER_POD,
+    MACHINES_PER_POD,
+    Fleet,
+    MachineType,
+    parse_ipu_id,
+)
 
 HINTED = "default, end hint"  # the label of the default policy told each request's expected end
 
@@ -169,6 +179,36 @@ class StrandResult:
     refused: int = 0
     refused_with_room: int = 0
     occupancy: float = 0.0
+    # With --where: free IPUs by where they sit, summed over the arrivals of 4+ IPU requests.
+    where: dict[str, float] = field(default_factory=dict)
+    where_samples: int = 0
+
+
+WHERE = ("free", "in machines partly in use", "lone free machines", "runs of 2+ free machines")
+
+
+def pod_masks(placement: Placement) -> dict[int, int]:
+    masks: dict[int, int] = {}
+    for ipu in placement.ipu_ids:
+        pod, machine, index = parse_ipu_id(ipu)
+        masks[pod] = masks.get(pod, 0) | 1 << (machine * IPUS_PER_MACHINE + index)
+    return masks
+
+
+def where_free_ipus_are(busy: list[int]) -> tuple[int, ...]:
+    """Free IPUs in all, in machines partly in use, in lone free machines, in runs of 2+ free machines."""
+    free = partial = lone = runs = 0
+    for mask in busy:
+        pod_free = FULL_POD & ~mask
+        machines = free_machines(pod_free)
+        free += pod_free.bit_count()
+        partial += pod_free.bit_count() - IPUS_PER_MACHINE * machines.bit_count()
+        for _, length in circular_runs(machines, MACHINES_PER_POD):
+            if length == 1:
+                lone += IPUS_PER_MACHINE
+            else:
+                runs += IPUS_PER_MACHINE * length
+    return free, partial, lone, runs
 
 
 def request_sequence(
@@ -203,15 +243,24 @@ def request_sequence(
     return sequence
 
 
-def strand_run(variant: Variant, fleet: Fleet, requests: list[Request]) -> StrandResult:
+def strand_run(variant: Variant, fleet: Fleet, requests: list[Request], where: bool = False) -> StrandResult:
     allocator = Allocator(fleet, variant.policy)
     result = StrandResult(variant.label)
     departures: list[tuple[float, str]] = []
     warm_up = len(requests) // 4
+    busy = [0] * fleet.pods  # kept from the placements, only for --where
+    footprints: dict[str, dict[int, int]] = {}
     for index, request in enumerate(requests):
         while departures and departures[0][0] <= request.arrival:
-            allocator.release(heapq.heappop(departures)[1])
+            name = heapq.heappop(departures)[1]
+            allocator.release(name)
+            for pod, mask in footprints.pop(name, {}).items():
+                busy[pod] &= ~mask
         measured = index >= warm_up
+        if measured and where and request.size >= IPUS_PER_MACHINE:
+            result.where_samples += 1
+            for label, ipus in zip(WHERE, where_free_ipus_are(busy), strict=True):
+                result.where[label] = result.where.get(label, 0.0) + ipus
         if measured:
             report = allocator.fragmentation(request.size, request.machine_type)
             result.measured += 1
@@ -223,12 +272,17 @@ def strand_run(variant: Variant, fleet: Fleet, requests: list[Request]) -> Stran
             result.occupancy += 1 - allocator.free_ipus() / fleet.ipus
         name = f"j{index}"
         hint = {"expected_end": request.expected_end, "now": request.arrival} if variant.hinted else {}
-        if allocator.allocate(name, request.size, machine_type=request.machine_type, **hint) is None:
+        placement = allocator.allocate(name, request.size, machine_type=request.machine_type, **hint)
+        if placement is None:
             if measured:
                 result.refused += 1
                 result.refused_with_room += allocator.free_ipus(request.machine_type) >= request.size
         else:
             heapq.heappush(departures, (request.arrival + request.duration, name))
+            if where:
+                footprints[name] = pod_masks(placement)
+                for pod, mask in footprints[name].items():
+                    busy[pod] |= mask
     return result
 
 
@@ -250,8 +304,17 @@ def print_strand_table(title: str, results: list[StrandResult]) -> None:
             continue
         share = by_name[label].stranded / baseline.stranded
         ipus = by_name[label].stranded_ipus / baseline.stranded_ipus
-        print(f"{label}: {share:.2f}x first-fit's stranded share, {ipus:.2f}x its stranded IPUs")
+        print(f"{label}: {share:.3f}x first-fit's stranded share, {ipus:.3f}x its stranded IPUs")
     print()
+    if any(result.where_samples for result in results):
+        print("where the free IPUs are, averaged over the arrivals of 4+ IPU requests")
+        print("| policy | " + " | ".join(WHERE) + " |")
+        print("|---|" + "---|" * len(WHERE))
+        for result in results:
+            samples = max(result.where_samples, 1)
+            print(f"| {result.policy} | " + " | ".join(
+                f"{result.where.get(label, 0.0) / samples:.1f}" for label in WHERE) + " |")
+        print()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,6 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prediction-error", type=float, default=DEFAULT_PREDICTION_ERROR,
                         help="sigma of the log-normal error of the expected ends given as hints")
     parser.add_argument("--no-hints", action="store_true", help="skip the default policy with end hints")
+    parser.add_argument("--where", action="store_true",
+                        help="also report where the free IPUs are (slower: scans the fleet per request)")
     parser.add_argument("--skip-speed", action="store_true")
     args = parser.parse_args(argv)
     policies = args.policy or list(available_policies())
@@ -312,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
             requests = request_sequence(
                 jobs, pods, args.frag_requests, args.load, args.seed, pinned, args.prediction_error
             )
-            results = [strand_run(variant, fleet, requests) for variant in runs]
+            results = [strand_run(variant, fleet, requests, args.where) for variant in runs]
             print_strand_table(
                 f"stranding: {label} = {fleet.ipus} IPUs, {len(requests)} requests at offered load "
                 f"{args.load:g} (first quarter is warm-up; hints' prediction error sigma "
