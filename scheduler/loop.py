@@ -71,6 +71,7 @@ class SchedulerLoop:
     _waits: dict[str, dict[str, Any] | None] | None = None
     _seen: set[str] = field(default_factory=set)
     _waits_epoch: int | None = None
+    _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy)
@@ -136,6 +137,22 @@ class SchedulerLoop:
         why every other queued job waits, for `GET /api/v1/jobs/{id}`.
         """
         assert self.sync is not None and self.fence_token is not None
+        self._samples = []
+        try:
+            placed = self._schedule_pass()
+        except BaseException:
+            # `decide` allocates on the live allocator; a pass that did not commit must not leave
+            # those placements behind in memory as phantoms.
+            self.sync.invalidate()
+            raise
+        if self._samples:
+            with self.db.write() as s:
+                self._fence(s)
+                scheduling.write_fairshare_samples(session=s, samples=self._samples)
+        return placed
+
+    def _schedule_pass(self) -> int:
+        assert self.sync is not None and self.fence_token is not None
         with PASS_SECONDS.time(), self.db.write() as s:
             self._fence(s)
             PASSES.inc()
@@ -158,16 +175,27 @@ class SchedulerLoop:
                     max_attempts=self.settings.max_attempts,
                 )
                 PREEMPTED.inc(stopped)
+            # Lock the jobs and look again: a cancel may have committed since the snapshot. The
+            # cancel locks the job too, so it either saw no attempt or will find this one placed.
             jobs = {
                 j.id: j
                 for j in s.execute(
-                    select(Job).where(Job.id.in_([q.id for q, _ in decision.starts]))
+                    select(Job)
+                    .where(Job.id.in_([q.id for q, _ in decision.starts]))
+                    .with_for_update()
+                    .execution_options(populate_existing=True)
                 ).scalars()
+                if j.state == JobState.QUEUED and not j.cancel_requested
             }
+            dropped = [w for q, w in decision.starts if q.id not in jobs and not isinstance(w, str)]
+            if dropped:
+                held = alloc.partitions()
+                for where in dropped:
+                    if where.partition_id in held:
+                        alloc.release(where.partition_id)
+            starts = [(q, where) for q, where in decision.starts if q.id in jobs]
             new_parts = [
-                (where, jobs[q.id].tenant_id, q.id)
-                for q, where in decision.starts
-                if not isinstance(where, str)
+                (where, jobs[q.id].tenant_id, q.id) for q, where in starts if not isinstance(where, str)
             ]
             made: dict[str, Partition] = {}
             try:
@@ -181,7 +209,7 @@ class SchedulerLoop:
                 log.warning("placements refused by the database: %s", exc)
                 self.sync.invalidate()
             batch = []
-            for queued, where in decision.starts:
+            for queued, where in starts:
                 job = jobs[queued.id]
                 partition = (
                     fleet.get_live_partition(session=s, name=where)
@@ -223,6 +251,7 @@ class SchedulerLoop:
         )
         if first:
             self._waits = live.waits
+        self._samples = live.samples
         return live.snapshot
 
     # Dispatch -------------------------------------------------------------------------------------
@@ -319,16 +348,18 @@ class SchedulerLoop:
             except Exception:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
-            self._wait(pubsub)
+            if not self._wait(pubsub):
+                pubsub = None
         self.step_down()
 
-    def _wait(self, pubsub: object) -> None:
+    def _wait(self, pubsub: object) -> bool:
+        """Wait for a wake-up or a tick. False when the subscription broke (resubscribe next time)."""
         if self.stop_event.is_set():
-            return  # step down now: the next replica leads without waiting out a tick
+            return True  # step down now: the next replica leads without waiting out a tick
         deadline = time.monotonic() + self.settings.scheduler_tick_s
         if pubsub is None:
             self.stop_event.wait(self.settings.scheduler_tick_s)
-            return
+            return True
         try:
             msg = pubsub.get_message(timeout=self.settings.scheduler_tick_s)  # type: ignore[attr-defined]
             if msg is not None:
@@ -338,6 +369,8 @@ class SchedulerLoop:
         except (redis.RedisError, OSError) as exc:
             log.warning("event bus error: %s", exc)
             self.stop_event.wait(self.settings.scheduler_tick_s)
+            return False
+        return True
 
 
 def queue_depth(db: Database) -> int:

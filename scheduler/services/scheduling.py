@@ -60,6 +60,10 @@ def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
 class LiveSnapshot:
     snapshot: Snapshot
     waits: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # stored, when asked for
+    # Fair-share samples due, written by `write_fairshare_samples` in a transaction of their own:
+    # kept inside the pass, those tenant row locks would hold up every submission and meter tick
+    # of those tenants until the pass commits.
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 def build_snapshot(
@@ -149,8 +153,10 @@ def build_snapshot(
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * left
         busy[name] = job_id
 
+    samples: list[dict[str, Any]] = []
     tenants = _tenant_states(
         session=session,
+        samples=samples,
         tenant_ids={q.tenant_id for q in queued},
         now=now,
         time_scale=time_scale,
@@ -184,12 +190,13 @@ def build_snapshot(
         reserved=reserved,
         arrivals=arrivals,
     )
-    return LiveSnapshot(snapshot, stored)
+    return LiveSnapshot(snapshot, stored, samples)
 
 
 def _tenant_states(
     *,
     session: Session,
+    samples: list[dict[str, Any]],
     tenant_ids: set[str],
     now: datetime,
     time_scale: float,
@@ -198,12 +205,11 @@ def _tenant_states(
     running_jobs: Mapping[str, int],
     committed: Mapping[str, float],
 ) -> dict[str, TenantState]:
-    """Admission state and fair-share standing of the tenants with queued jobs; refreshes the
-    fair-share sample of those whose last one is older than `FAIRSHARE_SAMPLE_S`."""
+    """Admission state and fair-share standing of the tenants with queued jobs; collects in
+    ``samples`` a new fair-share sample for those whose last one is older than `FAIRSHARE_SAMPLE_S`."""
     if not tenant_ids:
         return {}
     states: dict[str, TenantState] = {}
-    samples: list[dict[str, Any]] = []
     for tenant, plan in session.execute(
         select(Tenant, Plan).join(Plan, Plan.name == Tenant.plan_name).where(Tenant.id.in_(tenant_ids))
     ).tuples():
@@ -228,20 +234,25 @@ def _tenant_states(
             committed_ipu_s=committed.get(tenant.id, 0.0),
             weight=tenant.fairshare_weight,
         )
-    if samples:
-        table = Tenant.__table__
-        session.execute(
-            update(table)
-            .where(table.c.id == bindparam("t_id"))
-            .values(
-                fairshare_usage_ipu_s=bindparam("t_usage"),
-                fairshare_used_ipu_ms=bindparam("t_used"),
-                fairshare_sampled_at=bindparam("t_at"),
-                updated_at=table.c.updated_at,  # bookkeeping, not a change of the tenant
-            ),
-            samples,
-        )
     return states
+
+
+def write_fairshare_samples(*, session: Session, samples: list[dict[str, Any]]) -> None:
+    """Store the fair-share samples a snapshot found due (see LiveSnapshot.samples)."""
+    if not samples:
+        return
+    table = Tenant.__table__
+    session.execute(
+        update(table)
+        .where(table.c.id == bindparam("t_id"))
+        .values(
+            fairshare_usage_ipu_s=bindparam("t_usage"),
+            fairshare_used_ipu_ms=bindparam("t_used"),
+            fairshare_sampled_at=bindparam("t_at"),
+            updated_at=table.c.updated_at,  # bookkeeping, not a change of the tenant
+        ),
+        samples,
+    )
 
 
 def wait_json(wait: Wait) -> dict[str, Any]:

@@ -259,3 +259,32 @@ def test_only_the_leader_schedules(db: Any, tenant: str) -> None:
     with pytest.raises(leader.NotLeader), db.write() as s:
         leader.fence(session=s, fence=leader.Fence("scheduler", "b", 1), ttl_s=5)
     assert a.schedule_pass() == 1
+
+
+def test_a_cancel_that_commits_during_a_pass_is_not_placed(
+    db: Any, tenant: str, loop: SchedulerLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass decides on a snapshot; a cancel committed after it must win over the placement."""
+    if db.sqlite:
+        pytest.skip("SQLite serialises writers: no cancel can commit while a pass holds the write lock")
+    import scheduler.loop as loop_module
+
+    job_id = submit(db, tenant)
+    real_decide = loop_module.decide
+
+    def decide_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        decision = real_decide(*args, **kwargs)
+        with db.write() as s:  # another connection: the user's cancel, committed mid-pass
+            jobs.request_cancel(session=s, job_id=job_id, tenant_id=tenant)
+        return decision
+
+    monkeypatch.setattr(loop_module, "decide", decide_then_cancel)
+    assert loop.lead()
+    assert loop.schedule_pass() == 0
+    with db.read() as s:
+        assert s.get(Job, job_id).state == "cancelled"
+        assert s.execute(select(func.count()).select_from(Attempt)).scalar_one() == 0
+        assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
+    monkeypatch.setattr(loop_module, "decide", real_decide)
+    assert loop.sync is not None and loop.sync.allocator is not None
+    assert loop.sync.allocator.partitions() == {}, "the dropped placement is released in memory too"
