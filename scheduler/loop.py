@@ -74,7 +74,7 @@ class SchedulerLoop:
     _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass
 
     def __post_init__(self) -> None:
-        self.sync = fleet.AllocatorSync(self.settings.placement_policy)
+        self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
         self._policy = scheduling.live_policy(
             placement=self.settings.placement_policy, preemption=self.settings.preemption
         )

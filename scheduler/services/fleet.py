@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, InvalidRequest, NotFound
-from scheduler.models import Ipu, IpuAssignment, Machine, Partition, utcnow
+from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
 from vipu.allocator import Allocator, Placement
 from vipu.topology import Fleet, Health, MachineType, machine_id, parse_machine_id, pod_ipu_ids
 
@@ -107,6 +107,9 @@ class AllocatorSync:
     fleet: Fleet | None = None
     known: dict[int, str] = field(default_factory=dict)  # partition pk -> name
     health_seen: dict[str, str] = field(default_factory=dict)
+    # Cluster seconds per wall second: a job partition's expected end (the placement policy's
+    # time hint) is its start plus its predicted run time, on the wall clock the planners use.
+    time_scale: float = 1.0
 
     def refresh(self, session: Session) -> Allocator:
         shape = fleet_shape(session=session)
@@ -138,12 +141,19 @@ class AllocatorSync:
         if new:
             for chunk in range(0, len(new), 1000):
                 rows = session.execute(
-                    select(Partition.pk, Partition.name, Partition.ipu_ids).where(
-                        Partition.pk.in_(new[chunk : chunk + 1000])
+                    select(
+                        Partition.pk,
+                        Partition.name,
+                        Partition.ipu_ids,
+                        Partition.created_at,
+                        Job.predicted_runtime_s,
                     )
+                    .outerjoin(Job, Job.id == Partition.job_id)
+                    .where(Partition.pk.in_(new[chunk : chunk + 1000]))
                 ).tuples()
-                for pk, name, ipu_ids in rows:
-                    alloc.occupy(name, ipu_ids)
+                for pk, name, ipu_ids, created, predicted in rows:
+                    end = None if predicted is None else created.timestamp() + predicted / self.time_scale
+                    alloc.occupy(name, ipu_ids, expected_end=end)
                     self.known[pk] = name
         return alloc
 
