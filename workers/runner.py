@@ -37,6 +37,7 @@ from scheduler.services import attempts, executables
 from scheduler.services.attempts import Directive, LogLine, TakenAttempt
 from scheduler.settings import Settings, get_settings
 from vipu import emulator
+from vipu.topology import pods_of, spans_gw_links
 from workers import faults, ipuof
 
 log = logging.getLogger("ipucloud.worker")
@@ -236,7 +237,14 @@ def _execute(ctx: RunContext, taken: TakenAttempt) -> str:
     workload = taken.spec["workload"]
     try:
         spec = emulator.WorkloadSpec(**workload)
-        plan = emulator.plan(spec, taken.partition_size, taken.machine_type)
+        # Timed on the partition it really got: how many POD64s it spans and whether GW-Links join them.
+        plan = emulator.plan(
+            spec,
+            taken.partition_size,
+            taken.machine_type,
+            pods=len(pods_of(taken.partition_ipus)),
+            gw_links=spans_gw_links(taken.partition_ipus),
+        )
     except (emulator.CompileError, emulator.WorkloadError) as exc:
         ctx.pending.append(LogLine("log", f"compile failed: {exc}", {"phase": "compile", "error": str(exc)}))
         return _finish(ctx, taken, AttemptState.FAILED, 0.0, f"compile error: {exc}")
