@@ -13,7 +13,7 @@ MAX_FLEET_IPUS = 65_536
 
 
 class WorkloadRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=40)] = Field(
         description="Catalogue name, e.g. `bert-large` (see GET /api/v1/workloads)."
@@ -33,7 +33,7 @@ class WorkloadRequest(BaseModel):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: Name
     workload: WorkloadRequest

@@ -87,7 +87,7 @@ def restore_machine(
 
 
 class PartitionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: PartitionName = Field(description="The partition's name (V-IPU: `vipu create partition NAME`).")
     size: int = Field(ge=1, le=65536)

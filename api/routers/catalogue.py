@@ -16,7 +16,7 @@ router = APIRouter(prefix="/api/v1", tags=["catalogue"])
 
 
 class EstimateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     workload: WorkloadRequest
     ipus: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = "auto"
