@@ -87,7 +87,12 @@ def list_jobs(
         rows = job_service.list_jobs(
             session=s, tenant_id=principal.tenant_id, after=after, limit=limit + 1, state=state
         )
-        items = [job_out(j) for j in rows[:limit]]
+        page = rows[:limit]
+        current = job_service.current_attempts(session=s, jobs=page)
+        items = []
+        for j in page:
+            attempt, partition = current.get(j.id, (None, None))
+            items.append(job_out(j, attempt=attempt, partition=partition))
     return Page[JobOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     )

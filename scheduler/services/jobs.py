@@ -249,6 +249,20 @@ def current_attempt(*, session: Session, job: Job) -> Attempt | None:
     ).scalar_one_or_none()
 
 
+def current_attempts(*, session: Session, jobs: list[Job]) -> dict[str, tuple[Attempt, Partition]]:
+    """Each listed job's latest attempt and its partition, in one query for the whole page."""
+    wanted = [(j.id, j.attempts) for j in jobs if j.attempts]
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(Attempt, Partition)
+        .join(Partition, Partition.pk == Attempt.partition_pk)
+        .where(Attempt.job_id.in_([j for j, _ in wanted]))
+    ).tuples()
+    latest = dict(wanted)
+    return {a.job_id: (a, p) for a, p in rows if a.number == latest[a.job_id]}
+
+
 def attempt_partition(*, session: Session, attempt: Attempt | None) -> Partition | None:
     return None if attempt is None else session.get(Partition, attempt.partition_pk)
 

@@ -90,3 +90,13 @@ def test_bad_requests_get_problems_and_change_nothing(cloud: RunningCloud, db: A
         assert_problem(c.get("/api/v1/jobs/job_doesnotexist"), 404)
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+
+
+def test_the_job_list_shows_partition_and_progress(cloud: RunningCloud) -> None:
+    _, key = cloud.create_tenant("lister")
+    with cloud.http(key) as c:
+        job_id = c.post("/api/v1/jobs", json=JOB).json()["id"]
+        cloud.wait_jobs(key, [job_id])
+        listed = c.get("/api/v1/jobs").json()["items"]
+    assert [j["id"] for j in listed] == [job_id]
+    assert listed[0]["partition"] and listed[0]["progress"]["phase"] == "done"
