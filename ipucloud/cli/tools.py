@@ -209,6 +209,7 @@ def simulate(
         ("refused with room", "refused_while_free", _share),
         ("fairness (Jain)", "fairness", lambda v: f"{v:.3f}"),
         ("fairness, per job", "fairness_jobs", lambda v: f"{v:.3f}"),
+        ("worst tenant slowdown", "worst_tenant_slowdown", lambda v: f"{v:.2f}"),
         ("estimates", "estimates", str),
         ("launch failures", "launch_failures", lambda v: f"{v:,}"),
         ("replay time", "replay_wall_s", lambda v: f"{v:.1f} s"),

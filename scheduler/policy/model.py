@@ -7,6 +7,7 @@ trace seconds in the simulator); sizes are IPUs; usage is IPU-seconds.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,34 +89,36 @@ class ReservedPartition:
 
 
 class JobQueue:
-    """Queued jobs grouped by (priority, tenant), each group in age order, and by priority alone.
+    """Queued jobs grouped by (priority, tenant, size level), each group in age order, and by
+    (priority, size level) across tenants.
 
-    Every ordering the policies use is a merge of these groups (fair share), or a walk through the
-    priority classes (FIFO), so the simulator keeps one queue up to date job by job instead of
-    re-sorting thousands of jobs at every event. Each group also counts its jobs per size, so a pass
-    can skip a group none of whose sizes can start.
+    Every ordering the policies use is a merge of these groups (fair share: by tenant; FIFO: by
+    class), so the simulator keeps one queue up to date job by job instead of re-sorting thousands of
+    jobs at every event. Grouping by size too lets a pass skip at once every job of a size that
+    cannot start, however the sizes interleave in age order.
     """
 
     __slots__ = ("_classes", "_groups", "_where")
 
     def __init__(self, jobs: Sequence[QueuedJob] = ()) -> None:
-        self._groups: dict[tuple[int, str], _Group] = {}
-        self._classes: dict[int, _Group] = {}
-        self._where: dict[str, tuple[int, str]] = {}
+        self._groups: dict[tuple[int, str, int], _Group] = {}
+        self._classes: dict[tuple[int, int], _Group] = {}
+        self._where: dict[str, tuple[int, str, int]] = {}
         for job in sorted(jobs, key=age_key):
             self.add(job)
 
     def add(self, job: QueuedJob) -> None:
         if job.id in self._where:
             raise ValueError(f"job {job.id} is already queued")
-        key = (job.priority, job.tenant_id)
+        level = job.size.bit_length() - 1
+        key = (job.priority, job.tenant_id, level)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group()
+            group = self._groups[key] = _Group(level)
         group.add(job)
-        klass = self._classes.get(job.priority)
+        klass = self._classes.get((job.priority, level))
         if klass is None:
-            klass = self._classes[job.priority] = _Group()
+            klass = self._classes[job.priority, level] = _Group(level)
         klass.add(job)
         self._where[job.id] = key
 
@@ -125,10 +128,11 @@ class JobQueue:
         job = group.remove(job_id)
         if not group.jobs:
             del self._groups[key]
-        klass = self._classes[key[0]]
+        class_key = (key[0], key[2])
+        klass = self._classes[class_key]
         klass.remove(job_id)
         if not klass.jobs:
-            del self._classes[key[0]]
+            del self._classes[class_key]
         return job
 
     def get(self, job_id: str) -> QueuedJob | None:
@@ -145,23 +149,26 @@ class JobQueue:
         for group in self._groups.values():
             yield from group.jobs.values()
 
-    def groups(self) -> Mapping[tuple[int, str], _Group]:
+    def groups(self) -> Mapping[tuple[int, str, int], _Group]:
+        """(priority, tenant, size level) -> its jobs."""
         return self._groups
 
-    def classes(self) -> Mapping[int, _Group]:
-        """All queued jobs of each priority, in age order."""
+    def classes(self) -> Mapping[tuple[int, int], _Group]:
+        """(priority, size level) -> its jobs of every tenant."""
         return self._classes
 
 
 class _Group:
-    """One (priority, tenant) group: jobs by id in age order, and how many there are of each size."""
+    """Queued jobs of one size level, in age order, with the shortest predicted run time among them
+    (kept cheap to ask: a pass asks it of every group it considers skipping)."""
 
-    __slots__ = ("by_level", "jobs", "last")
+    __slots__ = ("_runtimes", "jobs", "last", "level")
 
-    def __init__(self) -> None:
+    def __init__(self, level: int) -> None:
+        self.level = level
         self.jobs: dict[str, QueuedJob] = {}
-        self.by_level = [0] * SIZE_LEVELS
         self.last: tuple[float, str] | None = None
+        self._runtimes: list[tuple[float, str]] = []  # a heap; entries of removed jobs linger
 
     def add(self, job: QueuedJob) -> None:
         key = age_key(job)
@@ -172,20 +179,23 @@ class _Group:
         else:
             self.jobs[job.id] = job
             self.last = key
-        self.by_level[job.size.bit_length() - 1] += 1
+        heapq.heappush(self._runtimes, (job.predicted_runtime_s, job.id))
 
     def remove(self, job_id: str) -> QueuedJob:
         job = self.jobs.pop(job_id)
-        self.by_level[job.size.bit_length() - 1] -= 1
         if not self.jobs:
             self.last = None
+            self._runtimes.clear()
+        elif len(self._runtimes) > 2 * len(self.jobs) + 16:
+            self._runtimes = [(j.predicted_runtime_s, j.id) for j in self.jobs.values()]
+            heapq.heapify(self._runtimes)
         return job
 
-    def smallest_level(self) -> int:
-        for level, count in enumerate(self.by_level):
-            if count:
-                return level
-        return SIZE_LEVELS
+    def shortest_runtime(self) -> float:
+        runtimes = self._runtimes
+        while runtimes and runtimes[0][1] not in self.jobs:
+            heapq.heappop(runtimes)
+        return runtimes[0][0] if runtimes else math.inf
 
 
 def age_key(job: QueuedJob) -> tuple[float, str]:

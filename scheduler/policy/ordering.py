@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Literal
 
 from scheduler.policy.fairshare import standing
@@ -35,7 +35,7 @@ class Order:
         queue: JobQueue,
         tenants: Mapping[str, TenantState],
         mode: Literal["fair", "fifo"],
-        dead: Mapping[str | None, int] | None = None,
+        prune: Callable[[_Group], bool] | None = None,
         *,
         now: float = 0.0,
         aging_s: float | None = None,
@@ -43,13 +43,13 @@ class Order:
         self._queue = queue
         self._tenants = tenants
         self._fair = mode == "fair"
-        self._dead = dead
+        self._prune = prune
         self._charges: dict[str, int] = {}
         self._now = now
         self._aging = aging_s
         self._standing: dict[str, float] = {}
         if self._fair:
-            for _, tenant_id in queue.groups():
+            for _, tenant_id, _ in queue.groups():
                 if tenant_id not in self._standing:
                     t = tenants.get(tenant_id) or TenantState(tenant_id)
                     self._standing[tenant_id] = standing(t.usage_ipu_s, t.committed_ipu_s, t.weight)
@@ -79,23 +79,32 @@ class Order:
             return self._fifo()
         return self._merge()
 
-    def _hopeless(self, group: _Group) -> bool:
-        """No job of the group can start: the smallest of them is too big for any free space."""
-        bound = None if self._dead is None else self._dead.get(None)
-        return bound is not None and 1 << group.smallest_level() >= bound
-
     def _fifo(self) -> Iterator[QueuedJob]:
+        """Priority classes, highest first; within one, every size level merged by age."""
+        prune = self._prune
         classes = self._queue.classes()
-        for priority in sorted(classes, reverse=True):
-            klass = classes[priority]
-            if not self._hopeless(klass):
-                yield from klass.jobs.values()
+        for priority in sorted({p for p, _ in classes}, reverse=True):
+            heap: list[tuple[float, str, int, Iterator[QueuedJob], _Group]] = []
+            for (p, level), klass in classes.items():
+                if p == priority:
+                    cursor = iter(klass.jobs.values())
+                    first = next(cursor)
+                    heap.append((first.submitted_at, first.id, level, cursor, klass))
+            heapq.heapify(heap)
+            while heap:
+                _, _, level, cursor, klass = entry = heapq.heappop(heap)
+                if prune is not None and prune(klass):
+                    continue
+                yield klass.jobs[entry[1]]
+                following = next(cursor, None)
+                if following is not None:
+                    heapq.heappush(heap, (following.submitted_at, following.id, level, cursor, klass))
 
     def _merge(self) -> Iterator[QueuedJob]:
-        rank, charges, hopeless = self._rank, self._charges, self._hopeless
+        rank, charges, prune = self._rank, self._charges, self._prune
         heappush, heappop = heapq.heappush, heapq.heappop
         # (key, group order, group key, charges of its tenant when ranked, cursor, the job)
-        heap: list[tuple[_Key, int, tuple[int, str], int, Iterator[QueuedJob], QueuedJob]] = []
+        heap: list[tuple[_Key, int, tuple[int, str, int], int, Iterator[QueuedJob], QueuedJob]] = []
         groups = self._queue.groups()
         for seq, (group_key, group) in enumerate(groups.items()):
             cursor = iter(group.jobs.values())
@@ -106,7 +115,7 @@ class Order:
         heapq.heapify(heap)
         while heap:
             key, seq, group_key, charged, cursor, job = heappop(heap)
-            if self._dead and hopeless(groups[group_key]):
+            if prune is not None and prune(groups[group_key]):
                 continue
             tenant_id = group_key[1]
             now_charged = charges.get(tenant_id, 0)

@@ -20,6 +20,7 @@ from scheduler.policy.model import (
     Snapshot,
     TenantState,
     Wait,
+    _Group,
 )
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
@@ -82,7 +83,7 @@ class _Pass:
             self.s.queue,
             self.s.tenants,
             self.config.ordering,
-            self.dead if self.can_stop else None,
+            self._prune if self.can_stop else None,
             now=self.s.now,
             aging_s=self.config.aging_s,
         )
@@ -176,6 +177,7 @@ class _Pass:
         kind = job.machine_type
         if started.failure == "held":
             self.held[kind] = min(self.held.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+            self._check_exhausted()
             return
         self.dead[kind] = min(self.dead.get(kind, math.inf), job.size)  # type: ignore[arg-type]
         if kind is None and job.size == 1:
@@ -183,6 +185,12 @@ class _Pass:
         if started.failure == "launch":
             # Counted once per size and pass: later jobs of that size are not sent to V-IPU again.
             self.decision.stats.launch_failures += 1
+        self._check_exhausted()
+
+    def _check_exhausted(self) -> None:
+        """Stop the pass once no queued job of any priority class could start (see `_prune`)."""
+        if self.can_stop and self.head is not None:
+            self.stop = all(self._prune(klass) for klass in self.s.queue.classes().values())
 
     def _wait(self, job: QueuedJob, wait: Wait) -> None:
         if self.explain:
@@ -229,7 +237,25 @@ class _Pass:
         if self.reservation is None:
             assert self.head is not None
             self.reservation = self.planner.reserve(self.head)
+            self._check_exhausted()
         return self.reservation
+
+    def _prune(self, group: _Group) -> bool:
+        """Whether none of a group's jobs can start in this pass (only asked when the pass need not
+        explain the jobs it passes over): each is too big for any free space, or, behind the first
+        job in line, each is too big to stay off its reserved IPUs and too long to end before them."""
+        dead = self.dead.get(None)
+        if not dead and self.reservation is None:
+            return False
+        smallest = 1 << group.level
+        if dead is not None and smallest >= dead:
+            return True
+        reservation = self.reservation
+        if reservation is None or not self.config.backfill:
+            return False
+        return smallest >= self.held.get(None, math.inf) and (
+            self.s.now + group.shortest_runtime() > reservation.start
+        )
 
     @staticmethod
     def _bound(limits: dict[str | None, int], job: QueuedJob) -> float:

@@ -13,6 +13,7 @@
   than it ran. ``fairness_jobs`` is the same index over each tenant's mean per-job bounded slowdown,
   ``max(1, JCT / max(run time, 10 s))``; it weighs a ten-second job that waited an hour like a
   360-hour delay, so a tenant with three tiny jobs can decide it (see docs/scheduling.md).
+  ``worst_tenant_slowdown`` is the largest per-tenant slowdown: how the worst-off tenant fared.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "fragmentation": _r(result.stranded_ipu_s / waiting if waiting > 0 else 0.0, 4),
         "fairness": _r(jain(list(per_tenant.values())), 4),
         "fairness_jobs": _r(jain(list(per_tenant_jobs.values())), 4),
+        "worst_tenant_slowdown": _r(max(per_tenant.values(), default=math.nan), 3),
         "refused_while_free": _r(result.refused_with_room_s / waiting if waiting > 0 else 0.0, 4),
         "makespan_s": _r(makespan),
         "avg_slowdown": _r(sum(sum(v) for v in slowdowns.values()) / n if n else math.nan, 3),
