@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import orjson
 from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from api.deps import DbDep, Reader, Submitter
 from api.schemas import (
@@ -24,6 +24,7 @@ from api.schemas import (
     decode_int_cursor,
     encode_cursor,
 )
+from api.submissions import batcher
 from api.views import job_out
 from scheduler import bus
 from scheduler.errors import Forbidden
@@ -41,37 +42,26 @@ IdempotencyKey = Annotated[
 ]
 
 
+def _json(body: object, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+
+
 def _render(job: Job) -> dict[str, object]:
     return job_out(job).model_dump(mode="json")
 
 
 @router.post("/jobs", status_code=202, response_model=JobOut, summary="Submit a job")
-def submit_job(
+async def submit_job(
     spec: JobSpec, principal: Submitter, db: DbDep, idempotency_key: IdempotencyKey = None
 ) -> Response:
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
-    for attempt in range(2):
-        try:
-            with db.write() as s:
-                result = job_service.submit_job(
-                    session=s,
-                    tenant_id=principal.tenant_id,
-                    spec=spec,
-                    idempotency_key=idempotency_key,
-                    render=_render,
-                )
-                body = result.job.submit_response or _render(result.job)
-            break
-        except job_service.IdempotencyRace:
-            if attempt:
-                raise
-    if not result.replayed:
-        bus.wake_scheduler("submit")
+    request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key)
+    result, body = await asyncio.wrap_future(batcher(db, _render).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return ORJSONResponse(body, status_code=202, headers=headers)
+    return Response(orjson.dumps(body), status_code=202, headers=headers, media_type="application/json")
 
 
 @router.get("/jobs", response_model=Page[JobOut], summary="List the caller's jobs, newest first")
@@ -157,7 +147,7 @@ def job_logs(
             for e in events[:limit]
         ]
     nxt = encode_cursor(items[-1].id) if len(events) > limit else None
-    return ORJSONResponse(
+    return _json(
         LogsOut(job_id=job_id, state=state, items=items, next_cursor=nxt).model_dump(mode="json")
     )
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import emulation
 from scheduler.errors import (
     Conflict,
+    DomainError,
     IdempotencyConflict,
     LimitExceeded,
     NotFound,
@@ -57,38 +60,201 @@ def cost_ipu_ms(ipus: int, seconds: float) -> int:
     return round(ipus * seconds * 1000)
 
 
+@dataclass(frozen=True)
+class SubmitRequest:
+    tenant_id: str
+    spec: JobSpec
+    idempotency_key: str | None = None
+
+
+Outcome = Submitted | DomainError
+
+
 def submit_job(
     *,
     session: Session,
     tenant_id: str,
     spec: JobSpec,
     idempotency_key: str | None = None,
-    render: Any = None,
+    render: Callable[[Job], dict[str, Any]] | None = None,
 ) -> Submitted:
-    """Admit a job: validate it against the emulator and the fleet, reserve its predicted cost.
+    """Admit one job (see `submit_jobs`); raises its DomainError when refused."""
+    (outcome,) = submit_jobs(
+        session=session, requests=[SubmitRequest(tenant_id, spec, idempotency_key)], render=render
+    )
+    if isinstance(outcome, DomainError):
+        raise outcome
+    return outcome
 
-    The quota reservation is one guarded UPDATE, so concurrent submissions can never reserve more
-    than the grant. It also locks the tenant's row, which makes the queued-job count below exact.
+
+def submit_jobs(
+    *,
+    session: Session,
+    requests: Sequence[SubmitRequest],
+    render: Callable[[Job], dict[str, Any]] | None = None,
+) -> list[Outcome]:
+    """Admit a batch of jobs in the caller's transaction: one outcome per request, in order.
+
+    Each job is validated against the emulator and the fleet and its predicted cost reserved from
+    its tenant's grant. Each tenant's row is locked (FOR UPDATE, in id order so batches never
+    deadlock) before its jobs are judged, so the quota and queued-job checks read exact figures;
+    the reservation is then one guarded UPDATE per tenant that the database itself refuses if it
+    would pass the grant. A batch of many submissions costs a handful of statements and one
+    commit, which is how the API's submit path reaches its throughput without weakening any check.
+    Raises IdempotencyRace when another transaction committed one of the batch's Idempotency-Keys
+    first: retry, and the retry replays it.
     """
-    digest = request_hash(spec)
-    if idempotency_key is not None:
-        existing = session.execute(
-            select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == idempotency_key)
-        ).scalar_one_or_none()
-        if existing is not None:
-            if existing.request_hash != digest:
-                raise IdempotencyConflict(
-                    "This Idempotency-Key was used for a different request body.",
-                    job_id=existing.id,
-                )
-            return Submitted(existing, replayed=True)
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    digests = [request_hash(r.spec) for r in requests]
 
-    tenant = session.get(Tenant, tenant_id)
-    if tenant is None:
-        raise NotFound("No such tenant.")
-    plan = session.get(Plan, tenant.plan_name)
-    assert plan is not None
+    # Idempotency-Key replays, from the database and from earlier requests of this batch.
+    keyed = {(r.tenant_id, r.idempotency_key) for r in requests if r.idempotency_key is not None}
+    existing: dict[tuple[str, str], Job] = {}
+    if keyed:
+        for job in session.execute(
+            select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(list(keyed)))
+        ).scalars():
+            existing[(job.tenant_id, job.idempotency_key or "")] = job
+    first_of_key: dict[tuple[str, str], int] = {}
+    for n, r in enumerate(requests):
+        if r.idempotency_key is None:
+            continue
+        k = (r.tenant_id, r.idempotency_key)
+        prior = existing.get(k)
+        if prior is not None:
+            outcomes[n] = (
+                Submitted(prior, replayed=True)
+                if prior.request_hash == digests[n]
+                else IdempotencyConflict(
+                    "This Idempotency-Key was used for a different request body.", job_id=prior.id
+                )
+            )
+        elif k in first_of_key:
+            outcomes[n] = _Later(first_of_key[k])  # resolved once the first one is decided
+        else:
+            first_of_key[k] = n
+
+    # Tenants and plans, locked.
+    tenant_ids = sorted({r.tenant_id for n, r in enumerate(requests) if outcomes[n] is None})
+    tenants: dict[str, tuple[Tenant, Plan]] = {}
+    if tenant_ids:
+        rows = session.execute(
+            select(Tenant, Plan)
+            .join(Plan, Plan.name == Tenant.plan_name)
+            .where(Tenant.id.in_(tenant_ids))
+            .order_by(Tenant.id)
+            .with_for_update(of=Tenant)
+            .execution_options(populate_existing=True)
+        ).tuples()
+        tenants = {t.id: (t, p) for t, p in rows}
+    queued_counts: dict[str, int] = {}
+    if tenants:
+        queued_counts = dict(
+            session.execute(
+                select(Job.tenant_id, func.count())
+                .where(Job.tenant_id.in_(list(tenants)), Job.state == JobState.QUEUED)
+                .group_by(Job.tenant_id)
+            )
+            .tuples()
+            .all()
+        )
+
     now = utcnow()
+    reserve: dict[str, int] = {}
+    new_jobs: list[Job] = []
+    for n, r in enumerate(requests):
+        if outcomes[n] is not None:
+            continue
+        entry = tenants.get(r.tenant_id)
+        if entry is None:
+            outcomes[n] = NotFound("No such tenant.")
+            continue
+        tenant, plan = entry
+        try:
+            job = _admit(session, r, digests[n], tenant, plan, now, reserve, queued_counts)
+        except DomainError as exc:
+            outcomes[n] = exc
+            continue
+        if render is not None:
+            job.submit_response = render(job)
+        new_jobs.append(job)
+        outcomes[n] = Submitted(job, replayed=False)
+
+    for tenant_id, amount in reserve.items():
+        if not amount:
+            continue
+        done = session.execute(
+            update(Tenant)
+            .where(
+                Tenant.id == tenant_id,
+                Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + amount <= Tenant.quota_ipu_ms,
+            )
+            .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + amount)
+        ).rowcount
+        # Judged under the row lock just above, so the guard cannot refuse; if it ever did, the
+        # whole batch rolls back rather than overspend.
+        assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
+    if new_jobs:
+        session.add_all(new_jobs)
+        session.add_all(
+            JobEvent(
+                job_id=job.id,
+                kind="state",
+                message=(
+                    f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
+                    f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
+                ),
+                data={"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
+                at=now,
+            )
+            for job in new_jobs
+        )
+        try:
+            with session.begin_nested():
+                session.flush()
+        except IntegrityError as exc:
+            if any(j.idempotency_key is not None for j in new_jobs):
+                raise IdempotencyRace() from exc
+            raise
+    for n, outcome in enumerate(outcomes):
+        if isinstance(outcome, _Later):
+            first = outcomes[outcome.index]
+            if isinstance(first, Submitted):
+                outcomes[n] = (
+                    Submitted(first.job, replayed=True)
+                    if digests[n] == digests[outcome.index]
+                    else IdempotencyConflict(
+                        "This Idempotency-Key was used for a different request body.", job_id=first.job.id
+                    )
+                )
+            else:
+                outcomes[n] = first
+    decided: list[Outcome] = []
+    for outcome in outcomes:
+        assert outcome is not None and not isinstance(outcome, _Later)
+        decided.append(outcome)
+    return decided
+
+
+@dataclass(frozen=True)
+class _Later:
+    """A request that repeats an earlier Idempotency-Key of the same batch."""
+
+    index: int
+
+
+def _admit(
+    session: Session,
+    r: SubmitRequest,
+    digest: str,
+    tenant: Tenant,
+    plan: Plan,
+    now: datetime,
+    reserve: dict[str, int],
+    queued_counts: dict[str, int],
+) -> Job:
+    """Judge one request of a batch (its tenant's row is locked); returns the job to insert."""
+    spec = r.spec
     if tenant.status != "active":
         raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
     if tenant.expires_at is not None and tenant.expires_at <= now:
@@ -100,7 +266,7 @@ def submit_job(
         if (
             reserved_partition is None
             or reserved_partition.kind != "reserved"
-            or (reserved_partition.tenant_id != tenant_id)
+            or (reserved_partition.tenant_id != tenant.id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
     machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
@@ -125,35 +291,27 @@ def submit_job(
     predicted = min(resolved.predicted_runtime_s, float(max_runtime))
     cost = cost_ipu_ms(size, predicted)
 
-    reserved = session.execute(
-        update(Tenant)
-        .where(
-            Tenant.id == tenant_id,
-            Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + cost <= Tenant.quota_ipu_ms,
-        )
-        .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + cost)
-    ).rowcount
-    if reserved != 1:
-        session.refresh(tenant)
-        left = max(0, tenant.quota_ipu_ms - tenant.used_ipu_ms - tenant.reserved_ipu_ms)
+    held = reserve.get(tenant.id, 0)
+    left = tenant.quota_ipu_ms - tenant.used_ipu_ms - tenant.reserved_ipu_ms - held
+    if cost > left:
+        left = max(0, left)
         raise QuotaExceeded(
             f"This job is predicted to cost {cost / 3.6e6:.3f} IPU-hours but only {left / 3.6e6:.3f} "
             "of the grant are left (after what running and queued jobs hold).",
             cost_ipu_hours=round(cost / 3.6e6, 6),
             remaining_ipu_hours=round(left / 3.6e6, 6),
         )
-    queued = session.execute(
-        select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id, Job.state == JobState.QUEUED)
-    ).scalar_one()
+    queued = queued_counts.get(tenant.id, 0)
     if queued >= plan.max_queued_jobs:
         raise LimitExceeded(
             f"The {plan.name} plan allows {plan.max_queued_jobs} queued jobs; wait for some to start.",
             limit="max_queued_jobs",
         )
-
-    job = Job(
+    reserve[tenant.id] = held + cost
+    queued_counts[tenant.id] = queued + 1
+    return Job(
         id=new_id("job"),
-        tenant_id=tenant_id,
+        tenant_id=tenant.id,
         name=spec.name,
         spec=spec.model_dump(mode="json"),
         model=spec.workload.model,
@@ -167,32 +325,13 @@ def submit_job(
         predicted_runtime_s=predicted,
         reserved_ipu_ms=cost,
         state=JobState.QUEUED,
-        idempotency_key=idempotency_key,
+        idempotency_key=r.idempotency_key,
         request_hash=digest,
         created_at=now,
         updated_at=now,
+        attempts=0,
+        cancel_requested=False,
     )
-    if idempotency_key is not None:
-        try:
-            with session.begin_nested():
-                session.add(job)
-                session.flush()
-        except IntegrityError:
-            raise IdempotencyRace()
-    else:
-        session.add(job)
-    add_event(
-        session,
-        job.id,
-        "state",
-        f"queued: {size} IPUs, predicted {predicted:.1f} s, {cost / 3.6e6:.4f} IPU-hours reserved",
-        data={"state": "queued", "ipus": size, "predicted_runtime_s": predicted},
-        at=now,
-    )
-    session.flush()
-    if render is not None:
-        job.submit_response = render(job)
-    return Submitted(job, replayed=False)
 
 
 def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
