@@ -308,13 +308,11 @@ class _Pass:
 
 def _restricts(tenant: TenantState) -> bool:
     """Whether admission can refuse any of this tenant's jobs (else the pass skips asking)."""
-    return not tenant.active or any(
-        value is not None
-        for value in (
-            tenant.expires_at,
-            tenant.quota_left_ipu_ms,
-            tenant.max_concurrent_jobs,
-            tenant.max_queued_jobs,
-            tenant.max_partition_size,
-        )
+    return not (
+        tenant.active
+        and tenant.expires_at is None
+        and tenant.quota_left_ipu_ms is None
+        and tenant.max_concurrent_jobs is None
+        and tenant.max_queued_jobs is None
+        and tenant.max_partition_size is None
     )

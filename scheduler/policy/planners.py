@@ -125,8 +125,14 @@ class TopologyPlanner:
         """Start ``job`` now without delaying ``reservation``; a placement or None."""
         if self._now + job.predicted_runtime_s <= reservation.start:
             return self.start(job, name)
-        view = self._held_back(reservation)
         hint = self._hint(job)
+        natural = self.allocator.find(job.size, machine_type=job.machine_type, **hint)
+        if natural is None:
+            return Start(None, "room")
+        if reservation.ipu_ids.isdisjoint(natural.ipu_ids):
+            # Where the placement policy would put it anyway stays off the reserved IPUs.
+            return self.start(job, name)
+        view = self._held_back(reservation)
         found = view.find(job.size, machine_type=job.machine_type, **hint)
         if found is None:
             return Start(None, "held")
