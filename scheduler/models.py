@@ -263,6 +263,8 @@ class Job(Base):
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
         Index("ix_jobs_state_priority", "state", "priority"),
         Index("ix_jobs_tenant_created", "tenant_id", "id"),
+        # Counting a tenant's queued jobs at admission reads only its own queued entries.
+        Index("ix_jobs_tenant_state", "tenant_id", "state"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

@@ -76,10 +76,19 @@ def fleet_shape(*, session: Session) -> Fleet:
     return Fleet([MachineType(t) for _, t in rows])
 
 
-def check_fleet_can_ever_host(*, session: Session, size: int, machine_type: str | None) -> None:
-    """Refuse at once a size no partition of this fleet could ever have, whatever it is running."""
+def pods_by_type(*, session: Session) -> dict[str, int]:
     stmt = select(Machine.machine_type, func.count()).where(Machine.slot == 0).group_by(Machine.machine_type)
-    pods = dict(session.execute(stmt).tuples().all())
+    return dict(session.execute(stmt).tuples().all())
+
+
+def check_fleet_can_ever_host(
+    *, session: Session, size: int, machine_type: str | None, pods: dict[str, int] | None = None
+) -> None:
+    """Refuse at once a size no partition of this fleet could ever have, whatever it is running.
+
+    `pods` (from `pods_by_type`) spares the query when a caller checks many jobs at once."""
+    if pods is None:
+        pods = pods_by_type(session=session)
     have = pods.get(machine_type, 0) if machine_type else max(pods.values(), default=0)
     largest = 64 if have else 0
     if have > 1:

@@ -147,17 +147,10 @@ def submit_jobs(
             .execution_options(populate_existing=True)
         ).tuples()
         tenants = {t.id: (t, p) for t, p in rows}
-    queued_counts: dict[str, int] = {}
-    if tenants:
-        queued_counts = dict(
-            session.execute(
-                select(Job.tenant_id, func.count())
-                .where(Job.tenant_id.in_(list(tenants)), Job.state == JobState.QUEUED)
-                .group_by(Job.tenant_id)
-            )
-            .tuples()
-            .all()
-        )
+    queued_counts = {
+        t.id: _queued_jobs(session, t.id, limit=p.max_queued_jobs) for t, p in tenants.values()
+    }
+    fleet_pods = fleet.pods_by_type(session=session) if tenants else {}
 
     now = utcnow()
     reserve: dict[str, int] = {}
@@ -171,7 +164,7 @@ def submit_jobs(
             continue
         tenant, plan = entry
         try:
-            job = _admit(session, r, digests[n], tenant, plan, now, reserve, queued_counts)
+            job = _admit(session, r, digests[n], tenant, plan, now, reserve, queued_counts, fleet_pods)
         except DomainError as exc:
             outcomes[n] = exc
             continue
@@ -209,13 +202,14 @@ def submit_jobs(
             )
             for job in new_jobs
         )
-        try:
-            with session.begin_nested():
-                session.flush()
-        except IntegrityError as exc:
-            if any(j.idempotency_key is not None for j in new_jobs):
+        if any(j.idempotency_key is not None for j in new_jobs):
+            try:
+                with session.begin_nested():
+                    session.flush()
+            except IntegrityError as exc:
                 raise IdempotencyRace() from exc
-            raise
+        else:
+            session.flush()
     for n, outcome in enumerate(outcomes):
         if isinstance(outcome, _Later):
             first = outcomes[outcome.index]
@@ -236,6 +230,18 @@ def submit_jobs(
     return decided
 
 
+def _queued_jobs(session: Session, tenant_id: str, *, limit: int) -> int:
+    """The tenant's queued jobs, counted no further than its plan's limit needs (an index range
+    of at most `limit` + 1 entries, however long the queue)."""
+    capped = (
+        select(Job.id)
+        .where(Job.tenant_id == tenant_id, Job.state == JobState.QUEUED)
+        .limit(limit + 1)
+        .subquery()
+    )
+    return session.execute(select(func.count()).select_from(capped)).scalar_one()
+
+
 @dataclass(frozen=True)
 class _Later:
     """A request that repeats an earlier Idempotency-Key of the same batch."""
@@ -252,6 +258,7 @@ def _admit(
     now: datetime,
     reserve: dict[str, int],
     queued_counts: dict[str, int],
+    fleet_pods: dict[str, int],
 ) -> Job:
     """Judge one request of a batch (its tenant's row is locked); returns the job to insert."""
     spec = r.spec
@@ -285,7 +292,7 @@ def _admit(
             limit="max_partition_size",
         )
     if reserved_partition is None:
-        fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine)
+        fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine, pods=fleet_pods)
 
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
     predicted = min(resolved.predicted_runtime_s, float(max_runtime))
