@@ -121,7 +121,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--estimates", choices=ESTIMATE_MODELS, default="predicted")
     parser.add_argument("--policy", action="append", help="replay only these (default: all)")
-    parser.add_argument("--workers", type=int, default=2, help="policies replayed in parallel processes")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="policies replayed in parallel (1: each timed alone)"
+    )
     parser.add_argument("--plots", type=Path, help="write the baselines' SVG plots here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
     args = parser.parse_args()

@@ -128,7 +128,7 @@ def build_snapshot(
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
     busy: dict[str, str] = {}
-    for job_id, tenant_id, size, name, kind, placed, predicted, ran, priority in session.execute(
+    for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority in session.execute(
         select(
             Attempt.job_id,
             Attempt.tenant_id,
@@ -136,6 +136,7 @@ def build_snapshot(
             Partition.name,
             Partition.kind,
             Attempt.placed_at,
+            Attempt.started_at,
             Job.predicted_runtime_s,
             Attempt.cluster_s,
             Job.priority,
@@ -144,13 +145,14 @@ def build_snapshot(
         .join(Job, Job.id == Attempt.job_id)
         .where(Attempt.state.in_(LIVE_ATTEMPT_STATES))
     ).tuples():
-        left = max(0.0, predicted - ran) / time_scale
-        started = placed.timestamp()
-        # A job past its prediction keeps the predicted end; the policy extends it (planners).
-        end = now_s + left if left > 0 else started + predicted / time_scale
+        # Its predicted end counts from when a worker took it (placement, until one does). It does
+        # not move with each heartbeat, so a reservation behind it does not either; a job past its
+        # prediction has its end extended by the policy (planners.expected_end).
+        started = (taken or placed).timestamp()
+        end = started + predicted / time_scale
         running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, kind == "reserved"))
+        committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
-        committed[tenant_id] = committed.get(tenant_id, 0.0) + size * left
         busy[name] = job_id
 
     samples: list[dict[str, Any]] = []

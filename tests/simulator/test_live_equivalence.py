@@ -103,6 +103,12 @@ def live(db: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, frozense
         for attempt_id, job_id, ipus in placed:
             with db.write() as s:
                 taken = attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="w", lease_s=3600)
+                # The worker starts it now on the test's clock (take() stamps the real one).
+                s.execute(
+                    update(Attempt)
+                    .where(Attempt.id == attempt_id)
+                    .values(started_at=base + timedelta(seconds=clock["t"]))
+                )
             assert taken is not None
             started[job_id] = (clock["t"], frozenset(ipus))
             running[job_id] = (attempt_id, taken.epoch, clock["t"], seconds_of[job_id])
