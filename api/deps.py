@@ -62,12 +62,17 @@ def current_principal(
 ) -> Principal:
     """The caller's key, checked; rate-limited per key, and failed attempts per client address."""
     failures = f"authfail:{client_address(request)}"
-    check_not_exhausted(failures, settings.rate_limit)
     try:
         key = bearer_key(request)
-        with db.read() as s:
-            principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
+        principal = keys.cached_principal(secret=settings.secret(), key=key)
+        if principal is None:
+            # Only a key not verified moments ago can be a guess: check the address's failure
+            # budget before it reaches the database.
+            check_not_exhausted(failures, settings.rate_limit)
+            with db.read() as s:
+                principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
     except Unauthorized:
+        check_not_exhausted(failures, settings.rate_limit)  # a guesser over budget gets 429
         count_failure(failures, settings.rate_limit)
         raise
     check_rate(f"key:{principal.key_id}", settings.rate_limit)

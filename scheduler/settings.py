@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,6 +22,8 @@ class ConfigError(RuntimeError):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPUCLOUD_", extra="ignore")
+
+    _secret: bytes | None = PrivateAttr(None)  # read once per process (a file read in embedded mode)
 
     mode: Literal["embedded", "production"] = Field(
         "production",
@@ -141,6 +143,11 @@ class Settings(BaseSettings):
 
     def secret(self) -> bytes:
         """The key that hashes API keys; embedded mode keeps a generated one in the data directory."""
+        if self._secret is None:
+            self._secret = self._load_secret()
+        return self._secret
+
+    def _load_secret(self) -> bytes:
         if self.secret_key is not None and self.secret_key.get_secret_value():
             return self.secret_key.get_secret_value().encode()
         if self.embedded:

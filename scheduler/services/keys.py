@@ -228,15 +228,28 @@ class _KeyCache:
 key_cache = _KeyCache()
 
 
-def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
-    """The principal of a presented key, or Unauthorized (malformed, unknown, revoked, expired)."""
+def cached_principal(*, secret: bytes, key: str) -> Principal | None:
+    """The principal of a key verified moments ago (no database read), or None.
+
+    Raises Unauthorized for a malformed key, as `authenticate` would."""
     lookup = parse_key(key)
-    presented = hash_key(key, secret)
     cached = key_cache.get(lookup)
     if cached is not None:
         key_hash, principal, expires_at = cached
-        if hmac.compare_digest(key_hash, presented) and (expires_at is None or expires_at > utcnow()):
+        if hmac.compare_digest(key_hash, hash_key(key, secret)) and (
+            expires_at is None or expires_at > utcnow()
+        ):
             return principal
+    return None
+
+
+def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
+    """The principal of a presented key, or Unauthorized (malformed, unknown, revoked, expired)."""
+    principal = cached_principal(secret=secret, key=key)
+    if principal is not None:
+        return principal
+    lookup = parse_key(key)
+    presented = hash_key(key, secret)
     row = session.execute(select(ApiKey).where(ApiKey.lookup == lookup)).scalar_one_or_none()
     if row is None or not hmac.compare_digest(row.key_hash, presented):
         raise Unauthorized("Unknown API key.")
