@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.ratelimit import check_not_exhausted, check_rate, count_failure
+from api.ratelimit import check_not_exhausted, check_rate, check_rate_async, count_failure
 from scheduler.db import Database, get_database
 from scheduler.errors import Unauthorized
 from scheduler.services import keys
@@ -18,11 +19,13 @@ from scheduler.settings import Settings, get_settings
 log = logging.getLogger("ipucloud.api")
 
 
-def _settings() -> Settings:
+# Dependencies that do no I/O are `async`: FastAPI runs a plain `def` dependency in a worker
+# thread, and a request would otherwise hop threads once per dependency.
+async def _settings() -> Settings:
     return get_settings()
 
 
-def _db() -> Database:
+async def _db() -> Database:
     return get_database()
 
 
@@ -54,52 +57,71 @@ def bearer_key(request: Request) -> str:
     return value.strip()
 
 
-def current_principal(
+async def current_principal(
     request: Request,
     db: DbDep,
     settings: SettingsDep,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_scheme)] = None,
 ) -> Principal:
-    """The caller's key, checked; rate-limited per key, and failed attempts per client address."""
+    """The caller's key, checked; rate-limited per key, and failed attempts per client address.
+
+    A key verified moments ago is recognised on the event loop; anything else (a database read,
+    the failure budget) runs in a worker thread."""
     failures = f"authfail:{client_address(request)}"
     try:
         key = bearer_key(request)
         principal = keys.cached_principal(secret=settings.secret(), key=key)
-        if principal is None:
-            # Only a key not verified moments ago can be a guess: check the address's failure
-            # budget before it reaches the database.
-            check_not_exhausted(failures, settings.rate_limit)
-            with db.read() as s:
-                principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
     except Unauthorized:
-        check_not_exhausted(failures, settings.rate_limit)  # a guesser over budget gets 429
-        count_failure(failures, settings.rate_limit)
+        await to_thread.run_sync(_failed, failures, settings)
         raise
-    check_rate(f"key:{principal.key_id}", settings.rate_limit)
+    if principal is None:
+        principal = await to_thread.run_sync(_authenticate, db, settings, key, failures)
+    await check_rate_async(f"key:{principal.key_id}", settings.rate_limit)
     if principal.key_id in keys.stale_last_use:
-        try:
-            with db.write() as s:
-                keys.touch_last_used(session=s, key_id=principal.key_id)
-        except Exception as exc:  # bookkeeping only: never the reason a request fails
-            log.warning("could not record the use of key %s: %s", principal.key_id, type(exc).__name__)
+        await to_thread.run_sync(_touch, db, principal.key_id)
     request.state.principal = principal
     return principal
+
+
+def _failed(failures: str, settings: Settings) -> None:
+    check_not_exhausted(failures, settings.rate_limit)  # a guesser over budget gets 429
+    count_failure(failures, settings.rate_limit)
+
+
+def _authenticate(db: Database, settings: Settings, key: str, failures: str) -> Principal:
+    # Only a key not verified moments ago can be a guess: check the address's failure budget
+    # before it reaches the database.
+    check_not_exhausted(failures, settings.rate_limit)
+    try:
+        with db.read() as s:
+            return keys.authenticate(session=s, secret=settings.secret(), key=key)
+    except Unauthorized:
+        count_failure(failures, settings.rate_limit)
+        raise
+
+
+def _touch(db: Database, key_id: str) -> None:
+    try:
+        with db.write() as s:
+            keys.touch_last_used(session=s, key_id=key_id)
+    except Exception as exc:  # bookkeeping only: never the reason a request fails
+        log.warning("could not record the use of key %s: %s", key_id, type(exc).__name__)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
 
 
-def reader(principal: CurrentPrincipal) -> Principal:
+async def reader(principal: CurrentPrincipal) -> Principal:
     principal.require("read")
     return principal
 
 
-def submitter(principal: CurrentPrincipal) -> Principal:
+async def submitter(principal: CurrentPrincipal) -> Principal:
     principal.require("submit")
     return principal
 
 
-def admin(principal: CurrentPrincipal) -> Principal:
+async def admin(principal: CurrentPrincipal) -> Principal:
     principal.require("admin")
     return principal
 

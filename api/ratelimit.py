@@ -6,12 +6,17 @@ service, it must not become the reason it is down.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 import time
 
 from limits import RateLimitItem, parse
+from limits.aio.storage import MemoryStorage as AsyncMemoryStorage
+from limits.aio.storage import RedisStorage as AsyncRedisStorage
+from limits.aio.storage import Storage as AsyncStorage
+from limits.aio.strategies import FixedWindowRateLimiter as AsyncFixedWindowRateLimiter
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
@@ -45,10 +50,35 @@ def limiter() -> FixedWindowRateLimiter:
         return _limiter
 
 
+# The hot path (every authenticated request) counts on the event loop with an asyncio Redis
+# client, so a request needs no worker thread; one limiter per event loop, as asyncio clients
+# belong to the loop that made them.
+_async_limiters: dict[int, tuple[asyncio.AbstractEventLoop, AsyncFixedWindowRateLimiter]] = {}
+
+
+def async_limiter() -> AsyncFixedWindowRateLimiter:
+    loop = asyncio.get_running_loop()
+    with _lock:
+        entry = _async_limiters.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            storage: AsyncStorage
+            try:
+                url = get_settings().broker_url
+                storage = AsyncRedisStorage(
+                    "async+" + _storage_uri(url), implementation="redispy", socket_timeout=2
+                )
+            except Exception as exc:  # no Redis configured at all: limit per process
+                log.warning("rate limits kept in memory: %s", exc)
+                storage = AsyncMemoryStorage()
+            entry = _async_limiters[id(loop)] = (loop, AsyncFixedWindowRateLimiter(storage))
+        return entry[1]
+
+
 def reset_limiter() -> None:
     global _limiter
     with _lock:
         _limiter = None
+        _async_limiters.clear()
 
 
 def _item(limit: str) -> RateLimitItem:
@@ -77,6 +107,24 @@ def check_rate(identity: str, limit: str) -> None:
         return
     if not allowed:
         retry = _retry_after(lim, item, identity)
+        raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)
+
+
+async def check_rate_async(identity: str, limit: str) -> None:
+    """`check_rate` without leaving the event loop."""
+    item = _item(limit)
+    try:
+        lim = async_limiter()
+        allowed = await lim.hit(item, identity)
+    except Exception as exc:
+        log.warning("rate limiter unavailable (%s); letting the request through", exc)
+        return
+    if not allowed:
+        try:
+            stats = await lim.get_window_stats(item, identity)
+            retry = max(1, math.ceil(stats.reset_time - time.time()))
+        except Exception:
+            retry = int(item.get_expiry())
         raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)
 
 
