@@ -182,7 +182,7 @@ class SchedulerLoop:
                 for j in s.execute(
                     select(Job)
                     .where(Job.id.in_([q.id for q, _ in decision.starts]))
-                    .with_for_update()
+                    .with_for_update(key_share=True)
                     .execution_options(populate_existing=True)
                 ).scalars()
                 if j.state == JobState.QUEUED and not j.cancel_requested

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -95,16 +95,17 @@ def submit_jobs(
 ) -> list[Outcome]:
     """Admit a batch of jobs in the caller's transaction: one outcome per request, in order.
 
-    Each job is validated against the emulator and the fleet and its predicted cost reserved from
-    its tenant's grant. Each tenant's row is locked (FOR UPDATE, in id order so batches never
-    deadlock) before its jobs are judged, so the quota and queued-job checks read exact figures;
-    the reservation is then one guarded UPDATE per tenant that the database itself refuses if it
-    would pass the grant. A batch of many submissions costs a handful of statements and one
-    commit, which is how the API's submit path reaches its throughput without weakening any check.
-    Raises IdempotencyRace when another transaction committed one of the batch's Idempotency-Keys
+    Each job is validated against the emulator, the fleet and its plan, and its predicted cost
+    reserved from its tenant's grant. The jobs are inserted first; only then is each tenant's row
+    locked (FOR UPDATE, in id order so batches never deadlock) to judge status, quota and the
+    queued-job limit on exact figures, refused jobs are deleted again, and the reservation is one
+    guarded UPDATE per tenant that the database itself refuses if it would pass the grant. The
+    tenant row is therefore locked only for a few statements, which is what lets concurrent
+    batches of one tenant (several API processes) follow each other quickly. Raises
+    IdempotencyRace when another transaction committed one of the batch's Idempotency-Keys
     first: retry, and the retry replays it.
     """
-    outcomes: list[Outcome | None] = [None] * len(requests)
+    outcomes: list[Outcome | _Later | None] = [None] * len(requests)
     digests = [request_hash(r.spec) for r in requests]
 
     # Idempotency-Key replays, from the database and from earlier requests of this batch.
@@ -134,82 +135,133 @@ def submit_jobs(
         else:
             first_of_key[k] = n
 
-    # Tenants and plans, locked.
+    # Validate against plans (not locked: plans are admin settings) and the fleet; insert.
     tenant_ids = sorted({r.tenant_id for n, r in enumerate(requests) if outcomes[n] is None})
-    tenants: dict[str, tuple[Tenant, Plan]] = {}
+    plans: dict[str, Plan] = {}
     if tenant_ids:
-        rows = session.execute(
-            select(Tenant, Plan)
-            .join(Plan, Plan.name == Tenant.plan_name)
-            .where(Tenant.id.in_(tenant_ids))
-            .order_by(Tenant.id)
-            .with_for_update(of=Tenant)
-            .execution_options(populate_existing=True)
-        ).tuples()
-        tenants = {t.id: (t, p) for t, p in rows}
-    queued_counts = {
-        t.id: _queued_jobs(session, t.id, limit=p.max_queued_jobs) for t, p in tenants.values()
-    }
-    fleet_pods = fleet.pods_by_type(session=session) if tenants else {}
-
+        plans = dict(
+            session.execute(
+                select(Tenant.id, Plan)
+                .join(Plan, Plan.name == Tenant.plan_name)
+                .where(Tenant.id.in_(tenant_ids))
+            )
+            .tuples()
+            .all()
+        )
+    fleet_pods = fleet.pods_by_type(session=session) if plans else {}
     now = utcnow()
-    reserve: dict[str, int] = {}
-    new_jobs: list[Job] = []
+    candidates: dict[int, Job] = {}
     for n, r in enumerate(requests):
         if outcomes[n] is not None:
             continue
-        entry = tenants.get(r.tenant_id)
-        if entry is None:
+        plan = plans.get(r.tenant_id)
+        if plan is None:
             outcomes[n] = NotFound("No such tenant.")
             continue
-        tenant, plan = entry
         try:
-            job = _admit(session, r, digests[n], tenant, plan, now, reserve, queued_counts, fleet_pods)
+            job = _prepare(session, r, digests[n], plan, now, fleet_pods)
         except DomainError as exc:
             outcomes[n] = exc
             continue
         if render is not None:
             job.submit_response = render(job)
-        new_jobs.append(job)
-        outcomes[n] = Submitted(job, replayed=False)
+        candidates[n] = job
+    if not candidates:
+        return _resolve(outcomes, digests)
+    job_rows = [{c.key: getattr(job, c.key) for c in _JOB_COLUMNS} for job in candidates.values()]
+    if any(j.idempotency_key is not None for j in candidates.values()):
+        try:
+            with session.begin_nested():
+                session.execute(insert(Job.__table__), job_rows)
+        except IntegrityError as exc:
+            raise IdempotencyRace() from exc
+    else:
+        session.execute(insert(Job.__table__), job_rows)
 
-    for tenant_id, amount in reserve.items():
-        if not amount:
-            continue
-        done = session.execute(
-            update(Tenant)
-            .where(
-                Tenant.id == tenant_id,
-                Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + amount <= Tenant.quota_ipu_ms,
+    # Judge under each tenant's lock, in request order. NO KEY UPDATE: the inserts above hold KEY
+    # SHARE locks on the tenant (their foreign keys), which a plain FOR UPDATE would wait for,
+    # deadlocking two API processes that each inserted before locking.
+    tenants = {
+        row.id: row
+        for row in session.execute(
+            select(
+                Tenant.id,
+                Tenant.name,
+                Tenant.status,
+                Tenant.expires_at,
+                Tenant.quota_ipu_ms,
+                Tenant.used_ipu_ms,
+                Tenant.reserved_ipu_ms,
             )
-            .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + amount)
+            .where(Tenant.id.in_(sorted({j.tenant_id for j in candidates.values()})))
+            .order_by(Tenant.id)
+            .with_for_update(key_share=True)
+        )
+    }
+    mine: dict[str, int] = {}
+    for job in candidates.values():
+        mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
+    # The count includes this batch's own rows (the transaction sees them): take them off.
+    queued_counts = {
+        t: _queued_jobs(session, t, limit=plans[t].max_queued_jobs + mine[t]) - mine[t] for t in tenants
+    }
+    reserve: dict[str, int] = {}
+    refused: list[str] = []
+    admitted: list[Job] = []
+    for n, job in candidates.items():
+        try:
+            _judge(job, tenants[job.tenant_id], plans[job.tenant_id], now, reserve, queued_counts)
+        except DomainError as exc:
+            outcomes[n] = exc
+            refused.append(job.id)
+            continue
+        admitted.append(job)
+        outcomes[n] = Submitted(job, replayed=False)
+    if refused:
+        session.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+    table = Tenant.__table__
+    for tenant_id, amount in reserve.items():
+        done = session.execute(
+            update(table)
+            .where(
+                table.c.id == tenant_id,
+                table.c.used_ipu_ms + table.c.reserved_ipu_ms + amount <= table.c.quota_ipu_ms,
+            )
+            .values(reserved_ipu_ms=table.c.reserved_ipu_ms + amount)
         ).rowcount
         # Judged under the row lock just above, so the guard cannot refuse; if it ever did, the
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
-    if new_jobs:
-        session.add_all(new_jobs)
-        session.add_all(
-            JobEvent(
-                job_id=job.id,
-                kind="state",
-                message=(
-                    f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
-                    f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
-                ),
-                data={"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
-                at=now,
-            )
-            for job in new_jobs
+    if admitted:
+        session.execute(
+            insert(JobEvent.__table__),
+            [
+                {
+                    "job_id": job.id,
+                    "kind": "state",
+                    "message": (
+                        f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
+                        f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
+                    ),
+                    "data": {
+                        "state": "queued",
+                        "ipus": job.ipus,
+                        "predicted_runtime_s": job.predicted_runtime_s,
+                    },
+                    "at": now,
+                    "attempt": None,
+                }
+                for job in admitted
+            ],
         )
-        if any(j.idempotency_key is not None for j in new_jobs):
-            try:
-                with session.begin_nested():
-                    session.flush()
-            except IntegrityError as exc:
-                raise IdempotencyRace() from exc
-        else:
-            session.flush()
+    return _resolve(outcomes, digests)
+
+
+_JOB_COLUMNS = tuple(Job.__table__.columns)
+
+
+def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str]) -> list[Outcome]:
+    """Settle requests that repeated an earlier Idempotency-Key of the batch, then check all are decided."""
     for n, outcome in enumerate(outcomes):
         if isinstance(outcome, _Later):
             first = outcomes[outcome.index]
@@ -225,7 +277,7 @@ def submit_jobs(
                 outcomes[n] = first
     decided: list[Outcome] = []
     for outcome in outcomes:
-        assert outcome is not None and not isinstance(outcome, _Later)
+        assert isinstance(outcome, Submitted | DomainError)
         decided.append(outcome)
     return decided
 
@@ -249,31 +301,23 @@ class _Later:
     index: int
 
 
-def _admit(
+def _prepare(
     session: Session,
     r: SubmitRequest,
     digest: str,
-    tenant: Tenant,
     plan: Plan,
     now: datetime,
-    reserve: dict[str, int],
-    queued_counts: dict[str, int],
     fleet_pods: dict[str, int],
 ) -> Job:
-    """Judge one request of a batch (its tenant's row is locked); returns the job to insert."""
+    """Everything about one request that needs no lock: the job it would be, or why it cannot."""
     spec = r.spec
-    if tenant.status != "active":
-        raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
-    if tenant.expires_at is not None and tenant.expires_at <= now:
-        raise TenantInactive(f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}.")
-
     reserved_partition = None
     if spec.partition is not None:
         reserved_partition = fleet.get_live_partition(session=session, name=spec.partition)
         if (
             reserved_partition is None
             or reserved_partition.kind != "reserved"
-            or (reserved_partition.tenant_id != tenant.id)
+            or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
     machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
@@ -296,8 +340,50 @@ def _admit(
 
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
     predicted = min(resolved.predicted_runtime_s, float(max_runtime))
-    cost = cost_ipu_ms(size, predicted)
+    return Job(
+        id=new_id("job"),
+        tenant_id=r.tenant_id,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        model=spec.workload.model,
+        task=spec.workload.task,
+        ipus=size,
+        ipus_requested=str(spec.ipus),
+        machine_type=machine,
+        partition_name=spec.partition,
+        priority=spec.priority + plan.priority * 1000,
+        max_runtime_s=max_runtime,
+        predicted_runtime_s=predicted,
+        reserved_ipu_ms=cost_ipu_ms(size, predicted),
+        state=JobState.QUEUED,
+        reason=None,
+        wait=None,
+        idempotency_key=r.idempotency_key,
+        request_hash=digest,
+        submit_response=None,
+        created_at=now,
+        updated_at=now,
+        started_at=None,
+        finished_at=None,
+        attempts=0,
+        cancel_requested=False,
+    )
 
+
+def _judge(
+    job: Job,
+    tenant: Any,
+    plan: Plan,
+    now: datetime,
+    reserve: dict[str, int],
+    queued_counts: dict[str, int],
+) -> None:
+    """Admit one prepared job against its tenant's locked row, or raise why not."""
+    if tenant.status != "active":
+        raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
+    if tenant.expires_at is not None and tenant.expires_at <= now:
+        raise TenantInactive(f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}.")
+    cost = job.reserved_ipu_ms
     held = reserve.get(tenant.id, 0)
     left = tenant.quota_ipu_ms - tenant.used_ipu_ms - tenant.reserved_ipu_ms - held
     if cost > left:
@@ -316,29 +402,6 @@ def _admit(
         )
     reserve[tenant.id] = held + cost
     queued_counts[tenant.id] = queued + 1
-    return Job(
-        id=new_id("job"),
-        tenant_id=tenant.id,
-        name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        model=spec.workload.model,
-        task=spec.workload.task,
-        ipus=size,
-        ipus_requested=str(spec.ipus),
-        machine_type=machine,
-        partition_name=spec.partition,
-        priority=spec.priority + plan.priority * 1000,
-        max_runtime_s=max_runtime,
-        predicted_runtime_s=predicted,
-        reserved_ipu_ms=cost,
-        state=JobState.QUEUED,
-        idempotency_key=r.idempotency_key,
-        request_hash=digest,
-        created_at=now,
-        updated_at=now,
-        attempts=0,
-        cancel_requested=False,
-    )
 
 
 def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:

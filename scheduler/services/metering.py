@@ -35,7 +35,7 @@ def ipu_ms(size: int, cluster_s: float) -> int:
 
 def _lock_tenant(session: Session, tenant_id: str) -> Tenant:
     # FOR UPDATE on PostgreSQL; SQLite's write transaction already holds the database lock.
-    stmt = select(Tenant).where(Tenant.id == tenant_id).with_for_update()
+    stmt = select(Tenant).where(Tenant.id == tenant_id).with_for_update(key_share=True)
     return session.execute(stmt.execution_options(populate_existing=True)).scalar_one()
 
 

@@ -333,7 +333,7 @@ def _owners(session: Session, tenant_id: str) -> int:
 def _lock_tenant(session: Session, tenant_id: str) -> Tenant:
     # Serialises membership changes of one tenant, so two removals cannot both leave it ownerless.
     tenant = session.execute(
-        select(Tenant).where(Tenant.id == tenant_id).with_for_update()
+        select(Tenant).where(Tenant.id == tenant_id).with_for_update(key_share=True)
     ).scalar_one_or_none()
     if tenant is None:
         raise NotFound(f"No tenant {tenant_id}.")
