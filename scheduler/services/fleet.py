@@ -7,6 +7,7 @@ placement is only real once its assignment rows are inserted: the primary key on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ def seed_fleet(*, session: Session, pods: int, machine_type: str = "m2000") -> i
 def add_pods(*, session: Session, count: int, machine_type: str) -> int:
     if count < 0 or machine_type not in MACHINE_TYPES:
         raise InvalidRequest(f"count must be >= 0 and machine type one of {MACHINE_TYPES}")
+    global _pods_cache
+    _pods_cache = None
     first = session.execute(select(func.coalesce(func.max(Machine.pod) + 1, 0))).scalar_one()
     if first + count > 1024:
         raise InvalidRequest("A fleet holds at most 1,024 POD64s (65,536 IPUs).")
@@ -76,9 +79,21 @@ def fleet_shape(*, session: Session) -> Fleet:
     return Fleet([MachineType(t) for _, t in rows])
 
 
-def pods_by_type(*, session: Session) -> dict[str, int]:
+_pods_cache: tuple[float, dict[str, int]] | None = None
+PODS_CACHE_S = 5.0
+
+
+def pods_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, int]:
+    """POD64s per machine type. Admission may accept an answer `max_age_s` old: racks are added
+    rarely, and the answer only bounds the largest partition a job may ask for."""
+    global _pods_cache
+    now = time.monotonic()
+    if max_age_s > 0 and _pods_cache is not None and now - _pods_cache[0] < max_age_s:
+        return dict(_pods_cache[1])
     stmt = select(Machine.machine_type, func.count()).where(Machine.slot == 0).group_by(Machine.machine_type)
-    return dict(session.execute(stmt).tuples().all())
+    pods = dict(session.execute(stmt).tuples().all())
+    _pods_cache = (now, pods)
+    return dict(pods)
 
 
 def check_fleet_can_ever_host(

@@ -148,7 +148,7 @@ def submit_jobs(
             .tuples()
             .all()
         )
-    fleet_pods = fleet.pods_by_type(session=session) if plans else {}
+    fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S) if plans else {}
     now = utcnow()
     candidates: dict[int, Job] = {}
     for n, r in enumerate(requests):
@@ -169,14 +169,15 @@ def submit_jobs(
     if not candidates:
         return _resolve(outcomes, digests)
     job_rows = [{c.key: getattr(job, c.key) for c in _JOB_COLUMNS} for job in candidates.values()]
+    conn = session.connection()  # Core statements need none of the ORM session's machinery
     if any(j.idempotency_key is not None for j in candidates.values()):
         try:
             with session.begin_nested():
-                session.execute(insert(Job.__table__), job_rows)
+                conn.execute(insert(Job.__table__), job_rows)
         except IntegrityError as exc:
             raise IdempotencyRace() from exc
     else:
-        session.execute(insert(Job.__table__), job_rows)
+        conn.execute(insert(Job.__table__), job_rows)
 
     # Judge under each tenant's lock, in request order. NO KEY UPDATE: the inserts above hold KEY
     # SHARE locks on the tenant (their foreign keys), which a plain FOR UPDATE would wait for,
@@ -218,10 +219,10 @@ def submit_jobs(
         admitted.append(job)
         outcomes[n] = Submitted(job, replayed=False)
     if refused:
-        session.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+        conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
     table = Tenant.__table__
     for tenant_id, amount in reserve.items():
-        done = session.execute(
+        done = conn.execute(
             update(table)
             .where(
                 table.c.id == tenant_id,
@@ -233,7 +234,7 @@ def submit_jobs(
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
     if admitted:
-        session.execute(
+        conn.execute(
             insert(JobEvent.__table__),
             [
                 {

@@ -93,7 +93,7 @@ def reset_caches() -> None:
     from api import ratelimit
     from scheduler import bus, emulation
     from scheduler.db import reset_database
-    from scheduler.services import keys, partitions
+    from scheduler.services import fleet, keys, partitions
     from scheduler.settings import reset_settings_cache
 
     reset_settings_cache()
@@ -103,6 +103,7 @@ def reset_caches() -> None:
     ratelimit.reset_limiter()
     partitions._syncs.clear()
     emulation._resolve_cached.cache_clear()
+    fleet._pods_cache = None
 
 
 def truncate_all(database: object) -> None:
