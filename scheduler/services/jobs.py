@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -137,17 +137,10 @@ def submit_jobs(
 
     # Validate against plans (not locked: plans are admin settings) and the fleet; insert.
     tenant_ids = sorted({r.tenant_id for n, r in enumerate(requests) if outcomes[n] is None})
-    plans: dict[str, Plan] = {}
+    plans: dict[str, Any] = {}
+    conn = session.connection()  # Core statements need none of the ORM session's machinery
     if tenant_ids:
-        plans = dict(
-            session.execute(
-                select(Tenant.id, Plan)
-                .join(Plan, Plan.name == Tenant.plan_name)
-                .where(Tenant.id.in_(tenant_ids))
-            )
-            .tuples()
-            .all()
-        )
+        plans = {row.tenant_id: row for row in conn.execute(_PLANS_OF_TENANTS, {"ids": tenant_ids})}
     fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S) if plans else {}
     now = utcnow()
     candidates: dict[int, Job] = {}
@@ -169,7 +162,6 @@ def submit_jobs(
     if not candidates:
         return _resolve(outcomes, digests)
     job_rows = [{c.key: getattr(job, c.key) for c in _JOB_COLUMNS} for job in candidates.values()]
-    conn = session.connection()  # Core statements need none of the ORM session's machinery
     if any(j.idempotency_key is not None for j in candidates.values()):
         try:
             with session.begin_nested():
@@ -179,32 +171,19 @@ def submit_jobs(
     else:
         conn.execute(insert(Job.__table__), job_rows)
 
-    # Judge under each tenant's lock, in request order. NO KEY UPDATE: the inserts above hold KEY
-    # SHARE locks on the tenant (their foreign keys), which a plain FOR UPDATE would wait for,
-    # deadlocking two API processes that each inserted before locking.
+    # Judge under each tenant's lock (_LOCK_TENANTS), in request order.
     tenants = {
         row.id: row
-        for row in session.execute(
-            select(
-                Tenant.id,
-                Tenant.name,
-                Tenant.status,
-                Tenant.expires_at,
-                Tenant.quota_ipu_ms,
-                Tenant.used_ipu_ms,
-                Tenant.reserved_ipu_ms,
-            )
-            .where(Tenant.id.in_(sorted({j.tenant_id for j in candidates.values()})))
-            .order_by(Tenant.id)
-            .with_for_update(key_share=True)
-        )
+        for row in conn.execute(_LOCK_TENANTS, {"ids": sorted({j.tenant_id for j in candidates.values()})})
     }
     mine: dict[str, int] = {}
     for job in candidates.values():
         mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
     # The count includes this batch's own rows (the transaction sees them): take them off.
     queued_counts = {
-        t: _queued_jobs(session, t, limit=plans[t].max_queued_jobs + mine[t]) - mine[t] for t in tenants
+        t: conn.execute(_QUEUED_JOBS, {"t": t, "cap": plans[t].max_queued_jobs + mine[t] + 1}).scalar_one()
+        - mine[t]
+        for t in tenants
     }
     reserve: dict[str, int] = {}
     refused: list[str] = []
@@ -220,16 +199,8 @@ def submit_jobs(
         outcomes[n] = Submitted(job, replayed=False)
     if refused:
         conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
-    table = Tenant.__table__
     for tenant_id, amount in reserve.items():
-        done = conn.execute(
-            update(table)
-            .where(
-                table.c.id == tenant_id,
-                table.c.used_ipu_ms + table.c.reserved_ipu_ms + amount <= table.c.quota_ipu_ms,
-            )
-            .values(reserved_ipu_ms=table.c.reserved_ipu_ms + amount)
-        ).rowcount
+        done = conn.execute(_RESERVE, {"t": tenant_id, "amount": amount}).rowcount
         # Judged under the row lock just above, so the guard cannot refuse; if it ever did, the
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
@@ -260,6 +231,56 @@ def submit_jobs(
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)
 
+# The admission statements, built once: a statement object reused across calls keeps its compiled
+# form and cache key, which is most of what running a statement costs in Python.
+_tenants = Tenant.__table__
+_plans = Plan.__table__
+_jobs = Job.__table__
+_PLANS_OF_TENANTS = (
+    select(
+        _tenants.c.id.label("tenant_id"),
+        _plans.c.name,
+        _plans.c.max_partition_size,
+        _plans.c.max_runtime_s,
+        _plans.c.max_queued_jobs,
+        _plans.c.priority,
+    )
+    .join(_plans, _plans.c.name == _tenants.c.plan_name)
+    .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
+)
+# NO KEY UPDATE: the job inserts hold KEY SHARE locks on the tenant (their foreign keys), which a
+# plain FOR UPDATE would wait for, deadlocking two API processes that each inserted before locking.
+_LOCK_TENANTS = (
+    select(
+        _tenants.c.id,
+        _tenants.c.name,
+        _tenants.c.status,
+        _tenants.c.expires_at,
+        _tenants.c.quota_ipu_ms,
+        _tenants.c.used_ipu_ms,
+        _tenants.c.reserved_ipu_ms,
+    )
+    .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_tenants.c.id)
+    .with_for_update(key_share=True)
+)
+# The tenant's queued jobs, counted no further than its plan's limit needs (an index range of at
+# most `cap` entries of the (tenant, state) index, however long the queue).
+_QUEUED_JOBS = select(func.count()).select_from(
+    select(_jobs.c.id)
+    .where(_jobs.c.tenant_id == bindparam("t"), _jobs.c.state == JobState.QUEUED.value)
+    .limit(bindparam("cap"))
+    .subquery()
+)
+_RESERVE = (
+    update(_tenants)
+    .where(
+        _tenants.c.id == bindparam("t"),
+        _tenants.c.used_ipu_ms + _tenants.c.reserved_ipu_ms + bindparam("amount") <= _tenants.c.quota_ipu_ms,
+    )
+    .values(reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"))
+)
+
 
 def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str]) -> list[Outcome]:
     """Settle requests that repeated an earlier Idempotency-Key of the batch, then check all are decided."""
@@ -283,18 +304,6 @@ def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str]) -> lis
     return decided
 
 
-def _queued_jobs(session: Session, tenant_id: str, *, limit: int) -> int:
-    """The tenant's queued jobs, counted no further than its plan's limit needs (an index range
-    of at most `limit` + 1 entries, however long the queue)."""
-    capped = (
-        select(Job.id)
-        .where(Job.tenant_id == tenant_id, Job.state == JobState.QUEUED)
-        .limit(limit + 1)
-        .subquery()
-    )
-    return session.execute(select(func.count()).select_from(capped)).scalar_one()
-
-
 @dataclass(frozen=True)
 class _Later:
     """A request that repeats an earlier Idempotency-Key of the same batch."""
@@ -306,7 +315,7 @@ def _prepare(
     session: Session,
     r: SubmitRequest,
     digest: str,
-    plan: Plan,
+    plan: Any,
     now: datetime,
     fleet_pods: dict[str, int],
 ) -> Job:
@@ -374,7 +383,7 @@ def _prepare(
 def _judge(
     job: Job,
     tenant: Any,
-    plan: Plan,
+    plan: Any,
     now: datetime,
     reserve: dict[str, int],
     queued_counts: dict[str, int],
