@@ -1,10 +1,10 @@
 """Control-plane speed, in production shape, side by side with Slurm when asked.
 
-Starts the cloud as production runs it (PostgreSQL, Redis, `ipucloud api` with one uvicorn process per core, one
-scheduler, workers) and measures, over repeated runs, printing min, median and max of each figure:
+Starts the cloud as production runs it (PostgreSQL, Redis, `ipucloud api` with one uvicorn process per core,
+one scheduler, workers) and measures, over repeated runs, printing min, median and max of each figure:
 
-- submit throughput: accepted jobs per second from 1 and from 16 concurrent clients (wrk), with p50/p99 latency;
-  the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
+- submit throughput: accepted jobs per second from 1 and from 16 concurrent clients (wrk), with p50/p99
+  latency; the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
 - the floor: the same load against a bare endpoint doing one durable INSERT (benchmarks/floor_app.py);
 - start latency: submission to `running` on a free partition, p50 and p99 over 200 jobs, one at a time;
 - short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed);
@@ -13,7 +13,8 @@ scheduler, workers) and measures, over repeated runs, printing min, median and m
 With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the shared scripts
 (`../shared/peers/slurm/`), runs their equivalents in the same run and prints the ratios.
 
-    .venv/bin/python benchmarks/control_plane.py [--reps 3] [--vs-slurm] [--only submit,floor,latency,throughput,placement]
+    .venv/bin/python benchmarks/control_plane.py [--reps 3] [--vs-slurm]
+        [--only submit,floor,latency,throughput,placement]
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ BENCH_ENV = {
 }
 
 
-# Load ---------------------------------------------------------------------------------------------------------
+# Load ---------------------------------------------------------------------------------------------
 
 
 WRK_SCRIPT = """
@@ -255,7 +256,7 @@ def bench_floor(report: Report, db_url: str, seconds: int, workers: int) -> None
             except httpx.HTTPError:
                 time.sleep(0.1)
         for clients in (1, 16):
-            rate, p50, p99, _ = wrk(
+            rate, _p50, p99, _ = wrk(
                 f"http://127.0.0.1:{port}/jobs", ONE_STEP_JOB, "floor", clients=clients, seconds=seconds
             )
             report.add(f"floor_{clients}_clients_inserts_per_s", "inserts/s", rate)
@@ -395,7 +396,7 @@ def bench_placement(report: Report, base_url: str, jobs: int) -> None:
     report.add(f"place_{jobs}_jobs_placed", "jobs", placed)
 
 
-# Slurm ----------------------------------------------------------------------------------------------------------
+# Slurm --------------------------------------------------------------------------------------------
 
 
 def run_slurm(report: Report, reps: int) -> None:
@@ -422,7 +423,7 @@ def run_slurm(report: Report, reps: int) -> None:
             print("  " + line)
 
 
-# Main -----------------------------------------------------------------------------------------------------------
+# Main ---------------------------------------------------------------------------------------------
 
 
 def main() -> None:

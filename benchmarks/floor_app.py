@@ -1,8 +1,8 @@
 """The floor for submit throughput: a bare endpoint doing one durable INSERT and nothing else.
 
-Same stack as the API (FastAPI, uvicorn, SQLAlchemy, psycopg 3, a pooled engine, a synchronous commit), no auth,
-no validation beyond parsing JSON, no admission, no quota. ipucloud's submit throughput is reported as a ratio
-of this.
+Same stack as the API (FastAPI, uvicorn, SQLAlchemy, psycopg 3, a pooled engine, a synchronous commit),
+no auth, no validation beyond parsing JSON, no admission, no quota. ipucloud's submit throughput is reported
+as a ratio of this.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_settings_table_matches_the_code() -> None:
     text = README.read_text()
-    assert render(text) == text, "README settings table is stale: run `python scripts/settings_table.py --write`"
+    stale = "README settings table is stale: run `python scripts/settings_table.py --write`"
+    assert render(text) == text, stale
 
 
 def test_quick_start_is_two_commands_that_exist() -> None:

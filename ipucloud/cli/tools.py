@@ -76,7 +76,7 @@ def estimate(
         ("micro-batch / grad. accumulation", f"{plan.get('micro_batch')} / {plan.get('grad_accum')}"),
         ("global batch", str(plan.get("global_batch"))),
         ("optimizer state off-chip", str(plan.get("optimizer_offchip"))),
-        ("memory per IPU", f"{result.get('memory_per_ipu_bytes', 0) / 1e6:,.1f} MB of 900 MB"),
+        ("memory per IPU", f"{result.get('memory_per_ipu_bytes', 0) / 2**20:,.1f} MB of 900 MB"),
         ("compile time", f"{result['compile_s']:,.1f} s"),
         ("step time", f"{result['step_s'] * 1000:,.2f} ms"),
         ("throughput", f"{result['throughput']:,.1f} samples/s"),

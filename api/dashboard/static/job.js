@@ -93,7 +93,7 @@
     }
     if (typeof p.cluster_s === "number") $("cluster-time").textContent = duration(p.cluster_s);
     if (typeof p.memory_per_ipu_bytes === "number") {
-      $("memory").textContent = Math.round(p.memory_per_ipu_bytes / 1e6).toLocaleString("en") + " MB";
+      $("memory").textContent = Math.round(p.memory_per_ipu_bytes / 1048576).toLocaleString("en") + " MB";
     }
   });
 
