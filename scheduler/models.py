@@ -135,6 +135,11 @@ class Tenant(Base):
     fairshare_usage_ipu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     fairshare_used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     fairshare_sampled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # An upper bound on the tenant's queued jobs, kept under its row lock by admission: the exact
+    # count as of the last recount plus every job admitted since (jobs that start or end only make
+    # it higher than the truth). Admission counts the queue only when this bound reaches the plan's
+    # limit, so a long queue costs nothing per submission (scheduler.services.jobs).
+    queued_jobs_bound: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -354,7 +359,11 @@ class OutboxMessage(Base):
     """'Attempt N of job J is ready', written in the placement's transaction, published after."""
 
     __tablename__ = "outbox"
-    __table_args__ = (Index("ix_outbox_pending", "published_at", "acked_at"),)
+    __table_args__ = (
+        Index("ix_outbox_pending", "published_at", "acked_at"),
+        # Which queues workers are taking from right now (scheduler.services.reconciler).
+        Index("ix_outbox_acked_at", "acked_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)

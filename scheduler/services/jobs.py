@@ -96,14 +96,21 @@ def submit_jobs(
     """Admit a batch of jobs in the caller's transaction: one outcome per request, in order.
 
     Each job is validated against the emulator, the fleet and its plan, and its predicted cost
-    reserved from its tenant's grant. The jobs are inserted first; only then is each tenant's row
-    locked (FOR UPDATE, in id order so batches never deadlock) to judge status, quota and the
-    queued-job limit on exact figures, refused jobs are deleted again, and the reservation is one
-    guarded UPDATE per tenant that the database itself refuses if it would pass the grant. The
-    tenant row is therefore locked only for a few statements, which is what lets concurrent
-    batches of one tenant (several API processes) follow each other quickly. Raises
-    IdempotencyRace when another transaction committed one of the batch's Idempotency-Keys
-    first: retry, and the retry replays it.
+    reserved from its tenant's grant. The jobs and their first events are inserted first; only
+    then is each tenant's row locked (FOR NO KEY UPDATE, in id order so batches never deadlock) to
+    judge status, quota and the queued-job limit on exact figures, refused jobs are deleted again,
+    and the reservation is one guarded UPDATE per tenant that the database itself refuses if it
+    would pass the grant. The tenant row is therefore locked for two statements and the commit,
+    which is what lets concurrent batches of one tenant (several API processes) follow each
+    other quickly.
+
+    The queued-job limit is judged on the tenant's `queued_jobs_bound` (an upper bound kept under
+    the same lock) and the queue is counted, no further than the limit, only when that bound
+    would pass it. A job put back in the queue by a platform failure is not in the bound until
+    the next count: such jobs may take a tenant past its limit, submissions never do.
+
+    Raises IdempotencyRace when another transaction committed one of the batch's
+    Idempotency-Keys first: retry, and the retry replays it.
     """
     outcomes: list[Outcome | _Later | None] = [None] * len(requests)
     digests = [request_hash(r.spec) for r in requests]
@@ -170,6 +177,9 @@ def submit_jobs(
             raise IdempotencyRace() from exc
     else:
         conn.execute(insert(Job.__table__), job_rows)
+    # Before the lock, so that the lock is held for as little as possible; a refused job's event
+    # goes with it.
+    conn.execute(insert(JobEvent.__table__), [_queued_event(job, now) for job in candidates.values()])
 
     # Judge under each tenant's lock (_LOCK_TENANTS), in request order.
     tenants = {
@@ -179,15 +189,18 @@ def submit_jobs(
     mine: dict[str, int] = {}
     for job in candidates.values():
         mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
-    # The count includes this batch's own rows (the transaction sees them): take them off.
-    queued_counts = {
-        t: conn.execute(_QUEUED_JOBS, {"t": t, "cap": plans[t].max_queued_jobs + mine[t] + 1}).scalar_one()
-        - mine[t]
-        for t in tenants
-    }
+    queued_counts: dict[str, int] = {}
+    for t, row in tenants.items():
+        limit = plans[t].max_queued_jobs
+        if row.queued_jobs_bound + mine[t] <= limit:
+            queued_counts[t] = row.queued_jobs_bound  # no job of this batch can pass the limit
+        else:
+            # The count sees this batch's own rows (the transaction inserted them): take them off.
+            queued_counts[t] = (
+                conn.execute(_QUEUED_JOBS, {"t": t, "cap": limit + mine[t] + 1}).scalar_one() - mine[t]
+            )
     reserve: dict[str, int] = {}
     refused: list[str] = []
-    admitted: list[Job] = []
     for n, job in candidates.items():
         try:
             _judge(job, tenants[job.tenant_id], plans[job.tenant_id], now, reserve, queued_counts)
@@ -195,38 +208,32 @@ def submit_jobs(
             outcomes[n] = exc
             refused.append(job.id)
             continue
-        admitted.append(job)
         outcomes[n] = Submitted(job, replayed=False)
     if refused:
+        conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
         conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
     for tenant_id, amount in reserve.items():
-        done = conn.execute(_RESERVE, {"t": tenant_id, "amount": amount}).rowcount
+        done = conn.execute(
+            _RESERVE, {"t": tenant_id, "amount": amount, "bound": queued_counts[tenant_id]}
+        ).rowcount
         # Judged under the row lock just above, so the guard cannot refuse; if it ever did, the
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
-    if admitted:
-        conn.execute(
-            insert(JobEvent.__table__),
-            [
-                {
-                    "job_id": job.id,
-                    "kind": "state",
-                    "message": (
-                        f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
-                        f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
-                    ),
-                    "data": {
-                        "state": "queued",
-                        "ipus": job.ipus,
-                        "predicted_runtime_s": job.predicted_runtime_s,
-                    },
-                    "at": now,
-                    "attempt": None,
-                }
-                for job in admitted
-            ],
-        )
     return _resolve(outcomes, digests)
+
+
+def _queued_event(job: Job, now: datetime) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "kind": "state",
+        "message": (
+            f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
+            f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
+        ),
+        "data": {"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
+        "at": now,
+        "attempt": None,
+    }
 
 
 _JOB_COLUMNS = tuple(Job.__table__.columns)
@@ -259,6 +266,7 @@ _LOCK_TENANTS = (
         _tenants.c.quota_ipu_ms,
         _tenants.c.used_ipu_ms,
         _tenants.c.reserved_ipu_ms,
+        _tenants.c.queued_jobs_bound,
     )
     .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
     .order_by(_tenants.c.id)
@@ -278,7 +286,10 @@ _RESERVE = (
         _tenants.c.id == bindparam("t"),
         _tenants.c.used_ipu_ms + _tenants.c.reserved_ipu_ms + bindparam("amount") <= _tenants.c.quota_ipu_ms,
     )
-    .values(reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"))
+    .values(
+        reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"),
+        queued_jobs_bound=bindparam("bound"),
+    )
 )
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, QuotaExceeded
-from scheduler.models import Job, Tenant
+from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
+from scheduler.models import Job, JobEvent, Tenant
 from scheduler.services import jobs, tenants
 from scheduler.services.jobs import SubmitRequest, Submitted
 from scheduler.settings import get_settings
@@ -73,3 +73,56 @@ def test_a_batch_mixes_outcomes_and_keeps_every_rule(db: Any, seeded: Any) -> No
         assert p.reserved_ipu_ms == 2 * cost <= p.quota_ipu_ms
         assert s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == poor)).scalar_one() == 2
         assert s.get(Tenant, rich).reserved_ipu_ms == 2 * cost
+
+
+def test_the_queued_job_limit_is_exact_and_frees_up_as_jobs_leave_the_queue(db: Any, seeded: Any) -> None:
+    """Admission judges the limit on a bound it keeps under the tenant's lock and counts the queue
+    only when the bound reaches the limit: submissions never pass it, and a job that leaves the
+    queue makes room for exactly one more."""
+    with db.write() as s:
+        tenants.update_plan(session=s, name="standard", changes={"max_queued_jobs": 3})
+    tid = make_tenant(db, "queuer", 1000)
+    with db.write() as s:
+        out = jobs.submit_jobs(session=s, requests=[SubmitRequest(tid, spec(name=f"j{i}")) for i in range(5)])
+    assert [type(o).__name__ for o in out] == ["Submitted"] * 3 + ["LimitExceeded"] * 2
+    assert all(isinstance(o, LimitExceeded) and o.extra["limit"] == "max_queued_jobs" for o in out[3:])
+    with db.read() as s:
+        assert s.get(Tenant, tid).queued_jobs_bound == 3
+        # A refused job leaves nothing behind, not even its "queued" event.
+        assert s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tid)).scalar_one() == 3
+        assert s.execute(select(func.count()).select_from(JobEvent)).scalar_one() == 3
+
+    # One submission at a time, against a full queue: refused, however often it is tried.
+    for _ in range(2):
+        with db.write() as s:
+            (o,) = jobs.submit_jobs(session=s, requests=[SubmitRequest(tid, spec(name="late"))])
+        assert isinstance(o, LimitExceeded)
+
+    first = out[0]
+    assert isinstance(first, Submitted)
+    with db.write() as s:
+        jobs.request_cancel(session=s, job_id=first.job.id, tenant_id=tid)
+    with db.write() as s:
+        again = jobs.submit_jobs(
+            session=s, requests=[SubmitRequest(tid, spec(name="after")), SubmitRequest(tid, spec(name="x"))]
+        )
+    assert [type(o).__name__ for o in again] == ["Submitted", "LimitExceeded"]
+    with db.read() as s:
+        assert s.get(Tenant, tid).queued_jobs_bound == 3
+        queued = s.execute(
+            select(func.count()).select_from(Job).where(Job.tenant_id == tid, Job.state == "queued")
+        ).scalar_one()
+        assert queued == 3
+
+
+def test_a_long_queue_is_not_counted_per_submission(db: Any, seeded: Any) -> None:
+    """Far below its limit, a tenant's bound moves with what it submits and the queue is left uncounted."""
+    tid = make_tenant(db, "busy", 1000)
+    for n in (1, 4, 10):
+        with db.write() as s:
+            out = jobs.submit_jobs(
+                session=s, requests=[SubmitRequest(tid, spec(name=f"b{i}")) for i in range(n)]
+            )
+        assert all(isinstance(o, Submitted) for o in out)
+    with db.read() as s:
+        assert s.get(Tenant, tid).queued_jobs_bound == 15
