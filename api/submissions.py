@@ -38,6 +38,7 @@ class SubmitBatcher:
         self.db = db
         self.render = render
         self.queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self.waker = bus.CoalescingWaker("submit")
         self.thread = threading.Thread(target=self._run, name="submit-batcher", daemon=True)
         self.thread.start()
 
@@ -80,14 +81,15 @@ class SubmitBatcher:
                 # Another process committed one of these keys first: the retry replays it.
                 if attempt == 2:
                     raise
-        if any(not isinstance(o, Exception) and not o.replayed for o in outcomes):
-            bus.wake_scheduler("submit")
         for item, outcome, body in zip(batch, outcomes, bodies, strict=True):
             if isinstance(outcome, Exception):
                 item.future.set_exception(outcome)
             else:
                 assert body is not None
                 item.future.set_result((outcome, body))
+        # After the answers: the wake-up is a hint (the scheduler also ticks), not part of them.
+        if any(not isinstance(o, Exception) and not o.replayed for o in outcomes):
+            self.waker.wake()
 
 
 _lock = threading.Lock()

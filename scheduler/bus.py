@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 import redis.asyncio as aioredis
@@ -72,3 +73,26 @@ def publish(channel: str, message: str) -> None:
 
 def wake_scheduler(reason: str) -> None:
     publish(WAKE_CHANNEL, reason)
+
+
+class CoalescingWaker:
+    """Wakes the scheduler from a thread of its own: a hot path asks for a wake-up without waiting
+    for Redis. A wake-up after a quiet spell is published at once; under load, one per `interval_s`
+    covers every request that asked in between (a scheduler pass takes longer than that anyway)."""
+
+    def __init__(self, reason: str, interval_s: float = 0.01) -> None:
+        self.reason = reason
+        self.interval_s = interval_s
+        self._wanted = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"wake-{reason}", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            wake_scheduler(self.reason)
+            time.sleep(self.interval_s)
