@@ -28,15 +28,16 @@ def add_event(
     )
 
 
-def finalize_job(*, session: Session, job: Job, state: JobState, reason: str | None) -> None:
-    """End a job and release whatever quota it still holds."""
-    if job.reserved_ipu_ms:
-        session.execute(
-            update(Tenant)
-            .where(Tenant.id == job.tenant_id)
-            .values(reserved_ipu_ms=Tenant.reserved_ipu_ms - job.reserved_ipu_ms)
-        )
-        job.reserved_ipu_ms = 0
+def finalize_job(
+    *, session: Session, job: Job, state: JobState, reason: str | None, release: bool = True
+) -> None:
+    """End a job and release whatever quota it still holds.
+
+    `release=False` leaves the release to the caller (`release_reservation`), which an attempt's end
+    does after its settle, so that the tenant's row is locked last and for as little as possible.
+    """
+    if release:
+        release_reservation(session=session, job=job)
     now = utcnow()
     job.state = state
     job.reason = reason
@@ -50,3 +51,14 @@ def finalize_job(*, session: Session, job: Job, state: JobState, reason: str | N
         data={"state": str(state), "reason": reason},
         at=now,
     )
+
+
+def release_reservation(*, session: Session, job: Job) -> None:
+    """Give the tenant back the quota the job still holds (its row lock is held until commit)."""
+    if job.reserved_ipu_ms:
+        session.execute(
+            update(Tenant)
+            .where(Tenant.id == job.tenant_id)
+            .values(reserved_ipu_ms=Tenant.reserved_ipu_ms - job.reserved_ipu_ms)
+        )
+        job.reserved_ipu_ms = 0

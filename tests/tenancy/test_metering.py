@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
-from scheduler.services import metering, tenants, usage
+from scheduler.services import attempts, metering, tenants, usage
 from scheduler.services.attempts import Directive
 from scheduler.settings import get_settings
 from tests.tenancy.conftest import World, finish, heartbeat, place_attempt, start_attempt, submit
@@ -109,3 +109,65 @@ def test_a_running_job_that_exhausts_the_grant_is_stopped_with_the_reason(db: An
         assert job.reserved_ipu_ms == 0
     used, total, _ = ledger(db, world.a.id)
     assert used == total
+
+
+def test_a_finish_that_would_pass_the_grant_bills_what_is_left_and_frees_the_reservation(
+    db: Any, world: World
+) -> None:
+    """The settle's guarded update refuses, so the settle locks the tenant and bills only the rest."""
+    attempt_id, epoch = start_attempt(db, world.a.job_id, "settle-cut")
+    heartbeat(db, attempt_id, epoch, 1, 10.0)
+    with db.write() as s:
+        t = s.get(Tenant, world.a.id)
+        # 2.5 IPU-seconds left: far less than the 4 IPUs x 20 s still to settle.
+        tenants.update_tenant(
+            session=s, tenant_id=t.id, changes={"quota_ipu_hours": (t.used_ipu_ms + 2500) / 3.6e6}
+        )
+        quota = s.get(Tenant, world.a.id).quota_ipu_ms
+    assert finish(db, attempt_id, epoch, AttemptState.SUCCEEDED, 30.0)
+    used, total, count = ledger(db, world.a.id)
+    assert used == total == quota and count == 2
+    with db.read() as s:
+        settle = s.get(MeterEvent, f"att:{attempt_id}:settle")
+        assert settle.ipu_ms == quota - 4 * 10_000
+        attempt = s.get(Attempt, attempt_id)
+        assert attempt.metered_ipu_ms == total
+        job = s.get(Job, world.a.job_id)
+        assert job.state == "succeeded" and job.reserved_ipu_ms == 0
+        assert s.get(Tenant, world.a.id).reserved_ipu_ms == 0
+
+
+def test_a_tick_with_nothing_left_bills_nothing_and_writes_no_event(db: Any, world: World) -> None:
+    attempt_id, epoch = start_attempt(db, world.a.job_id, "tick-none")
+    heartbeat(db, attempt_id, epoch, 1, 10.0)
+    with db.write() as s:
+        t = s.get(Tenant, world.a.id)
+        tenants.update_tenant(session=s, tenant_id=t.id, changes={"quota_ipu_hours": t.used_ipu_ms / 3.6e6})
+    before = ledger(db, world.a.id)
+    assert heartbeat(db, attempt_id, epoch, 2, 20.0) == Directive.QUOTA
+    assert ledger(db, world.a.id) == before
+    with db.read() as s:
+        assert s.get(MeterEvent, f"att:{attempt_id}:tick:2") is None
+
+
+def test_a_job_that_ends_on_a_platform_fault_is_refunded_and_holds_nothing(db: Any, world: World) -> None:
+    """Lost on its last allowed attempt: its ticks are refunded and its whole reservation freed."""
+    attempt_id, epoch = start_attempt(db, world.a.job_id, "lost-last")
+    heartbeat(db, attempt_id, epoch, 1, 40.0)
+    with db.write() as s:
+        done = attempts.finish(
+            session=s,
+            attempt_id=attempt_id,
+            epoch=epoch,
+            outcome=AttemptState.LOST,
+            cluster_s=45.0,
+            reason="worker died",
+            max_attempts=1,
+        )
+    assert done
+    used, total, _ = ledger(db, world.a.id)
+    assert used == total == 0
+    with db.read() as s:
+        job = s.get(Job, world.a.job_id)
+        assert job.state == "failed" and job.reserved_ipu_ms == 0
+        assert s.get(Tenant, world.a.id).reserved_ipu_ms == 0
