@@ -154,6 +154,11 @@ def hints() -> Hints:
         return _hints
 
 
+# Executable keys this process has seen in the cache. Entries are never removed from the cache,
+# so a key seen once needs no further lookup: a rerun of a configuration costs no query.
+_known_executables: set[str] = set()
+
+
 @dataclass
 class RunContext:
     settings: Settings
@@ -248,8 +253,12 @@ def _execute(ctx: RunContext, taken: TakenAttempt) -> str:
     except (emulator.CompileError, emulator.WorkloadError) as exc:
         ctx.pending.append(LogLine("log", f"compile failed: {exc}", {"phase": "compile", "error": str(exc)}))
         return _finish(ctx, taken, AttemptState.FAILED, 0.0, f"compile error: {exc}")
-    with ctx.db.read() as s:
-        cached = executables.is_cached(session=s, key=plan.executable_key)
+    cached = plan.executable_key in _known_executables
+    if not cached:
+        with ctx.db.read() as s:
+            cached = executables.is_cached(session=s, key=plan.executable_key)
+        if cached:
+            _known_executables.add(plan.executable_key)
     run = emulator.EmulatedRun(plan, spec, cached=cached)
     max_runtime = taken.max_runtime_s or float("inf")
     end_t = min(run.total_s, max_runtime)
@@ -284,6 +293,7 @@ def _execute(ctx: RunContext, taken: TakenAttempt) -> str:
                         machine_type=taken.machine_type,
                         compile_s=run.compile_s,
                     )
+                _known_executables.add(plan.executable_key)
             except Exception as exc:  # a cache entry lost costs a later compile, not this attempt
                 log.warning("attempt %d: could not record its executable: %s", taken.attempt_id, exc)
         if t >= end_t:

@@ -23,11 +23,12 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
+from scheduler.db import insert_returning_keys
 from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
@@ -38,7 +39,6 @@ from scheduler.models import (
     JobState,
     OutboxMessage,
     Partition,
-    Tenant,
     utcnow,
 )
 from scheduler.services import fleet, metering
@@ -48,62 +48,89 @@ from scheduler.services.job_state import add_event, finalize_job
 TASK_NAME = "ipucloud.run_attempt"
 
 
+class PlacedPartition(Protocol):
+    """What placing an attempt reads of its partition (a Partition, or one just inserted)."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def machine_type(self) -> str: ...
+    @property
+    def ipu_ids(self) -> list[str]: ...
+
+
 def place(
     *,
     session: Session,
     job: Job,
-    partition: Partition,
+    partition: PlacedPartition,
     queue: str,
-) -> Attempt:
-    """Record attempt N of `job` on `partition` and its outbox message, in the caller's transaction."""
+) -> int:
+    """Record attempt N of `job` on `partition` and its outbox message, in the caller's transaction;
+    returns the attempt's id."""
     return place_many(session=session, placements=[(job, partition, queue)])[0]
 
 
-def place_many(*, session: Session, placements: Sequence[tuple[Job, Partition, str]]) -> list[Attempt]:
-    """`place` for many jobs at once: one flush for all the attempts, so a scheduling pass that starts
-    a thousand jobs costs a few batched statements rather than a few per job."""
+def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartition, str]]) -> list[int]:
+    """`place` for many jobs at once: the attempts, their outbox messages and their events each in
+    one batched statement, so a scheduling pass that starts a thousand jobs costs a few statements
+    rather than a few per job. Returns the attempts' ids, in order."""
     if not placements:
         return []
     now = utcnow()
-    placed = []
+    rows = []
     for job, partition, _ in placements:
         job.attempts += 1
-        placed.append(
-            Attempt(
-                job_id=job.id,
-                tenant_id=job.tenant_id,
-                number=job.attempts,
-                state=AttemptState.PLACED,
-                epoch=0,
-                partition_pk=partition.pk,
-                size=partition.size,
-                machine_type=partition.machine_type,
-                placed_at=now,
-            )
-        )
-    session.add_all(placed)
-    session.flush()
-    for attempt, (job, partition, queue) in zip(placed, placements, strict=True):
-        session.add(
-            OutboxMessage(
-                attempt_id=attempt.id,
-                queue=queue,
-                payload={"attempt_id": attempt.id, "epoch": 0, "job_id": job.id},
-                created_at=now,
-            )
-        )
         job.updated_at = now
-        add_event(
-            session,
-            job.id,
-            "state",
-            f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
-            f"{_ipu_range(partition.ipu_ids)})",
-            attempt=attempt.number,
-            data={"partition": partition.name, "ipus": partition.ipu_ids, "attempt": attempt.number},
-            at=now,
+        rows.append(
+            {
+                "job_id": job.id,
+                "tenant_id": job.tenant_id,
+                "number": job.attempts,
+                "state": AttemptState.PLACED,
+                "epoch": 0,
+                "partition_pk": partition.pk,
+                "size": partition.size,
+                "machine_type": partition.machine_type,
+                "placed_at": now,
+            }
         )
-    return placed
+    ids = insert_returning_keys(session, Attempt.__table__, rows)
+    session.execute(
+        insert(OutboxMessage.__table__),
+        [
+            {
+                "attempt_id": attempt_id,
+                "queue": queue,
+                "payload": {"attempt_id": attempt_id, "epoch": 0, "job_id": job.id},
+                "created_at": now,
+                "publish_count": 0,
+            }
+            for attempt_id, (job, _, queue) in zip(ids, placements, strict=True)
+        ],
+    )
+    session.execute(
+        insert(JobEvent.__table__),
+        [
+            {
+                "job_id": job.id,
+                "attempt": job.attempts,
+                "kind": "state",
+                "message": (
+                    f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
+                    f"{_ipu_range(partition.ipu_ids)})"
+                ),
+                "data": {"partition": partition.name, "ipus": partition.ipu_ids, "attempt": job.attempts},
+                "at": now,
+            }
+            for job, partition, _ in placements
+        ],
+    )
+    return ids
 
 
 def _ipu_range(ipus: list[str]) -> str:
@@ -131,15 +158,19 @@ def take(
     *, session: Session, attempt_id: int, epoch: int, worker: str, lease_s: float
 ) -> TakenAttempt | None:
     """Compare-and-set `placed` -> `running`. None if someone else has it or it is no longer wanted."""
-    job_id = session.execute(select(Attempt.job_id).where(Attempt.id == attempt_id)).scalar_one_or_none()
-    if job_id is None:
-        return None
     # The job's row first, as a cancel takes it (job, then the placed attempt): a take that locked
     # the attempt first and then wrote the job would deadlock with a concurrent cancel. Holding it
     # also makes the "is it still wanted" check below exact.
-    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+    job = session.execute(
+        select(Job)
+        .where(Job.id == select(Attempt.job_id).where(Attempt.id == attempt_id).scalar_subquery())
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    if job is None:
+        return None
     now = db_now(session)
-    won = session.execute(
+    attempt = session.execute(
         update(Attempt)
         .where(Attempt.id == attempt_id, Attempt.state == AttemptState.PLACED, Attempt.epoch == epoch)
         .values(
@@ -149,15 +180,17 @@ def take(
             started_at=now,
             lease_expires_at=now + timedelta(seconds=lease_s),
         )
-    ).rowcount
-    if won != 1:
+        .returning(Attempt)
+        .execution_options(populate_existing=True, synchronize_session=False)
+    ).scalar_one_or_none()
+    if attempt is None:
         return None
-    session.execute(update(OutboxMessage).where(OutboxMessage.attempt_id == attempt_id).values(acked_at=now))
-    attempt = session.get(Attempt, attempt_id, populate_existing=True)
-    assert attempt is not None
-    job = session.get(Job, attempt.job_id, populate_existing=True)
-    partition = session.get(Partition, attempt.partition_pk)
-    assert job is not None and partition is not None
+    with session.no_autoflush:
+        session.execute(
+            update(OutboxMessage).where(OutboxMessage.attempt_id == attempt_id).values(acked_at=now)
+        )
+        partition = session.get(Partition, attempt.partition_pk)
+    assert partition is not None
     if job.state in FINAL_JOB_STATES or job.cancel_requested:
         # A cancel that raced the placement (or the take itself): do not start what nobody wants.
         end_attempt(
@@ -214,20 +247,21 @@ class LogLine:
     at: datetime | None = None
 
 
-def _fenced(session: Session, attempt_id: int, epoch: int, now: datetime) -> Attempt | None:
-    """The attempt, locked, if `epoch` still holds a current lease on it; else None."""
-    attempt = session.execute(
-        select(Attempt)
+def _fenced(session: Session, attempt_id: int, epoch: int, now: datetime) -> tuple[Attempt, Job] | None:
+    """The attempt (locked) and its job, if `epoch` still holds a current lease on it; else None."""
+    row = session.execute(
+        select(Attempt, Job)
+        .join(Job, Job.id == Attempt.job_id)
         .where(
             Attempt.id == attempt_id,
             Attempt.epoch == epoch,
             Attempt.state == AttemptState.RUNNING,
             Attempt.lease_expires_at >= now,
         )
-        .with_for_update()
+        .with_for_update(of=Attempt)
         .execution_options(populate_existing=True)
-    ).scalar_one_or_none()
-    return attempt
+    ).first()
+    return None if row is None else (row[0], row[1])
 
 
 def heartbeat(
@@ -243,11 +277,10 @@ def heartbeat(
 ) -> Directive:
     """Extend the lease, bill the time run so far, record progress; say whether to go on."""
     now = db_now(session)
-    attempt = _fenced(session, attempt_id, epoch, now)
-    if attempt is None:
+    fenced = _fenced(session, attempt_id, epoch, now)
+    if fenced is None:
         return Directive.FENCED
-    job = session.get(Job, attempt.job_id, populate_existing=True)
-    assert job is not None
+    attempt, job = fenced
     attempt.lease_expires_at = now + timedelta(seconds=lease_s)
     attempt.cluster_s = max(attempt.cluster_s, cluster_s)
     if progress is not None:
@@ -288,11 +321,10 @@ def finish(
     max_attempts: int = 3,
 ) -> bool:
     """The worker's last word on an attempt. False (and nothing written) if its lease is gone."""
-    attempt = _fenced(session, attempt_id, epoch, db_now(session))
-    if attempt is None:
+    fenced = _fenced(session, attempt_id, epoch, db_now(session))
+    if fenced is None:
         return False
-    job = session.get(Job, attempt.job_id, populate_existing=True)
-    assert job is not None
+    attempt, job = fenced
     attempt.cluster_s = max(attempt.cluster_s, cluster_s)
     if progress is not None:
         attempt.progress = progress
@@ -322,45 +354,62 @@ def end_attempt(
     reason: str | None,
     max_attempts: int,
 ) -> None:
-    """Settle, free the partition, and move the job on. The caller has fenced the attempt."""
+    """Settle, free the partition, and move the job on. The caller has fenced the attempt.
+
+    The settle comes last: it moves the tenant's counters, and every attempt of a tenant ends
+    through that row's lock, so it is held only for the last statement and the commit.
+    """
     now = utcnow()
     attempt.state = outcome
     attempt.ended_at = now
     attempt.end_reason = reason
     attempt.lease_expires_at = None
     billable = outcome not in PLATFORM_FAULT_STATES
-    metering.settle(session=session, attempt=attempt, job=job, billable=billable, outcome=str(outcome))
-    # Nobody needs the message any more: the reconciler must not publish it again.
-    session.execute(
-        update(OutboxMessage)
-        .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
-        .values(acked_at=now)
+    # The attempt's and the job's changes are written together, by the settle's flush.
+    with session.no_autoflush:
+        # Nobody needs the message any more: the reconciler must not publish it again.
+        session.execute(
+            update(OutboxMessage)
+            .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
+            .values(acked_at=now)
+        )
+        fleet.release_job_partition(session=session, partition_pk=attempt.partition_pk)
+        # Only an attempt the reconciler ends for a job that already ended finds the job final:
+        # its outcome was decided, and this attempt's end must not rewrite it.
+        if job.state not in FINAL_JOB_STATES:
+            _move_job_on(session, job, attempt, outcome, reason, max_attempts, now)
+    # Last, since it moves the tenant's counters (and an ended job gives back what it reserves).
+    metering.settle(
+        session=session,
+        attempt=attempt,
+        job=job,
+        billable=billable,
+        outcome=str(outcome),
+        job_ends=job.state in FINAL_JOB_STATES,
     )
-    partition = session.get(Partition, attempt.partition_pk)
-    assert partition is not None
-    if partition.kind == "job":
-        fleet.release_partition(session=session, partition=partition)
-    if job.state in FINAL_JOB_STATES:
-        # Only an attempt the reconciler ends for a job that already ended gets here: the job's
-        # outcome was decided, and this attempt's end must not rewrite it. A refund above put the
-        # refunded ticks back into the job's reservation; an ended job holds none.
-        if job.reserved_ipu_ms:
-            session.execute(
-                update(Tenant)
-                .where(Tenant.id == job.tenant_id)
-                .values(reserved_ipu_ms=Tenant.reserved_ipu_ms - job.reserved_ipu_ms)
-            )
-            job.reserved_ipu_ms = 0
-        return
+
+
+def _move_job_on(
+    session: Session,
+    job: Job,
+    attempt: Attempt,
+    outcome: AttemptState,
+    reason: str | None,
+    max_attempts: int,
+    now: datetime,
+) -> None:
+    def end(state: JobState, why: str | None) -> None:
+        finalize_job(session=session, job=job, state=state, reason=why, release=False)
+
     if outcome == AttemptState.SUCCEEDED:
-        finalize_job(session=session, job=job, state=JobState.SUCCEEDED, reason=None)
+        end(JobState.SUCCEEDED, None)
     elif outcome == AttemptState.CANCELLED:
-        finalize_job(session=session, job=job, state=JobState.CANCELLED, reason=reason or "cancelled by user")
+        end(JobState.CANCELLED, reason or "cancelled by user")
     elif outcome in (AttemptState.FAILED, AttemptState.TIMED_OUT):
-        finalize_job(session=session, job=job, state=JobState.FAILED, reason=reason)
+        end(JobState.FAILED, reason)
     elif job.cancel_requested:
-        finalize_job(session=session, job=job, state=JobState.CANCELLED, reason="cancelled by user")
-    elif outcome != AttemptState.LOST or _lost_attempts(session, job.id) < max_attempts:
+        end(JobState.CANCELLED, "cancelled by user")
+    elif outcome != AttemptState.LOST or _lost_attempts(session, job.id, this=attempt.id) + 1 < max_attempts:
         # Only lost attempts count against the retry limit: a handed-back or preempted attempt
         # is the platform making room, not a sign that the job crashes its worker.
         job.state = JobState.QUEUED
@@ -375,19 +424,15 @@ def end_attempt(
             at=now,
         )
     else:
-        finalize_job(
-            session=session,
-            job=job,
-            state=JobState.FAILED,
-            reason=f"gave up after {max_attempts} lost attempts; last: {reason or outcome}",
-        )
+        end(JobState.FAILED, f"gave up after {max_attempts} lost attempts; last: {reason or outcome}")
 
 
-def _lost_attempts(session: Session, job_id: str) -> int:
+def _lost_attempts(session: Session, job_id: str, this: int) -> int:
+    """The job's earlier lost attempts (this one's new state is not written yet)."""
     return session.execute(
         select(func.count())
         .select_from(Attempt)
-        .where(Attempt.job_id == job_id, Attempt.state == AttemptState.LOST)
+        .where(Attempt.job_id == job_id, Attempt.id != this, Attempt.state == AttemptState.LOST)
     ).scalar_one()
 
 

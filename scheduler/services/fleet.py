@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
 from vipu.allocator import Allocator, Placement
@@ -229,36 +230,56 @@ def insert_partition(
 
 def insert_job_partitions(
     *, session: Session, placements: Sequence[tuple[Placement, str, str]]
-) -> list[Partition]:
+) -> list[NewPartition]:
     """`insert_partition` for many job partitions ((placement, tenant, job) each) in one savepoint
     and a few batched statements. Raises PlacementConflict, inserting none, if any IPU is taken."""
     now = utcnow()
-    parts = [
-        Partition(
-            name=placement.partition_id,
-            kind="job",
-            size=placement.size,
-            machine_type=str(placement.machine_type),
-            gcds=1,
-            reconfigurable=False,
-            tenant_id=tenant_id,
-            job_id=job_id,
-            ipu_ids=list(placement.ipu_ids),
-            created_at=now,
-        )
+    rows = [
+        {
+            "name": placement.partition_id,
+            "kind": "job",
+            "size": placement.size,
+            "machine_type": str(placement.machine_type),
+            "gcds": 1,
+            "reconfigurable": False,
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "ipu_ids": list(placement.ipu_ids),
+            "created_by": None,
+            "created_at": now,
+            "released_at": None,
+        }
         for placement, tenant_id, job_id in placements
     ]
+    table = Partition.__table__
     try:
         with session.begin_nested():
-            session.add_all(parts)
-            session.flush()
+            # Batched, keys in the order given: a pass that starts thousands of jobs skips the
+            # ORM's per-object bookkeeping for rows it only writes.
+            pks = insert_returning_keys(session, table, rows)
+            parts = [
+                NewPartition(pk, row["name"], row["size"], row["machine_type"], row["ipu_ids"], row["job_id"])
+                for pk, row in zip(pks, rows, strict=True)
+            ]
             session.execute(
-                insert(IpuAssignment),
+                insert(IpuAssignment.__table__),
                 [{"ipu_id": i, "partition_pk": part.pk} for part in parts for i in part.ipu_ids],
             )
     except IntegrityError as exc:
         raise PlacementConflict(str(exc.orig)) from exc
     return parts
+
+
+@dataclass(frozen=True)
+class NewPartition:
+    """A job partition just written by `insert_job_partitions` (what placing its attempt needs)."""
+
+    pk: int
+    name: str
+    size: int
+    machine_type: str
+    ipu_ids: list[str]
+    job_id: str
 
 
 def release_partition(*, session: Session, partition: Partition) -> bool:
@@ -269,7 +290,24 @@ def release_partition(*, session: Session, partition: Partition) -> bool:
         .values(released_at=utcnow())
     ).rowcount
     session.execute(delete(IpuAssignment).where(IpuAssignment.partition_pk == partition.pk))
-    session.refresh(partition)
+    if done != 1:
+        # Released by someone else: what this session holds of it may be out of date. (When this
+        # call released it, the UPDATE already set `released_at` on the object.)
+        session.refresh(partition)
+    return done == 1
+
+
+def release_job_partition(*, session: Session, partition_pk: int) -> bool:
+    """Free a job's partition when its attempt ends, without loading it (a reserved partition
+    outlives its jobs and is left alone). False if there was nothing to release."""
+    done = session.execute(
+        update(Partition)
+        .where(Partition.pk == partition_pk, Partition.kind == "job", Partition.released_at.is_(None))
+        .values(released_at=utcnow())
+        .execution_options(synchronize_session="evaluate")  # a loaded Partition learns it in memory
+    ).rowcount
+    if done == 1:
+        session.execute(delete(IpuAssignment).where(IpuAssignment.partition_pk == partition_pk))
     return done == 1
 
 

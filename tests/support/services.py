@@ -104,6 +104,9 @@ def reset_caches() -> None:
     partitions._syncs.clear()
     emulation._resolve_cached.cache_clear()
     fleet._pods_cache = None
+    from workers import runner
+
+    runner._known_executables.clear()
 
 
 def truncate_all(database: object) -> None:

@@ -120,7 +120,7 @@ def place_attempt(db: Any, job_id: str, partition: str) -> int:
         part = partitions.create_partition(
             session=s, name=partition, size=job.ipus, machine_type=None, tenant_id=job.tenant_id
         )
-        return attempts.place(session=s, job=job, partition=part, queue="ipucloud").id
+        return attempts.place(session=s, job=job, partition=part, queue="ipucloud")
 
 
 def start_attempt(db: Any, job_id: str, partition: str) -> tuple[int, int]:
