@@ -5,9 +5,14 @@ The broker carries only "attempt N is ready"; results are never stored or read (
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
+from kombu.exceptions import ChannelError
 
 from scheduler.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 TASK_NAME = "ipucloud.run_attempt"
 DEFAULT_QUEUE = "ipucloud"
@@ -58,3 +63,22 @@ def make_celery(settings: Settings | None = None) -> Celery:
         enable_utc=True,
     )
     return app
+
+
+def queue_depth(app: Celery, queue: str) -> int | None:
+    """How many messages wait in `queue` on the broker; None when the broker cannot be asked.
+
+    Only a hint for the reconciler (whether an untaken attempt may still be waiting its turn), so
+    any failure to ask is "unknown", never an error. On Redis a queue is a list, and a list that
+    does not exist is an empty one.
+    """
+    try:
+        with app.connection_for_read() as conn:
+            # One try: a broker that is down must not hold up the reconciler's other repairs.
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=2)
+            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError:
+        return 0  # "NOT_FOUND": no list of that name, so nothing waits in it
+    except Exception as exc:
+        log.debug("could not read the depth of queue %s: %s", queue, exc)
+        return None

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from scheduler import bus
 from scheduler.broker import TASK_NAME, make_celery
+from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
 from scheduler.models import (
     Attempt,
@@ -66,6 +68,8 @@ class SchedulerLoop:
     last_reconcile: float = 0.0
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
+    # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
+    queue_depth: Callable[[str], int | None] | None = None
     # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
     # each queued job, and the queued jobs already shown to the placement policy's demand model.
     _waits: dict[str, dict[str, Any] | None] | None = None
@@ -82,6 +86,9 @@ class SchedulerLoop:
             self.router = Router(bus.get_redis)
         if self.celery is None:
             self.celery = make_celery(self.settings)
+        if self.queue_depth is None:
+            celery = self.celery
+            self.queue_depth = lambda queue: broker_queue_depth(celery, queue)
 
     # Leadership -----------------------------------------------------------------------------
 
@@ -197,21 +204,21 @@ class SchedulerLoop:
             new_parts = [
                 (where, jobs[q.id].tenant_id, q.id) for q, where in starts if not isinstance(where, str)
             ]
-            made: dict[str, Partition] = {}
+            made: dict[str, fleet.NewPartition] = {}
             try:
                 for part in fleet.insert_job_partitions(session=s, placements=new_parts) if new_parts else ():
                     self.sync.known[part.pk] = part.name
-                    made[part.job_id or ""] = part
+                    made[part.job_id] = part
             except fleet.PlacementConflict as exc:
                 # Someone else took some of these IPUs: start none of them now; the next pass
                 # decides again on a reloaded allocator.
                 CONFLICTS.inc()
                 log.warning("placements refused by the database: %s", exc)
                 self.sync.invalidate()
-            batch = []
+            batch: list[tuple[Job, attempts.PlacedPartition, str]] = []
             for queued, where in starts:
                 job = jobs[queued.id]
-                partition = (
+                partition: attempts.PlacedPartition | None = (
                     fleet.get_live_partition(session=s, name=where)
                     if isinstance(where, str)
                     else made.get(job.id)
@@ -233,7 +240,7 @@ class SchedulerLoop:
             scheduling.record_waits(session=s, waits=waits, known=self._waits)
             return placed
 
-    def queue_for(self, partition: Partition) -> str:
+    def queue_for(self, partition: attempts.PlacedPartition) -> str:
         """The most specific queue a live worker serves: the partition's pod, its machine type, default."""
         assert self.router is not None
         return self.router.queue_for(partition.machine_type, partition.ipu_ids)
@@ -322,6 +329,7 @@ class SchedulerLoop:
                 leader_epoch=self.fence_token.epoch,
                 max_attempts=self.settings.max_attempts,
                 outbox_retry_s=self.settings.outbox_retry_s,
+                queue_depth=self.queue_depth or (lambda _queue: None),
             )
         # Counted once committed: a pass rolled back by a lost lease repaired nothing.
         LOST.inc(repairs.count(reconciler.LEASE_EXPIRED))
@@ -343,13 +351,24 @@ class SchedulerLoop:
             except redis.RedisError as exc:
                 log.warning("event bus unavailable (%s); polling every tick", exc)
                 pubsub = None
+            started = time.monotonic()
             try:
                 self.iterate()
             except Exception:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
+            ended = time.monotonic()
             if not self._wait(pubsub):
                 pubsub = None
+            # Under a stream of wake-ups (every finish and every submission sends one) passes would
+            # run back to back, each reading the whole queue again, and the scheduler and its
+            # database session would take the CPU the workers need. So the next pass starts no
+            # sooner than the last one took: at most half the time goes to passes, each covering
+            # every event of the pause before it, while an idle cloud's passes (a few milliseconds)
+            # make it wait for nothing.
+            rest = ended + min(ended - started, self.settings.scheduler_tick_s) - time.monotonic()
+            if rest > 0:
+                self.stop_event.wait(rest)
         self.step_down()
 
     def _wait(self, pubsub: object) -> bool:

@@ -19,6 +19,7 @@ the counts in the API's `/metrics` are exact and survive restarts of any process
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -108,15 +109,25 @@ def _record(
 
 
 def reconcile(
-    *, session: Session, leader_epoch: int, max_attempts: int, outbox_retry_s: float, limit: int = 500
+    *,
+    session: Session,
+    leader_epoch: int,
+    max_attempts: int,
+    outbox_retry_s: float,
+    limit: int = 500,
+    queue_depth: Callable[[str], int | None] = lambda _queue: None,
 ) -> Repairs:
-    """One reconciliation pass in the caller's (fenced) transaction."""
+    """One reconciliation pass in the caller's (fenced) transaction.
+
+    `queue_depth(queue)` says how many messages wait in a broker queue (None: unknown); the caller
+    asks the broker, this module only reads the database.
+    """
     now = db_now(session)
     repairs = Repairs()
     _expire_leases(session, repairs, now, leader_epoch, max_attempts, limit)
     _end_attempts_of_ended_jobs(session, repairs, now, leader_epoch, limit)
     _complete_cancels(session, repairs, now, leader_epoch, limit)
-    _republish_outbox(session, repairs, now, leader_epoch, outbox_retry_s, limit)
+    _republish_outbox(session, repairs, now, leader_epoch, outbox_retry_s, limit, queue_depth)
     _free_orphans(session, repairs, now, leader_epoch, limit)
     return repairs
 
@@ -244,7 +255,13 @@ def _complete_cancels(session: Session, repairs: Repairs, now: datetime, epoch: 
 
 
 def _republish_outbox(
-    session: Session, repairs: Repairs, now: datetime, epoch: int, retry_s: float, limit: int
+    session: Session,
+    repairs: Repairs,
+    now: datetime,
+    epoch: int,
+    retry_s: float,
+    limit: int,
+    queue_depth: Callable[[str], int | None],
 ) -> None:
     rows = session.execute(
         select(
@@ -264,10 +281,24 @@ def _republish_outbox(
         .order_by(OutboxMessage.id)
         .limit(limit)
     ).all()
+    moving: set[str] | None = None
+    depths: dict[str, int | None] = {}
     for oid, attempt_id, queue, published_at, count, job_id in rows:
         factor = min(2 ** max(count - 1, 0), MAX_BACKOFF_FACTOR)
         if published_at > now - timedelta(seconds=retry_s * factor):
             continue
+        if published_at > now - timedelta(seconds=retry_s * MAX_BACKOFF_FACTOR):
+            if moving is None:
+                moving = _queues_taken_from(session, {q for _, _, q, _, _, _ in rows}, now, retry_s)
+            if queue in moving:
+                if queue not in depths:
+                    depths[queue] = queue_depth(queue)
+                if depths[queue]:
+                    # Workers are taking from that queue and messages still wait in it: this one
+                    # is most likely among them, behind a backlog taken in turn, and a copy would
+                    # only wait behind it. It goes again once the queue is empty or stops moving
+                    # without it having been taken, or after the longest backoff all the same.
+                    continue
         reset = session.execute(
             update(OutboxMessage)
             .where(OutboxMessage.id == oid, OutboxMessage.published_at == published_at)
@@ -285,6 +316,21 @@ def _republish_outbox(
             attempt_id=attempt_id,
             detail=f"attempt {attempt_id} of {job_id} not taken from {queue} after {count} publish(es)",
         )
+
+
+def _queues_taken_from(session: Session, queues: set[str], now: datetime, retry_s: float) -> set[str]:
+    """The queues from which a worker took an attempt within the last `retry_s`."""
+    rows = session.execute(
+        select(OutboxMessage.queue)
+        .join(Attempt, Attempt.id == OutboxMessage.attempt_id)
+        .where(
+            OutboxMessage.acked_at > now - timedelta(seconds=retry_s),
+            OutboxMessage.queue.in_(sorted(queues)),
+            Attempt.started_at.is_not(None),  # taken by a worker, not ended unstarted (a cancel)
+        )
+        .distinct()
+    ).scalars()
+    return set(rows)
 
 
 def _free_orphans(session: Session, repairs: Repairs, now: datetime, epoch: int, limit: int) -> None:

@@ -6,6 +6,7 @@ on PostgreSQL meet on row locks and on SQLite on the database lock.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -218,6 +219,42 @@ def test_untaken_messages_are_republished_with_backoff(
     with db.read() as s:
         row = s.execute(select(OutboxMessage).where(OutboxMessage.attempt_id == attempt.id)).scalar_one()
         assert row.publish_count == 3 and row.acked_at is not None
+
+
+def test_a_backlog_being_worked_through_is_not_flooded_with_copies(
+    db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages behind a backlog that workers are taking wait their turn; a message not in its
+    queue, or in a queue nobody takes from, is lost and goes again; so does one that waited longest."""
+    monkeypatch.setenv("IPUCLOUD_OUTBOX_RETRY_S", "0.3")
+    reset_settings_cache()
+    loop = leader_loop(db)
+    depth = [0]
+    loop.queue_depth = lambda queue: depth[0]
+
+    def republished() -> set[int]:
+        done = loop.reconcile().done["outbox_republished"]
+        return {int(re.match(r"attempt (\d+) of", d).group(1)) for d in done}  # type: ignore[union-attr]
+
+    first, second, third = (place(db, loop, submit(db, tenant)) for _ in range(3))
+    assert loop.dispatch() == 3
+    time.sleep(0.35)
+    take(db, first)
+    depth[0] = 2  # the workers took the oldest message and two wait behind it
+    assert republished() == set()
+    depth[0] = 0  # the queue is empty, yet neither was taken: they were lost
+    assert republished() == {second.id, third.id}
+    assert loop.dispatch() == 2
+    # Nothing taken for longer than the retry time: whoever consumes that queue is gone.
+    depth[0] = 2
+    time.sleep(0.65)
+    assert republished() == {second.id, third.id}
+    assert loop.dispatch() == 2
+    # A queue that keeps moving without reaching a message: after the longest backoff it goes anyway.
+    time.sleep(0.3 * 8 + 0.1)
+    with db.write() as s:
+        s.execute(update(OutboxMessage).where(OutboxMessage.attempt_id == first.id).values(acked_at=utcnow()))
+    assert republished() == {second.id, third.id}
 
 
 def test_orphaned_partitions_and_stray_assignments_are_freed(db: Any, tenant: str) -> None:

@@ -136,3 +136,18 @@ def test_dispatch_follows_live_workers_and_republish_reroutes(db: Any, seeded: A
         row = s.execute(select(OutboxMessage.queue, OutboxMessage.publish_count)).one()
     assert tuple(row) == ("ipucloud", 2)
     client.delete(routing.ROUTING_KEY)
+
+
+def test_queue_depth_counts_what_waits_on_the_broker(env: Any) -> None:
+    """The reconciler's hint comes from the broker itself: a queue's messages until a worker takes them."""
+    app = broker.make_celery(get_settings())
+    queue = f"depth-{time.monotonic_ns()}"
+    assert broker.queue_depth(app, queue) == 0, "on Redis a queue nobody used is an empty list"
+    for n in range(3):
+        app.send_task(broker.TASK_NAME, args=[n, 0], queue=queue)
+    assert broker.queue_depth(app, queue) == 3
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(queue)
+    assert broker.queue_depth(app, queue) == 0
+    broken = broker.make_celery(get_settings().model_copy(update={"redis_url": "redis://127.0.0.1:1/0"}))
+    assert broker.queue_depth(broken, queue) is None, "an unreachable broker is 'unknown', not an error"
