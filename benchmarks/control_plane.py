@@ -356,11 +356,10 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
     choosing each attempt's queue from the workers registered in Redis included)."""
     import redis as redis_lib
 
-    from scheduler.routing import Router
-
     from scheduler.db import Database
     from scheduler.jobspec import JobSpec
     from scheduler.loop import SchedulerLoop
+    from scheduler.routing import Router
     from scheduler.services import jobs as job_service
     from scheduler.services import tenants
     from scheduler.settings import Settings
