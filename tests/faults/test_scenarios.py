@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from scheduler.models import Attempt, Job, ReconcilerAction, utcnow
 from tests.faults.checker import check_cloud
 from tests.faults.cloudkit import (
+    LONG_STEPS,
     fault_cloud,
     job_body,
     leader,
@@ -132,7 +133,10 @@ def test_redis_stopped_and_started_mid_batch_loses_nothing(
         env, db, tmp_path, workers=("w1", "w2"), extra_env={"IPUCLOUD_REDIS_URL": own_redis["url"]}
     ) as cloud:
         _, key = cloud.create_tenant("broker")
-        ids = submit_batch(cloud, key, 10, prefix="broker")
+        # Twice the usual length (about 8 s of wall time): an attempt within the workers' grace of
+        # its end when the broker dies finishes instead of being handed back, and on a loaded CI
+        # machine 4 s jobs sometimes all were, so the outage hit nothing.
+        ids = submit_batch(cloud, key, 10, prefix="broker", steps=2 * LONG_STEPS)
         wait_for("four attempts running", lambda: len(running_attempts(db)) >= 4, timeout=60)
         fault_at = utcnow()
         own_redis["proc"].kill()  # the broker dies: no persistence, every queued message is gone
