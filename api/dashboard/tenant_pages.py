@@ -51,6 +51,18 @@ def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
     return out
 
 
+def _live_facts(s: Any, job: Job) -> dict[str, Any]:
+    """What the job page shows beside the log and moves while the job runs (see job.js)."""
+    attempt = job_service.current_attempt(session=s, job=job)
+    partition = job_service.attempt_partition(session=s, attempt=attempt)
+    return {
+        "partition": partition.name if partition is not None else None,
+        "machine": partition.machine_type if partition is not None else job.machine_type,
+        "attempts": job.attempts,
+        "used_ipu_hours": hours(usage_service.job_used_ipu_ms(session=s, job_id=job.id)),
+    }
+
+
 def grant(t: Any, plan: Any) -> dict[str, Any]:
     remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
     return {
@@ -285,7 +297,7 @@ def job_events(
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     return StreamingResponse(
-        job_event_stream(db, job_id, after),
+        job_event_stream(db, job_id, after, facts=_live_facts),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Annotated, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal
 
 import orjson
 from anyio import to_thread
@@ -157,8 +157,16 @@ def _sse(event: str, data: object, event_id: int | None = None) -> bytes:
     return (head + f"event: {event}\ndata: ").encode() + orjson.dumps(data, default=str) + b"\n\n"
 
 
-async def _stream(db: DbDep, job_id: str, after: int) -> AsyncIterator[bytes]:
-    """Send new events as they are written; wake on the job's bus channel, poll as a fallback."""
+# Reads what a page shows of a job beside its log (partition, attempts, IPU-hours so far).
+JobFacts = Callable[[Any, Job], dict[str, Any]]  # (a read session, the job)
+
+
+async def _stream(db: DbDep, job_id: str, after: int, facts: JobFacts | None = None) -> AsyncIterator[bytes]:
+    """Send new events as they are written; wake on the job's bus channel, poll as a fallback.
+
+    With `facts`, a `job` event carries what it reads whenever that changes (the dashboard's job
+    page); the API's own stream sends only the events its clients know.
+    """
     pubsub = None
     try:
         try:
@@ -167,10 +175,11 @@ async def _stream(db: DbDep, job_id: str, after: int) -> AsyncIterator[bytes]:
         except Exception:
             pubsub = None
         last_progress: object = None
+        last_facts: object = None
         idle = 0
         while True:
-            snapshot = await to_thread.run_sync(_read_since, db, job_id, after)
-            events, state, progress = snapshot
+            snapshot = await to_thread.run_sync(_read_since, db, job_id, after, facts)
+            events, state, progress, job_facts = snapshot
             for e in events:
                 after = e.id
                 yield _sse(
@@ -183,6 +192,9 @@ async def _stream(db: DbDep, job_id: str, after: int) -> AsyncIterator[bytes]:
             if progress is not None and progress != last_progress:
                 last_progress = progress
                 yield _sse("progress", progress)
+            if job_facts is not None and job_facts != last_facts:
+                last_facts = job_facts
+                yield _sse("job", job_facts)
             if state in FINAL_JOB_STATES:
                 yield _sse("end", {"state": state})
                 return
@@ -204,10 +216,12 @@ async def _stream(db: DbDep, job_id: str, after: int) -> AsyncIterator[bytes]:
                 pass
 
 
-def _read_since(db: DbDep, job_id: str, after: int) -> tuple[list, str, dict | None]:
+def _read_since(
+    db: DbDep, job_id: str, after: int, facts: JobFacts | None
+) -> tuple[list, str, dict | None, dict[str, Any] | None]:
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, tenant_id=None)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
         attempt = job_service.current_attempt(session=s, job=job)
         progress = attempt.progress if attempt is not None else None
-        return events, job.state, progress
+        return events, job.state, progress, None if facts is None else facts(s, job)

@@ -182,6 +182,11 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
     assert "samples/s" in tenant.locator("#throughput").inner_text()
     assert not tenant.locator("#waiting").is_visible(), "a running job no longer says why it waits"
     assert tenant.locator("#log li").count() > 2
+    # Where it runs and what it has cost so far, also without reloading.
+    poll(lambda: float(tenant.locator("#ipu-hours").inner_text().replace(",", "")) > 0, 30)
+    assert tenant.locator("#partition").inner_text().startswith("p_")
+    assert tenant.locator("#job-machine").inner_text() == "m2000"
+    assert tenant.locator("#attempts").inner_text() == "1"
     shot(tenant, "09-job-running-live")
 
     # Meanwhile the admin sees its partition on the fleet map, next to the rest of the fleet's state.

@@ -6,6 +6,7 @@ browser would not show: cookie attributes, what is stored in Redis, refusals of 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -170,6 +171,36 @@ def test_preview_and_submit_without_javascript_then_cancel(
     cancelled = client.post(f"/jobs/{job_id}/cancel", data={"csrf": token})
     assert cancelled.status_code == 200 and "Job cancelled." in cancelled.text
     assert 'class="state state-cancelled" id="job-state"' in cancelled.text
+
+
+def test_the_job_pages_stream_carries_the_jobs_facts_and_the_apis_does_not(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, key = make_tenant(db, "facts")
+    sign_in(client, key)
+    token = csrf_of(client, "/jobs/new")
+    made = client.post(
+        "/jobs/new", data={**R50, "name": "f", "action": "submit", "csrf": token}, follow_redirects=False
+    )
+    job_id = made.headers["location"].rsplit("/", 1)[-1]
+    client.post(f"/jobs/{job_id}/cancel", data={"csrf": token})
+
+    # An ended job's stream sends what is there and ends, so it can be read whole.
+    page_stream = client.get(f"/jobs/{job_id}/events").text
+    facts = re.search(r"event: job\ndata: (.*)\n", page_stream)
+    assert facts, page_stream
+    assert json.loads(facts.group(1)) == {
+        "partition": None,
+        "machine": None,
+        "attempts": 0,
+        "used_ipu_hours": 0.0,
+    }
+    assert page_stream.index("event: job") < page_stream.index("event: end")
+    api_stream = client.get(
+        f"/api/v1/jobs/{job_id}/logs",
+        headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"},
+    ).text
+    assert "event: end" in api_stream and "event: job" not in api_stream
 
 
 def test_quota_refusal_is_shown_on_the_form(client: TestClient, seeded: Seeded, db: Any) -> None:

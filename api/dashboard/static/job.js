@@ -27,6 +27,12 @@
     return (s / 86400).toFixed(1) + " days";
   }
 
+  function ipuHours(h) {  // as the page's `hours(6)` filter writes it
+    if (typeof h !== "number") return "–";
+    const digits = h && Math.abs(h) < 1e-6 ? 9 : 6;
+    return h.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+
   function line(list, entry, className, text) {
     const item = document.createElement("li");
     item.className = className;
@@ -95,6 +101,15 @@
     if (typeof p.memory_per_ipu_bytes === "number") {
       $("memory").textContent = Math.round(p.memory_per_ipu_bytes / 1048576).toLocaleString("en") + " MB";
     }
+  });
+
+  // Where it runs, how many attempts, the IPU-hours billed so far: sent when they change.
+  source.addEventListener("job", function (event) {
+    const facts = JSON.parse(event.data);
+    $("partition").textContent = facts.partition || "–";
+    $("job-machine").textContent = facts.machine || "any";
+    $("attempts").textContent = String(facts.attempts);
+    $("ipu-hours").textContent = ipuHours(facts.used_ipu_hours);
   });
 
   source.addEventListener("end", function (event) {
