@@ -74,11 +74,11 @@
   source.addEventListener("state", function (event) {
     const entry = JSON.parse(event.data);
     line(log, entry, "kind-state", entry.message);
+    // Every state event joins the timeline, as on the page the server renders; only those that
+    // carry a state (not "placed on partition ...") change the badge.
     const state = entry.data && entry.data.state;
-    if (state) {
-      setState(state);
-      line(timeline, entry, "tl-" + state, entry.message);
-    }
+    line(timeline, entry, state ? "tl-" + state : "", entry.message);
+    if (state) setState(state);
   });
 
   source.addEventListener("progress", function (event) {
