@@ -178,6 +178,9 @@ class Cloud:
 
     def run(self) -> int:
         key = self.prepare()
+        # Before the first child starts: a Ctrl-C from here on stops every child that did start.
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
         redis_child, redis_url = self.redis_child()
         if redis_child is not None:
             redis_child.start()
@@ -191,18 +194,20 @@ class Cloud:
             child.start()
             self.children.append(child)
         url = f"http://{self.settings.host}:{self.settings.port}"
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
         if not self.wait_ready(url):
+            if self.stopping:  # stopped while starting
+                self.shutdown()
+                return 0
             console.print(f"[red]The cloud did not become ready; logs are in {self.data_dir / 'logs'}[/]")
             self.shutdown()
             return 1
         console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
+        key_file = self.data_dir / "admin.key"
         if key is not None:
-            console.print(f"Admin API key (shown once, saved in {self.settings.admin_key_file}, mode 0600):")
+            console.print(f"Admin API key (shown once, saved in {key_file}, mode 0600):")
             print(key, flush=True)
         else:
-            console.print(f"Admin API key: in {self.settings.admin_key_file}")
+            console.print(f"Admin API key: in {key_file}")
         console.print(f"Logs: {self.data_dir / 'logs'}.  Press Ctrl-C to stop.")
         return self.supervise()
 

@@ -43,16 +43,26 @@ def _preflight(settings: Settings, *, require_migrated: bool = True) -> None:
 
 
 def up(
+    # Each option falls back to its IPUCLOUD_ variable, as the README's settings table says.
     data_dir: Annotated[
-        Path, typer.Option(help="Where the database, Redis files, logs and keys live.")
+        Path,
+        typer.Option(help="Where the database, Redis files, logs and keys live.", envvar="IPUCLOUD_DATA_DIR"),
     ] = Path(".ipucloud"),
-    host: Annotated[str, typer.Option(help="Address the API binds.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port the API binds.", min=1, max=65535)] = 8000,
+    host: Annotated[str, typer.Option(help="Address the API binds.", envvar="IPUCLOUD_HOST")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Port the API binds.", min=1, max=65535, envvar="IPUCLOUD_PORT")
+    ] = 8000,
     pods: Annotated[
         int, typer.Option(help="POD64 racks (IPU-M2000) in the demo fleet.", min=1, max=1024)
     ] = 2,
     time_scale: Annotated[
-        float, typer.Option(help="Cluster seconds emulated per wall second.", min=0.001, max=1_000_000)
+        float,
+        typer.Option(
+            help="Cluster seconds emulated per wall second.",
+            min=0.001,
+            max=1_000_000,
+            envvar="IPUCLOUD_TIME_SCALE",
+        ),
     ] = 1.0,
 ) -> None:
     """Run the whole cloud on this machine: SQLite, embedded Redis, API, scheduler, one worker."""

@@ -1,0 +1,158 @@
+"""`ipucloud up`, the README's first command, as a user runs it: in a fresh directory, no settings.
+
+It must print where it is and where the key is (the key itself once), run a job to its end, stop
+every process it started on Ctrl-C, and carry on with the same state when started again.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from tests.support.cloud import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CLI = str(Path(sys.executable).parent / "ipucloud")
+JOB = {"name": "first", "workload": {"model": "mcmc", "task": "infer", "steps": 1}, "ipus": 1}
+
+
+class Up:
+    """One `ipucloud up` in its own session, as a terminal's foreground job would be."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [CLI, "up"],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.seen: list[tuple[str, str]] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.readers = [
+            threading.Thread(target=self._read, args=(name, stream), daemon=True)
+            for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr))
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, name: str, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put((name, line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for _, line in self.seen):
+            left = deadline - time.monotonic()
+            ended = not any(reader.is_alive() for reader in self.readers) and self.lines.empty()
+            assert left > 0 and not ended, f"no {text!r} from ipucloud up: {self.seen}"
+            try:
+                self.seen.append(self.lines.get(timeout=min(left, 0.5)))
+            except queue.Empty:
+                pass
+
+    def drain(self) -> None:
+        """After the process ended: everything it wrote, read."""
+        for reader in self.readers:
+            reader.join(10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+
+    def output(self, stream: str) -> list[str]:
+        return [line for name, line in self.seen if name == stream]
+
+    def ctrl_c(self, timeout: float) -> int:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def processes_of(tmp: Path) -> list[str]:
+    """Processes other than this one whose command line or environment names `tmp`."""
+    mark = str(tmp).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if mark in cmdline or mark in environ:
+            found.append(pid + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_state(tmp_path: Path) -> None:
+    port = free_port()
+    # A user's shell: none of the suite's settings, only the two the README's table lists for this.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPUCLOUD_")}
+    env.update(IPUCLOUD_PORT=str(port), IPUCLOUD_TIME_SCALE="1000")
+    env["COLUMNS"] = "1000"  # Rich folds long lines (the key file's path) at the terminal's width
+    url = f"http://127.0.0.1:{port}"
+    data = tmp_path / ".ipucloud"
+
+    first = Up(tmp_path, env)
+    try:
+        first.wait_for("Press Ctrl-C to stop", timeout=120)
+        err = "\n".join(first.output("err"))
+        assert "ipucloud is up" in err and url in err, err
+        assert f"saved in {data / 'admin.key'}, mode 0600" in err, err
+        key = (data / "admin.key").read_text().strip()
+        first.wait_for(key, timeout=5)  # stdout and stderr are read apart: either may come first
+        assert first.output("out") == [key], "the key is printed once, on standard output"
+        assert (data / "admin.key").stat().st_mode & 0o777 == 0o600
+        assert data.stat().st_mode & 0o777 == 0o700
+
+        admin = {"Authorization": f"Bearer {key}"}
+        made = httpx.post(
+            f"{url}/api/v1/admin/tenants", headers=admin, json={"name": "first-user"}, timeout=10
+        )
+        assert made.status_code == 201, made.text
+        tenant = {"Authorization": f"Bearer {made.json()['api_key']}"}
+        submitted = httpx.post(f"{url}/api/v1/jobs", headers=tenant, json=JOB, timeout=10)
+        assert submitted.status_code == 202, submitted.text
+        job_url = f"{url}/api/v1/jobs/{submitted.json()['id']}"
+        deadline = time.monotonic() + 60
+        while (job := httpx.get(job_url, headers=tenant, timeout=10).json())["state"] != "succeeded":
+            assert time.monotonic() < deadline and job["state"] in ("queued", "running"), job
+            time.sleep(0.2)
+        assert job["used_ipu_hours"] > 0
+        assert processes_of(tmp_path), "the children name their data directory"
+    finally:
+        code = first.ctrl_c(timeout=90)
+    assert code == 0
+    first.drain()
+    assert "ipucloud stopped." in first.output("err")
+    assert processes_of(tmp_path) == [], "Ctrl-C leaves no process behind"
+
+    again = Up(tmp_path, env)
+    try:
+        again.wait_for("Press Ctrl-C to stop", timeout=120)
+        assert any(f"Admin API key: in {data / 'admin.key'}" in line for line in again.output("err"))
+        assert (data / "admin.key").read_text().strip() == key
+        job = httpx.get(job_url, headers=tenant, timeout=10).json()
+        assert job["state"] == "succeeded", "the same directory carries on with the same state"
+    finally:
+        assert again.ctrl_c(timeout=90) == 0
+    again.drain()
+    assert again.output("out") == [], "a key is shown only when it is made"
+    assert processes_of(tmp_path) == []
