@@ -188,7 +188,8 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
     assert tenant.locator("#job-machine").inner_text() == "m2000"
     assert tenant.locator("#attempts").inner_text() == "1"
     live_timeline = tenant.locator("#timeline").inner_text()
-    assert "queued" in live_timeline and "placed on partition p_" in live_timeline and "running" in live_timeline
+    for entry in ("queued", "placed on partition p_", "running"):
+        assert entry in live_timeline, live_timeline
     shot(tenant, "09-job-running-live")
 
     # Meanwhile the admin sees its partition on the fleet map, next to the rest of the fleet's state.
