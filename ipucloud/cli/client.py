@@ -25,7 +25,7 @@ from ipucloud.cli.client_common import (
     show,
     table,
 )
-from ipucloud.sdk import Client, InvalidRequestError, config
+from ipucloud.sdk import AuthError, Client, config
 from ipucloud.sdk.config import DEFAULT_URL
 
 
@@ -59,8 +59,10 @@ def _whoami(client: Client) -> str:
     client.workloads()  # any valid key may read the catalogue: this checks the key itself
     try:
         u = client.usage()
-    except InvalidRequestError:
-        return "admin"  # admin keys have no tenant, so no usage of their own
+    except AuthError as exc:
+        if exc.status != 403:
+            raise
+        return "admin"  # a valid key refused a tenant's own usage: an admin key, which has no tenant
     return f"tenant {u.tenant_id} ({u.plan})"
 
 

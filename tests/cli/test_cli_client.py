@@ -117,6 +117,17 @@ def test_tenant_logs_in_runs_follows_and_cancels_jobs(cloud: RunningCloud, cli: 
     assert cli("jobs", "list").exit_code == 3, "no key anywhere is an authentication error"
 
 
+def test_admin_logs_in_as_the_docs_say_and_a_wrong_key_is_refused(cloud: RunningCloud, cli: Cli) -> None:
+    login = cli("login", "--url", cloud.url, "--key", cloud.admin_key)
+    assert login.exit_code == 0, (login.stdout, login.stderr)
+    assert "as admin" in login.stdout
+    # The saved key alone now runs admin commands.
+    assert "pod0000" in cli("admin", "fleet").stdout
+    wrong = cli("login", "--url", cloud.url, "--key", "ipuc_" + "x" * 60)
+    assert wrong.exit_code == 3, (wrong.stdout, wrong.stderr)
+    assert json.loads(cli.config.read_text())["api_key"] == cloud.admin_key, "a refused key is not saved"
+
+
 def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     admin = {"key": cloud.admin_key, "url": cloud.url}
 
