@@ -80,6 +80,7 @@ class Cloud:
     pods: int
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    failed: Child | None = None  # the child that exited while the cloud was starting
 
     @property
     def data_dir(self) -> Path:
@@ -172,6 +173,7 @@ class Cloud:
                 pass
             for c in self.children:
                 if not c.alive():
+                    self.failed = c
                     return False
             time.sleep(0.2)
         return False
@@ -198,6 +200,12 @@ class Cloud:
             if self.stopping:  # stopped while starting
                 self.shutdown()
                 return 0
+            if self.failed is not None:
+                # Say why here (a port in use, a bad setting): the user should not have to dig.
+                failed = self.failed
+                console.print(f"[red]{failed.name} exited while starting; the end of {failed.log_path}:[/]")
+                for line in _tail(failed.log_path, 5):
+                    console.print(f"  {line}", markup=False, highlight=False)
             console.print(f"[red]The cloud did not become ready; logs are in {self.data_dir / 'logs'}[/]")
             self.shutdown()
             return 1
@@ -251,3 +259,11 @@ def _wait_for_socket(path: Path, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        text = path.read_bytes()[-16384:].decode(errors="replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]

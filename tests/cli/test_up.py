@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -155,4 +156,17 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
         assert again.ctrl_c(timeout=90) == 0
     again.drain()
     assert again.output("out") == [], "a key is shown only when it is made"
+    assert processes_of(tmp_path) == []
+
+
+def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPUCLOUD_")}
+    env["COLUMNS"] = "1000"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["IPUCLOUD_PORT"] = str(taken.getsockname()[1])
+        up = subprocess.run([CLI, "up"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert up.returncode == 1, (up.stdout, up.stderr)
+    assert "api exited while starting" in up.stderr and "address already in use" in up.stderr, up.stderr
     assert processes_of(tmp_path) == []
