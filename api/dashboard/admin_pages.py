@@ -22,6 +22,7 @@ from scheduler.services import fleet, partitions, trials
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from vipu.topology import parse_machine_id
 
 router = APIRouter(prefix="/admin", include_in_schema=False, route_class=DashboardRoute)
 
@@ -29,6 +30,7 @@ MachineId = Annotated[str, Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 HEALTH = {"drain": "draining", "fail": "failed", "restore": "up"}
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAP_PODS = 64  # POD64s on one page of the fleet map (4,096 IPUs)
 CHART_DAYS = 30
 PARTITION_NAME: TypeAdapter[str] = TypeAdapter(PartitionName)
 TENANT_NAME: TypeAdapter[str] = TypeAdapter(TenantName)
@@ -54,17 +56,30 @@ def fleet_page(
     settings: SettingsDep,
     user: AdminUser,
     machine: Annotated[str | None, Query(max_length=32)] = None,
+    pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
 ) -> Response:
+    if machine:
+        try:
+            pod_from = parse_machine_id(machine)[0]  # the page of the map that holds it
+        except ValueError:
+            machine = None
     with db.read() as s:
-        view = partitions.fleet_view(session=s)
         summary = partitions.fleet_summary(session=s, head_size=None, policy=settings.placement_policy)
+        # A page past the end of the fleet shows its last page.
+        pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
+        pod_from -= pod_from % MAP_PODS
+        view = partitions.fleet_view(session=s, pod_from=pod_from, pods=MAP_PODS)
         names = {t.id: t.name for t in usage_service.tenant_totals(session=s)}
         jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, limit=100_000)}
+        down = [
+            {"id": m.id, "health": m.health, "reason": m.health_reason}
+            for m in fleet.machines_not_up(session=s)
+        ]
     keys = fleetmap.legend(view, names, jobs)
     selected = None
     if machine:
         selected = next((m for p in view["pods"] for m in p["machines"] if m["id"] == machine), None)
-    down = [m for p in view["pods"] for m in p["machines"] if m["health"] != "up"]
+    total = summary.get("pods") or len(view["pods"])
     return render(
         request,
         "admin_fleet.html",
@@ -76,6 +91,12 @@ def fleet_page(
             "down": down,
             "tenant_names": names,
             "pods": view["pods"],
+            "total_pods": total,
+            # Pages of the map, (first pod, last pod), when the fleet does not fit on one.
+            "pages": [(a, min(a + MAP_PODS, total) - 1) for a in range(0, total, MAP_PODS)]
+            if total > MAP_PODS
+            else [],
+            "pod_from": pod_from,
         },
         user=user,
     )

@@ -360,6 +360,12 @@ def list_machines(*, session: Session, pod: int | None = None) -> Sequence[Machi
     return list(session.execute(stmt).scalars())
 
 
+def machines_not_up(*, session: Session, limit: int = 1000) -> Sequence[Machine]:
+    """Draining and failed machines, anywhere in the fleet (a page of the map shows only some pods)."""
+    stmt = select(Machine).where(Machine.health != "up").order_by(Machine.pod, Machine.slot).limit(limit)
+    return list(session.execute(stmt).scalars())
+
+
 def assignment_count(*, session: Session) -> int:
     return session.execute(select(func.count()).select_from(IpuAssignment)).scalar_one()
 

@@ -198,6 +198,7 @@ def fleet_summary(*, session: Session, head_size: int | None, policy: str = "def
         report = alloc.fragmentation(head_size)
         total = alloc.fleet.ipus if hasattr(alloc, "fleet") else None
         return {
+            "pods": alloc.fleet.pods if hasattr(alloc, "fleet") else None,
             "ipus": total,
             "free_ipus": alloc.free_ipus(),
             "live_partitions": len(alloc.partitions()),

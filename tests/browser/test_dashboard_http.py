@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from scheduler.services import fleet as fleet_service
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.settings import get_settings
@@ -360,6 +361,36 @@ def test_admin_pages_change_the_fleet_and_export_usage(client: TestClient, seede
     assert csv.headers["content-type"].startswith("text/csv")
     header, *rows = csv.text.splitlines()
     assert header.startswith("tenant_id,name,plan") and {r.split(",")[1] for r in rows} == {"acme", "beta"}
+
+
+def test_a_fleet_larger_than_the_map_is_shown_page_by_page(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    with db.write() as s:
+        fleet_service.seed_fleet(session=s, pods=130)
+    sign_in(client, seeded.admin_key)
+    first = client.get("/admin/fleet")
+    assert "8,320 IPUs in 130 POD64s" in first.text, "the whole fleet is counted, not the page"
+    assert "The map shows <strong>pod0000 to pod0063</strong>" in first.text
+    assert first.text.count('class="machine machine-up"') == 64 * 16
+    assert '<option value="128">pod0128 to pod0129</option>' in first.text
+    assert 'href="/admin/fleet?pod_from=64" rel="next"' in first.text and 'rel="prev"' not in first.text
+
+    last = client.get("/admin/fleet?pod_from=128").text
+    assert "The map shows <strong>pod0128 to pod0129</strong>" in last
+    assert last.count('class="machine machine-up"') == 2 * 16 and 'rel="next"' not in last
+    past_the_end = client.get("/admin/fleet?pod_from=1000").text
+    assert "The map shows <strong>pod0128 to pod0129</strong>" in past_the_end
+    assert client.get("/admin/fleet?pod_from=-1").status_code == 422
+
+    # A machine on another page: failing it lands on its page, and every page lists it as down.
+    token = csrf_of(client, "/admin/fleet")
+    failed = client.post("/admin/machines/pod0129-m03/fail", data={"csrf": token, "reason": "PSU"})
+    assert failed.status_code == 200 and "pod0129-m03 is now failed." in failed.text
+    assert "The map shows <strong>pod0128 to pod0129</strong>" in failed.text
+    assert "Machine pod0129-m03" in failed.text and 'class="machine machine-failed"' in failed.text
+    first = client.get("/admin/fleet").text
+    assert "1 machine not up" in first and 'href="/admin/fleet?machine=pod0129-m03#machine"' in first
 
 
 @pytest.mark.parametrize("path", ["/admin/fleet", "/jobs", "/jobs/new", "/"])
