@@ -21,7 +21,7 @@ ROW_H = CELL_H + GAP
 POD_W = LABEL_W + 4 * (CELL_W + GAP) + MARK_W
 POD_H = HEADER_H + 16 * ROW_H
 POD_GAP = 22
-PODS_PER_ROW = 4
+PODS_PER_ROW = 2  # wider than this, the map's column shrinks the IPUs past reading
 LETTERS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 FREE = "#e9e9f0"
