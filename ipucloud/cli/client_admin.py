@@ -474,6 +474,14 @@ def fleet(
     for line in lines:
         out.print(line, markup=False)
     out.print("legend: . free  ~ draining  x failed", markup=False)
+    total = s.get("pods")
+    if f.pods and total and len(f.pods) < total:
+        first, last = f.pods[0].id, f.pods[-1].id
+        out.print(
+            f"showing {first} to {last} of {total:,} POD64s (--pod-from, --pods); "
+            "partitions and machines not up below are those on the pods shown",
+            markup=False,
+        )
     if legend:
         show(table(None, ["", "PARTITION", "KIND", "TENANT"], legend))
     down = [(m.id, m.health, m.reason) for p in f.pods for m in p.machines if m.health != "up"]
