@@ -68,12 +68,23 @@ CSV_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP: CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    # Job names are the tenant's to choose; an admin opening the export must not run one.
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
 def usage_csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow(row)
+        writer.writerow({k: _cell(v) for k, v in row.items()})
     return buf.getvalue()
 
 

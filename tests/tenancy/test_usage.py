@@ -136,3 +136,17 @@ def test_admin_usage_across_tenants(client: Any, world: World, metered: dict[str
     jobs_csv = rows(client.get("/api/v1/admin/usage?format=csv&group=job", headers=admin).text)
     assert len(jobs_csv) == 4 and {row["tenant_id"] for row in jobs_csv} == {world.a.id, world.b.id}
     assert_problem(client.get("/api/v1/admin/usage?tenant=ten_missing", headers=admin), 404)
+
+
+def test_usage_csv_never_hands_a_spreadsheet_a_formula(client: Any, db: Any, world: World) -> None:
+    names = ['=HYPERLINK("http://evil.example","x")', "+1+1", "-2+3", "@SUM(A1)", "plain -name"]
+    for i, name in enumerate(names):
+        run(db, submit(db, world.a.id, name=name), f"f{i}", 36.0)
+    for path, headers in (
+        ("/api/v1/usage?format=csv&group=job", auth(world.a.owner_key)),
+        ("/api/v1/admin/usage?format=csv&group=job", auth(world.admin_key)),
+    ):
+        r = client.get(path, headers=headers)
+        assert r.status_code == 200, r.text
+        got = {row["name"] for row in rows(r.text)}
+        assert {"'" + n for n in names[:4]} | {"plain -name"} <= got, got
