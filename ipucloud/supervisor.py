@@ -210,7 +210,7 @@ class Cloud:
             self.shutdown()
             return 1
         console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
-        key_file = self.data_dir / "admin.key"
+        key_file = self.settings.admin_key_file.resolve()
         if key is not None:
             console.print(f"Admin API key (shown once, saved in {key_file}, mode 0600):")
             print(key, flush=True)

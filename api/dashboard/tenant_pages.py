@@ -51,9 +51,8 @@ def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
     return out
 
 
-def _live_facts(s: Any, job: Job) -> dict[str, Any]:
+def _live_facts(s: Any, job: Job, attempt: Any) -> dict[str, Any]:
     """What the job page shows beside the log and moves while the job runs (see job.js)."""
-    attempt = job_service.current_attempt(session=s, job=job)
     partition = job_service.attempt_partition(session=s, attempt=attempt)
     return {
         "partition": partition.name if partition is not None else None,

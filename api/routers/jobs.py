@@ -158,7 +158,7 @@ def _sse(event: str, data: object, event_id: int | None = None) -> bytes:
 
 
 # Reads what a page shows of a job beside its log (partition, attempts, IPU-hours so far).
-JobFacts = Callable[[Any, Job], dict[str, Any]]  # (a read session, the job)
+JobFacts = Callable[[Any, Job, Any], dict[str, Any]]  # (a read session, the job, its current attempt)
 
 
 async def _stream(db: DbDep, job_id: str, after: int, facts: JobFacts | None = None) -> AsyncIterator[bytes]:
@@ -224,4 +224,4 @@ def _read_since(
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
         attempt = job_service.current_attempt(session=s, job=job)
         progress = attempt.progress if attempt is not None else None
-        return events, job.state, progress, None if facts is None else facts(s, job)
+        return events, job.state, progress, None if facts is None else facts(s, job, attempt)

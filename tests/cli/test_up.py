@@ -85,6 +85,13 @@ class Up:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def users_shell(**settings: str) -> dict[str, str]:
+    """A user's environment: none of the suite's IPUCLOUD_ settings, only the ones given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IPUCLOUD_")}
+    env["COLUMNS"] = "1000"  # Rich folds long lines (the key file's path) at the terminal's width
+    return env | settings
+
+
 def processes_of(tmp: Path) -> list[str]:
     """Processes other than this one whose command line or environment names `tmp`."""
     mark = str(tmp).encode()
@@ -104,10 +111,7 @@ def processes_of(tmp: Path) -> list[str]:
 
 def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_state(tmp_path: Path) -> None:
     port = free_port()
-    # A user's shell: none of the suite's settings, only the two the README's table lists for this.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IPUCLOUD_")}
-    env.update(IPUCLOUD_PORT=str(port), IPUCLOUD_TIME_SCALE="1000")
-    env["COLUMNS"] = "1000"  # Rich folds long lines (the key file's path) at the terminal's width
+    env = users_shell(IPUCLOUD_PORT=str(port), IPUCLOUD_TIME_SCALE="1000")
     url = f"http://127.0.0.1:{port}"
     data = tmp_path / ".ipucloud"
 
@@ -160,8 +164,7 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
 
 
 def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IPUCLOUD_")}
-    env["COLUMNS"] = "1000"
+    env = users_shell()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
