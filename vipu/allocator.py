@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from vipu._bitmaps import POD_LEVELS
 from vipu.free_space import FreeSpace
+from vipu.machine_types import ALIGNED_TYPES
 from vipu.partitions import (
     PartitionRuleError,
     check_gcds,
@@ -23,7 +24,6 @@ from vipu.partitions import (
     partition_ipu_ids,
     validate_partition,
 )
-from vipu.machine_types import ALIGNED_TYPES
 from vipu.placement_policies import PlacementPolicy, Timing, buddy_window, make_policy
 from vipu.topology import (
     IPUS_PER_MACHINE,

@@ -92,7 +92,9 @@ class FreeSpace:
         self._aligned = [kind in ALIGNED_TYPES for kind in fleet.pod_types]
         self._free = [fleet.capacity_mask(pod) if fleet.has_pod(pod) else 0 for pod in range(fleet.pods)]
         # Kept beside the masks (not re-derived) so an update never depends on the memo still holding it.
-        self._summary = [summarize(mask, aligned) for mask, aligned in zip(self._free, self._aligned, strict=True)]
+        self._summary = [
+            summarize(mask, aligned) for mask, aligned in zip(self._free, self._aligned, strict=True)
+        ]
         # pod * 16 + machine -> when the machine is expected to be wholly free, where known.
         self._release: dict[int, float] = {}
         self._index: dict[MachineType, _TypeIndex] = {}

@@ -66,12 +66,36 @@ class Layout:
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
-        Layout("pod64", "IPU-POD64", machines=16, ipus_per_machine=4, wraps=True, aligned=False, joins=True,
-               per_rack=2),
-        Layout("pod16", "IPU-POD16", machines=4, ipus_per_machine=4, wraps=False, aligned=False, joins=False,
-               per_rack=1),
-        Layout("server", "IPU server", machines=1, ipus_per_machine=16, wraps=False, aligned=True,
-               joins=False, per_rack=8),
+        Layout(
+            "pod64",
+            "IPU-POD64",
+            machines=16,
+            ipus_per_machine=4,
+            wraps=True,
+            aligned=False,
+            joins=True,
+            per_rack=2,
+        ),
+        Layout(
+            "pod16",
+            "IPU-POD16",
+            machines=4,
+            ipus_per_machine=4,
+            wraps=False,
+            aligned=False,
+            joins=False,
+            per_rack=1,
+        ),
+        Layout(
+            "server",
+            "IPU server",
+            machines=1,
+            ipus_per_machine=16,
+            wraps=False,
+            aligned=True,
+            joins=False,
+            per_rack=8,
+        ),
     )
 }
 

@@ -40,10 +40,13 @@ __all__ = [
     "Health",
     "MachineType",
     "Unit",
+    "UnitGroup",
+    "describe_fleet",
     "ipu_id",
     "machine_id",
     "machine_of_ipu",
     "machines_of",
+    "parse_fleet_description",
     "parse_ipu_id",
     "parse_machine_id",
     "parse_pod_id",
@@ -274,13 +277,13 @@ class Unit:
         object.__setattr__(self, "machine_type", kind)
         machine = MACHINES[kind]
         if self.layout not in machine.layouts:
-            raise ValueError(
-                f"{kind.value} comes in {', '.join(machine.layouts)}, not as a {self.layout}"
-            )
+            raise ValueError(f"{kind.value} comes in {', '.join(machine.layouts)}, not as a {self.layout}")
         if machine.models:
             model = self.model or machine.models[0]
             if model not in machine.models:
-                raise ValueError(f"a {kind.value} server is one of {', '.join(machine.models)}, not {model!r}")
+                raise ValueError(
+                    f"a {kind.value} server is one of {', '.join(machine.models)}, not {model!r}"
+                )
             object.__setattr__(self, "model", model)
         elif self.model is not None:
             raise ValueError(f"a {self.layout} of {kind.value} has no server model")
@@ -348,13 +351,13 @@ class Fleet:
         return cls([MachineType(machine_type)] * pods)
 
     @classmethod
-    def build(
-        cls, groups: Sequence[tuple[MachineType | str, str, int, str | None]], *, first: int = 0
-    ) -> Fleet:
-        """Units from ``(machine type, layout, count, model)`` groups, racks assigned in order."""
-        entries: list[tuple[MachineType, str, str | None] | None] = [None] * first
-        for kind, layout, count, model in groups:
-            entries.extend((MachineType(kind), layout, model) for _ in range(count))
+    def build(cls, groups: Iterable[UnitGroup] | str) -> Fleet:
+        """Units from a fleet description (``parse_fleet_description``), racks assigned in order."""
+        if isinstance(groups, str):
+            groups = parse_fleet_description(groups)
+        entries: list[tuple[MachineType, str, str | None] | None] = []
+        for group in groups:
+            entries.extend((group.machine_type, group.layout, group.model) for _ in range(group.count))
         return cls(_assign_racks(entries))
 
     # --- shape ----------------------------------------------------------------------------------
@@ -418,7 +421,9 @@ class Fleet:
 
     def pods_of_type(self, machine_type: MachineType | str) -> tuple[int, ...]:
         kind = MachineType(machine_type)
-        return tuple(pod for pod, unit in enumerate(self.units) if unit is not None and unit.machine_type is kind)
+        return tuple(
+            pod for pod, unit in enumerate(self.units) if unit is not None and unit.machine_type is kind
+        )
 
     def pod_ids(self) -> tuple[str, ...]:
         return tuple(self.unit_id(pod) for pod in range(self.pods) if self.has_pod(pod))
@@ -457,8 +462,12 @@ class Fleet:
         if not self.has_pod(pod):
             raise ValueError(f"{ipu} is not in this fleet of {self.pods} units")
         layout = self.layout_of(pod)
-        if (layout.name == "server") != ipu.startswith("srv") or machine * IPUS_PER_MACHINE + index >= layout.ipus:
-            raise ValueError(f"{ipu} is not in this fleet: unit {pod} is a {layout.label} ({self.unit_id(pod)})")
+        if (layout.name == "server") != ipu.startswith(
+            "srv"
+        ) or machine * IPUS_PER_MACHINE + index >= layout.ipus:
+            raise ValueError(
+                f"{ipu} is not in this fleet: unit {pod} is a {layout.label} ({self.unit_id(pod)})"
+            )
         return pod, machine, index
 
     def check_machine(self, machine: str) -> tuple[int, int]:
@@ -491,3 +500,64 @@ class Fleet:
         """``(unit, groups of 4 positions)`` a machine covers."""
         pod, mask = self.machine_mask(machine)
         return pod, tuple(g for g in range(MACHINES_PER_POD) if mask >> (g * IPUS_PER_MACHINE) & 0b1111)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitGroup:
+    """``count`` units of one machine type, layout and (servers) model: one item of a fleet description."""
+
+    machine_type: MachineType
+    layout: str
+    count: int
+    model: str | None = None
+
+    def describe(self) -> str:
+        name = self.model or self.machine_type.value
+        default = MACHINES[self.machine_type].layouts[0]
+        return f"{self.count}x{name}" + ("" if self.layout == default or self.model else f"/{self.layout}")
+
+
+_ITEM_RE = re.compile(r"(?:(\d+)\s*x\s*)?([a-z0-9]+)(?:/([a-z0-9]+))?")
+DEMO_FLEET = "2xm2000,1xdss8440"
+
+
+def parse_fleet_description(text: str) -> tuple[UnitGroup, ...]:
+    """A fleet written as ``2xm2000, 1xbow/pod16, 1xdss8440``: counts of machine types (in their
+    first layout unless ``/pod16`` or another is given) or of server models (each a ``c2`` server).
+    Raises ValueError naming the item it cannot read."""
+    models = {model: kind for kind, machine in MACHINES.items() for model in machine.models}
+    groups: list[UnitGroup] = []
+    items = [item.strip().lower() for item in text.split(",")]
+    if not any(items):
+        raise ValueError("a fleet description names at least one POD or server, e.g. 2xm2000,1xdss8440")
+    for item in items:
+        found = _ITEM_RE.fullmatch(item)
+        if found is None:
+            raise ValueError(f"cannot read {item!r}: write COUNTxTYPE, e.g. 2xm2000, 1xbow/pod16, 4xdss8440")
+        count = int(found.group(1) or 1)
+        name, layout = found.group(2), found.group(3)
+        if name in models:
+            if layout not in (None, "server"):
+                raise ValueError(f"{item!r}: a {name} is a server")
+            kind, model, layout = models[name], name, "server"
+        else:
+            try:
+                kind = MachineType(name)
+            except ValueError:
+                names = ", ".join([*(k.value for k in MachineType), *models])
+                raise ValueError(f"{item!r}: unknown machine type or server model {name!r}; one of {names}")
+            machine = MACHINES[kind]
+            layout = layout or machine.layouts[0]
+            model = machine.models[0] if machine.models else None
+            if layout not in machine.layouts:
+                raise ValueError(f"{item!r}: {kind.value} comes in {', '.join(machine.layouts)}")
+        if not 1 <= count <= MAX_PODS:
+            raise ValueError(f"{item!r}: a count is from 1 to {MAX_PODS}")
+        groups.append(UnitGroup(kind, layout, count, model))
+    if sum(group.count for group in groups) > MAX_PODS:
+        raise ValueError(f"a fleet holds at most {MAX_PODS} PODs and servers")
+    return tuple(groups)
+
+
+def describe_fleet(groups: Iterable[UnitGroup]) -> str:
+    return ",".join(group.describe() for group in groups)

@@ -78,7 +78,8 @@ class TimeTable:
         self._assigned = [0] * fleet.pods
         # Positions a unit does not have never come free (a POD16 or a server has 16 of the 64).
         self._blocked = [
-            FULL_POD & ~fleet.capacity_mask(pod) if fleet.has_pod(pod) else FULL_POD for pod in range(fleet.pods)
+            FULL_POD & ~fleet.capacity_mask(pod) if fleet.has_pod(pod) else FULL_POD
+            for pod in range(fleet.pods)
         ]
         # Per pod: partition -> (IPU ring positions, machines) it covers there.
         self._by_pod: list[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = [

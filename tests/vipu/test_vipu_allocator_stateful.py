@@ -47,7 +47,9 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @initialize(units=st.lists(st.sampled_from(UNITS), min_size=1, max_size=3))
     def build(self, units: list[tuple[str, str]]) -> None:
-        self.fleet = Fleet([Unit(MachineType(kind), layout, rack) for rack, (kind, layout) in enumerate(units)])
+        self.fleet = Fleet(
+            [Unit(MachineType(kind), layout, rack) for rack, (kind, layout) in enumerate(units)]
+        )
         self.allocator = Allocator(self.fleet, self.policy)
 
     # --- the model -----------------------------------------------------------------------------
@@ -251,7 +253,9 @@ class AllocatorMachine(RuleBasedStateMachine):
                     when = release.get((pod, machine))
                     assert space.release(pod, machine) == when, (pod, machine)
                     nibble = sum(
-                        1 << i for i in range(4) if machine * 4 + i < len(ids) and ids[machine * 4 + i] in free
+                        1 << i
+                        for i in range(4)
+                        if machine * 4 + i < len(ids) and ids[machine * 4 + i] in free
                     )
                     for hole_class in range(HOLE_CLASSES):
                         if MACHINE_HOLES[nibble] >> hole_class & 1:

@@ -176,7 +176,7 @@ def test_server_partitions_are_the_aligned_groups_gc_info_lists(size):
     [(1, 2), (2, 3, 4, 5), (4, 5, 6, 7, 8, 9, 10, 11), (6, 7, 8, 9)],
 )
 def test_server_partitions_off_their_alignment_are_refused(ipus):
-    with pytest.raises(PartitionRuleError, match="C2 card|aligned block"):
+    with pytest.raises(PartitionRuleError, match=r"C2 card|aligned block"):
         validate_partition(MIXED, server(2, *ipus))
 
 

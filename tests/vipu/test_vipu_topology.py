@@ -43,8 +43,19 @@ def test_ids_round_trip():
 
 @pytest.mark.parametrize(
     "text",
-    ["pod3-m07-i2", "pod0003-m7-i2", "pod0003-m16-i0", "pod0003-m07-i4", "POD0003-m07-i2",
-     "pod0003-m07-i2 ", "pod0003_m07_i2", "pod0003-m07", "", "pod10000-m00-i0", "pod1024-m00-i0"],
+    [
+        "pod3-m07-i2",
+        "pod0003-m7-i2",
+        "pod0003-m16-i0",
+        "pod0003-m07-i4",
+        "POD0003-m07-i2",
+        "pod0003-m07-i2 ",
+        "pod0003_m07_i2",
+        "pod0003-m07",
+        "",
+        "pod10000-m00-i0",
+        "pod1024-m00-i0",
+    ],
 )
 def test_malformed_ipu_ids_are_rejected(text):
     with pytest.raises(ValueError):

@@ -42,8 +42,11 @@ def all_windows(fleet: Fleet, size: int) -> Iterator[tuple[MachineType, frozense
             else:
                 starts = list(range(groups - count + 1))
             for start in starts:
-                yield kind, frozenset(
-                    ids[((start + step) % groups) * 4 + ipu] for step in range(count) for ipu in range(4)
+                yield (
+                    kind,
+                    frozenset(
+                        ids[((start + step) % groups) * 4 + ipu] for step in range(count) for ipu in range(4)
+                    ),
                 )
 
 
