@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
     QueuedJob,
@@ -59,6 +60,10 @@ class _Pass:
             else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
         )
         self.admission = Admission(snapshot.tenants, snapshot.now)
+        # Jobs that may run on several machine types are settled on one before they are placed.
+        self.chooser = Chooser(
+            self.planner, snapshot.now, config.machine_choice, timed=isinstance(self.planner, TopologyPlanner)
+        )
         # Smallest size that cannot start now, per machine type (None: any type). Free space only
         # shrinks during a pass, and a partition of 2N always contains one of N, so every larger
         # size of that type cannot start either.
@@ -96,9 +101,9 @@ class _Pass:
             elif job.partition is not None:
                 self._reserved_partition(job, order)
             elif self.head is None:
-                self._first_in_line(job, order)
+                self._first_in_line(self.chooser.settle(job), order)
             elif backfill:
-                self._backfill(job, order)
+                self._backfill(self.chooser.settle(job), order)
             else:
                 self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
                 self.stop = self.can_stop

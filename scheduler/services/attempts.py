@@ -41,7 +41,7 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import fleet, metering
+from scheduler.services import fleet, metering, rates
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
 
@@ -97,6 +97,9 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "size": partition.size,
                 "machine_type": partition.machine_type,
                 "placed_at": now,
+                # The type's rate for this job, and the wait (rates.py); an `any` job takes on
+                # the size and run time of the type it was placed on.
+                **rates.attempt_fields(job, partition.machine_type, now),
             }
         )
     ids = insert_returning_keys(session, Attempt.__table__, rows)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from scheduler import emulation
 from scheduler.errors import (
     Conflict,
+    DoesNotFit,
     DomainError,
     IdempotencyConflict,
     LimitExceeded,
@@ -38,7 +39,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet
+from scheduler.services import attempts, fleet, rates
 from scheduler.services.job_state import add_event, finalize_job
 
 
@@ -251,6 +252,8 @@ _PLANS_OF_TENANTS = (
         _plans.c.max_runtime_s,
         _plans.c.max_queued_jobs,
         _plans.c.priority,
+        _plans.c.rates,
+        _plans.c.machine_types,
     )
     .join(_plans, _plans.c.name == _tenants.c.plan_name)
     .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
@@ -341,26 +344,68 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
-    machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
-
-    resolved = emulation.resolve(spec.workload, spec.ipus, machine)
-    if reserved_partition is not None and resolved.ipus > reserved_partition.size:
-        raise LimitExceeded(
-            f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
-            f"{reserved_partition.size}."
-        )
-    size = reserved_partition.size if reserved_partition is not None else resolved.ipus
-    if size > plan.max_partition_size:
-        raise LimitExceeded(
-            f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
-            f"this job needs {size}.",
-            limit="max_partition_size",
-        )
-    if reserved_partition is None:
-        fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine, pods=fleet_pods)
-
+    allowed = rates.allowed_types(plan.machine_types)
+    named = spec.machine if spec.machine not in (None, "any") else None
+    if reserved_partition is not None:
+        named = reserved_partition.machine_type
+    if named is not None:
+        if named not in allowed:
+            raise LimitExceeded(
+                f"The {plan.name} plan runs jobs on {', '.join(allowed)}, not {named}.", limit="machine_types"
+            )
+        candidates: tuple[str, ...] = (named,)
+    else:
+        candidates = tuple(kind for kind in allowed if fleet_pods.get(kind, 0) > 0) or allowed
+    plan_rates = rates.plan_rates(plan.rates)
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
-    predicted = min(resolved.predicted_runtime_s, float(max_runtime))
+    options: dict[str, dict[str, float]] = {}
+    refusals: list[tuple[str, DomainError]] = []
+    for kind in candidates:
+        try:
+            resolved = emulation.resolve(spec.workload, spec.ipus, kind)
+        except DoesNotFit as exc:
+            refusals.append((kind, exc))
+            continue
+        if reserved_partition is not None and resolved.ipus > reserved_partition.size:
+            raise LimitExceeded(
+                f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
+                f"{reserved_partition.size}."
+            )
+        size = reserved_partition.size if reserved_partition is not None else resolved.ipus
+        try:
+            if size > plan.max_partition_size:
+                raise LimitExceeded(
+                    f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
+                    f"this job needs {size}" + (f" on {kind}." if len(candidates) > 1 else "."),
+                    limit="max_partition_size",
+                )
+            if reserved_partition is None:
+                fleet.check_fleet_can_ever_host(
+                    session=session, size=size, machine_type=kind, pods=fleet_pods
+                )
+        except DomainError as exc:
+            refusals.append((kind, exc))
+            continue
+        options[kind] = {
+            "ipus": size,
+            "predicted_runtime_s": min(resolved.predicted_runtime_s, float(max_runtime)),
+            "rate": plan_rates[kind],
+        }
+    if not options:
+        if len(refusals) == 1:
+            raise refusals[0][1]
+        first = refusals[0][1]
+        raise type(first)(
+            "The job cannot run on any machine type: "
+            + "; ".join(f"{kind}: {exc.detail}" for kind, exc in refusals),
+            **{k: v for k, v in first.extra.items() if k in ("limit",)},
+        )
+    # Shown and planned as its fastest option until it is placed (then as the type it runs on); its
+    # reservation covers the dearest, so the grant holds wherever it lands.
+    fastest = min(options, key=lambda kind: (options[kind]["predicted_runtime_s"], candidates.index(kind)))
+    size = int(options[fastest]["ipus"])
+    predicted = options[fastest]["predicted_runtime_s"]
+    reserve = max(rates.option_cost_ipu_ms(option) for option in options.values())
     return Job(
         id=new_id("job"),
         tenant_id=r.tenant_id,
@@ -370,12 +415,14 @@ def _prepare(
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
-        machine_type=machine,
+        machine_type=named,
+        options=options,
+        prefer=spec.prefer,
         partition_name=spec.partition,
         priority=spec.priority + plan.priority * 1000,
         max_runtime_s=max_runtime,
         predicted_runtime_s=predicted,
-        reserved_ipu_ms=cost_ipu_ms(size, predicted),
+        reserved_ipu_ms=reserve,
         state=JobState.QUEUED,
         reason=None,
         wait=None,

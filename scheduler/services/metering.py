@@ -1,8 +1,9 @@
 """Metering: every IPU-second of an attempt, billed once.
 
-An attempt is metered as partition size x cluster time: in ticks while it runs (so a running job
-burns quota as it goes) and settled once at its end. Every meter event has a deterministic id
-(`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
+An attempt is metered as its rate x partition size x cluster time (the rate of its machine type
+under the tenant's plan, fixed when it was placed: `scheduler.services.rates`): in ticks while it
+runs (so a running job burns quota as it goes) and settled once at its end. Every meter event has a
+deterministic id (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
 is actually inserted, so replaying a tick or a finish changes nothing. Usage never passes the
 grant: a tick that would overspend is cut to what is left, and the job is stopped.
 """
@@ -17,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler.models import Attempt, Job, MeterEvent, Tenant, utcnow
+from scheduler.services.rates import charged_ipu_ms, raw_ipu_ms
 
 
 def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
@@ -31,6 +33,14 @@ def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
 
 def ipu_ms(size: int, cluster_s: float) -> int:
     return round(size * cluster_s * 1000)
+
+
+def _rate(attempt: Attempt) -> float:
+    return attempt.rate if attempt.rate is not None else 1.0
+
+
+def _charged(attempt: Attempt, cluster_s: float) -> int:
+    return charged_ipu_ms(attempt.size, cluster_s, _rate(attempt))
 
 
 # Every attempt of a tenant bills through the tenant's row, so its lock is the one place where a
@@ -81,6 +91,9 @@ def _event(
         attempt_id=attempt.id,
         kind=kind,
         ipu_ms=amount,
+        machine_type=attempt.machine_type,
+        rate=_rate(attempt),
+        raw_ipu_ms=raw_ipu_ms(amount, _rate(attempt)),
         partition_size=attempt.size,
         cluster_s=cluster_s,
         workload=job.model,
@@ -89,8 +102,12 @@ def _event(
     )
 
 
-def _set_event_amount(session: Session, event_id: str, amount: int) -> None:
-    session.execute(update(MeterEvent).where(MeterEvent.id == event_id).values(ipu_ms=amount))
+def _set_event_amount(session: Session, event_id: str, amount: int, rate: float) -> None:
+    session.execute(
+        update(MeterEvent)
+        .where(MeterEvent.id == event_id)
+        .values(ipu_ms=amount, raw_ipu_ms=raw_ipu_ms(amount, rate))
+    )
 
 
 @dataclass
@@ -101,7 +118,7 @@ class Tick:
 
 def meter_tick(*, session: Session, attempt: Attempt, job: Job, seq: int, cluster_s: float) -> Tick:
     """Bill the attempt up to `cluster_s`. Caller holds the attempt's lease (fenced by epoch)."""
-    due = ipu_ms(attempt.size, cluster_s) - attempt.metered_ipu_ms
+    due = _charged(attempt, cluster_s) - attempt.metered_ipu_ms
     if due <= 0:
         return Tick(0, False)
     event_id = f"att:{attempt.id}:tick:{seq}"
@@ -127,7 +144,7 @@ def meter_tick(*, session: Session, attempt: Attempt, job: Job, seq: int, cluste
     if billed == 0:
         session.execute(delete(MeterEvent).where(MeterEvent.id == event_id))
         return Tick(0, True)
-    _set_event_amount(session, event_id, billed)
+    _set_event_amount(session, event_id, billed, _rate(attempt))
     consumed = bill(billed)
     _move_counters(session, attempt.tenant_id, billed, -consumed, guard=False)
     return Tick(billed, True)
@@ -141,7 +158,7 @@ def settle(
     `job_ends`: the job ends with this attempt, so whatever it still reserves goes back to the
     tenant in the same update. Returns the amount of the settle record (negative for a refund).
     """
-    due = max(0, ipu_ms(attempt.size, attempt.cluster_s) - attempt.metered_ipu_ms)
+    due = max(0, _charged(attempt, attempt.cluster_s) - attempt.metered_ipu_ms)
     amount = due if billable else -attempt.metered_ipu_ms
     event_id = f"att:{attempt.id}:settle"
     values = _event(event_id, attempt, job, "settle", amount, attempt.cluster_s, outcome=outcome)
@@ -174,7 +191,7 @@ def settle(
     # Billing all that ran would pass the grant: bill what is left of it.
     job.reserved_ipu_ms, attempt.metered_ipu_ms, attempt.reservation_used_ipu_ms = baseline
     amount = min(due, _left_under_lock(session, attempt.tenant_id))
-    _set_event_amount(session, event_id, amount)
+    _set_event_amount(session, event_id, amount, _rate(attempt))
     reserved = bill(amount)
     _move_counters(session, attempt.tenant_id, amount, reserved, guard=False)
     return amount
