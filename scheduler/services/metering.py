@@ -3,9 +3,9 @@
 An attempt is metered as its rate x partition size x cluster time (the rate of its machine type
 under the tenant's plan, fixed when it was placed: `scheduler.services.rates`): in ticks while it
 runs (so a running job burns quota as it goes) and settled once at its end. Every meter event has a
-deterministic id (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
-is actually inserted, so replaying a tick or a finish changes nothing. Usage never passes the
-grant: a tick that would overspend is cut to what is left, and the job is stopped.
+deterministic id (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when
+the event row is actually inserted, so replaying a tick or a finish changes nothing. Usage never
+passes the grant: a tick that would overspend is cut to what is left, and the job is stopped.
 """
 
 from __future__ import annotations

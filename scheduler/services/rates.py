@@ -67,3 +67,13 @@ def attempt_fields(job: Any, machine_type: str, now: datetime) -> dict[str, Any]
     rate = bind_machine(job, machine_type)
     waited = (now - job.created_at).total_seconds() if job.attempts == 1 else None
     return {"rate": rate, "queue_wait_s": waited}
+
+
+def plan_terms(*, session: Any, plan_name: str) -> tuple[dict[str, float], tuple[str, ...]]:
+    """A plan's rate for every machine type and the types it allows."""
+    from scheduler.models import Plan
+
+    plan = session.get(Plan, plan_name)
+    if plan is None:
+        return plan_rates(None), allowed_types(None)
+    return plan_rates(plan.rates), allowed_types(plan.machine_types)

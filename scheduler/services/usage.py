@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.models import IPU_MS_PER_HOUR, Job, MeterEvent, Tenant
 
-GROUPS = ("day", "job", "workload", "partition_size")
+GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
 
 
 def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
@@ -129,6 +129,30 @@ def by_partition_size(
     return [{"partition_size": s, "ipu_hours": _hours(ms)} for s, ms in rows]
 
 
+def by_machine_type(
+    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per machine type: the IPU-hours run there and the grant they spent (rate x IPU-hours)."""
+    rows = session.execute(
+        _scoped(
+            select(
+                MeterEvent.machine_type,
+                func.sum(func.coalesce(MeterEvent.raw_ipu_ms, MeterEvent.ipu_ms)),
+                func.sum(MeterEvent.ipu_ms),
+            ),
+            tenant_id,
+            since,
+            until,
+        )
+        .group_by(MeterEvent.machine_type)
+        .order_by(MeterEvent.machine_type)
+    ).all()
+    return [
+        {"machine_type": kind or "unknown", "ipu_hours": _hours(raw), "charged_ipu_hours": _hours(charged)}
+        for kind, raw, charged in rows
+    ]
+
+
 def breakdowns(
     *,
     session: Session,
@@ -139,7 +163,7 @@ def breakdowns(
     job_after: str | None = None,
     day_limit: int = 366,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Usage grouped four ways. `tenant_id=None` reports across tenants (admins).
+    """Usage grouped five ways. `tenant_id=None` reports across tenants (admins).
 
     `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
     days. Workloads and partition sizes are few, so they are reported whole.
@@ -153,6 +177,7 @@ def breakdowns(
         "by_partition_size": by_partition_size(
             session=session, tenant_id=tenant_id, since=since, until=until
         ),
+        "by_machine_type": by_machine_type(session=session, tenant_id=tenant_id, since=since, until=until),
     }
 
 
