@@ -210,9 +210,10 @@ def ring_allreduce_s(
     over ``pods`` POD64s.
 
     Inside a POD64 (or a server), a ring over IPU-Links: reduce-scatter then all-gather, each moving
-    (r - 1) / r of the gradients through every IPU. Across POD64s, hierarchically: after the reduce-scatter each IPU
-    holds 1 / r_pod of the gradients, which are all-reduced between POD64s over the GW-Links of its
-    machine (two 100 GbE links shared by its four IPUs), before the in-POD all-gather.
+    (r - 1) / r of the gradients through every IPU. Across POD64s, hierarchically: after the
+    reduce-scatter each IPU holds 1 / r_pod of the gradients, which are all-reduced between POD64s
+    over the GW-Links of its machine (two 100 GbE links shared by its four IPUs), before the in-POD
+    all-gather.
     Returns (IPU-Link part, GW-Link part) in seconds.
     """
     if replicas <= 1:
