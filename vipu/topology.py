@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
 
@@ -322,6 +322,10 @@ class Fleet:
     """An immutable description of the hardware: one unit per index (``None`` where one was retired)."""
 
     units: tuple[Unit | None, ...]
+    # Derived once: placement asks these on every request.
+    _types: tuple[MachineType | None, ...] = field(compare=False, repr=False)
+    _present: tuple[MachineType, ...] = field(compare=False, repr=False)
+    _ipus: int = field(compare=False, repr=False)
 
     def __init__(self, units: Sequence[Unit | MachineType | str | None]) -> None:
         if isinstance(units, str):
@@ -343,6 +347,10 @@ class Fleet:
                     entries.append((kind, MACHINES[kind].layouts[0], None))
             built = list(_assign_racks(entries))
         object.__setattr__(self, "units", tuple(built))  # type: ignore[arg-type]
+        types = tuple(None if unit is None else unit.machine_type for unit in self.units)
+        object.__setattr__(self, "_types", types)
+        object.__setattr__(self, "_present", tuple(kind for kind in MachineType if kind in set(types)))
+        object.__setattr__(self, "_ipus", sum(unit.spec.ipus for unit in self.units if unit is not None))
 
     @classmethod
     def uniform(cls, pods: int, machine_type: MachineType | str = MachineType.M2000) -> Fleet:
@@ -370,7 +378,7 @@ class Fleet:
     @property
     def pod_types(self) -> tuple[MachineType | None, ...]:
         """Each unit's machine type, ``None`` for a retired unit."""
-        return tuple(None if unit is None else unit.machine_type for unit in self.units)
+        return self._types
 
     @property
     def racks(self) -> int:
@@ -382,13 +390,12 @@ class Fleet:
 
     @property
     def ipus(self) -> int:
-        return sum(unit.spec.ipus for unit in self.units if unit is not None)
+        return self._ipus
 
     @property
     def machine_types(self) -> tuple[MachineType, ...]:
         """The machine types present, in declaration order of MachineType."""
-        present = {unit.machine_type for unit in self.units if unit is not None}
-        return tuple(kind for kind in MachineType if kind in present)
+        return self._present
 
     def has_pod(self, pod: int) -> bool:
         return 0 <= pod < len(self.units) and self.units[pod] is not None

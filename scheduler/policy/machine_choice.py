@@ -25,7 +25,7 @@ started, and it is asked only when a type without room could beat one with room.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 from scheduler.policy.model import MachineOption, QueuedJob, Reservation
@@ -45,19 +45,33 @@ class Planner(Protocol):
 def typed(job: QueuedJob, option: MachineOption) -> QueuedJob:
     """The job as a job of ``option``'s type only. (Its quota was judged before, on what its
     reservation covers: its dearest option.)"""
-    return replace(
-        job,
+    # Built directly rather than with dataclasses.replace: a pass settles thousands of jobs.
+    fields = {name: getattr(job, name) for name in _FIELDS}
+    fields.update(
         machine_type=option.machine_type,
         size=option.size,
         predicted_runtime_s=option.predicted_runtime_s,
         options=(),
     )
+    return QueuedJob(**fields)
+
+
+_FIELDS = tuple(QueuedJob.__dataclass_fields__)
 
 
 class Chooser:
     """Settles jobs with several machine options on one, for one pass."""
 
-    def __init__(self, planner: Planner, now: float, objective: Objective, *, timed: bool = True) -> None:
+    def __init__(
+        self,
+        planner: Planner,
+        now: float,
+        objective: Objective,
+        *,
+        timed: bool = True,
+        hopeless: Callable[[str, int], bool] | None = None,
+        room: Callable[[str, int], bool] | None = None,
+    ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown machine choice {objective!r}; one of {', '.join(OBJECTIVES)}")
         self._planner = planner
@@ -66,19 +80,38 @@ class Chooser:
         # Without a time table (a count-only planner) reservations are counts, not starts on a type:
         # only first-fit is meaningful.
         self._timed = timed
+        # What the pass already knows cannot start now (a size of a type that failed this pass):
+        # asking the planner again would only cost time.
+        self._hopeless = hopeless or (lambda kind, size: False)
+        # Whether a partition of a size and type could form now; by default the planner's answer.
+        self._room = room
         self._starts: dict[tuple[str, int], float] = {}
 
-    def settle(self, job: QueuedJob) -> QueuedJob:
-        """``job`` as a job of the type it should run on (unchanged when it has no choice)."""
+    def settle(self, job: QueuedJob, *, first: bool = True) -> QueuedJob:
+        """``job`` as a job of the type it should run on (unchanged when it has no choice).
+
+        ``first``: it is first in line, so where it waits matters (its reservation is made there).
+        Behind the first job a job that has no room now on any type waits for the next pass, which
+        asks again; it is settled on its first type without asking when each type would have room.
+        """
         if job.machine_type is not None or not job.options:
             return job
         if len(job.options) == 1:
             return typed(job, job.options[0])
-        return typed(job, self.choose(job))
+        return typed(job, self.choose(job, first=first))
 
-    def choose(self, job: QueuedJob) -> MachineOption:
+    def _fits(self, job: QueuedJob, option: MachineOption) -> bool:
+        if self._hopeless(option.machine_type, option.size):
+            return False
+        if self._room is not None:
+            return self._room(option.machine_type, option.size)
+        return self._planner.fits_now(typed(job, option))
+
+    def choose(self, job: QueuedJob, *, first: bool = True) -> MachineOption:
         options = job.options
-        room = [self._planner.fits_now(typed(job, option)) for option in options]
+        room = [self._fits(job, option) for option in options]
+        if not first and not any(room):
+            return options[0]
         if self._objective == "first-fit" or not self._timed:
             for option, fits in zip(options, room, strict=True):
                 if fits:

@@ -62,7 +62,16 @@ class _Pass:
         self.admission = Admission(snapshot.tenants, snapshot.now)
         # Jobs that may run on several machine types are settled on one before they are placed.
         self.chooser = Chooser(
-            self.planner, snapshot.now, config.machine_choice, timed=isinstance(self.planner, TopologyPlanner)
+            self.planner,
+            snapshot.now,
+            config.machine_choice,
+            timed=isinstance(self.planner, TopologyPlanner),
+            hopeless=self._hopeless,
+            room=(
+                (lambda kind, size: snapshot.allocator.largest_free(kind) >= size)
+                if isinstance(self.planner, TopologyPlanner)
+                else None
+            ),
         )
         # Smallest size that cannot start now, per machine type (None: any type). Free space only
         # shrinks during a pass, and a partition of 2N always contains one of N, so every larger
@@ -103,7 +112,7 @@ class _Pass:
             elif self.head is None:
                 self._first_in_line(self.chooser.settle(job), order)
             elif backfill:
-                self._backfill(self.chooser.settle(job), order)
+                self._backfill(self.chooser.settle(job, first=False), order)
             else:
                 self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
                 self.stop = self.can_stop
@@ -261,6 +270,10 @@ class _Pass:
         return smallest >= self.held.get(None, math.inf) and (
             self.s.now + group.shortest_runtime() > reservation.start
         )
+
+    def _hopeless(self, machine_type: str, size: int) -> bool:
+        """Whether this pass already found that ``size`` IPUs of ``machine_type`` cannot start."""
+        return size >= min(self.dead.get(None, math.inf), self.dead.get(machine_type, math.inf))
 
     @staticmethod
     def _bound(limits: dict[str | None, int], job: QueuedJob) -> float:
