@@ -31,6 +31,7 @@ from vipu.topology import (
     machine_id,
     machine_of_ipu,
     parse_machine_id,
+    parse_rack_id,
     parse_unit_id,
     pod_id,
     pod_ipu_ids,
@@ -617,3 +618,93 @@ def ensure_no_overlap(*, session: Session) -> None:
             if i in seen:
                 raise Conflict(f"IPU {i} is in live partitions {seen[i]} and {name}")
             seen[i] = name
+
+
+def unit_name(pod: int, layout: str) -> str:
+    return server_id(pod) if layout == "server" else pod_id(pod)
+
+
+def racks(*, session: Session) -> list[dict[str, Any]]:
+    """The live racks: each with its units (PODs and servers) and their machines' health."""
+    rows = session.execute(
+        select(Machine.rack, Machine.pod, Machine.machine_type, Machine.layout, Machine.model, Machine.health)
+        .where(Machine.retired_at.is_(None))
+        .order_by(Machine.rack, Machine.pod, Machine.slot)
+    ).all()
+    by_rack: dict[int, dict[int, dict[str, Any]]] = {}
+    for rack, pod, kind, layout, model, health in rows:
+        units = by_rack.setdefault(rack, {})
+        unit = units.get(pod)
+        if unit is None:
+            unit = units[pod] = {
+                "id": unit_name(pod, layout),
+                "index": pod,
+                "machine_type": kind,
+                "layout": layout,
+                "model": model,
+                "ipus": LAYOUTS[layout].ipus,
+                "machines": {"up": 0, "draining": 0, "failed": 0},
+            }
+        unit["machines"][health] = unit["machines"].get(health, 0) + 1
+    return [
+        {
+            "id": rack_id(rack),
+            "index": rack,
+            "units": list(units.values()),
+            "ipus": sum(u["ipus"] for u in units.values()),
+            "drained": all(u["machines"]["up"] == 0 for u in units.values()),
+        }
+        for rack, units in sorted(by_rack.items())
+    ]
+
+
+def parse_rack(text: str) -> int:
+    try:
+        return parse_rack_id(text)
+    except ValueError as exc:
+        raise NotFound(f"No rack {text!r}: {exc}")
+
+
+def drain_rack(*, session: Session, rack: int, health: str, reason: str | None) -> list[str]:
+    """Drain (or restore) every machine of a rack; returns the machine ids."""
+    ids = list(
+        session.execute(
+            select(Machine.id).where(Machine.rack == rack, Machine.retired_at.is_(None)).order_by(Machine.id)
+        ).scalars()
+    )
+    if not ids:
+        raise NotFound(f"No {rack_id(rack)} in the fleet.")
+    for machine in ids:
+        set_machine_health(session=session, machine=machine, health=health, reason=reason)
+    return ids
+
+
+@dataclass(frozen=True)
+class TypeCapacity:
+    machine_type: str
+    total_ipus: int
+    free_ipus: int
+    largest_free: int
+
+
+def capacity(*, session: Session, allocator: Allocator) -> list[TypeCapacity]:
+    """Per machine type present: IPUs in all, free (healthy and in no partition), largest partition
+    that could form now."""
+    fleet = allocator.fleet
+    out = []
+    for kind in fleet.machine_types:
+        total = sum(fleet.layout_of(pod).ipus for pod in fleet.pods_of_type(kind))
+        out.append(TypeCapacity(kind.value, total, allocator.free_ipus(kind), allocator.largest_free(kind)))
+    return out
+
+
+def machines_by_health(*, session: Session) -> dict[tuple[str, str], int]:
+    """(machine type, health) -> live machines."""
+    return {
+        (kind, health): int(n)
+        for kind, health, n in session.execute(
+            select(Machine.machine_type, Machine.health, func.count())
+            .where(Machine.retired_at.is_(None))
+            .group_by(Machine.machine_type, Machine.health)
+        ).tuples()
+    }
