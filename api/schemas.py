@@ -108,7 +108,15 @@ class JobOut(BaseModel):
     reason: str | None = None
     ipus: int
     ipus_requested: str
-    machine: str | None = None
+    machine: str | None = Field(
+        None, description="The machine type it runs (or ran) on; `any` until placed if it named none."
+    )
+    prefer: Literal["time", "cost"] = "time"
+    machine_options: dict[str, dict[str, float]] | None = Field(
+        None,
+        description="Per machine type it may run on: `ipus`, `predicted_runtime_s` and `rate` (grant units "
+        "per IPU-hour).",
+    )
     partition: str | None = None
     priority: int
     workload: dict[str, Any]

@@ -54,11 +54,14 @@ def option_cost_ipu_ms(option: Mapping[str, float]) -> int:
 def bind_machine(job: Any, machine_type: str) -> float:
     """Settle a job on the type it was placed on: its size and predicted run time become that type's
     (they are what the scheduler plans the rest of the fleet around). Returns the rate it is billed."""
-    option = (job.options or {}).get(machine_type)
+    options = job.options or {}
+    option = options.get(machine_type)
     if option is None:
         return 1.0  # a job admitted before machine types had rates
-    job.ipus = int(option["ipus"])
-    job.predicted_runtime_s = float(option["predicted_runtime_s"])
+    if len(options) > 1:
+        # Until now it was shown as its fastest option; a job with one option is that option.
+        job.ipus = int(option["ipus"])
+        job.predicted_runtime_s = float(option["predicted_runtime_s"])
     return float(option["rate"])
 
 

@@ -113,7 +113,10 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
+        # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
+        if len(options) == 1:
+            machine, options = options[0].machine_type, ()
         queued.append(
             QueuedJob(
                 id=job_id,
