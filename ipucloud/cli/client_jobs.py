@@ -135,7 +135,13 @@ def submit(
     steps: Annotated[int | None, typer.Option(help="Steps to run.")] = None,
     samples: Annotated[int | None, typer.Option(help="Samples to process (instead of --steps).")] = None,
     ipus: Annotated[str | None, typer.Option(help="Partition size (a power of two) or `auto`.")] = None,
-    machine: Annotated[str | None, typer.Option(help="m2000 or bow.")] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option(help="m2000, bow, c2, or any (default): where it is predicted to finish first."),
+    ] = None,
+    prefer: Annotated[
+        str | None, typer.Option(help="With machine any: time (default) or cost (the least grant spent).")
+    ] = None,
     partition: Annotated[str | None, typer.Option(help="Run inside this reserved partition.")] = None,
     priority: Annotated[int | None, typer.Option(help="-100..100 within your tenant.")] = None,
     max_runtime: Annotated[
@@ -167,6 +173,7 @@ def submit(
         samples=samples,
         ipus=parse_ipus(ipus),
         machine=machine,
+        prefer=prefer,
         partition=partition,
         priority=priority,
         max_runtime_s=max_runtime,

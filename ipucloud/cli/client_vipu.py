@@ -85,7 +85,7 @@ def pipe_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def create_partition(
     name: Annotated[str, typer.Argument(help="The partition's id.")],
     size: Annotated[int, typer.Option(help="IPUs: a power of two.", min=1)],
-    machine: Annotated[str | None, typer.Option(help="m2000 or bow (default: any).")] = None,
+    machine: Annotated[str | None, typer.Option(help="m2000, bow or c2 (default: any).")] = None,
     tenant: Annotated[str | None, typer.Option(help="Reserve it for this tenant id.")] = None,
     num_gcds: Annotated[int, typer.Option("--num-gcds", help="Graphcore communication domains.", min=1)] = 1,
     reconfigurable: Annotated[bool, typer.Option(help="Allow per-job reconfiguration.")] = False,

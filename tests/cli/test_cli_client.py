@@ -174,7 +174,7 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     fleet = cli("admin", "fleet", **admin)
     assert "showing" not in fleet.stdout, "the whole fleet is on screen"
     part = cli("admin", "fleet", "--pod-from", "1", "--pods", "1", **admin).stdout
-    assert "showing pod0001 to pod0001 of 2 POD64s" in part and "pod0000" not in part
+    assert "showing pod0001 to pod0001 of 2 PODs and servers" in part and "pod0000" not in part
     pod1 = next(line for line in fleet.stdout.splitlines() if line.startswith("pod0001"))
     assert "~~~~ xxxx" in pod1
     assert cli.json("admin", "machines", "restore", "pod0001-m03", **admin)["health"] == "up"
