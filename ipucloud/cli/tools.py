@@ -35,7 +35,6 @@ def estimate(
     from scheduler.errors import DomainError
     from scheduler.jobspec import WorkloadRequest
     from scheduler.services.estimates import estimate as run_estimate
-
     from vipu.machine_types import MACHINE_TYPE_NAMES, get_machine
 
     if machine not in (*MACHINE_TYPE_NAMES, "any"):
