@@ -696,15 +696,3 @@ def capacity(*, session: Session, allocator: Allocator) -> list[TypeCapacity]:
         total = sum(fleet.layout_of(pod).ipus for pod in fleet.pods_of_type(kind))
         out.append(TypeCapacity(kind.value, total, allocator.free_ipus(kind), allocator.largest_free(kind)))
     return out
-
-
-def machines_by_health(*, session: Session) -> dict[tuple[str, str], int]:
-    """(machine type, health) -> live machines."""
-    return {
-        (kind, health): int(n)
-        for kind, health, n in session.execute(
-            select(Machine.machine_type, Machine.health, func.count())
-            .where(Machine.retired_at.is_(None))
-            .group_by(Machine.machine_type, Machine.health)
-        ).tuples()
-    }
