@@ -6,26 +6,33 @@ a pass places such a job, ``Chooser.settle`` turns it into a job of one type, an
 pass treats it like any typed job: it starts, is reserved for, is backfilled around, on that type.
 
 - ``finish`` (the default policy): the type where it is predicted to **finish** first, counting the
-  wait there and the run time there. A type where it can start now finishes at ``now + run time``;
-  one where it cannot finishes at its reserved start (the same earliest-start question EASY
-  backfill asks, answered on the time table of running jobs) plus its run time. So a job waits a
-  few minutes for a Bow partition rather than starting now on a first-generation server where it
-  would run three times longer, but takes the server when the wait would cost more than that.
+  wait there and the run time there. A type with room now finishes it at ``now + run time``. On a
+  type without room it waits:
+
+  - first in line, until its reservation there (the earliest-start question EASY backfill asks,
+    answered on the time table of running jobs);
+  - behind others, also for the work queued ahead of it there: its start is at least ``now +
+    (work running there + work this pass left waiting there) / the type's IPUs`` (in IPU-seconds),
+    the fluid approximation of a queue. A pass adds every job it settles on a type without room
+    to that type's waiting work, so the jobs behind see the queue grow and spread over the types.
+
+  So a job waits a little for a Bow partition rather than starting now on a first-generation server
+  where it would run three times longer, but takes the server when the wait would cost more.
   A job whose tenant asked for ``prefer: cost`` goes where it spends the least of its grant
   (rate x size x run time), ties broken by the earliest finish.
 - ``first-fit`` (the type-blind baseline): the first type, in registry order, with room for it now;
   when none has room, the type where it can start soonest. It knows which types the job fits on,
   not how fast it runs on each.
 
-Start estimates are cached per (type, size) for the pass: free space only shrinks while a pass
-places jobs, so a cached start is never later than the truth by more than what the pass itself
-started, and it is asked only when a type without room could beat one with room.
+Reservations are cached per (type, size) for the pass: free space only shrinks while a pass places
+jobs, and they are asked only for the first job in line and when a type without room could beat
+one with room.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
 from scheduler.policy.model import MachineOption, QueuedJob, Reservation
@@ -71,6 +78,7 @@ class Chooser:
         timed: bool = True,
         hopeless: Callable[[str, int], bool] | None = None,
         room: Callable[[str, int], bool] | None = None,
+        load: Callable[[], Mapping[str, tuple[float, int]]] | None = None,
     ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown machine choice {objective!r}; one of {', '.join(OBJECTIVES)}")
@@ -85,6 +93,10 @@ class Chooser:
         self._hopeless = hopeless or (lambda kind, size: False)
         # Whether a partition of a size and type could form now; by default the planner's answer.
         self._room = room
+        # Per type: (IPU-seconds running jobs still have to run, the type's IPUs), asked once.
+        self._load_source = load
+        self._load: dict[str, tuple[float, int]] | None = None
+        self._waiting: dict[str, float] = {}  # IPU-seconds this pass settled on a type without room
         self._starts: dict[tuple[str, int], float] = {}
 
     def settle(self, job: QueuedJob, *, first: bool = True) -> QueuedJob:
@@ -110,18 +122,16 @@ class Chooser:
     def choose(self, job: QueuedJob, *, first: bool = True) -> MachineOption:
         options = job.options
         room = [self._fits(job, option) for option in options]
-        if not first and not any(room):
-            return options[0]
         if self._objective == "first-fit" or not self._timed:
             for option, fits in zip(options, room, strict=True):
                 if fits:
                     return option
-            if not self._timed:
+            if not self._timed or not first:
                 return options[0]
-            return min(options, key=lambda o: (self._start(job, o), options.index(o)))
+            return min(options, key=lambda o: (self._start(job, o, first), options.index(o)))
 
         def finish(option: MachineOption, fits: bool) -> float:
-            start = self._now if fits else self._start(job, option)
+            start = self._now if fits else self._start(job, option, first)
             return start + option.predicted_runtime_s
 
         if job.prefer == "cost":
@@ -131,13 +141,14 @@ class Chooser:
             )
             # The cheapest type it can ever start on; among equally cheap ones, the earliest finish.
             cheapest = [p for p in ranked if p[0].cost_ipu_ms == ranked[0][0].cost_ipu_ms]
+            chosen = None
             for option, fits in sorted(cheapest, key=lambda p: finish(*p)):
                 if math.isfinite(finish(option, fits)):
-                    return option
-            for option, fits in ranked:
-                if math.isfinite(finish(option, fits)):
-                    return option
-            return ranked[0][0]
+                    chosen = (option, fits)
+                    break
+            else:
+                chosen = next(((o, f) for o, f in ranked if math.isfinite(finish(o, f))), ranked[0])
+            return self._settled(*chosen)
 
         best: tuple[float, int] | None = None
         for n, (option, fits) in enumerate(zip(options, room, strict=True)):
@@ -157,12 +168,30 @@ class Chooser:
             # It can start on no type, not even when everything running has ended (machines are
             # down): wait for the first type, where it is explained.
             return options[0]
-        return options[best[1]]
+        return self._settled(options[best[1]], room[best[1]])
 
-    def _start(self, job: QueuedJob, option: MachineOption) -> float:
+    def _settled(self, option: MachineOption, fits: bool) -> MachineOption:
+        if not fits:
+            kind = option.machine_type
+            self._waiting[kind] = self._waiting.get(kind, 0.0) + option.size * option.predicted_runtime_s
+        return option
+
+    def _queue_start(self, option: MachineOption) -> float:
+        """When a job behind others could start on a type: once the work running there and the work
+        queued ahead of it there has drained through the type's IPUs."""
+        if self._load is None:
+            self._load = dict(self._load_source()) if self._load_source is not None else {}
+        running, ipus = self._load.get(option.machine_type, (0.0, 0))
+        if ipus <= 0:
+            return math.inf
+        return self._now + (running + self._waiting.get(option.machine_type, 0.0)) / ipus
+
+    def _start(self, job: QueuedJob, option: MachineOption, first: bool) -> float:
         key = (option.machine_type, option.size)
         start = self._starts.get(key)
         if start is None:
             start = self._planner.reserve(typed(job, option)).start
             self._starts[key] = start
-        return start
+        if first:
+            return start
+        return max(start, self._queue_start(option))

@@ -26,6 +26,7 @@ from scheduler.policy.model import (
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
 from scheduler.policy.preemption import choose_victims
+from scheduler.policy.timetable import expected_end
 
 
 def partition_name_for(job_id: str) -> str:
@@ -72,6 +73,7 @@ class _Pass:
                 if isinstance(self.planner, TopologyPlanner)
                 else None
             ),
+            load=self._load_by_type,
         )
         # Smallest size that cannot start now, per machine type (None: any type). Free space only
         # shrinks during a pass, and a partition of 2N always contains one of N, so every larger
@@ -270,6 +272,22 @@ class _Pass:
         return smallest >= self.held.get(None, math.inf) and (
             self.s.now + group.shortest_runtime() > reservation.start
         )
+
+    def _load_by_type(self) -> dict[str, tuple[float, int]]:
+        """Per machine type: IPU-seconds its running jobs are still predicted to run, and its IPUs."""
+        alloc = self.s.allocator
+        fleet = alloc.fleet
+        load = {
+            kind.value: [0.0, sum(fleet.layout_of(pod).ipus for pod in fleet.pods_of_type(kind))]
+            for kind in fleet.machine_types
+        }
+        held = alloc.partitions()
+        for job in self.s.running:
+            placement = held.get(job.partition)
+            if placement is not None and not job.reserved:
+                left = max(0.0, expected_end(job, self.s.now) - self.s.now)
+                load[placement.machine_type.value][0] += job.size * left
+        return {kind: (work, int(ipus)) for kind, (work, ipus) in load.items()}
 
     def _hopeless(self, machine_type: str, size: int) -> bool:
         """Whether this pass already found that ``size`` IPUs of ``machine_type`` cannot start."""
