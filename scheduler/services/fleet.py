@@ -370,7 +370,11 @@ class AllocatorSync:
             self.health_seen = {}
         alloc = self.allocator
         health = dict(
-            session.execute(select(Machine.id, Machine.health).where(Machine.health != "up")).tuples().all()
+            session.execute(
+                select(Machine.id, Machine.health).where(Machine.health != "up", Machine.retired_at.is_(None))
+            )
+            .tuples()
+            .all()
         )
         for mid in set(self.health_seen) - set(health):
             alloc.set_machine_health(mid, Health.UP)

@@ -33,7 +33,9 @@ def ipus_by_type(session: Session) -> dict[str, TypeIpus]:
             .join(Ipu, Ipu.machine_id == Machine.id)
             .where(live)
             .group_by(Machine.machine_type)
-        ).tuples()
+        )
+        .tuples()
+        .all()
     )
     free = dict(
         session.execute(
@@ -42,7 +44,9 @@ def ipus_by_type(session: Session) -> dict[str, TypeIpus]:
             .outerjoin(IpuAssignment, IpuAssignment.ipu_id == Ipu.id)
             .where(live, Machine.health == "up", Ipu.health == "up", IpuAssignment.ipu_id.is_(None))
             .group_by(Machine.machine_type)
-        ).tuples()
+        )
+        .tuples()
+        .all()
     )
     return {kind: TypeIpus(int(n), int(free.get(kind, 0))) for kind, n in sorted(totals.items())}
 

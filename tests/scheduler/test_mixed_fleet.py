@@ -13,7 +13,7 @@ from scheduler.errors import Conflict, DoesNotFit, InvalidRequest, LimitExceeded
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Machine, MeterEvent, Tenant
-from scheduler.services import attempts, fleet, jobs, tenants, usage
+from scheduler.services import attempts, fleet, fleet_metrics, jobs, tenants, usage
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import services
@@ -89,9 +89,8 @@ def test_admins_add_racks_and_servers_while_it_runs(db: Any, mixed: Any) -> None
 
 
 def test_retiring_needs_drained_hardware_with_no_live_partition(db: Any, mixed: Any) -> None:
-    with db.write() as s:
-        with pytest.raises(Conflict, match="Drain"):
-            fleet.retire(session=s, unit=2)
+    with db.write() as s, pytest.raises(Conflict, match="Drain"):
+        fleet.retire(session=s, unit=2)
     # A partition on the server, then the server drained: still refused while the partition lives.
     with db.write() as s:
         alloc = fleet.load_allocator(session=s)
@@ -188,6 +187,9 @@ def test_an_any_job_runs_where_it_finishes_first_and_is_billed_at_that_types_rat
         rates = dict(s.execute(select(Attempt.job_id, Attempt.rate)).tuples().all())
     assert placed == {fast: "m2000", cheap: "c2"}
     assert rates == {fast: 1.0, cheap: 0.25}
+    with db.read() as s:
+        waits = fleet_metrics.queue_wait_histogram(s)
+        assert waits.count == 2 and waits.buckets[-1] == (float("inf"), 2) and waits.total_s >= 0
     for job_id in (fast, cheap):
         with db.read() as s:
             attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
