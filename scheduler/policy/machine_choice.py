@@ -11,10 +11,10 @@ pass treats it like any typed job: it starts, is reserved for, is backfilled aro
 
   - first in line, until its reservation there (the earliest-start question EASY backfill asks,
     answered on the time table of running jobs);
-  - behind others, also for the work queued ahead of it there: its start is at least ``now +
-    (work running there + work this pass left waiting there) / the type's IPUs`` (in IPU-seconds),
-    the fluid approximation of a queue. A pass adds every job it settles on a type without room
-    to that type's waiting work, so the jobs behind see the queue grow and spread over the types.
+  - behind others, for the work queued ahead of it there: ``now + (work running there + work this
+    pass left waiting there) / the type's IPUs`` (in IPU-seconds), the fluid approximation of a
+    queue. A pass adds every job it settles on a type without room to that type's waiting work, so
+    the jobs behind see the queue grow and spread over the types.
 
   So a job waits a little for a Bow partition rather than starting now on a first-generation server
   where it would run three times longer, but takes the server when the wait would cost more.
@@ -24,9 +24,8 @@ pass treats it like any typed job: it starts, is reserved for, is backfilled aro
   when none has room, the type where it can start soonest. It knows which types the job fits on,
   not how fast it runs on each.
 
-Reservations are cached per (type, size) for the pass: free space only shrinks while a pass places
-jobs, and they are asked only for the first job in line and when a type without room could beat
-one with room.
+Reservations are asked only for the first job in line, cached per (type, size) for the pass (free
+space only shrinks while a pass places jobs).
 """
 
 from __future__ import annotations
@@ -187,11 +186,13 @@ class Chooser:
         return self._now + (running + self._waiting.get(option.machine_type, 0.0)) / ipus
 
     def _start(self, job: QueuedJob, option: MachineOption, first: bool) -> float:
+        if not first:
+            # Behind the first job in line, the queue ahead is what it waits for: the fluid estimate
+            # (asked without building a time table, so a pass can settle thousands of jobs).
+            return self._queue_start(option)
         key = (option.machine_type, option.size)
         start = self._starts.get(key)
         if start is None:
             start = self._planner.reserve(typed(job, option)).start
             self._starts[key] = start
-        if first:
-            return start
-        return max(start, self._queue_start(option))
+        return start

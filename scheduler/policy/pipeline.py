@@ -61,6 +61,7 @@ class _Pass:
             else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
         )
         self.admission = Admission(snapshot.tenants, snapshot.now)
+        self.types = tuple(kind.value for kind in snapshot.allocator.fleet.machine_types)
         # Jobs that may run on several machine types are settled on one before they are placed.
         self.chooser = Chooser(
             self.planner,
@@ -114,7 +115,7 @@ class _Pass:
             elif self.head is None:
                 self._first_in_line(self.chooser.settle(job), order)
             elif backfill:
-                self._backfill(self.chooser.settle(job, first=False), order)
+                self._backfill(job, order)
             else:
                 self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
                 self.stop = self.can_stop
@@ -155,6 +156,13 @@ class _Pass:
                 )
             self.stop = self.can_stop
             return
+        if job.machine_type is None and job.options:
+            if all(self._hopeless(o.machine_type, o.size) for o in job.options):
+                # No type has room for it this pass: it waits, whichever type it would have taken.
+                if self.explain:
+                    self._wait(job, self._no_room(job, head))
+                return
+            job = self.chooser.settle(job, first=False)
         size = job.size
         if size >= (
             self.dead.get(None, math.inf) if job.machine_type is None else self._bound(self.dead, job)
@@ -196,6 +204,12 @@ class _Pass:
             self._check_exhausted()
             return
         self.dead[kind] = min(self.dead.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+        if kind is not None and all(t in self.dead for t in self.types):
+            # Every type has failed some size: from the largest of those up, nothing starts anywhere.
+            bound = max(self.dead[t] for t in self.types)
+            self.dead[None] = min(self.dead.get(None, math.inf), bound)  # type: ignore[arg-type]
+            if bound == 1:
+                self.stop = self.can_stop
         if kind is None and job.size == 1:
             self.stop = self.can_stop  # not one IPU can start: nothing can
         if started.failure == "launch":
