@@ -13,10 +13,10 @@ from scheduler.errors import Conflict, DoesNotFit, InvalidRequest, LimitExceeded
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Machine, MeterEvent, Tenant
-from scheduler.services import attempts, fleet, fleet_metrics, jobs, tenants, usage
+from scheduler.services import fleet, fleet_metrics, jobs, tenants, usage
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
-from tests.support import services
+from tests.support import agentkit, services
 from vipu.machine_types import MACHINES
 from vipu.topology import Fleet, MachineType, parse_fleet_description
 
@@ -193,14 +193,9 @@ def test_an_any_job_runs_where_it_finishes_first_and_is_billed_at_that_types_rat
     for job_id in (fast, cheap):
         with db.read() as s:
             attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
-        with db.write() as s:
-            taken = attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=30)
-            assert taken is not None
-            attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=1, cluster_s=10, lease_s=30)
-        with db.write() as s:
-            assert attempts.finish(
-                session=s, attempt_id=attempt.id, epoch=1, outcome=AttemptState.SUCCEEDED, cluster_s=100
-            )
+        assert agentkit.take(db, attempt.id) is not None
+        assert not agentkit.bill(db, attempt.id, 1, 10).gone
+        assert agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, 100)
     with db.read() as s:
         c2_job = s.get(Job, cheap)
         assert c2_job.ipus == c2_job.options["c2"]["ipus"]  # type: ignore[index]
