@@ -18,6 +18,7 @@ from scheduler.errors import (
     Conflict,
     DomainError,
     IdempotencyConflict,
+    InvalidRequest,
     LimitExceeded,
     NotFound,
     QuotaExceeded,
@@ -341,15 +342,28 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
-    machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
-
-    resolved = emulation.resolve(spec.workload, spec.ipus, machine)
-    if reserved_partition is not None and resolved.ipus > reserved_partition.size:
-        raise LimitExceeded(
-            f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
-            f"{reserved_partition.size}."
-        )
-    size = reserved_partition.size if reserved_partition is not None else resolved.ipus
+    if reserved_partition is None:
+        machine = spec.machine
+        resolved = emulation.resolve(spec.workload, spec.ipus, machine)
+        size = resolved.ipus
+    else:
+        machine = reserved_partition.machine_type
+        if spec.machine is not None and spec.machine != machine:
+            raise InvalidRequest(
+                f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
+                f"{spec.machine}.",
+                field="machine",
+            )
+        # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
+        # it is planned, reserved and billed on what it holds.
+        size = reserved_partition.size // reserved_partition.gcds
+        if spec.ipus != "auto" and spec.ipus > size:
+            raise LimitExceeded(
+                f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
+                f"{reserved_partition.name} holds {size} ({reserved_partition.gcds} of "
+                f"{reserved_partition.size} IPUs)."
+            )
+        resolved = emulation.resolve(spec.workload, size, machine)
     if size > plan.max_partition_size:
         raise LimitExceeded(
             f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "

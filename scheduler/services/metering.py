@@ -266,9 +266,14 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
             ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
             [
                 _event(
-                    f"att:{i.attempt.id}:settle", i.attempt, i.job, "settle", amount,
-                    i.attempt.cluster_s, i.outcome,
-                )  # fmt: skip
+                    f"att:{i.attempt.id}:settle",
+                    i.attempt,
+                    i.job,
+                    "settle",
+                    amount,
+                    i.attempt.cluster_s,
+                    i.outcome,
+                )
                 for i, _, amount in prepared
             ],
         ).scalars()
