@@ -83,7 +83,9 @@ def tenant_out(t: Tenant) -> TenantOut:
     )
 
 
-def partition_out(p: Partition) -> PartitionOut:
+def partition_out(p: Partition, running: list[str] | None = None) -> PartitionOut:
+    """`running`: the jobs running in it now (scheduler.services.partitions.running_jobs)."""
+    running = running or []
     return PartitionOut(
         id=p.name,
         size=p.size,
@@ -93,7 +95,8 @@ def partition_out(p: Partition) -> PartitionOut:
         machine_type=p.machine_type,
         gcds=p.gcds,
         reconfigurable=p.reconfigurable,
-        job=p.job_id,
+        job=p.job_id or (running[0] if running else None),
+        jobs=running if p.kind == "reserved" else ([p.job_id] if p.job_id and p.released_at is None else []),
         state="active" if p.released_at is None else "released",
         created_at=p.created_at,
         released_at=p.released_at,

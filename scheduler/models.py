@@ -339,10 +339,12 @@ class Attempt(Base):
         UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),
         # An agent's own attempts, for its lapse and its periodic look at what it should be running.
         Index("ix_attempts_agent", "worker", "agent_epoch", "state"),
-        # One live attempt per partition: a reserved partition runs one job at a time.
+        # One live attempt per graph compile domain: a job partition has one, a reserved partition
+        # with N GCDs runs up to N jobs at once.
         Index(
-            "uq_attempts_live_partition",
+            "uq_attempts_live_partition_gcd",
             "partition_pk",
+            "gcd",
             unique=True,
             sqlite_where=text("state IN ('placed', 'running')"),
             postgresql_where=text("state IN ('placed', 'running')"),
@@ -356,6 +358,9 @@ class Attempt(Base):
     state: Mapped[str] = mapped_column(String(16), default=AttemptState.PLACED)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)  # fencing token for worker writes
     partition_pk: Mapped[int] = mapped_column(ForeignKey("partitions.pk"), index=True)
+    # The partition's graph compile domain it runs on (IPUOF_VIPU_API_GCD_ID); `size` is that GCD's
+    # IPUs, what it holds and is billed for.
+    gcd: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     size: Mapped[int] = mapped_column(Integer)
     machine_type: Mapped[str] = mapped_column(String(16))
     rate: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # grant units per IPU-hour

@@ -277,9 +277,9 @@ async def partition_action(
             partitions.remove_partition(session=s, name=name)
             message = f"remove partition ({name}): success."
         else:
-            _, job = partitions.reset_partition(session=s, name=name, max_attempts=settings.max_attempts)
+            _, jobs = partitions.reset_partition(session=s, name=name, max_attempts=settings.max_attempts)
             message = f"reset partition ({name}): success." + (
-                f" Job {job} goes back to the queue." if job else ""
+                f" {', '.join(jobs)} go back to the queue." if jobs else ""
             )
     bus.wake_scheduler("partition")
     sessions.flash(user, message)

@@ -252,7 +252,8 @@ def list_partitions(
         rows = fleet.list_partitions(
             session=s, tenant_id=tenant, after=decode_int_cursor(cursor), limit=limit + 1
         )
-        items = [partition_out(p) for p in rows[:limit]]
+        running = partitions.running_jobs(session=s, partition_pks=[p.pk for p in rows[:limit]])
+        items = [partition_out(p, running.get(p.pk)) for p in rows[:limit]]
     return Page[PartitionOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
     )
@@ -263,7 +264,8 @@ def get_partition(
     partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep
 ) -> PartitionOut:
     with db.read() as s:
-        return partition_out(partitions.get_partition(session=s, name=partition_id))
+        part = partitions.get_partition(session=s, name=partition_id)
+        return partition_out(part, partitions.running_jobs(session=s, partition_pks=[part.pk]).get(part.pk))
 
 
 @router.delete("/partitions/{partition_id}", response_model=PartitionOut, summary="Remove a partition")
@@ -276,14 +278,34 @@ def remove_partition(
     return out
 
 
-@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs")
+class PartitionReset(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gcds: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Split a reconfigurable partition anew into this many graph compile domains "
+        "(refused while a job runs in it).",
+    )
+
+
+@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs (and split it anew)")
 def reset_partition(
-    partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep, settings: SettingsDep
+    partition_id: Annotated[str, Path(max_length=64)],
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: PartitionReset | None = None,
 ) -> dict[str, Any]:
     with db.write() as s:
-        part, job = partitions.reset_partition(
-            session=s, name=partition_id, max_attempts=settings.max_attempts
+        part, jobs = partitions.reset_partition(
+            session=s, name=partition_id, max_attempts=settings.max_attempts, gcds=body.gcds if body else None
         )
-        out = {"partition": partition_out(part).model_dump(mode="json"), "interrupted_job": job}
+        out = {
+            "partition": partition_out(part).model_dump(mode="json"),
+            "interrupted_job": jobs[0] if jobs else None,
+            "interrupted_jobs": jobs,
+        }
     bus.wake_scheduler("partition")
     return out

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from scheduler import bus, emulation
 from scheduler.db import insert_returning_keys
+from scheduler.errors import Conflict
 from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
@@ -65,6 +66,27 @@ class PlacedPartition(Protocol):
     def machine_type(self) -> str: ...
     @property
     def ipu_ids(self) -> list[str]: ...
+    @property
+    def gcds(self) -> int: ...
+
+
+def gcd_ipus(ipu_ids: Sequence[str], gcds: int, gcd: int) -> list[str]:
+    """The IPUs of graph compile domain `gcd` of a partition split into `gcds` equal ones."""
+    size = len(ipu_ids) // gcds
+    return list(ipu_ids[gcd * size : (gcd + 1) * size])
+
+
+def free_gcds(*, session: Session, partition_pk: int, gcds: int) -> list[int]:
+    """The partition's graph compile domains no live attempt holds, lowest first."""
+    used = set(
+        session.execute(
+            select(Attempt.gcd).where(
+                Attempt.partition_pk == partition_pk,
+                Attempt.state.in_((AttemptState.PLACED, AttemptState.RUNNING)),
+            )
+        ).scalars()
+    )
+    return [g for g in range(gcds) if g not in used]
 
 
 def place(
@@ -87,7 +109,22 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
         return []
     now = utcnow()
     rows = []
+    # A partition of several graph compile domains runs one job on each: the lowest free one.
+    free = {
+        p.pk: free_gcds(session=session, partition_pk=p.pk, gcds=p.gcds)
+        for _, p, _ in placements
+        if p.gcds > 1
+    }
+    held: list[tuple[int, int, list[str]]] = []  # (gcd, IPUs it holds, their ids)
     for job, partition, _ in placements:
+        if partition.gcds > 1:
+            if not free[partition.pk]:
+                raise Conflict(f"every graph compile domain of partition {partition.name} is in use")
+            gcd = free[partition.pk].pop(0)
+            ipus = gcd_ipus(partition.ipu_ids, partition.gcds, gcd)
+        else:
+            gcd, ipus = 0, list(partition.ipu_ids)
+        held.append((gcd, len(ipus), ipus))
         job.attempts += 1
         job.updated_at = now
         rows.append(
@@ -98,7 +135,8 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "state": AttemptState.PLACED,
                 "epoch": 0,
                 "partition_pk": partition.pk,
-                "size": partition.size,
+                "gcd": gcd,
+                "size": len(ipus),
                 "machine_type": partition.machine_type,
                 "placed_at": now,
                 # The type's rate for this job, and the wait (rates.py); an `any` job takes on
@@ -128,13 +166,14 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "attempt": job.attempts,
                 "kind": "state",
                 "message": (
-                    f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
-                    f"{_ipu_range(partition.ipu_ids)})"
+                    f"placed on partition {partition.name}"
+                    + (f" graph compile domain {gcd}" if partition.gcds > 1 else "")
+                    + f" ({size} x {partition.machine_type}: {_ipu_range(ipus)})"
                 ),
-                "data": {"partition": partition.name, "ipus": partition.ipu_ids, "attempt": job.attempts},
+                "data": {"partition": partition.name, "gcd": gcd, "ipus": ipus, "attempt": job.attempts},
                 "at": now,
             }
-            for job, partition, _ in placements
+            for (job, partition, _), (gcd, size, ipus) in zip(placements, held, strict=True)
         ],
     )
     return ids
@@ -260,10 +299,9 @@ def take_many(
             )
             result.refused.append(attempt.id)
             continue
+        ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
         try:
-            plan, spec = emulation.plan_on_partition(
-                job.spec, partition.size, partition.machine_type, list(partition.ipu_ids)
-            )
+            plan, spec = emulation.plan_on_partition(job.spec, len(ipus), partition.machine_type, ipus)
         except (emulator.CompileError, emulator.WorkloadError) as exc:
             add_event(
                 session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
@@ -313,10 +351,10 @@ def take_many(
                 job_name=job.name,
                 tenant_id=job.tenant_id,
                 partition=partition.name,
-                partition_ipus=list(partition.ipu_ids),
-                partition_size=partition.size,
+                partition_ipus=gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd),
+                partition_size=attempt.size,
                 partition_gcds=partition.gcds,
-                gcd=0,
+                gcd=attempt.gcd,
                 machine_type=partition.machine_type,
                 started_at=now,
                 run=run,

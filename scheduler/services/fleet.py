@@ -517,6 +517,7 @@ class NewPartition:
     machine_type: str
     ipu_ids: list[str]
     job_id: str
+    gcds: int = 1
 
 
 def release_partition(*, session: Session, partition: Partition) -> bool:

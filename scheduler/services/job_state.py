@@ -55,9 +55,13 @@ def finalize_job(
     if events is not None:
         events.append(
             {
-                "job_id": job.id, "attempt": None, "kind": "state", "message": message[:2000], "data": data,
+                "job_id": job.id,
+                "attempt": None,
+                "kind": "state",
+                "message": message[:2000],
+                "data": data,
                 "at": now,
-            }  # fmt: skip
+            }
         )
         return
     add_event(session, job.id, "state", message, data=data, at=now)

@@ -19,6 +19,7 @@ from scheduler.errors import (
     DoesNotFit,
     DomainError,
     IdempotencyConflict,
+    InvalidRequest,
     LimitExceeded,
     NotFound,
     QuotaExceeded,
@@ -346,13 +347,31 @@ def _prepare(
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
     allowed = rates.allowed_types(plan.machine_types)
     named = spec.machine if spec.machine not in (None, "any") else None
+    gcd_size: int | None = None
     if reserved_partition is not None:
-        named = reserved_partition.machine_type
-    if named is not None:
-        if named not in allowed:
-            raise LimitExceeded(
-                f"The {plan.name} plan runs jobs on {', '.join(allowed)}, not {named}.", limit="machine_types"
+        machine = reserved_partition.machine_type
+        if named is not None and named != machine:
+            raise InvalidRequest(
+                f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
+                f"{named}.",
+                field="machine",
             )
+        # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
+        # it is planned, reserved and billed on what it holds. (An admin reserved it for this tenant,
+        # so it runs whatever machine types the plan allows elsewhere.)
+        named = machine
+        gcd_size = reserved_partition.size // reserved_partition.gcds
+        if spec.ipus != "auto" and spec.ipus > gcd_size:
+            raise LimitExceeded(
+                f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
+                f"{reserved_partition.name} holds {gcd_size} ({reserved_partition.gcds} of "
+                f"{reserved_partition.size} IPUs)."
+            )
+    elif named is not None and named not in allowed:
+        raise LimitExceeded(
+            f"The {plan.name} plan runs jobs on {', '.join(allowed)}, not {named}.", limit="machine_types"
+        )
+    if named is not None:
         candidates: tuple[str, ...] = (named,)
     else:
         candidates = tuple(kind for kind in allowed if fleet_pods.get(kind, 0) > 0) or allowed
@@ -362,16 +381,11 @@ def _prepare(
     refusals: list[tuple[str, DomainError]] = []
     for kind in candidates:
         try:
-            resolved = emulation.resolve(spec.workload, spec.ipus, kind)
+            resolved = emulation.resolve(spec.workload, spec.ipus if gcd_size is None else gcd_size, kind)
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
-        if reserved_partition is not None and resolved.ipus > reserved_partition.size:
-            raise LimitExceeded(
-                f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
-                f"{reserved_partition.size}."
-            )
-        size = reserved_partition.size if reserved_partition is not None else resolved.ipus
+        size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:
                 raise LimitExceeded(

@@ -33,6 +33,28 @@ def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
     return session.execute(stmt).first() is not None
 
 
+def _insert_new(session: Session, rows: list[dict[str, Any]]) -> set[str]:
+    """Insert the meter events whose ids do not exist yet; returns the ids inserted.
+
+    Every caller holds the row locks of the events' attempts, and only a transaction holding an
+    attempt's lock writes its events, so the ids found missing here cannot appear before this
+    insert: a plain pipelined executemany then does what `ON CONFLICT DO NOTHING RETURNING` would,
+    without the huge multi-row statements the database driver would parse anew each time. The
+    conflict clause stays as a guard.
+    """
+    if not rows:
+        return set()
+    ids = [r["id"] for r in rows]
+    existing = set(session.execute(select(MeterEvent.id).where(MeterEvent.id.in_(ids))).scalars())
+    new = [r for r in rows if r["id"] not in existing]
+    if new:
+        table = MeterEvent.__table__
+        dialect = session.get_bind().dialect.name
+        ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+        session.execute(ins.on_conflict_do_nothing(index_elements=["id"]), new)
+    return {r["id"] for r in new}
+
+
 def ipu_ms(size: int, cluster_s: float) -> int:
     return round(size * cluster_s * 1000)
 
@@ -140,9 +162,6 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             due.append((t, amount))
     if not due:
         return set()
-    table = MeterEvent.__table__
-    dialect = session.get_bind().dialect.name
-    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     now = utcnow()
     rows = [
         dict(
@@ -163,14 +182,9 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
         )
         for t, amount in due
     ]
-    # RETURNING says which rows this call wrote: a replayed tick (a retried transaction whose
-    # first commit went through) was billed when it was first written.
-    written = set(
-        session.execute(
-            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
-            rows,
-        ).scalars()
-    )
+    # A replayed tick (a retried transaction whose first commit went through) was billed when it
+    # was first written.
+    written = _insert_new(session, rows)
     by_tenant: dict[str, list[tuple[TickDue, int]]] = {}
     for t, amount in due:
         if f"att:{t.attempt.id}:tick:{t.seq}" in written:
@@ -279,20 +293,13 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
         prepared.append((item, due, amount))
     if not prepared:
         return {}
-    table = MeterEvent.__table__
-    dialect = session.get_bind().dialect.name
-    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
-    written = set(
-        session.execute(
-            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
-            [
-                _event(
-                    f"att:{i.attempt.id}:settle", i.attempt, i.job, "settle", amount,
-                    i.attempt.cluster_s, i.outcome,
-                )  # fmt: skip
-                for i, _, amount in prepared
-            ],
-        ).scalars()
+    written = _insert_new(
+        session,
+        [
+            _event(f"att:{i.attempt.id}:settle", i.attempt, i.job, "settle", amount, i.attempt.cluster_s)
+            | {"outcome": i.outcome}
+            for i, _, amount in prepared
+        ],
     )
     by_tenant: dict[str, list[tuple[Settle, int, int, tuple[int, int, int], int]]] = {}
     for item, due, amount in prepared:

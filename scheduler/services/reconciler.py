@@ -63,6 +63,8 @@ ACTIONS = (
     JOB_REQUEUED,
 )
 
+# Seconds between the reconciler's sweeps across all running work (reconcile(sweep=True)).
+SWEEP_S = 5.0
 # A partition is created in the same transaction as its first attempt, so one without a live
 # attempt is orphaned at once; the grace only keeps the sweep away from rows being written.
 ORPHAN_GRACE_S = 5.0
@@ -119,31 +121,39 @@ def reconcile(
     outbox_retry_s: float,
     limit: int = 500,
     queue_depth: Callable[[str], int | None] = lambda _queue: None,
+    sweep: bool = True,
 ) -> Repairs:
     """One reconciliation pass in the caller's (fenced) transaction.
 
     `queue_depth(queue)` says how many messages wait in a broker queue (None: unknown); the caller
     asks the broker, this module only reads the database.
+
+    Lapsed agents and untaken messages are looked at on every pass: both are indexed probes that find
+    nothing on a healthy cloud. The `sweep`s look across every running job for states only a race
+    or a bug leaves behind, which costs a scan of the running work; the loop runs them every
+    few seconds (`SWEEP_S`), not on every pass.
     """
     now = db_now(session)
     repairs = Repairs()
-    _expire_leases(session, repairs, now, leader_epoch, max_attempts, limit)
-    _end_attempts_of_ended_jobs(session, repairs, now, leader_epoch, limit)
-    _complete_cancels(session, repairs, now, leader_epoch, limit)
+    _expire_leases(session, repairs, now, leader_epoch, max_attempts, limit, sweep)
+    if sweep:
+        _end_attempts_of_ended_jobs(session, repairs, now, leader_epoch, limit)
+        _complete_cancels(session, repairs, now, leader_epoch, limit)
     _republish_outbox(session, repairs, now, leader_epoch, outbox_retry_s, limit, queue_depth)
-    _free_orphans(session, repairs, now, leader_epoch, limit)
+    if sweep:
+        _free_orphans(session, repairs, now, leader_epoch, limit)
     return repairs
 
 
 def _expire_leases(
-    session: Session, repairs: Repairs, now: datetime, epoch: int, max_attempts: int, limit: int
+    session: Session, repairs: Repairs, now: datetime, epoch: int, max_attempts: int, limit: int, sweep: bool
 ) -> None:
     ended = [
         (a, f"attempt {a.number} of {a.job_id} lost with host agent {lapse.name} (epoch {lapse.epoch})")
         for lapse in agents.lapse_expired(session=session, max_attempts=max_attempts, now=now)
         for a in lapse.ended
     ]
-    unheld = agents.unheld_running_attempts(session=session, limit=limit)
+    unheld = agents.unheld_running_attempts(session=session, limit=limit) if sweep else []
     ended += [
         (a, f"attempt {a.number} of {a.job_id} lost: no live host agent held it (last {a.worker})")
         for a in attempts.stop_running(

@@ -25,6 +25,8 @@ from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
+    Ipu,
+    IpuAssignment,
     Job,
     JobState,
     Partition,
@@ -49,6 +51,11 @@ from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
+
+
+def has_queued(*, session: Session) -> bool:
+    """Whether any job waits (one indexed probe)."""
+    return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
 
 
 def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
@@ -141,7 +148,7 @@ def build_snapshot(
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
-    busy: dict[str, str] = {}
+    busy: dict[str, list[str]] = {}
     for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority in session.execute(
         select(
             Attempt.job_id,
@@ -170,7 +177,7 @@ def build_snapshot(
             ran = max(ran, (now - taken).total_seconds() * time_scale)
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
-        busy[name] = job_id
+        busy.setdefault(name, []).append(job_id)
 
     samples: list[dict[str, Any]] = []
     tenants = _tenant_states(
@@ -184,10 +191,27 @@ def build_snapshot(
         running_jobs=running_jobs,
         committed=committed,
     )
+    unhealthy = set(
+        session.execute(
+            select(Partition.name)
+            .join(IpuAssignment, IpuAssignment.partition_pk == Partition.pk)
+            .join(Ipu, Ipu.id == IpuAssignment.ipu_id)
+            .where(Partition.kind == "reserved", Partition.released_at.is_(None), Ipu.health != "up")
+            .distinct()
+        ).scalars()
+    )
     reserved = {
-        name: ReservedPartition(name, tenant_id, size, busy.get(name))
-        for name, tenant_id, size in session.execute(
-            select(Partition.name, Partition.tenant_id, Partition.size).where(
+        name: ReservedPartition(
+            name,
+            tenant_id,
+            size,
+            (busy.get(name) or [None])[0],
+            gcds=gcds,
+            running_jobs=tuple(busy.get(name, ())),
+            healthy=name not in unhealthy,
+        )
+        for name, tenant_id, size, gcds in session.execute(
+            select(Partition.name, Partition.tenant_id, Partition.size, Partition.gcds).where(
                 Partition.kind == "reserved", Partition.released_at.is_(None)
             )
         ).tuples()
