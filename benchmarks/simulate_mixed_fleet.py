@@ -61,11 +61,12 @@ def table(figures: dict[str, dict]) -> str:
         cells = []
         for name in names:
             value = figures[name][key]
-            text = (
-                f"{value / scale:,.2f}"
-                if scale
-                else (f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
-            )
+            if scale:
+                text = f"{value / scale:,.2f}"
+            elif key == "replay_wall_s":
+                text = f"{value:,.1f}"
+            else:
+                text = f"{value:,}" if isinstance(value, int) else f"{value:.4f}"
             cells.append(text.rjust(14))
         lines.append(label.ljust(18) + "".join(cells))
     kinds = sorted({k for f in figures.values() for k in f.get("by_machine_type", {})})

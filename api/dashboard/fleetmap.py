@@ -108,7 +108,10 @@ def draw(view: Mapping[str, Any], keys: list[PartitionKey], *, selected: str | N
     held = sum(k.ipus for k in keys)
     total = sum(len(m["ipus"]) for p in pods for m in p["machines"])
     servers = sum(1 for p in pods if p.get("layout") == "server")
-    units = f"{len(pods) - servers} PODs" + (f" and {servers} servers" if servers else "")
+    count = len(pods) - servers
+    units = f"{count} POD{'' if count == 1 else 's'}" + (
+        f" and {servers} server{'' if servers == 1 else 's'}" if servers else ""
+    )
     title = f"Fleet map: {units}, {held} of {total} IPUs in partitions"
     out = [
         f'<svg class="fleet-map" viewBox="0 0 {width} {max(height, 1)}" role="group" '

@@ -195,7 +195,9 @@ def run_estimate(
     except DomainError as exc:
         return {"fits": False, "error": exc.detail}
     out["remaining_ipu_hours"] = remaining
-    out["sram_bytes_per_ipu"] = emulator.MACHINES[spec.machine or emulation.DEFAULT_MACHINE].sram_bytes
+    # The type it was estimated on: the one named, or (for `any`) the one it would finish first on.
+    kind = out.get("machine") or (spec.machine if spec.machine not in (None, "any") else None)
+    out["sram_bytes_per_ipu"] = emulator.MACHINES[kind or emulation.DEFAULT_MACHINE].sram_bytes
     return out
 
 
