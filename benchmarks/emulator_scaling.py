@@ -110,7 +110,7 @@ def main() -> None:
         machine = MACHINES[kind]  # type: ignore[index]
         chart = loglog_chart(
             series,
-            title=f"Throughput vs partition size, {machine.product} ({machine.chip})",
+            title=f"Throughput vs IPUs, {kind} ({machine.product}, {machine.chip.split(' (')[0]})",
             x_label="IPUs in the partition",
             y_label="samples per second (log)",
         )

@@ -590,6 +590,7 @@ def usage_page(request: Request, db: DbDep, user: AdminUser) -> Response:
             "chart": markup(chart),
             "by_workload": whole["by_workload"],
             "by_partition_size": whole["by_partition_size"],
+            "by_machine_type": whole["by_machine_type"],
             "by_job": whole["by_job"],
             "names": names,
             "total_used": sum(t.used_ipu_hours for t in tenants),

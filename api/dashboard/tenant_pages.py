@@ -121,6 +121,7 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
             "queued": queued,
             "recent": recent,
             "by_workload": groups["by_workload"],
+            "by_machine_type": groups["by_machine_type"],
         },
         user=user,
     )
