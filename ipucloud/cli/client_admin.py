@@ -25,6 +25,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.sdk import Fleet, Tenant
+from vipu.machine_types import MACHINES, SERVER_MODELS
 
 app = typer.Typer(help="Cloud administration (admin key).", epilog=EXIT_CODES_HELP, no_args_is_help=True)
 tenants_app = typer.Typer(help="Tenants: create, list, show, update.", no_args_is_help=True)
@@ -39,6 +40,7 @@ racks_app = typer.Typer(
     no_args_is_help=True,
 )
 servers_app = typer.Typer(help="IPU servers (C2 cards): add, retire.", no_args_is_help=True)
+POD_TYPES = [t.value for t, m in MACHINES.items() if any(n != "server" for n in m.layouts)]
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(plans_app, name="plans")
 app.add_typer(trials_app, name="trials")
@@ -439,7 +441,7 @@ def racks_list(url: UrlOpt = None, key: KeyOpt = None, as_json: JsonOpt = False)
 
 @racks_app.command("add")
 def racks_add(
-    machine_type: Annotated[str, typer.Argument(help="Machine type of its PODs: m2000 or bow.")],
+    machine_type: Annotated[str, typer.Argument(help=f"Machine type of its PODs: {', '.join(POD_TYPES)}.")],
     layout: Annotated[str, typer.Option(help="pod64 (16 machines) or pod16 (4 machines).")] = "pod64",
     pods: Annotated[int, typer.Option(help="PODs in the rack: 1 or 2 POD64s, 1 POD16.", min=1, max=2)] = 1,
     url: UrlOpt = None,
@@ -502,7 +504,7 @@ def racks_retire(
 
 @servers_app.command("add")
 def servers_add(
-    model: Annotated[str, typer.Argument(help="Server model: dss8440 or nf5568m5 (8 C2 cards, 16 IPUs).")],
+    model: Annotated[str, typer.Argument(help=f"Server model: {', '.join(SERVER_MODELS)}.")],
     count: Annotated[int, typer.Option(help="How many.", min=1, max=64)] = 1,
     url: UrlOpt = None,
     key: KeyOpt = None,

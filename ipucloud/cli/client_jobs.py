@@ -28,6 +28,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.sdk import Client, Job, StreamEvent
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 app = typer.Typer(
     help="Submit, list, inspect, follow and cancel jobs.", epilog=EXIT_CODES_HELP, no_args_is_help=True
@@ -137,7 +138,9 @@ def submit(
     ipus: Annotated[str | None, typer.Option(help="Partition size (a power of two) or `auto`.")] = None,
     machine: Annotated[
         str | None,
-        typer.Option(help="m2000, bow, c2, or any (default): where it is predicted to finish first."),
+        typer.Option(
+            help=f"{', '.join(MACHINE_TYPE_NAMES)}, or any (default): where it is predicted to finish first."
+        ),
     ] = None,
     prefer: Annotated[
         str | None, typer.Option(help="With machine any: time (default) or cost (the least grant spent).")

@@ -240,7 +240,9 @@ def bootstrap(
     pods: Annotated[
         int, typer.Option(help="Make sure the fleet has at least this many POD64s.", min=0, max=1024)
     ] = 0,
-    machine: Annotated[str, typer.Option(help="Machine type of added POD64s: m2000 or bow.")] = "m2000",
+    machine: Annotated[
+        str, typer.Option(help="Machine type of added POD64s (see --fleet for others).")
+    ] = "m2000",
     fleet: Annotated[
         str | None,
         typer.Option(help="Make sure the fleet has at least these units, e.g. 4xm2000,2xbow,8xdss8440."),

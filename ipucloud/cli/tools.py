@@ -10,8 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vipu.machine_types import MACHINE_TYPE_NAMES, get_machine
+
 out = Console()
 err = Console(stderr=True)
+# Option help from the machine-type registry (vipu/machine_types.py), so a new type needs no edit here.
+TYPES = ", ".join(MACHINE_TYPE_NAMES)
+POD_TYPES = ", ".join(t for t in MACHINE_TYPE_NAMES if "pod64" in get_machine(t).layouts)
 
 
 def estimate(
@@ -19,7 +24,7 @@ def estimate(
     ipus: Annotated[str, typer.Option(help="Partition size (a power of two) or `auto`.")] = "auto",
     machine: Annotated[
         str,
-        typer.Option(help="m2000, bow or c2; `any` estimates every type and shows the fastest."),
+        typer.Option(help=f"{TYPES}; `any` estimates every type and shows the fastest."),
     ] = "m2000",
     task: Annotated[str, typer.Option(help="train or infer.")] = "train",
     batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
@@ -35,7 +40,6 @@ def estimate(
     from scheduler.errors import DomainError
     from scheduler.jobspec import WorkloadRequest
     from scheduler.services.estimates import estimate as run_estimate
-    from vipu.machine_types import MACHINE_TYPE_NAMES, get_machine
 
     if machine not in (*MACHINE_TYPE_NAMES, "any"):
         err.print(f"[red]--machine must be one of {', '.join(MACHINE_TYPE_NAMES)} or any[/]")
@@ -97,7 +101,7 @@ def estimate(
 def simulate(
     trace: Annotated[Path, typer.Option(help="Trace CSV (Philly's columns unless mapped below).")],
     pods: Annotated[int, typer.Option(min=1, max=1024, help="POD64s in the simulated fleet.")] = 8,
-    machine: Annotated[str, typer.Option(help="m2000 or bow.")] = "m2000",
+    machine: Annotated[str, typer.Option(help=f"Machine type of the POD64s: {POD_TYPES}.")] = "m2000",
     fleet: Annotated[
         str | None,
         typer.Option(
@@ -161,8 +165,11 @@ def simulate(
     if estimates not in ESTIMATE_MODELS:
         err.print(f"[red]--estimates must be one of {', '.join(ESTIMATE_MODELS)}[/]")
         raise typer.Exit(2)
-    if machine not in ("m2000", "bow"):
-        err.print("[red]--machine must be m2000 or bow[/]")
+    pod_types = [t for t in MACHINE_TYPE_NAMES if "pod64" in get_machine(t).layouts]
+    if machine not in pod_types:
+        err.print(
+            f"[red]--machine must be one of {', '.join(pod_types)} (POD64s); use --fleet for servers[/]"
+        )
         raise typer.Exit(2)
     if fleet is not None:
         from vipu.topology import parse_fleet_description
