@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from scheduler import bus
+from scheduler import bus, emulation
 from scheduler.db import Database, get_database
 from scheduler.models import AttemptState
 from scheduler.services import attempts, executables
@@ -239,14 +239,14 @@ def _execute(ctx: RunContext, taken: TakenAttempt) -> str:
     ctx.pending.append(
         LogLine("log", f"attached to partition {partition_id} (GCD {gcd}) via {conf}", {"env": env})
     )
-    workload = taken.spec["workload"]
     try:
-        spec = emulator.WorkloadSpec(**workload)
         # Timed on the partition it really got: how many POD64s it spans and whether GW-Links join them.
-        plan = emulator.plan(
-            spec,
-            taken.partition_size,
-            taken.machine_type,
+        # A tenant's own model is read from the database (once per process) by the id the spec carries.
+        plan, spec = emulation.plan_job(
+            db=ctx.db,
+            workload=taken.spec["workload"],
+            ipus=taken.partition_size,
+            machine=taken.machine_type,
             pods=len(pods_of(taken.partition_ipus)),
             gw_links=spans_gw_links(taken.partition_ipus),
         )

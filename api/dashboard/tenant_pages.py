@@ -189,6 +189,7 @@ def run_estimate(
                 ipus=spec.ipus,
                 machine=spec.machine,
                 policy=settings.placement_policy,
+                tenant_id=str(user.tenant_id),
             )
             t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))

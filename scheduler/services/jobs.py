@@ -38,8 +38,9 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet
+from scheduler.services import attempts, fleet, own_models
 from scheduler.services.job_state import add_event, finalize_job
+from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 class IdempotencyRace(Exception):
@@ -343,7 +344,9 @@ def _prepare(
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
     machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
 
-    resolved = emulation.resolve(spec.workload, spec.ipus, machine)
+    # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
+    source = own_models.resolve_source(session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True)
+    resolved = emulation.resolve(spec.workload, spec.ipus, machine, source)
     if reserved_partition is not None and resolved.ipus > reserved_partition.size:
         raise LimitExceeded(
             f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
@@ -365,8 +368,8 @@ def _prepare(
         id=new_id("job"),
         tenant_id=r.tenant_id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        model=spec.workload.model,
+        spec=_stored_spec(spec, source),
+        model=source.model_id if source is not None else spec.workload.model,
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
@@ -389,6 +392,14 @@ def _prepare(
         attempts=0,
         cancel_requested=False,
     )
+
+
+def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
+    """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
+    stored = spec.model_dump(mode="json")
+    if source is not None:
+        stored["workload"]["model"] = source.model_id
+    return stored
 
 
 def _judge(

@@ -61,10 +61,17 @@ class OnnxWorkload:
     precisions: tuple[Precision, ...] = ("fp16", "fp32")
 
     def __init__(
-        self, graph: OnnxGraph, label: str, *, scope: str = "", default_dims: Mapping[str, int] | None = None
+        self,
+        graph: OnnxGraph,
+        label: str,
+        *,
+        scope: str = "",
+        default_dims: Mapping[str, int] | None = None,
+        model_id: str = "",
     ) -> None:
         self.onnx_graph = graph
         self.label = label
+        self.model_id = model_id or label
         self.scope = scope
         self.default_dims: Dims = tuple(sorted((default_dims or {}).items()))
         self.tasks = ("train", "infer") if graph.parameters > 0 else ("infer",)
