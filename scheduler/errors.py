@@ -124,9 +124,10 @@ class InvalidModel(DomainError):
     slug = _register(
         "invalid-model",
         "The model cannot be planned",
-        "The uploaded file is not an ONNX graph the emulator can plan; `reason` says which problem (not-onnx, "
-        "corrupt, cycle, dangling-input, unknown-operators, unsupported-operators, shape-inference, "
-        "unknown-shape, too-large) and `names` lists the operators, nodes, tensors or dimensions concerned.",
+        "The uploaded file is not an ONNX graph the emulator can plan; `reason` says which problem "
+        "(not-onnx, corrupt, cycle, dangling-input, unknown-operators, unsupported-operators, "
+        "shape-inference, unknown-shape, too-large) and `names` lists the operators, nodes, tensors or "
+        "dimensions concerned.",
     )
 
 

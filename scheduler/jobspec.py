@@ -36,7 +36,8 @@ class WorkloadRequest(BaseModel):
         "sequence ones); the model's defaults fill in the rest.",
     )
     optimizer: Literal["sgd", "sgd-momentum", "adam", "lamb", "rmsprop"] | None = Field(
-        None, description="Own models only: how it trains (default adam); catalogue models use their recipe's."
+        None,
+        description="Own models only: how it trains (default adam); catalogue models use their recipe's.",
     )
 
     @model_validator(mode="after")

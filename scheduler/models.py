@@ -113,7 +113,9 @@ class Plan(Base):
     fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
     # A tenant's own ONNX graphs: how many it may keep, and their bytes (weights stripped) together.
     max_models: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
-    max_model_bytes: Mapped[int] = mapped_column(BigInteger, default=256 * 2**20, server_default=str(256 * 2**20))
+    max_model_bytes: Mapped[int] = mapped_column(
+        BigInteger, default=256 * 2**20, server_default=str(256 * 2**20)
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

@@ -345,7 +345,9 @@ def _prepare(
     machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
 
     # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
-    source = own_models.resolve_source(session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True)
+    source = own_models.resolve_source(
+        session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
+    )
     resolved = emulation.resolve(spec.workload, spec.ipus, machine, source)
     if reserved_partition is not None and resolved.ipus > reserved_partition.size:
         raise LimitExceeded(

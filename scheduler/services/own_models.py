@@ -74,7 +74,9 @@ def parse_dims(raw: str | Mapping[str, Any] | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, size in value.items():
         if not 1 <= len(name) <= 100 or isinstance(size, bool) or not isinstance(size, int):
-            raise InvalidRequest(f"dims: {name!r} must name a dimension and give an integer size.", field="dims")
+            raise InvalidRequest(
+                f"dims: {name!r} must name a dimension and give an integer size.", field="dims"
+            )
         if not 1 <= size <= 1_048_576:
             raise InvalidRequest(f"dims: {name} must be from 1 to 1,048,576, got {size}.", field="dims")
         out[name] = size
@@ -199,16 +201,18 @@ def create_model(*, session: Session, tenant_id: str, name: str, analysed: Analy
         )
     if used + size > row.max_model_bytes:
         raise LimitExceeded(
-            f"Your plan keeps {row.max_model_bytes:,} bytes of model graphs; yours take {used:,} and this one "
-            f"{size:,}. Remove a model first.",
+            f"Your plan keeps {row.max_model_bytes:,} bytes of model graphs; yours take {used:,} and this "
+            f"one {size:,}. Remove a model first.",
             limit="max_model_bytes",
         )
     existing = session.execute(
         select(OwnModel.id).where(OwnModel.tenant_id == tenant_id, OwnModel.name == name)
     ).scalar_one_or_none()
     if existing is not None:
-        raise Conflict(f"You already have a model named {name!r} ({existing}); remove it or choose another name.",
-                       model=existing)
+        raise Conflict(
+            f"You already have a model named {name!r} ({existing}); remove it or choose another name.",
+            model=existing,
+        )
     model = OwnModel(
         id=new_id(ID_PREFIX),
         tenant_id=tenant_id,
@@ -273,8 +277,8 @@ def delete_model(*, session: Session, tenant_id: str, ref: str) -> OwnModel:
     )
     if live:
         raise Conflict(
-            f"Model {model.name} is used by queued or running jobs ({', '.join(live)}); cancel them or let them "
-            "finish first.",
+            f"Model {model.name} is used by queued or running jobs ({', '.join(live)}); cancel them or let "
+            "them finish first.",
             jobs=live,
         )
     session.delete(model)
@@ -327,10 +331,19 @@ def _source(session: Session, row: Any) -> OnnxWorkload:
     return source
 
 
-_COLUMNS = (OwnModel.id, OwnModel.tenant_id, OwnModel.name, OwnModel.sha256, OwnModel.dims, OwnModel.elementwise)
+_COLUMNS = (
+    OwnModel.id,
+    OwnModel.tenant_id,
+    OwnModel.name,
+    OwnModel.sha256,
+    OwnModel.dims,
+    OwnModel.elementwise,
+)
 
 
-def resolve_source(*, session: Session, tenant_id: str, model: str, lock: bool = False) -> OnnxWorkload | None:
+def resolve_source(
+    *, session: Session, tenant_id: str, model: str, lock: bool = False
+) -> OnnxWorkload | None:
     """The tenant's own graph a job's ``workload.model`` names (by id or name); None for a catalogue name.
 
     ``lock`` takes a share lock on the model's row for the rest of the transaction (admission), so the
@@ -339,7 +352,11 @@ def resolve_source(*, session: Session, tenant_id: str, model: str, lock: bool =
     if model in WORKLOAD_NAMES:
         return None
     stmt = select(*_COLUMNS).where(OwnModel.tenant_id == tenant_id)
-    stmt = stmt.where(OwnModel.id == model) if is_valid_id(model, ID_PREFIX) else stmt.where(OwnModel.name == model)
+    stmt = (
+        stmt.where(OwnModel.id == model)
+        if is_valid_id(model, ID_PREFIX)
+        else stmt.where(OwnModel.name == model)
+    )
     if lock:
         stmt = stmt.with_for_update(read=True)
     row = session.execute(stmt).first()

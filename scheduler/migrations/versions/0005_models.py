@@ -29,9 +29,9 @@ def upgrade() -> None:
         ("internal", 10_000, 65_536 * _MIB),
     ):
         op.execute(
-            sa.text("UPDATE plans SET max_models = :count, max_model_bytes = :size WHERE name = :name").bindparams(
-                count=count, size=size, name=name
-            )
+            sa.text(
+                "UPDATE plans SET max_models = :count, max_model_bytes = :size WHERE name = :name"
+            ).bindparams(count=count, size=size, name=name)
         )
     op.create_table(
         "models",
