@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
-from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant
+from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant, utcnow
+from scheduler.services import attempts
 
 
 def hours(ipu_ms: int) -> float:
@@ -39,7 +40,7 @@ def job_out(
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        progress=Progress(**attempt.progress) if attempt is not None and attempt.progress else None,
+        progress=_progress(attempt),
         used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
         history=None
         if history is None
@@ -48,6 +49,11 @@ def job_out(
             for e in history
         ],
     )
+
+
+def _progress(attempt: Attempt | None) -> Progress | None:
+    progress = None if attempt is None else attempts.progress_of(attempt, utcnow())
+    return Progress(**progress) if progress else None
 
 
 def tenant_out(t: Tenant) -> TenantOut:

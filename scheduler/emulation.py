@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from scheduler.db import Database
+from sqlalchemy.orm import Session
+
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import own_models
 from vipu import emulator
 from vipu.emulator.catalogue import WORKLOAD_NAMES
 from vipu.emulator.spec import GraphSource
+from vipu.topology import pods_of
 
 # Admission predicts on the slower machine when the job may land on either, so that the quota
 # reserved covers the run wherever it is placed.
@@ -73,30 +75,49 @@ def _resolve_cached(req_json: str, ipus: str, machine: str | None, source: Graph
     return Resolved(ipus=size, machine=m, predicted_runtime_s=emulator.predicted_runtime_s(spec, size, m))
 
 
-def plan_job(
-    *,
-    db: Database,
-    workload: Mapping[str, Any],
-    ipus: int,
-    machine: str,
-    pods: int | None = None,
-    gw_links: bool | None = None,
-) -> tuple[emulator.Plan, emulator.WorkloadSpec]:
-    """The plan of a job's stored ``workload`` on its partition: what a worker runs.
-
-    The workload names a catalogue model or (by id, as admission stored it) a tenant's own graph, which
-    is read from the database on first use and cached, so a host agent plans an uploaded model exactly as
-    the API admitted it, on any host. Raises ``emulator.CompileError`` (does not fit that partition) or
-    ``emulator.WorkloadError`` (bad spec, or a model that no longer exists).
-    """
+def stored_workload_spec(workload: Mapping[str, Any], *, session: Session | None) -> emulator.WorkloadSpec:
+    """The emulator's spec of a job's stored ``workload``: a catalogue model, or an own model by id."""
     model = workload.get("model")
     source = None
     if isinstance(model, str) and model not in WORKLOAD_NAMES:
         source = own_models.cached_source(model)
-        if source is None:
-            with db.read() as s:
-                source = own_models.source_by_id(session=s, model_id=model)
+        if source is None and session is not None:
+            source = own_models.source_by_id(session=session, model_id=model)
         if source is None:
             raise emulator.WorkloadError("model", f"model {model} no longer exists")
-    spec = emulator.WorkloadSpec.from_dict(workload, source=source)
-    return emulator.plan(spec, ipus, machine, pods=pods, gw_links=gw_links), spec
+    return emulator.WorkloadSpec.from_dict(workload, source=source)
+
+
+def plan_on_partition(
+    spec: dict[str, object],
+    size: int,
+    machine_type: str,
+    ipu_ids: list[str],
+    *,
+    session: Session | None = None,
+) -> tuple[emulator.Plan, emulator.WorkloadSpec]:
+    """How a job's workload runs on the partition it really got: timed on the POD64s it spans and
+    whether GW-Links join them. What a host agent asks when it takes an attempt; raises the
+    emulator's CompileError or WorkloadError when it cannot run there.
+
+    A tenant's own model is read through ``session`` the first time (the job's spec carries its id, as
+    admission stored it) and cached: any host plans it as the API admitted it."""
+    workload = stored_workload_spec(spec["workload"], session=session)  # type: ignore[arg-type]
+    pods = pods_of(ipu_ids)
+    return emulator.plan(workload, size, machine_type, pods=len(pods), gw_links=len(pods) > 1), workload
+
+
+_RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
+_RUNS_MAX = 1024
+
+
+def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool) -> emulator.EmulatedRun:
+    """The run's timeline and events; immutable, so one object serves every attempt of the same
+    configuration (a host agent may drive thousands of them)."""
+    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}", cached)
+    run = _RUNS.get(key)
+    if run is None:
+        if len(_RUNS) >= _RUNS_MAX:
+            _RUNS.clear()
+        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
+    return run

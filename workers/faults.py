@@ -1,10 +1,10 @@
 """Fault injection for the fault suite: a testing facility, never a feature.
 
-`IPUCLOUD_FAULT_CRASH_JOBS=<pattern>` makes a worker process die (`os._exit`, no cleanup, exactly
-like a segfault or the OOM killer) while it runs an attempt of a job whose name matches the
-shell-style pattern, after the attempt's first heartbeat (so the crash happens mid-job, with
-time already metered that the platform must refund). It exists so that "a job that crashes its
-worker every time" can be tested honestly, through the real worker, broker and reconciler.
+`IPUCLOUD_FAULT_CRASH_JOBS=<pattern>` makes a host agent's process die (`os._exit`, no cleanup,
+exactly like a segfault or the OOM killer) while it runs an attempt of a job whose name matches the
+shell-style pattern, once the attempt's first meter tick is written (so the crash happens mid-job,
+with time already metered that the platform must refund). It exists so that "a job that crashes its
+host every time" can be tested honestly, through the real agent, broker and reconciler.
 
 Tenants cannot reach it: it is read only from the worker's own environment, which only whoever
 runs the worker sets; nothing a job or an API request carries can set or change it. A worker
@@ -51,13 +51,15 @@ def warn_if_enabled() -> None:
         )
 
 
-def crash_if_injected(job_name: str, attempt_id: int) -> None:
-    """Die now, without cleanup, if this job is one the fault setting names."""
+def crash_armed(job_name: str) -> bool:
+    """Whether an attempt of this job will crash its agent (only ever when the setting names it)."""
     pattern = fault_settings().crash_jobs
-    if pattern and fnmatch.fnmatchcase(job_name, pattern):
-        log.critical(
-            "fault injection: crashing this worker process on attempt %d of %r", attempt_id, job_name
-        )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(CRASH_EXIT_CODE)
+    return bool(pattern) and fnmatch.fnmatchcase(job_name, pattern)
+
+
+def crash(attempt_id: int) -> None:
+    """Die now, without cleanup."""
+    log.critical("fault injection: crashing this agent's process on attempt %d", attempt_id)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(CRASH_EXIT_CODE)

@@ -18,7 +18,7 @@ from api.views import hours, partition_out, tenant_out
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
-from scheduler.services import fleet, partitions, trials
+from scheduler.services import fleet, machines, partitions, trials
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
@@ -111,12 +111,19 @@ async def machine_action(
     action: Annotated[str, Path(pattern="^(drain|fail|restore)$")],
     db: DbDep,
     user: AdminUser,
+    settings: SettingsDep,
 ) -> Response:
     form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     reason = form.get("reason", "").strip()[:500] or None
     with db.write() as s:
-        m = fleet.set_machine_health(session=s, machine=machine_id, health=HEALTH[action], reason=reason)
+        m, _ = machines.set_health(
+            session=s,
+            machine=machine_id,
+            health=HEALTH[action],
+            reason=reason,
+            max_attempts=settings.max_attempts,
+        )
         health = m.health
     bus.wake_scheduler("machine")
     sessions.flash(user, f"{machine_id} is now {health}.")

@@ -11,7 +11,7 @@ from api.deps import Admin, DbDep, SettingsDep
 from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, decode_int_cursor, encode_cursor
 from api.views import partition_out
 from scheduler import bus
-from scheduler.services import fleet, partitions
+from scheduler.services import fleet, machines, partitions
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 
@@ -45,10 +45,16 @@ class HealthChange(BaseModel):
     reason: Annotated[str, StringConstraints(max_length=500)] | None = None
 
 
-def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None) -> dict[str, Any]:
+def _set_health(
+    db: DbDep, settings: SettingsDep, machine: str, health: str, body: HealthChange | None
+) -> dict[str, Any]:
     with db.write() as s:
-        m = fleet.set_machine_health(
-            session=s, machine=machine, health=health, reason=body.reason if body else None
+        m, _ = machines.set_health(
+            session=s,
+            machine=machine,
+            health=health,
+            reason=body.reason if body else None,
+            max_attempts=settings.max_attempts,
         )
         out = {
             "id": m.id,
@@ -64,23 +70,35 @@ def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None)
 
 @router.post("/machines/{machine_id}/drain", summary="Drain: finish what runs, take nothing new")
 def drain_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "draining", body)
+    return _set_health(db, settings, machine_id, "draining", body)
 
 
 @router.post("/machines/{machine_id}/fail", summary="Mark failed: never allocated until restored")
 def fail_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "failed", body)
+    return _set_health(db, settings, machine_id, "failed", body)
 
 
 @router.post("/machines/{machine_id}/restore", summary="Restore: allocatable again")
 def restore_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "up", body)
+    return _set_health(db, settings, machine_id, "up", body)
 
 
 # Partitions -----------------------------------------------------------------------------------------------

@@ -14,6 +14,13 @@ def is_cached(*, session: Session, key: str) -> bool:
     return session.execute(select(Executable.key).where(Executable.key == key)).first() is not None
 
 
+def cached_keys(*, session: Session, keys: set[str]) -> set[str]:
+    """Which of these executables are in the cache, in one query."""
+    if not keys:
+        return set()
+    return set(session.execute(select(Executable.key).where(Executable.key.in_(sorted(keys)))).scalars())
+
+
 def record(*, session: Session, key: str, machine_type: str, compile_s: float) -> None:
     dialect = session.get_bind().dialect.name
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Executable)

@@ -39,7 +39,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import attempts, fleet, own_models
-from scheduler.services.job_state import add_event, finalize_job
+from scheduler.services.job_state import finalize_job
 from vipu.emulator.onnxgraph import OnnxWorkload
 
 
@@ -511,8 +511,13 @@ def attempt_partition(*, session: Session, attempt: Attempt | None) -> Partition
 
 
 def request_cancel(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
-    """Cancel: a queued job ends now; a placed or running one is stopped by the scheduler/worker."""
-    job = get_job(session=session, job_id=job_id, tenant_id=tenant_id)
+    """Cancel: a queued job ends now, and so does a placed or running one: the control plane ends its
+    attempt itself (billed up to now) and the host agent driving it is told to stop over the bus
+    (`stopped_agents`), or finds out at its next look."""
+    get_job(session=session, job_id=job_id, tenant_id=tenant_id)  # 404 before any lock
+    job = session.execute(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).scalar_one()
     if job.state in FINAL_JOB_STATES:
         raise Conflict(f"Job {job_id} already ended ({job.state}).", state=job.state)
     if job.cancel_requested:
@@ -520,16 +525,19 @@ def request_cancel(*, session: Session, job_id: str, tenant_id: str | None) -> J
     job.cancel_requested = True
     job.updated_at = utcnow()
     attempt = current_attempt(session=session, job=job)
-    if (
-        attempt is not None
-        and attempt.state == AttemptState.PLACED
-        and attempts.cancel_placed(session=session, attempt=attempt, job=job)
-    ):
-        return job
-    if job.state == JobState.QUEUED and (attempt is None or attempt.state not in LIVE_ATTEMPT_STATES):
+    if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES:
+        reason = (
+            "cancelled by user" if attempt.state == AttemptState.RUNNING
+            else "cancelled by user before it started"
+        )
+        attempts.stop_running(
+            session=session,
+            attempt_ids=[attempt.id],
+            outcome=AttemptState.CANCELLED,
+            reason=reason,
+            max_attempts=1,
+        )
+    if job.state not in FINAL_JOB_STATES:
         finalize_job(session=session, job=job, state=JobState.CANCELLED, reason="cancelled by user")
-    else:
-        # A worker holds it: the next heartbeat tells the worker to stop.
-        add_event(session, job.id, "state", "cancel requested", data={"cancel_requested": True})
     session.flush()
     return job
