@@ -26,12 +26,13 @@ MULTIPART_ALLOWANCE = 64 * 1024
 class BodyLimit:
     """Refuse bodies over the limit before reading them (Content-Length) or while reading them.
 
-    ``overrides`` gives routes (method, path) a limit of their own: a model upload may be gigabytes, and
-    its route streams it to disk and enforces its own limit on the file part.
+    ``overrides`` gives routes (method, path) a limit of their own and what to say when it is passed: a
+    model upload may be gigabytes, and its route streams it to disk and enforces its own limit on the
+    file part.
     """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, overrides: Mapping[tuple[str, str], int] | None = None
+        self, app: ASGIApp, max_bytes: int, overrides: Mapping[tuple[str, str], tuple[int, str]] | None = None
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -41,7 +42,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.overrides.get((scope.get("method", ""), scope.get("path", "")), self.max_bytes)
+        limit, detail = self.overrides.get(
+            (scope.get("method", ""), scope.get("path", "")),
+            (self.max_bytes, f"The request body is larger than {self.max_bytes} bytes."),
+        )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -49,7 +53,7 @@ class BodyLimit:
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._refuse(scope, receive, send, limit)
+                    await self._refuse(scope, receive, send, detail)
                     return
         seen = 0
 
@@ -65,12 +69,10 @@ class BodyLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await self._refuse(scope, receive, send, limit)
+            await self._refuse(scope, receive, send, detail)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        resp = problems.problem(
-            413, f"The request body is larger than {limit} bytes.", slug="payload-too-large"
-        )
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, detail: str) -> None:
+        resp = problems.problem(413, detail, slug="payload-too-large")
         await resp(scope, receive, send)
 
 
@@ -127,7 +129,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(Observe)
     # The multipart envelope around a model file adds its boundaries and headers: a little more room.
-    upload_limit = settings.model_upload_max_bytes + MULTIPART_ALLOWANCE
+    upload_limit = (
+        settings.model_upload_max_bytes + MULTIPART_ALLOWANCE,
+        f"The model file is larger than {settings.model_upload_max_bytes:,} bytes. Strip its weights first: "
+        "`ipucloud models push` and the SDK send only the graph.",
+    )
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

@@ -112,17 +112,13 @@ def check_name(name: str) -> str:
 
 
 def name_from_filename(filename: str | None) -> str | None:
-    """A model name from an uploaded file's name (``bert.onnx`` -> ``bert``), if it makes a valid one."""
+    """A model name from an uploaded file's name (``bert.onnx`` -> ``bert``); ``check_name`` judges it."""
     if not filename:
         return None
     stem = Path(filename.replace("\\", "/")).name
     stem = stem[:-5] if stem.lower().endswith(".onnx") else stem
     candidate = re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-._")[:64]
-    if not candidate or not NAME.match(candidate) or candidate in WORKLOAD_NAMES:
-        return None
-    if candidate.startswith(f"{ID_PREFIX}_"):
-        return None
-    return candidate
+    return candidate or None
 
 
 def _invalid(exc: GraphError) -> InvalidModel:

@@ -176,7 +176,7 @@ class _Walker:
     def walk(self, start: int, end: int, kind: int) -> bytes:
         if kind != _TENSOR and end - start <= _IN_MEMORY and self.source.buf is None:
             # Small sub-message: one read, then walk it in memory.
-            inner = _Walker(_Source(None, self.source.read(start, end - start), end - start), None)
+            inner = _Walker(_Source(None, self.source.read(start, end - start), end - start), self.max_output)
             inner.counts = self.counts
             return inner.walk(0, end - start, kind)
         fields = self._fields(start, end)
