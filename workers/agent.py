@@ -168,6 +168,7 @@ class Agent:
         self._lease_deadline = 0.0
         self._retry_delay = 0.0
         self._crash_armed: set[int] = set()
+        self._crash_now: set[int] = set()
 
     # Life ---------------------------------------------------------------------------------------------
 
@@ -366,9 +367,10 @@ class Agent:
         for request in batch:
             request.outcome = outcome.get(request.attempt_id, "not-taken")
             request.done.set()
-        if result.refused:
-            log.info("agent %s: attempts %s are not its to run (duplicate, stale or unwanted)",
-                     self.name, result.refused)  # fmt: skip
+        epochs = {r.attempt_id: r.epoch for r in batch}
+        for attempt_id in result.refused:
+            log.info("attempt %d (epoch %d) is not ours to run: a duplicate, stale or unwanted delivery",
+                     attempt_id, epochs.get(attempt_id, -1))  # fmt: skip
         hints = [(bus.job_channel(a.job_id), "running") for a in result.taken]
         if result.failed:
             hints.append((bus.WAKE_CHANNEL, "finish"))
@@ -408,7 +410,16 @@ class Agent:
             r = self.running.get(attempt_id)
             if r is None or r.version != version:
                 continue
-            self._advance(r, now)
+            try:
+                if attempt_id in self._crash_now:
+                    faults.crash(attempt_id)
+                self._advance(r, now)
+            except Exception as exc:
+                # A run that fails in the agent's own code is the platform's fault, and only its
+                # own: it goes back unbilled (the retry limit stops a job that fails every time),
+                # and every other attempt of the loop carries on.
+                log.exception("agent %s: attempt %d crashed", self.name, attempt_id)
+                self._end(r, AttemptState.LOST, r.last_t, f"its run crashed in its host agent: {exc}")
 
     def _cluster_t(self, r: _Running, now: float) -> float:
         t = (now - r.t0) * self.settings.time_scale
@@ -452,6 +463,8 @@ class Agent:
     def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
         progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
         self.running.pop(r.taken.attempt_id, None)
+        self._crash_armed.discard(r.taken.attempt_id)
+        self._crash_now.discard(r.taken.attempt_id)
         r.version += 1
         self._finishes.append(Finish(r.taken.attempt_id, outcome, t, reason, progress))
         if self._first_finish_at is None:
@@ -464,6 +477,7 @@ class Agent:
             log.info("agent %s: attempt %d was ended by the control plane; stopped driving it",
                      self.name, attempt_id)  # fmt: skip
         self._crash_armed.discard(attempt_id)
+        self._crash_now.discard(attempt_id)
 
     # Ticks -------------------------------------------------------------------------------------------------
 
@@ -531,7 +545,9 @@ class Agent:
         self.hints.send(hints)
         for bill in bills:
             if bill.attempt_id in self._crash_armed and bill.attempt_id not in result.gone:
-                faults.crash(bill.attempt_id)
+                # Its first meter tick is written: it crashes mid-run, with time billed to refund.
+                self._crash_armed.discard(bill.attempt_id)
+                self._crash_now.add(bill.attempt_id)
 
     def _fence(self, why: str) -> None:
         """The lease is gone: drop everything without writing, and register anew."""
@@ -546,6 +562,7 @@ class Agent:
         self._logs, self._bills, self._finishes, self._compiled = [], [], [], []
         self._first_finish_at = None
         self._crash_armed.clear()
+        self._crash_now.clear()
         self.lease = None
         self._registered.clear()
 

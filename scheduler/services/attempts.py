@@ -278,6 +278,7 @@ def take_many(
             continue
         planned.append((attempt, job, partition, plan, spec))
     cached = executables.cached_keys(session=session, keys={p.executable_key for _, _, _, p, _ in planned})
+    started_events: list[dict[str, Any]] = []
     for attempt, job, partition, plan, spec in planned:
         run = emulation.emulated_run(plan, spec, cached=plan.executable_key in cached)
         end_s = run.total_s if job.max_runtime_s is None else min(run.total_s, float(job.max_runtime_s))
@@ -290,10 +291,16 @@ def take_many(
         job.state = JobState.RUNNING
         job.started_at = job.started_at or now
         job.updated_at = now
-        add_event(
-            session, job.id, "state", f"running (attempt {attempt.number})", attempt=attempt.number,
-            data={"state": "running"}, at=now,
-        )  # fmt: skip
+        started_events.append(
+            {
+                "job_id": job.id,
+                "attempt": attempt.number,
+                "kind": "state",
+                "message": f"running (attempt {attempt.number})",
+                "data": {"state": "running"},
+                "at": now,
+            }
+        )
         result.taken.append(
             TakenAttempt(
                 attempt_id=attempt.id,
@@ -314,6 +321,8 @@ def take_many(
                 max_runtime_s=job.max_runtime_s,
             )
         )
+    if started_events:
+        session.execute(insert(JobEvent.__table__), started_events)
     return result
 
 
@@ -396,8 +405,7 @@ def record_tick(
         return TickResult(fenced=True)
     result = TickResult()
     now = utcnow()
-    for key, machine_type, compile_s in compiled:
-        executables.record(session=session, key=key, machine_type=machine_type, compile_s=compile_s)
+    executables.record_many(session=session, entries=list(compiled))
     if logs:
         session.execute(
             insert(JobEvent.__table__),
@@ -420,32 +428,23 @@ def record_tick(
     jobs = _lock_jobs(session, ending)
     held = _lock_held(session, agent, [*ending, *billing])
     result.gone = (set(ending) | set(billing)) - held.keys()
-    by_tenant: dict[str, list[Attempt]] = {}
-    for attempt in held.values():
-        by_tenant.setdefault(attempt.tenant_id, []).append(attempt)
     reserved_of = _job_facts(session, [a for a in held.values() if a.id in billing])
-    for tenant_id in sorted(by_tenant):
-        ticks = []
-        for attempt in by_tenant[tenant_id]:
-            f = ending.get(attempt.id)
-            if f is not None:
-                attempt.cluster_s = max(attempt.cluster_s, f.cluster_s)
-                attempt.progress = f.progress
-                end_attempt(
-                    session=session,
-                    attempt=attempt,
-                    job=jobs[attempt.job_id],
-                    outcome=f.outcome,
-                    reason=f.reason,
-                    max_attempts=max_attempts,
-                )
-                result.finished.add(attempt.id)
-            else:
-                b = billing[attempt.id]
-                reserved, workload = reserved_of[attempt.job_id]
-                ticks.append(metering.TickDue(attempt, b.seq, b.cluster_s, reserved, workload))
-        if ticks:
-            result.exhausted |= metering.meter_ticks(session=session, ticks=ticks)
+    endings: list[Ending] = []
+    ticks: list[metering.TickDue] = []
+    for attempt in held.values():
+        f = ending.get(attempt.id)
+        if f is not None:
+            attempt.cluster_s = max(attempt.cluster_s, f.cluster_s)
+            attempt.progress = f.progress
+            endings.append(Ending(attempt, jobs[attempt.job_id], f.outcome, f.reason))
+            result.finished.add(attempt.id)
+        else:
+            b = billing[attempt.id]
+            reserved, workload = reserved_of[attempt.job_id]
+            ticks.append(metering.TickDue(attempt, b.seq, b.cluster_s, reserved, workload))
+    # Both move tenants' counters, each tenant's in one order (metering.settle_many, meter_ticks).
+    end_attempts(session=session, endings=endings, max_attempts=max_attempts)
+    result.exhausted = metering.meter_ticks(session=session, ticks=ticks)
     return result
 
 
@@ -581,22 +580,29 @@ def stop_running(
         ).scalars()
     )
     now = db_now(session)
-    for attempt in sorted(live, key=lambda a: (a.tenant_id, a.id)):
+    for attempt in live:
         if attempt.state == AttemptState.RUNNING and attempt.worker:
             bus.publish_after_commit(session, bus.STOP_CHANNEL, f"{attempt.worker} {attempt.id}")
         if attempt.state == AttemptState.RUNNING and attempt.timeline:
             t = derived_cluster_s(attempt, now)
             attempt.cluster_s = t
             attempt.progress = progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(t), t)
-        end_attempt(
-            session=session,
-            attempt=attempt,
-            job=jobs[attempt.job_id],
-            outcome=outcome,
-            reason=reason,
-            max_attempts=max_attempts,
-        )
+    end_attempts(
+        session=session,
+        endings=[Ending(a, jobs[a.job_id], outcome, reason) for a in live],
+        max_attempts=max_attempts,
+    )
     return live
+
+
+@dataclass(frozen=True)
+class Ending:
+    """An attempt to end (its row locked by the caller), how, and why."""
+
+    attempt: Attempt
+    job: Job
+    outcome: AttemptState
+    reason: str | None
 
 
 def end_attempt(
@@ -608,51 +614,76 @@ def end_attempt(
     reason: str | None,
     max_attempts: int,
 ) -> None:
-    """Settle, free the partition, and move the job on. The caller has fenced the attempt.
+    """Settle, free the partition, and move the job on. The caller has fenced the attempt."""
+    end_attempts(session=session, endings=[Ending(attempt, job, outcome, reason)], max_attempts=max_attempts)
 
-    The settle comes last: it moves the tenant's counters, and every attempt of a tenant ends
-    through that row's lock, so it is held only for the last statement and the commit.
+
+def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: int) -> None:
+    """End many attempts in a handful of statements, whatever their number (an agent's tick, a
+    lapsed agent, a failed machine): mark them, ack their outbox messages, free their partitions,
+    move their jobs on, and settle them.
+
+    The settle comes last: it moves the tenants' counters, and every attempt of a tenant ends
+    through that row's lock, so it is held only for the last statements and the commit.
     """
+    if not endings:
+        return
     now = utcnow()
-    attempt.state = outcome
-    attempt.ended_at = now
-    attempt.end_reason = reason
-    billable = outcome not in PLATFORM_FAULT_STATES
-    # The attempt's and the job's changes are written together, by the settle's flush.
+    for e in endings:
+        e.attempt.state = e.outcome
+        e.attempt.ended_at = now
+        e.attempt.end_reason = e.reason
+    ids = [e.attempt.id for e in endings]
+    # The attempts' and the jobs' changes are written together, by the settle's flush.
     with session.no_autoflush:
-        # Nobody needs the message any more: the reconciler must not publish it again.
+        # Nobody needs the messages any more: the reconciler must not publish them again.
         session.execute(
             update(OutboxMessage)
-            .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
+            .where(OutboxMessage.attempt_id.in_(ids), OutboxMessage.acked_at.is_(None))
             .values(acked_at=now)
+            .execution_options(synchronize_session=False)
         )
-        fleet.release_job_partition(session=session, partition_pk=attempt.partition_pk)
-        # Only an attempt the reconciler ends for a job that already ended finds the job final:
-        # its outcome was decided, and this attempt's end must not rewrite it.
-        if job.state not in FINAL_JOB_STATES:
-            _move_job_on(session, job, attempt, outcome, reason, max_attempts, now)
+        fleet.release_job_partitions(session=session, partition_pks=[e.attempt.partition_pk for e in endings])
+        lost = _lost_attempts(
+            session,
+            [e for e in endings if e.outcome == AttemptState.LOST and e.job.state not in FINAL_JOB_STATES],
+        )
+        events: list[dict[str, Any]] = []
+        for e in endings:
+            # Only an attempt the reconciler ends for a job that already ended finds the job final:
+            # its outcome was decided, and this attempt's end must not rewrite it.
+            if e.job.state not in FINAL_JOB_STATES:
+                _move_job_on(session, e, lost.get(e.job.id, 0), max_attempts, now, events)
+        if events:
+            session.execute(insert(JobEvent.__table__), events)
     # Last, since it moves the tenant's counters (and an ended job gives back what it reserves).
-    metering.settle(
+    metering.settle_many(
         session=session,
-        attempt=attempt,
-        job=job,
-        billable=billable,
-        outcome=str(outcome),
-        job_ends=job.state in FINAL_JOB_STATES,
+        items=[
+            metering.Settle(
+                attempt=e.attempt,
+                job=e.job,
+                billable=e.outcome not in PLATFORM_FAULT_STATES,
+                outcome=str(e.outcome),
+                job_ends=e.job.state in FINAL_JOB_STATES,
+            )
+            for e in endings
+        ],
     )
 
 
 def _move_job_on(
     session: Session,
-    job: Job,
-    attempt: Attempt,
-    outcome: AttemptState,
-    reason: str | None,
+    e: Ending,
+    lost_before: int,
     max_attempts: int,
     now: datetime,
+    events: list[dict[str, Any]],
 ) -> None:
+    job, attempt, outcome, reason = e.job, e.attempt, e.outcome, e.reason
+
     def end(state: JobState, why: str | None) -> None:
-        finalize_job(session=session, job=job, state=state, reason=why, release=False)
+        finalize_job(session=session, job=job, state=state, reason=why, release=False, events=events)
 
     if outcome == AttemptState.SUCCEEDED:
         end(JobState.SUCCEEDED, None)
@@ -662,29 +693,41 @@ def _move_job_on(
         end(JobState.FAILED, reason)
     elif job.cancel_requested:
         end(JobState.CANCELLED, "cancelled by user")
-    elif outcome != AttemptState.LOST or _lost_attempts(session, job.id, this=attempt.id) + 1 < max_attempts:
+    elif outcome != AttemptState.LOST or lost_before + 1 < max_attempts:
         # Only lost attempts count against the retry limit: a handed-back, preempted or interrupted
         # attempt is the platform making room or failing under it, not a sign that the job crashes
         # its host agent.
         job.state = JobState.QUEUED
         job.updated_at = now
-        add_event(
-            session,
-            job.id,
-            "state",
-            f"requeued: attempt {attempt.number} {outcome}" + (f" ({reason})" if reason else ""),
-            attempt=attempt.number,
-            data={"state": "queued", "requeued": True, "reason": reason},
-            at=now,
+        events.append(
+            {
+                "job_id": job.id,
+                "attempt": attempt.number,
+                "kind": "state",
+                "message": (
+                    f"requeued: attempt {attempt.number} {outcome}" + (f" ({reason})" if reason else "")
+                )[:2000],
+                "data": {"state": "queued", "requeued": True, "reason": reason},
+                "at": now,
+            }
         )
     else:
         end(JobState.FAILED, f"gave up after {max_attempts} lost attempts; last: {reason or outcome}")
 
 
-def _lost_attempts(session: Session, job_id: str, this: int) -> int:
-    """The job's earlier lost attempts (this one's new state is not written yet)."""
-    return session.execute(
-        select(func.count())
-        .select_from(Attempt)
-        .where(Attempt.job_id == job_id, Attempt.id != this, Attempt.state == AttemptState.LOST)
-    ).scalar_one()
+def _lost_attempts(session: Session, endings: list[Ending]) -> dict[str, int]:
+    """Each job's earlier lost attempts (these endings' new states are not written yet)."""
+    if not endings:
+        return {}
+    return {
+        job_id: int(n)
+        for job_id, n in session.execute(
+            select(Attempt.job_id, func.count())
+            .where(
+                Attempt.job_id.in_({e.job.id for e in endings}),
+                Attempt.id.not_in([e.attempt.id for e in endings]),
+                Attempt.state == AttemptState.LOST,
+            )
+            .group_by(Attempt.job_id)
+        ).tuples()
+    }

@@ -31,5 +31,24 @@ def record(*, session: Session, key: str, machine_type: str, compile_s: float) -
     )
 
 
+def record_many(*, session: Session, entries: list[tuple[str, str, float]]) -> None:
+    """Record compiled executables `(key, machine type, compile_s)` in one statement."""
+    rows = {
+        key: {
+            "key": key,
+            "machine_type": machine_type,
+            "compile_s": compile_s,
+            "created_at": utcnow(),
+            "hits": 0,
+        }
+        for key, machine_type, compile_s in entries
+    }
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Executable)
+    session.execute(ins.on_conflict_do_nothing(index_elements=["key"]), list(rows.values()))
+
+
 def hit(*, session: Session, key: str) -> None:
     session.execute(update(Executable).where(Executable.key == key).values(hits=Executable.hits + 1))

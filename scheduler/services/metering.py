@@ -10,6 +10,7 @@ grant: a tick that would overspend is cut to what is left, and the job is stoppe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,9 +146,7 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
     # first commit went through) was billed when it was first written.
     written = set(
         session.execute(
-            ins.on_conflict_do_nothing(index_elements=["id"]).returning(
-                table.c.id, sort_by_parameter_order=True
-            ),
+            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
             rows,
         ).scalars()
     )
@@ -200,51 +199,111 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
     return exhausted
 
 
+@dataclass(frozen=True)
+class Settle:
+    """An attempt's settle: bill what ran (`billable`), or refund its ticks (a platform fault).
+    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back too."""
+
+    attempt: Attempt
+    job: Job
+    billable: bool
+    outcome: str
+    job_ends: bool = False
+
+
 def settle(
     *, session: Session, attempt: Attempt, job: Job, billable: bool, outcome: str, job_ends: bool = False
 ) -> int:
-    """The attempt's one settle record: bill what ran, or refund every tick of a platform fault.
+    """One attempt's settle record; returns its amount (negative for a refund, 0 for a replay)."""
+    return settle_many(session=session, items=[Settle(attempt, job, billable, outcome, job_ends)]).get(
+        attempt.id, 0
+    )
 
-    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back to the
-    tenant in the same update. Returns the amount of the settle record (negative for a refund).
+
+def _settle_bill(item: Settle, amount: int) -> int:
+    """Apply a settle of `amount` to the job and the attempt; returns the change to the tenant's
+    reserved counter."""
+    attempt, job = item.attempt, item.job
+    if item.billable:
+        consumed = min(amount, job.reserved_ipu_ms)
+        job.reserved_ipu_ms -= consumed
+        attempt.metered_ipu_ms += amount
+        reserved = -consumed
+    else:
+        # The job will run again: hold the quota its lost ticks had consumed, as before they ran
+        # (the job's own reservation was never lowered while the attempt ran).
+        reserved = attempt.reservation_used_ipu_ms
+        attempt.reservation_used_ipu_ms = 0
+        attempt.metered_ipu_ms = 0
+    if item.job_ends:
+        reserved -= job.reserved_ipu_ms
+        job.reserved_ipu_ms = 0
+    return reserved
+
+
+def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
+    """Settle many attempts: their records in one statement, each tenant's counters in one guarded
+    UPDATE, tenants in one order. Returns each written record's amount by attempt (a replay, whose
+    record exists already, is left out: it was settled when its end was first written).
+
+    Only when a tenant's guarded update refuses (billing all that ran would pass its grant) is its
+    row locked and read, and its attempts settled one by one: refunds first, then each bill cut to
+    what is left of the grant.
     """
-    due = max(0, ipu_ms(attempt.size, attempt.cluster_s) - attempt.metered_ipu_ms)
-    amount = due if billable else -attempt.metered_ipu_ms
-    event_id = f"att:{attempt.id}:settle"
-    values = _event(event_id, attempt, job, "settle", amount, attempt.cluster_s, outcome=outcome)
-    if not insert_ignore(session, values):
-        return 0  # a replay: this attempt was settled when its end was first written
-    if billable:
-        # What the ticks consumed of the job's reservation was kept on the attempt while it ran.
-        job.reserved_ipu_ms -= attempt.reservation_used_ipu_ms
-
-    def bill(amount: int) -> int:
-        """Update the job and the attempt; returns the change to the tenant's reserved counter."""
-        if billable:
-            consumed = min(amount, job.reserved_ipu_ms)
-            job.reserved_ipu_ms -= consumed
-            attempt.metered_ipu_ms += amount
-            reserved = -consumed
-        else:
-            # The job will run again: hold the quota its lost ticks had consumed, as before they ran
-            # (the job's own reservation was never lowered while the attempt ran).
-            reserved = attempt.reservation_used_ipu_ms
-            attempt.reservation_used_ipu_ms = 0
-            attempt.metered_ipu_ms = 0
-        if job_ends:
-            reserved -= job.reserved_ipu_ms
-            job.reserved_ipu_ms = 0
-        return reserved
-
-    baseline = (job.reserved_ipu_ms, attempt.metered_ipu_ms, attempt.reservation_used_ipu_ms)
-    reserved = bill(amount)
+    prepared = []
+    for item in items:
+        a = item.attempt
+        due = max(0, ipu_ms(a.size, a.cluster_s) - a.metered_ipu_ms)
+        amount = due if item.billable else -a.metered_ipu_ms
+        prepared.append((item, due, amount))
+    if not prepared:
+        return {}
+    table = MeterEvent.__table__
+    dialect = session.get_bind().dialect.name
+    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    written = set(
+        session.execute(
+            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
+            [
+                _event(
+                    f"att:{i.attempt.id}:settle", i.attempt, i.job, "settle", amount,
+                    i.attempt.cluster_s, i.outcome,
+                )  # fmt: skip
+                for i, _, amount in prepared
+            ],
+        ).scalars()
+    )
+    by_tenant: dict[str, list[tuple[Settle, int, int, tuple[int, int, int], int]]] = {}
+    for item, due, amount in prepared:
+        if f"att:{item.attempt.id}:settle" not in written:
+            continue
+        a, j = item.attempt, item.job
+        if item.billable:
+            # What the ticks consumed of the job's reservation was kept on the attempt while it ran.
+            j.reserved_ipu_ms -= a.reservation_used_ipu_ms
+        baseline = (j.reserved_ipu_ms, a.metered_ipu_ms, a.reservation_used_ipu_ms)
+        reserved = _settle_bill(item, amount)
+        by_tenant.setdefault(a.tenant_id, []).append((item, due, amount, baseline, reserved))
     session.flush()
-    if _move_counters(session, attempt.tenant_id, amount, reserved, guard=billable and amount > 0):
-        return amount
-    # Billing all that ran would pass the grant: bill what is left of it.
-    job.reserved_ipu_ms, attempt.metered_ipu_ms, attempt.reservation_used_ipu_ms = baseline
-    amount = min(due, _left_under_lock(session, attempt.tenant_id))
-    _set_event_amount(session, event_id, amount)
-    reserved = bill(amount)
-    _move_counters(session, attempt.tenant_id, amount, reserved, guard=False)
-    return amount
+    amounts: dict[int, int] = {}
+    for tenant_id in sorted(by_tenant):
+        entries = by_tenant[tenant_id]
+        used = sum(amount for _, _, amount, _, _ in entries)
+        reserved = sum(r for _, _, _, _, r in entries)
+        guard = any(item.billable and amount > 0 for item, _, amount, _, _ in entries)
+        if _move_counters(session, tenant_id, used, reserved, guard=guard):
+            amounts.update({item.attempt.id: amount for item, _, amount, _, _ in entries})
+            continue
+        # Billing all that ran would pass the grant: refunds first, then bill what is left, in order.
+        for item, _, _, (job_reserved, metered, used_reservation), _ in entries:
+            item.job.reserved_ipu_ms = job_reserved
+            item.attempt.metered_ipu_ms = metered
+            item.attempt.reservation_used_ipu_ms = used_reservation
+        ordered = sorted(entries, key=lambda e: e[0].billable and e[2] > 0)
+        for item, due, amount, _, _ in ordered:
+            if item.billable and amount > 0:
+                amount = min(due, _left_under_lock(session, tenant_id))
+                _set_event_amount(session, f"att:{item.attempt.id}:settle", amount)
+            _move_counters(session, tenant_id, amount, _settle_bill(item, amount), guard=False)
+            amounts[item.attempt.id] = amount
+    return amounts

@@ -31,6 +31,8 @@ __all__ = [
 
 AGENT = "test-agent"
 LEASE_S = 60.0
+# The lease each agent registered with: its ticks renew it for as long (a short one lapses soon).
+_lease_s: dict[str, float] = {}
 
 
 def lease(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
@@ -43,6 +45,7 @@ def lease(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
 
 
 def register(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
+    _lease_s[name] = lease_s
     with db.write() as s:
         new, _ = agents.register(
             session=s, name=name, host="test", pid=0, queues=["ipucloud"], lease_s=lease_s, max_attempts=3
@@ -56,10 +59,11 @@ def take(
     epoch: int = 0,
     *,
     agent: AgentLease | None = None,
-    lease_s: float = LEASE_S,
+    lease_s: float | None = None,
     time_scale: float = 1.0,
 ) -> TakenAttempt | None:
     agent = agent or lease(db)
+    lease_s = lease_s or _lease_s.get(agent.name, LEASE_S)
     with db.write() as s:
         return attempts.take(
             session=s, agent=agent, attempt_id=attempt_id, epoch=epoch, lease_s=lease_s, time_scale=time_scale
@@ -67,9 +71,10 @@ def take(
 
 
 def tick(
-    db: Any, *, agent: AgentLease | None = None, lease_s: float = LEASE_S, **writes: Any
+    db: Any, *, agent: AgentLease | None = None, lease_s: float | None = None, **writes: Any
 ) -> TickResult:
     agent = agent or lease(db)
+    lease_s = lease_s or _lease_s.get(agent.name, LEASE_S)
     with db.write() as s:
         return attempts.record_tick(session=s, agent=agent, lease_s=lease_s, **writes)
 

@@ -136,7 +136,7 @@ class RunningCloud:
     def start_worker(
         self,
         name: str = "worker",
-        concurrency: int = 4,
+        concurrency: int = 16,
         extra_env: dict[str, str] | None = None,
         argv_prefix: list[str] | None = None,
     ) -> Proc:
