@@ -91,6 +91,11 @@ class _Builder:
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ipucloud renderings"
         )
+        # Declare the outputs' shapes as an exporter does (symbolic in the batch and sequence).
+        inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.output}
+        for out in model.graph.output:
+            if out.name in inferred:
+                out.type.CopyFrom(inferred[out.name].type)
         return model
 
 
