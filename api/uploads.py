@@ -12,6 +12,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from anyio import to_thread
 from fastapi import Request
@@ -41,9 +42,7 @@ class Upload:
 
 
 class _State:
-    def __init__(
-        self, fields: frozenset[str], max_bytes: int, spool: tempfile._TemporaryFileWrapper[bytes]
-    ) -> None:
+    def __init__(self, fields: frozenset[str], max_bytes: int, spool: IO[bytes]) -> None:
         self.allowed = fields
         self.max_bytes = max_bytes
         self.spool = spool

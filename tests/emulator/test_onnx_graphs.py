@@ -292,3 +292,17 @@ def test_renderings_are_well_typed_onnx() -> None:
         model = render(name)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         assert all(o.type.tensor_type.HasField("shape") for o in inferred.graph.output), name
+
+
+def test_declarations_apply_only_to_operators_the_emulator_does_not_know() -> None:
+    with pytest.raises(GraphError) as exc:
+        load_graph(strip_bytes(onnx_files.loop_model()).data, ("Loop",))
+    assert exc.value.code == "unsupported-operators"
+    plain = source(onnx_files.mlp())
+    declared = source(onnx_files.mlp(), elementwise=("Gemm", "Relu"))
+    assert describe(declared.onnx_graph)["unmodelled"] == []
+    a = WorkloadSpec(model="m", task="infer", source=plain).graph()
+    b = WorkloadSpec(model="m", task="infer", source=declared).graph()
+    assert a.flops_per_sample == b.flops_per_sample and [len(x.ops) for x in a.layers] == [
+        len(x.ops) for x in b.layers
+    ]

@@ -232,7 +232,7 @@ def _check_operators(graph: onnx.GraphProto, declared: frozenset[str]) -> None:
         name = qualified(node.domain, node.op_type)
         if role is None:
             unknown[name] += 1
-        elif role == "control" and name not in declared:
+        elif role == "control":
             control[name] += 1
     if control:
         names = sorted(control)

@@ -42,6 +42,7 @@ from vipu.emulator.onnxgraph.rules import (
     RECURRENT_GATE_OPS,
     RECURRENT_GATES,
     element_ops,
+    is_declared,
     qualified,
     role_of,
 )
@@ -153,7 +154,7 @@ def _bind(graph: OnnxGraph, bindings: dict[str, int]) -> tuple[onnx.ModelProto, 
 
 
 def _infer(model: onnx.ModelProto, graph: OnnxGraph) -> onnx.ModelProto:
-    custom = [n for n in model.graph.node if qualified(n.domain, n.op_type) in graph.declared_elementwise]
+    custom = [n for n in model.graph.node if is_declared(n.domain, n.op_type, graph.declared_elementwise)]
     try:
         inferred = onnx.shape_inference.infer_shapes(
             model, check_type=False, strict_mode=True, data_prop=True
@@ -334,7 +335,7 @@ class _Lowering:
                     self.roots[out] = frozenset({out})
             costed.append((i, node, role))
             name = qualified(node.domain, node.op_type)
-            if name in self.graph.declared_elementwise:
+            if is_declared(node.domain, node.op_type, self.graph.declared_elementwise):
                 self.approx[name] = self.approx.get(name, 0) + 1
             elif node.op_type in APPROXIMATIONS:
                 self.approx[node.op_type] = self.approx.get(node.op_type, 0) + 1
@@ -599,7 +600,7 @@ class _Lowering:
         consumers: dict[str, set[int]],
         units: list[_Unit],
     ) -> _Unit:
-        declared = qualified(node.domain, node.op_type) in self.graph.declared_elementwise
+        declared = is_declared(node.domain, node.op_type, self.graph.declared_elementwise)
         out_n = self.numel(outs[0], node, i)
         sizes = {t: self.numel(t, node, i) for t in ins}
         work = max([out_n, *sizes.values()]) * self.scale * element_ops(node.op_type, declared, self.train)

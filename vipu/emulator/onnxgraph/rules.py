@@ -158,13 +158,18 @@ def qualified(domain: str, op_type: str) -> str:
 
 
 def role_of(domain: str, op_type: str, declared: frozenset[str]) -> Role | None:
-    """The operator's role, ``elementwise`` when the user declared it so, None when unknown."""
-    name = qualified(domain, op_type)
-    if name in declared:
-        return "elementwise"
-    if domain not in DEFAULT_DOMAINS:
-        return None
-    return ROLES.get(op_type)
+    """The operator's role; for an operator the emulator does not know, ``elementwise`` when the user
+    declared it so (a declaration never overrides what the emulator knows), else None."""
+    known = ROLES.get(op_type) if domain in DEFAULT_DOMAINS else None
+    if known is not None:
+        return known
+    return "elementwise" if qualified(domain, op_type) in declared else None
+
+
+def is_declared(domain: str, op_type: str, declared: frozenset[str]) -> bool:
+    """Costed as the user declared it: an operator the emulator does not know, declared element-wise."""
+    known = domain in DEFAULT_DOMAINS and op_type in ROLES
+    return not known and qualified(domain, op_type) in declared
 
 
 def element_ops(op_type: str, declared: bool, train: bool) -> float:

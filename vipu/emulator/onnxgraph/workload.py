@@ -161,11 +161,8 @@ def describe(graph: OnnxGraph, dims: Mapping[str, int] | None = None) -> dict[st
     """
     source = OnnxWorkload(graph, "model", default_dims=dims)
     bindings = source.bindings(None, {})
-    try:
-        low = lowered(graph, bindings, False)
-        low_train = lowered(graph, bindings, True) if "train" in source.tasks else None
-    except GraphError:
-        raise
+    low = lowered(graph, bindings, False)
+    low_train = lowered(graph, bindings, True) if "train" in source.tasks else None
     flops = low.flops_per_sample
     saved = low.activation_elements_per_sample
     unmodelled = []
