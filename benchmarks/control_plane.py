@@ -10,8 +10,8 @@ one scheduler, workers) and measures, over repeated runs, printing min, median a
 - short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed);
 - scheduler cost: time to place 10,000 queued jobs on a 1,024-POD64 fleet (65,536 IPUs).
 
-With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the shared scripts
-(`../shared/peers/slurm/`), runs their equivalents in the same run and prints the ratios.
+With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the scripts in `benchmarks/slurm/`,
+runs their equivalents in the same run and prints the ratios.
 
     .venv/bin/python benchmarks/control_plane.py [--reps 3] [--vs-slurm]
         [--only submit,floor,latency,throughput,placement]
@@ -52,9 +52,7 @@ from benchmarks.harness import (  # noqa: E402
 from tests.support.cloud import RunningCloud, free_port  # noqa: E402
 
 ONE_STEP_JOB = {"name": "tiny", "workload": {"model": "mcmc", "task": "infer", "steps": 1}, "ipus": 1}
-SLURM_DIR = next(
-    (p for p in (ROOT.parent / "shared/peers/slurm", Path("/work/shared/peers/slurm")) if p.exists()), None
-)
+SLURM_DIR = ROOT / "benchmarks" / "slurm"
 
 
 # Production timing for the control plane (heartbeats every second, 10 s leases, a 0.5 s tick), but
@@ -330,9 +328,6 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
 
 
 def run_slurm(report: Report, reps: int) -> None:
-    if SLURM_DIR is None:
-        print("Slurm scripts not found; skipping --vs-slurm")
-        return
     subprocess.run(["bash", str(SLURM_DIR / "stop.sh"), "--all"], check=False)
     subprocess.run(["bash", str(SLURM_DIR / "setup.sh"), "default"], check=True)
     try:
