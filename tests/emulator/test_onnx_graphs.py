@@ -306,3 +306,21 @@ def test_declarations_apply_only_to_operators_the_emulator_does_not_know() -> No
     assert a.flops_per_sample == b.flops_per_sample and [len(x.ops) for x in a.layers] == [
         len(x.ops) for x in b.layers
     ]
+
+
+def test_a_model_saved_with_external_weights_plans_without_them(tmp_path: Path) -> None:
+    model = onnx.ModelProto.FromString(onnx_files.mlp(hidden=256, layers=3))
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="mlp.data",
+        size_threshold=1024,
+    )
+    (tmp_path / "mlp.data").unlink()  # the weights never come along
+    stripped = strip_file(path)
+    assert stripped.external_tensors == 6 and stripped.weight_bytes_removed == 0
+    described = describe(load_graph(stripped.data))
+    assert described["parameters"] == 256 * 64 + 256 + 2 * (256 * 256 + 256)
