@@ -52,5 +52,11 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 )
 def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
     with db.read() as s:
-        out = estimates.estimate(session=s, workload=body.workload, ipus=body.ipus, machine=body.machine)
+        out = estimates.estimate(
+            session=s,
+            workload=body.workload,
+            ipus=body.ipus,
+            machine=body.machine,
+            tenant_id=principal.tenant_id,
+        )
     return EstimateOut(**out)

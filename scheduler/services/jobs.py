@@ -39,8 +39,9 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet
+from scheduler.services import attempts, fleet, own_models
 from scheduler.services.job_state import finalize_job
+from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 class IdempotencyRace(Exception):
@@ -342,9 +343,13 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
+    # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
+    source = own_models.resolve_source(
+        session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
+    )
     if reserved_partition is None:
         machine = spec.machine
-        resolved = emulation.resolve(spec.workload, spec.ipus, machine)
+        resolved = emulation.resolve(spec.workload, spec.ipus, machine, source)
         size = resolved.ipus
     else:
         machine = reserved_partition.machine_type
@@ -363,7 +368,7 @@ def _prepare(
                 f"{reserved_partition.name} holds {size} ({reserved_partition.gcds} of "
                 f"{reserved_partition.size} IPUs)."
             )
-        resolved = emulation.resolve(spec.workload, size, machine)
+        resolved = emulation.resolve(spec.workload, size, machine, source)
     if size > plan.max_partition_size:
         raise LimitExceeded(
             f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
@@ -379,8 +384,8 @@ def _prepare(
         id=new_id("job"),
         tenant_id=r.tenant_id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        model=spec.workload.model,
+        spec=_stored_spec(spec, source),
+        model=source.model_id if source is not None else spec.workload.model,
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
@@ -403,6 +408,14 @@ def _prepare(
         attempts=0,
         cancel_requested=False,
     )
+
+
+def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
+    """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
+    stored = spec.model_dump(mode="json")
+    if source is not None:
+        stored["workload"]["model"] = source.model_id
+    return stored
 
 
 def _judge(
