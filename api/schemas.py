@@ -441,6 +441,8 @@ class PlanOut(BaseModel):
         "is spent at its type's rate x IPU-hours."
     )
     machine_types: list[str] = Field(description="The machine types the plan's tenants may run jobs on.")
+    max_models: int = Field(description="Own ONNX models a tenant on this plan may keep.")
+    max_model_bytes: int = Field(description="Bytes its stored graphs (weights stripped) may take together.")
     updated_at: datetime
 
     @classmethod
@@ -460,6 +462,8 @@ class PlanOut(BaseModel):
             fairshare_weight=p.fairshare_weight,
             rates=plan_rates(p.rates),
             machine_types=list(allowed_types(p.machine_types)),
+            max_models=p.max_models,
+            max_model_bytes=p.max_model_bytes,
             updated_at=p.updated_at,
         )
 
@@ -487,6 +491,8 @@ class PlanUpdate(BaseModel):
     machine_types: (
         Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None  # type: ignore[valid-type]
     ) = Field(None, description="The machine types the plan's tenants may use.")
+    max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
+    max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
 
 
 # API keys ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from api.dashboard import charts, forms, sessions
+from api.dashboard import charts, forms, model_pages, sessions
 from api.dashboard.web import DashboardRoute, TenantUser, User, form_data, markup, render
 from api.deps import DbDep, SettingsDep
 from api.routers.jobs import _stream as job_event_stream
@@ -158,12 +158,14 @@ def _submit_context(
     values: dict[str, str],
     errors: dict[str, str],
     estimate: dict[str, Any] | None,
+    own: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "values": values,
         "errors": errors,
         "estimate": estimate,
         "catalogue": _catalogue(),
+        "own_models": own or [],
         "ipu_choices": forms.IPU_CHOICES,
         "idempotency": values.get("idempotency") or secrets.token_urlsafe(16),
     }
@@ -173,9 +175,15 @@ DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def submit_page(request: Request, user: TenantUser) -> Response:
-    values = forms.job_values({}, DEFAULTS)
-    return render(request, "submit.html", _submit_context(values, {}, None), user=user)
+def submit_page(
+    request: Request,
+    db: DbDep,
+    user: TenantUser,
+    model: Annotated[str | None, Query(max_length=100)] = None,
+) -> Response:
+    values = forms.job_values({"model": model} if model else {}, DEFAULTS)
+    own = model_pages.submit_choices(db, str(user.tenant_id))
+    return render(request, "submit.html", _submit_context(values, {}, None, own), user=user)
 
 
 def run_estimate(
@@ -190,6 +198,7 @@ def run_estimate(
                 ipus=spec.ipus,
                 machine=spec.machine,
                 policy=settings.placement_policy,
+                tenant_id=str(user.tenant_id),
             )
             t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
@@ -209,15 +218,17 @@ async def submit(request: Request, db: DbDep, settings: SettingsDep, user: Tenan
     values = forms.job_values(form)
     values["idempotency"] = str(form.get("idempotency", ""))[:64]
     parsed, spec = forms.parse_job(values)
+    own = model_pages.submit_choices(db, str(user.tenant_id))
     if spec is None:
-        return render(request, "submit.html", _submit_context(values, parsed.errors, None), status_code=422)
+        context = _submit_context(values, parsed.errors, None, own)
+        return render(request, "submit.html", context, status_code=422)
     if form.get("action") == "preview":
         est = run_estimate(db, settings, user, spec)
-        return render(request, "submit.html", _submit_context(values, {}, est), user=user)
+        return render(request, "submit.html", _submit_context(values, {}, est, own), user=user)
     try:
         job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
     except DomainError as exc:
-        context = _submit_context(values, {"form": exc.detail}, None)
+        context = _submit_context(values, {"form": exc.detail}, None, own)
         return render(request, "submit.html", context, status_code=exc.status, user=user)
     bus.wake_scheduler("submit")
     sessions.flash(user, f"Job {spec.name} submitted.")

@@ -68,6 +68,11 @@ def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> Esti
             plan = get_tenant(session=s, tenant_id=principal.tenant_id).plan_name
             plan_rates = rates.plan_terms(session=s, plan_name=plan)[0]
         out = estimates.estimate(
-            session=s, workload=body.workload, ipus=body.ipus, machine=body.machine, rates=plan_rates
+            session=s,
+            workload=body.workload,
+            ipus=body.ipus,
+            machine=body.machine,
+            rates=plan_rates,
+            tenant_id=principal.tenant_id,
         )
     return EstimateOut(**out)

@@ -301,7 +301,9 @@ def take_many(
             continue
         ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
         try:
-            plan, spec = emulation.plan_on_partition(job.spec, len(ipus), partition.machine_type, ipus)
+            plan, spec = emulation.plan_on_partition(
+                job.spec, len(ipus), partition.machine_type, ipus, session=session
+            )
         except (emulator.CompileError, emulator.WorkloadError) as exc:
             add_event(
                 session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,

@@ -14,9 +14,10 @@ from scheduler import emulation
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
 from scheduler.models import Attempt, AttemptState, Job, JobState, Partition
-from scheduler.services import fleet
+from scheduler.services import fleet, own_models
 from scheduler.services.rates import plan_rates
 from vipu import emulator
+from vipu.emulator.spec import GraphSource
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
 
@@ -28,13 +29,19 @@ def estimate(
     machine: str | None,
     policy: str = "default",
     rates: Mapping[str, float] | None = None,
+    tenant_id: str | None = None,
+    source: GraphSource | None = None,
 ) -> dict[str, Any]:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
     plus its run time), with each type's answer under `machine_options`.
 
-    `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`."""
-    spec = emulation.to_workload_spec(workload)
+    `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`.
+    ``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
+    directly (``ipucloud estimate --model-file`` plans a local file)."""
+    if source is None and session is not None and tenant_id is not None:
+        source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
+    spec = emulation.to_workload_spec(workload, source)
     rate_of = plan_rates(rates)
     if machine not in (None, "any"):
         return _estimate_on(session, spec, ipus, machine, policy, rate_of[machine], strict=True)

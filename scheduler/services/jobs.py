@@ -40,8 +40,9 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, rates
+from scheduler.services import attempts, fleet, own_models, rates
 from scheduler.services.job_state import finalize_job
+from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 class IdempotencyRace(Exception):
@@ -345,6 +346,10 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
+    # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
+    source = own_models.resolve_source(
+        session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
+    )
     allowed = rates.allowed_types(plan.machine_types)
     named = spec.machine if spec.machine not in (None, "any") else None
     gcd_size: int | None = None
@@ -381,7 +386,9 @@ def _prepare(
     refusals: list[tuple[str, DomainError]] = []
     for kind in candidates:
         try:
-            resolved = emulation.resolve(spec.workload, spec.ipus if gcd_size is None else gcd_size, kind)
+            resolved = emulation.resolve(
+                spec.workload, spec.ipus if gcd_size is None else gcd_size, kind, source
+            )
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
@@ -424,8 +431,8 @@ def _prepare(
         id=new_id("job"),
         tenant_id=r.tenant_id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        model=spec.workload.model,
+        spec=_stored_spec(spec, source),
+        model=source.model_id if source is not None else spec.workload.model,
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
@@ -450,6 +457,14 @@ def _prepare(
         attempts=0,
         cancel_requested=False,
     )
+
+
+def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
+    """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
+    stored = spec.model_dump(mode="json")
+    if source is not None:
+        stored["workload"]["model"] = source.model_id
+    return stored
 
 
 def _judge(
