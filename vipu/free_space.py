@@ -25,6 +25,7 @@ from vipu._bitmaps import (
     MACHINE_HOLES,
     POD_LEVELS,
     RUN_BIT,
+    PodSummary,
     changed_machines,
     summarize,
 )
@@ -100,18 +101,23 @@ class FreeSpace:
         self._index: dict[MachineType, _TypeIndex] = {}
         self._ipus: dict[MachineType, int] = {}
         for kind in fleet.machine_types:
+            # Units of a type share few empty shapes (a POD64, a POD16, a server): index each shape once.
+            shapes: dict[PodSummary, int] = {}
+            for pod in fleet.pods_of_type(kind):
+                summary = self._summary[pod]
+                shapes[summary] = shapes.get(summary, 0) | 1 << pod
             pods = 0
             by_feature = [0] * FEATURE_BITS
             usable = [0] * POD_LEVELS
             free = 0
-            for pod in fleet.pods_of_type(kind):
-                pods |= 1 << pod
-                summary = self._summary[pod]
+            for summary, members in shapes.items():
+                pods |= members
+                count = members.bit_count()
                 for bit in range(FEATURE_BITS):
                     if summary.features >> bit & 1:
-                        by_feature[bit] |= 1 << pod
-                usable = [have + more for have, more in zip(usable, summary.usable, strict=True)]
-                free += summary.free
+                        by_feature[bit] |= members
+                usable = [have + count * more for have, more in zip(usable, summary.usable, strict=True)]
+                free += count * summary.free
             self._index[kind] = _TypeIndex(pods.bit_count(), by_feature, free, usable)
             self._ipus[kind] = free
 
