@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -135,13 +135,28 @@ def _set_event_amount(session: Session, event_id: str, amount: int, rate: float)
     )
 
 
+@dataclass(slots=True)
+class Metered:
+    """What billing a running attempt reads and writes of its row (locked by the caller): a tick
+    needs no ORM object, and a host agent bills thousands of them a minute."""
+
+    id: int
+    tenant_id: str
+    job_id: str
+    size: int
+    metered_ipu_ms: int
+    reservation_used_ipu_ms: int
+    cluster_s: float
+    ticks: int
+
+
 @dataclass(frozen=True)
 class TickDue:
     """A running attempt to bill up to `cluster_s` as its tick number `seq`; the attempt's row is
     locked by the caller, and `job_reserved_ipu_ms`/`workload` are its job's (the job's row is not
     written while an attempt runs, so ticks never wait on it)."""
 
-    attempt: Attempt
+    attempt: Metered | Attempt
     seq: int
     cluster_s: float
     job_reserved_ipu_ms: int
@@ -231,6 +246,29 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             consumed += consume(t_billed, billed)
             used += billed
         _move_counters(session, tenant_id, used, -consumed, guard=False)
+    billed = [t.attempt for items in by_tenant.values() for t, _ in items if isinstance(t.attempt, Metered)]
+    if billed:
+        table = Attempt.__table__
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("a_id"))
+            .values(
+                metered_ipu_ms=bindparam("a_metered"),
+                reservation_used_ipu_ms=bindparam("a_used"),
+                cluster_s=bindparam("a_cluster_s"),
+                ticks=bindparam("a_ticks"),
+            ),
+            [
+                {
+                    "a_id": a.id,
+                    "a_metered": a.metered_ipu_ms,
+                    "a_used": a.reservation_used_ipu_ms,
+                    "a_cluster_s": a.cluster_s,
+                    "a_ticks": a.ticks,
+                }
+                for a in billed
+            ],
+        )
     return exhausted
 
 
