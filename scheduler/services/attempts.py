@@ -548,6 +548,8 @@ def _lock_billing(
             Attempt.ticks,
             Job.reserved_ipu_ms,
             Job.model,
+            Attempt.machine_type,
+            Attempt.rate,
         )
         .join(Job, Job.id == Attempt.job_id)
         .where(
@@ -560,8 +562,12 @@ def _lock_billing(
         .with_for_update(of=Attempt)
     ).tuples()
     return [
-        (metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks), int(reserved), model)
-        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model in rows
+        (
+            metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks, kind, rate),
+            int(reserved),
+            model,
+        )
+        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model, kind, rate in rows
     ]
 
 

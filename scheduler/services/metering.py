@@ -59,11 +59,11 @@ def ipu_ms(size: int, cluster_s: float) -> int:
     return round(size * cluster_s * 1000)
 
 
-def _rate(attempt: Attempt) -> float:
+def _rate(attempt: Attempt | Metered) -> float:
     return attempt.rate if attempt.rate is not None else 1.0
 
 
-def _charged(attempt: Attempt, cluster_s: float) -> int:
+def _charged(attempt: Attempt | Metered, cluster_s: float) -> int:
     """What the attempt owes for `cluster_s` of its partition: its rate x IPU-milliseconds."""
     return charged_ipu_ms(attempt.size, cluster_s, _rate(attempt))
 
@@ -148,6 +148,9 @@ class Metered:
     reservation_used_ipu_ms: int
     cluster_s: float
     ticks: int
+    # What it is billed at (scheduler.services.rates): its type's rate, fixed when it was placed.
+    machine_type: str | None = None
+    rate: float = 1.0
 
 
 @dataclass(frozen=True)
