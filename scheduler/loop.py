@@ -117,9 +117,8 @@ class SchedulerLoop:
         leader.fence(session=session, fence=self.fence_token, ttl_s=self.settings.leader_lease_s)
 
     def _renew(self, session: Session) -> None:
-        """At the end of a transaction that fenced at its start (leader.renew_held)."""
-        assert self.fence_token is not None
-        leader.renew_held(session=session, fence=self.fence_token, ttl_s=self.settings.leader_lease_s)
+        """Renew again at the end of a long transaction, so the lease runs from its commit."""
+        self._fence(session)
 
     def step_down(self) -> None:
         if self.fence_token is not None:

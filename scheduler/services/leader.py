@@ -6,6 +6,13 @@ the lease at its epoch. On PostgreSQL that UPDATE also locks the row until commi
 waits for the old leader's transaction and then sees it renewed (or not): two leaders can never
 both commit. On SQLite the write lock taken at BEGIN does the same.
 
+Expiry only lets another replica take over; it does not by itself end a term. A leader whose
+lease ran out while nobody took it (a pass longer than the lease, a pause) renews it at the same
+epoch: every write is fenced by the epoch, and a takeover is a compare-and-set on it, so the old
+leader's next fence fails the moment another replica leads. Ending the term on expiry alone made a
+pass over tens of thousands of jobs, longer than the lease, start a new term (and rebuild the
+allocator from every partition) at its own next transaction, over and over.
+
 Expiry is judged on the database's clock (services.clock), so replicas on hosts whose clocks
 disagree still agree on when a lease ran out.
 """
@@ -52,7 +59,9 @@ def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHE
         except IntegrityError:
             return None
         return Fence(name, holder, 1)
-    if row.holder == holder and row.expires_at > now:
+    if row.holder == holder:
+        # Ours still (the holder is this process): renewed at the same epoch even if it ran out
+        # meanwhile, since nobody took it over (a takeover replaces the holder and bumps the epoch).
         renewed = session.execute(
             update(LeaderLease)
             .where(LeaderLease.name == name, LeaderLease.holder == holder, LeaderLease.epoch == row.epoch)
@@ -72,7 +81,8 @@ def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHE
 
 
 def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
-    """Renew the lease inside the caller's transaction, or raise NotLeader."""
+    """Renew the lease inside the caller's transaction, or raise NotLeader if another replica has
+    taken it over (its epoch moved on)."""
     now = db_now(session)
     renewed = session.execute(
         update(LeaderLease)
@@ -80,33 +90,11 @@ def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
             LeaderLease.name == fence.name,
             LeaderLease.holder == fence.holder,
             LeaderLease.epoch == fence.epoch,
-            LeaderLease.expires_at > now,
         )
         .values(expires_at=now + timedelta(seconds=ttl_s))
     ).rowcount
     if renewed != 1:
         raise NotLeader(f"{fence.holder} no longer holds the {fence.name} lease at epoch {fence.epoch}")
-
-
-def renew_held(*, session: Session, fence: Fence, ttl_s: float) -> None:
-    """Renew the lease again at the end of a transaction that `fence()`d it at its start.
-
-    That transaction holds the lease row's lock (SQLite: the write lock) since its fence, so nobody
-    can have taken the lease over since: it is renewed from now, without asking whether it expired
-    meanwhile. Without it, a pass that took longer than the lease (placing thousands of jobs) would
-    leave its replica's lease expired at its own commit, and the next transaction would find it
-    gone and start a new term, rebuilding everything, over and over.
-    """
-    now = db_now(session)
-    session.execute(
-        update(LeaderLease)
-        .where(
-            LeaderLease.name == fence.name,
-            LeaderLease.holder == fence.holder,
-            LeaderLease.epoch == fence.epoch,
-        )
-        .values(expires_at=now + timedelta(seconds=ttl_s))
-    )
 
 
 def release(*, session: Session, fence: Fence) -> None:
