@@ -22,6 +22,7 @@ from scheduler.services import fleet, partitions, trials
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import ALL_TENANTS, OneTenant
 from vipu.topology import parse_machine_id
 
 router = APIRouter(prefix="/admin", include_in_schema=False, route_class=DashboardRoute)
@@ -70,8 +71,8 @@ def fleet_page(
         pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
         pod_from -= pod_from % MAP_PODS
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=MAP_PODS)
-        names = {t.id: t.name for t in usage_service.tenant_totals(session=s)}
-        jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, limit=100_000)}
+        names = {t.id: t.name for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)}
+        jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)}
         down = [
             {"id": m.id, "health": m.health, "reason": m.health_reason}
             for m in fleet.machines_not_up(session=s)
@@ -128,8 +129,8 @@ async def machine_action(
 
 def _partitions_context(db: DbDep) -> dict[str, Any]:
     with db.read() as s:
-        rows = [partition_out(p) for p in fleet.list_partitions(session=s, limit=100_000)]
-        tenants = [(t.id, t.name) for t in usage_service.tenant_totals(session=s)]
+        rows = [partition_out(p) for p in fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)]
+        tenants = [(t.id, t.name) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
     return {"partitions": rows, "tenants": tenants, "sizes": SIZES, "names": dict(tenants)}
 
 
@@ -210,7 +211,7 @@ async def partition_action(
 
 def _tenants_context(db: DbDep) -> dict[str, Any]:
     with db.read() as s:
-        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s)]
+        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
         plans = tenant_service.list_plans(session=s)
         plan_rows = [
             {
@@ -290,7 +291,7 @@ def _tenant_context(db: DbDep, tenant_id: str) -> dict[str, Any]:
             }
             for k in key_service.list_keys(session=s, tenant_id=t.id, limit=500)
         ]
-        groups = usage_service.breakdowns(session=s, tenant_id=t.id, limit=20)
+        groups = usage_service.breakdowns(session=s, scope=OneTenant(t.id), limit=20)
     return {"tenant": tenant, "plans": plans, "keys": keys, "by_job": groups["by_job"]}
 
 
@@ -490,9 +491,9 @@ def usage_page(request: Request, db: DbDep, user: AdminUser) -> Response:
     today = datetime.now(UTC).date()
     since = datetime.combine(today - timedelta(days=CHART_DAYS - 1), datetime.min.time(), tzinfo=UTC)
     with db.read() as s:
-        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s)]
-        recent = usage_service.breakdowns(session=s, tenant_id=None, since=since)
-        whole = usage_service.breakdowns(session=s, tenant_id=None, limit=50)
+        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
+        recent = usage_service.breakdowns(session=s, scope=ALL_TENANTS, since=since)
+        whole = usage_service.breakdowns(session=s, scope=ALL_TENANTS, limit=50)
     series = charts.daily_series(recent["by_day"], days=CHART_DAYS, today=today)
     chart = charts.bar_chart(
         series,
@@ -532,7 +533,7 @@ def usage_export(db: DbDep, user: AdminUser) -> Response:
                 "remaining_ipu_hours": hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)),
                 "expires_at": t.expires_at.isoformat() if t.expires_at else "",
             }
-            for t in usage_service.tenant_totals(session=s)
+            for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)
         ]
     fields = list(rows[0]) if rows else ["tenant_id"]
     return Response(

@@ -24,6 +24,7 @@ from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import OneTenant
 from vipu import emulator
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
@@ -88,19 +89,20 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
     since = datetime.combine(today - timedelta(days=CHART_DAYS - 1), datetime.min.time(), tzinfo=UTC)
     with db.read() as s:
         t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
+        scope = OneTenant(t.id)
         plan = tenant_service.get_plan(session=s, name=t.plan_name)
-        groups = usage_service.breakdowns(session=s, tenant_id=t.id, since=since)
+        groups = usage_service.breakdowns(session=s, scope=scope, since=since)
         running = [
             _job_view(s, j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="running")
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="running")
         ]
         queued = [
             _job_view(s, j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="queued")
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="queued")
         ]
         recent = [
             job_out(j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=20)
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=20)
             if j.state in FINAL_JOB_STATES
         ][:8]
         tenant = {"id": t.id, "name": t.name, "status": t.status}
@@ -137,7 +139,7 @@ def jobs_page(
     limit = 50
     with db.read() as s:
         rows = job_service.list_jobs(
-            session=s, tenant_id=user.tenant_id, after=after, limit=limit + 1, state=state
+            session=s, scope=user.principal.scope, after=after, limit=limit + 1, state=state
         )
         items = [_job_view(s, j) for j in rows[:limit]]
     more = rows[limit - 1].id if len(rows) > limit else None
@@ -266,7 +268,7 @@ async def estimate_fragment(
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        job = job_service.get_job(session=s, job_id=job_id, scope=user.principal.scope)
         view = _job_view(s, job, full=True)
         events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
         tail = [
@@ -292,7 +294,7 @@ def job_events(
 ) -> Response:
     """The job's live events for the page's EventSource (the cookie session, not a bearer key)."""
     with db.read() as s:
-        job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        job_service.get_job(session=s, job_id=job_id, scope=user.principal.scope)
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
     return StreamingResponse(
@@ -307,7 +309,7 @@ async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Resp
     form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
-        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        job = job_service.request_cancel(session=s, job_id=job_id, scope=user.principal.scope)
         state = job.state
     bus.publish(bus.job_channel(job_id), "cancel")
     bus.wake_scheduler("cancel")
@@ -320,7 +322,7 @@ async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Resp
 @router.get("/usage.csv")
 def usage_export(db: DbDep, user: TenantUser) -> Response:
     with db.read() as s:
-        groups = usage_service.breakdowns(session=s, tenant_id=user.tenant_id)
+        groups = usage_service.breakdowns(session=s, scope=user.principal.scope)
     rows = [dict(r, tenant_id=user.tenant_id) for r in groups["by_job"]]
     body = usage_csv(rows, ["tenant_id", "job_id", "name", "workload", "partition_size", "ipu_hours"])
     return Response(

@@ -12,6 +12,7 @@ from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, dec
 from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, partitions
+from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 
@@ -129,9 +130,8 @@ def list_partitions(
     tenant: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Page[PartitionOut]:
     with db.read() as s:
-        rows = fleet.list_partitions(
-            session=s, tenant_id=tenant, after=decode_int_cursor(cursor), limit=limit + 1
-        )
+        scope: Scope = ALL_TENANTS if tenant is None else OneTenant(tenant)
+        rows = fleet.list_partitions(session=s, scope=scope, after=decode_int_cursor(cursor), limit=limit + 1)
         items = [partition_out(p) for p in rows[:limit]]
     return Page[PartitionOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None

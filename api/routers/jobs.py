@@ -32,6 +32,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import jobs as job_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import ALL_TENANTS
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
@@ -75,7 +76,7 @@ def list_jobs(
     after = decode_cursor(cursor)
     with db.read() as s:
         rows = job_service.list_jobs(
-            session=s, tenant_id=principal.tenant_id, after=after, limit=limit + 1, state=state
+            session=s, scope=principal.scope, after=after, limit=limit + 1, state=state
         )
         page = rows[:limit]
         current = job_service.current_attempts(session=s, jobs=page)
@@ -91,7 +92,7 @@ def list_jobs(
 @router.get("/jobs/{job_id}", response_model=JobOut, summary="A job, its history, progress and why it waits")
 def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        job = job_service.get_job(session=s, job_id=job_id, scope=principal.scope)
         attempt = job_service.current_attempt(session=s, job=job)
         partition = job_service.attempt_partition(session=s, attempt=attempt)
         history = job_service.job_events(session=s, job_id=job.id, kinds=("state",))
@@ -106,7 +107,7 @@ def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Cancel a job")
 def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     with db.write() as s:
-        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        job = job_service.request_cancel(session=s, job_id=job_id, scope=principal.scope)
         out = job_out(job)
     bus.publish(bus.job_channel(job_id), "cancel")
     bus.wake_scheduler("cancel")
@@ -130,7 +131,7 @@ def job_logs(
 ) -> Response:
     after = decode_int_cursor(cursor) or 0
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        job = job_service.get_job(session=s, job_id=job_id, scope=principal.scope)
         state = job.state
     if "text/event-stream" in request.headers.get("accept", ""):
         if last_event_id and last_event_id.isdigit():
@@ -220,7 +221,7 @@ def _read_since(
     db: DbDep, job_id: str, after: int, facts: JobFacts | None
 ) -> tuple[list, str, dict | None, dict[str, Any] | None]:
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=None)
+        job = job_service.get_job(session=s, job_id=job_id, scope=ALL_TENANTS)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
         attempt = job_service.current_attempt(session=s, job=job)
         progress = attempt.progress if attempt is not None else None

@@ -40,6 +40,7 @@ from scheduler.models import (
 )
 from scheduler.services import attempts, fleet
 from scheduler.services.job_state import add_event, finalize_job
+from scheduler.services.scope import Scope, restrict, sees
 
 
 class IdempotencyRace(Exception):
@@ -425,10 +426,10 @@ def _judge(
     queued_counts[tenant.id] = queued + 1
 
 
-def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
-    """A job by id; another tenant's job is indistinguishable from a missing one."""
+def get_job(*, session: Session, job_id: str, scope: Scope) -> Job:
+    """A job by id; a job outside the scope (another tenant's) is indistinguishable from a missing one."""
     job = session.get(Job, job_id)
-    if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
+    if job is None or not sees(scope, job.tenant_id):
         raise NotFound(f"No job {job_id}.")
     return job
 
@@ -436,15 +437,13 @@ def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
 def list_jobs(
     *,
     session: Session,
-    tenant_id: str | None,
+    scope: Scope,
     after: str | None,
     limit: int,
     state: str | None = None,
 ) -> list[Job]:
-    """Newest first; `after` is the id of the last job of the previous page."""
-    stmt = select(Job).order_by(Job.id.desc()).limit(limit)
-    if tenant_id is not None:
-        stmt = stmt.where(Job.tenant_id == tenant_id)
+    """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
+    stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if after is not None:
@@ -497,9 +496,9 @@ def attempt_partition(*, session: Session, attempt: Attempt | None) -> Partition
     return None if attempt is None else session.get(Partition, attempt.partition_pk)
 
 
-def request_cancel(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
+def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
     """Cancel: a queued job ends now; a placed or running one is stopped by the scheduler/worker."""
-    job = get_job(session=session, job_id=job_id, tenant_id=tenant_id)
+    job = get_job(session=session, job_id=job_id, scope=scope)
     if job.state in FINAL_JOB_STATES:
         raise Conflict(f"Job {job_id} already ended ({job.state}).", state=job.state)
     if job.cancel_requested:

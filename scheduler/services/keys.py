@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from scheduler.ids import new_id
 from scheduler.models import ApiKey, Member, Tenant, utcnow
+from scheduler.services.scope import Scope, scope_of
 
 PREFIX = "ipuc_"
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -93,6 +94,11 @@ class Principal:
     def manages_keys(self) -> bool:
         """Owners manage their tenant's keys, admins the global ones; members only their own."""
         return self.is_admin or (self.tenant_id is not None and self.role == "owner")
+
+    @property
+    def scope(self) -> Scope:
+        """The tenants whose objects this key may see (Forbidden for a global key without `admin`)."""
+        return scope_of(self)
 
     def require(self, scope: str) -> None:
         if scope == "admin":

@@ -22,6 +22,7 @@ from scheduler.models import (
 )
 from scheduler.services import attempts, jobs, leader, tenants
 from scheduler.services.attempts import Directive
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 
 
@@ -227,10 +228,10 @@ def test_cancel_before_start_frees_everything(db: Any, tenant: str, loop: Schedu
     queued = submit(db, tenant)
     placed = submit(db, tenant)
     with db.write() as s:
-        jobs.request_cancel(session=s, job_id=queued, tenant_id=tenant)
+        jobs.request_cancel(session=s, job_id=queued, scope=OneTenant(tenant))
     assert loop.lead() and loop.schedule_pass() == 1
     with db.write() as s:
-        jobs.request_cancel(session=s, job_id=placed, tenant_id=tenant)
+        jobs.request_cancel(session=s, job_id=placed, scope=OneTenant(tenant))
     with db.read() as s:
         assert s.get(Job, queued).state == "cancelled"
         assert s.get(Job, placed).state == "cancelled"
@@ -247,7 +248,7 @@ def test_another_tenants_job_is_not_found(db: Any, tenant: str) -> None:
             session=s, secret=get_settings().secret(), name="other", plan="standard"
         )
     with db.read() as s, pytest.raises(NotFound):
-        jobs.get_job(session=s, job_id=job_id, tenant_id=other.tenant.id)
+        jobs.get_job(session=s, job_id=job_id, scope=OneTenant(other.tenant.id))
 
 
 def test_only_the_leader_schedules(db: Any, tenant: str) -> None:
@@ -275,7 +276,7 @@ def test_a_cancel_that_commits_during_a_pass_is_not_placed(
     def decide_then_cancel(*args: Any, **kwargs: Any) -> Any:
         decision = real_decide(*args, **kwargs)
         with db.write() as s:  # another connection: the user's cancel, committed mid-pass
-            jobs.request_cancel(session=s, job_id=job_id, tenant_id=tenant)
+            jobs.request_cancel(session=s, job_id=job_id, scope=OneTenant(tenant))
         return decision
 
     monkeypatch.setattr(loop_module, "decide", decide_then_cancel)
