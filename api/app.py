@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import dashboard, problems
+from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
 from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, trials, usage
 from scheduler.errors import PROBLEM_TYPES
@@ -21,7 +21,13 @@ log = logging.getLogger("ipucloud.api")
 
 
 class BodyLimit:
-    """Refuse bodies over the limit before reading them (Content-Length) or while reading them."""
+    """Refuse bodies over the limit with a 413: before reading them (Content-Length), or as soon as
+    a body sent without one (chunked) passes the limit.
+
+    In the second case the 413 is sent from here the moment the limit is passed, and the app is told
+    the client went away: FastAPI turns any error while it reads a body into a 400 ("error parsing
+    the body"), so an error raised into it would not reach the client as a 413. Whatever the app
+    then tries to send is dropped."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -41,30 +47,43 @@ class BodyLimit:
                     await self._refuse(scope, receive, send)
                     return
         seen = 0
+        refused = False
+        started = False
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge()
+                    if not started:
+                        await self._refuse(scope, receive, send)
+                    refused = True
+                    return {"type": "http.disconnect"}
             return message
 
         try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
+            await self.app(scope, limited, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # The app failed on the body it was denied; the client already has its 413.
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         resp = problems.problem(
             413, f"The request body is larger than {self.max_bytes} bytes.", slug="payload-too-large"
         )
         await resp(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class Observe:
@@ -109,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, metering.",
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # api/apidocs.py serves /docs without a CDN
         redoc_url=None,
     )
     problems.install(app)
@@ -120,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, catalogue, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
 
+    app.include_router(apidocs.router)
     app.include_router(dashboard.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
 

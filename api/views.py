@@ -50,13 +50,20 @@ def job_out(
     )
 
 
+def tenant_status(t: Tenant) -> str:
+    """`active`, `suspended`, or `expired` for an active tenant whose trial has ended."""
+    if t.status == "active" and t.expires_at is not None and t.expires_at <= datetime.now(UTC):
+        return "expired"
+    return t.status
+
+
 def tenant_out(t: Tenant) -> TenantOut:
     remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
     return TenantOut(
         id=t.id,
         name=t.name,
         plan=t.plan_name,
-        status=t.status,
+        status=tenant_status(t),
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),

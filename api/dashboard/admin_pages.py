@@ -10,11 +10,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import TypeAdapter, ValidationError
 
 from api.dashboard import charts, fleetmap, forms, sessions
-from api.dashboard.web import AdminUser, DashboardRoute, form_data, markup, render
+from api.dashboard.web import AdminUser, DashboardRoute, Form, markup, render
 from api.deps import DbDep, SettingsDep
 from api.routers.usage import usage_csv
 from api.schemas import TenantName
-from api.views import hours, partition_out, tenant_out
+from api.views import hours, partition_out, tenant_out, tenant_status
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
@@ -106,14 +106,14 @@ def fleet_page(
 
 
 @router.post("/machines/{machine_id}/{action}")
-async def machine_action(
+def machine_action(
     request: Request,
     machine_id: MachineId,
     action: Annotated[str, Path(pattern="^(drain|fail|restore)$")],
     db: DbDep,
     user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     reason = form.get("reason", "").strip()[:500] or None
     with db.write() as s:
@@ -140,8 +140,9 @@ def partitions_page(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/partitions", response_class=HTMLResponse)
-async def create_partition(request: Request, db: DbDep, settings: SettingsDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def create_partition(
+    request: Request, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("id", "size", "machine_type", "tenant", "gcds"))
     errors: dict[str, str] = {}
@@ -182,15 +183,15 @@ async def create_partition(request: Request, db: DbDep, settings: SettingsDep, u
 
 
 @router.post("/partitions/{name}/{action}")
-async def partition_action(
+def partition_action(
     request: Request,
     name: Name,
     action: Annotated[str, Path(pattern="^(remove|reset)$")],
     db: DbDep,
     settings: SettingsDep,
     user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         if action == "remove":
@@ -237,8 +238,9 @@ def tenants_page(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/tenants", response_class=HTMLResponse)
-async def create_tenant(request: Request, db: DbDep, settings: SettingsDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def create_tenant(
+    request: Request, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("name", "plan", "quota_ipu_hours", "owner_email"))
     errors: dict[str, str] = {}
@@ -301,8 +303,7 @@ def tenant_page(request: Request, tenant_id: Name, db: DbDep, user: AdminUser) -
 
 
 @router.post("/tenants/{tenant_id}", response_class=HTMLResponse)
-async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("plan", "quota_ipu_hours", "status", "expires_at"))
     errors: dict[str, str] = {}
@@ -316,12 +317,9 @@ async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: Admi
         changes["status"] = values["status"]
     elif values["status"]:
         errors["status"] = "active or suspended."
-    if values["expires_at"]:
-        try:
-            day = datetime.fromisoformat(values["expires_at"])
-            changes["expires_at"] = day if day.tzinfo else day.replace(tzinfo=UTC)
-        except ValueError:
-            errors["expires_at"] = "A date such as 2026-12-31."
+    expires_at = forms.optional_datetime(values["expires_at"], "expires_at", errors)
+    if expires_at is not None:
+        changes["expires_at"] = expires_at
     if not errors:
         try:
             with db.write() as s:
@@ -336,10 +334,10 @@ async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: Admi
 
 
 @router.post("/tenants/{tenant_id}/keys", response_class=HTMLResponse)
-async def create_tenant_key(
-    request: Request, tenant_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser
+def create_tenant_key(
+    request: Request, tenant_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     name = form.get("name", "").strip()[:100] or "dashboard key"
     with db.write() as s:
@@ -360,10 +358,10 @@ async def create_tenant_key(
 
 
 @router.post("/tenants/{tenant_id}/keys/{key_id}/revoke")
-async def revoke_tenant_key(
-    request: Request, tenant_id: Name, key_id: Name, db: DbDep, user: AdminUser
+def revoke_tenant_key(
+    request: Request, tenant_id: Name, key_id: Name, db: DbDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         key_service.revoke_key(session=s, key_id=key_id, tenant_id=tenant_id)
@@ -372,8 +370,7 @@ async def revoke_tenant_key(
 
 
 @router.post("/plans/{name}")
-async def update_plan(request: Request, name: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def update_plan(request: Request, name: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     errors: dict[str, str] = {}
     changes: dict[str, object] = {}
@@ -442,10 +439,10 @@ def trials_page(
 
 
 @router.post("/trials/{application_id}/approve", response_class=HTMLResponse)
-async def approve_trial(
-    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser
+def approve_trial(
+    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         application, created = trials.approve(
@@ -469,8 +466,7 @@ async def approve_trial(
 
 
 @router.post("/trials/{application_id}/reject")
-async def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         trials.reject(
@@ -526,7 +522,7 @@ def usage_export(db: DbDep, user: AdminUser) -> Response:
                 "tenant_id": t.id,
                 "name": t.name,
                 "plan": t.plan_name,
-                "status": t.status,
+                "status": tenant_status(t),
                 "quota_ipu_hours": hours(t.quota_ipu_ms),
                 "used_ipu_hours": hours(t.used_ipu_ms),
                 "reserved_ipu_hours": hours(t.reserved_ipu_ms),

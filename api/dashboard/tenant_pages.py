@@ -6,16 +6,27 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from api.dashboard import charts, forms, sessions
-from api.dashboard.web import DashboardRoute, TenantUser, User, form_data, markup, render
+from api.dashboard.web import (
+    DashboardRoute,
+    Form,
+    ReaderUser,
+    SubmitterUser,
+    TenantReader,
+    TenantUser,
+    markup,
+    render,
+)
 from api.deps import DbDep, SettingsDep
+from api.routers.jobs import LastEventId, Standing, key_denial
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
 from api.schemas import JobOut, WaitReason
-from api.views import days_left, hours, job_out
+from api.views import days_left, hours, job_out, tenant_status
 from scheduler import bus, emulation
 from scheduler.errors import DomainError
 from scheduler.jobspec import JobSpec
@@ -24,7 +35,7 @@ from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
-from scheduler.services.scope import OneTenant
+from scheduler.services.scope import OneTenant, Scope
 from vipu import emulator
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
@@ -34,7 +45,7 @@ CHART_DAYS = 30
 LOG_TAIL = 300
 
 
-def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
+def _job_view(s: Any, job: Job, scope: Scope, *, full: bool = False) -> JobOut:
     attempt = job_service.current_attempt(session=s, job=job)
     if not full:
         out = job_out(job, attempt=attempt)
@@ -46,7 +57,7 @@ def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
             history=job_service.job_events(session=s, job_id=job.id, kinds=("state",)),
             used_ipu_ms=usage_service.job_used_ipu_ms(session=s, job_id=job.id),
         )
-    wait = job_service.wait_reason(session=s, job=job)
+    wait = job_service.wait_given(session=s, job=job, attempt=attempt, scope=scope)
     if wait is not None:
         out.wait = WaitReason(**wait)
     return out
@@ -82,7 +93,7 @@ def grant(t: Any, plan: Any) -> dict[str, Any]:
     }
 
 
-def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessions.DashSession) -> Response:
+def tenant_home(request: Request, db: DbDep, user: sessions.DashSession) -> Response:
     if user.tenant_id is None:
         return RedirectResponse("/admin/fleet", status_code=303)
     today = datetime.now(UTC).date()
@@ -93,11 +104,11 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
         plan = tenant_service.get_plan(session=s, name=t.plan_name)
         groups = usage_service.breakdowns(session=s, scope=scope, since=since)
         running = [
-            _job_view(s, j)
+            _job_view(s, j, scope)
             for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="running")
         ]
         queued = [
-            _job_view(s, j)
+            _job_view(s, j, scope)
             for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="queued")
         ]
         recent = [
@@ -105,7 +116,7 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
             for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=20)
             if j.state in FINAL_JOB_STATES
         ][:8]
-        tenant = {"id": t.id, "name": t.name, "status": t.status}
+        tenant = {"id": t.id, "name": t.name, "status": tenant_status(t)}
         info = grant(t, plan)
     series = charts.daily_series(groups["by_day"], days=CHART_DAYS, today=today)
     chart = charts.bar_chart(
@@ -132,16 +143,15 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
 def jobs_page(
     request: Request,
     db: DbDep,
-    user: User,
+    user: ReaderUser,
     state: Annotated[str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
     limit = 50
+    scope = user.principal.scope
     with db.read() as s:
-        rows = job_service.list_jobs(
-            session=s, scope=user.principal.scope, after=after, limit=limit + 1, state=state
-        )
-        items = [_job_view(s, j) for j in rows[:limit]]
+        rows = job_service.list_jobs(session=s, scope=scope, after=after, limit=limit + 1, state=state)
+        items = [_job_view(s, j, scope) for j in rows[:limit]]
     more = rows[limit - 1].id if len(rows) > limit else None
     return render(
         request, "jobs.html", {"jobs": items, "state": state, "more": more, "states": _STATES}, user=user
@@ -174,7 +184,7 @@ DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def submit_page(request: Request, user: TenantUser) -> Response:
+def submit_page(request: Request, user: TenantReader) -> Response:
     values = forms.job_values({}, DEFAULTS)
     return render(request, "submit.html", _submit_context(values, {}, None), user=user)
 
@@ -194,6 +204,15 @@ def run_estimate(
             )
             t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
+            if out.get("fits") and out.get("ipus"):
+                out["runtime_limit"] = job_service.runtime_limit(
+                    session=s,
+                    tenant_id=t.id,
+                    workload=spec.workload,
+                    ipus=int(out["ipus"]),
+                    machine=spec.machine,
+                    max_runtime_s=spec.max_runtime_s,
+                )
     except DomainError as exc:
         return {"fits": False, "error": exc.detail}
     out["remaining_ipu_hours"] = remaining
@@ -202,8 +221,9 @@ def run_estimate(
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)
-async def submit(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser) -> Response:
-    form = await form_data(request)
+def submit(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser, form: Form) -> Response:
+    # A preview is the API's dry run (POST /estimates, `read`); a submission POST /jobs (`submit`).
+    user.principal.require("read" if form.get("action") == "preview" else "submit")
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.job_values(form)
     values["idempotency"] = str(form.get("idempotency", ""))[:64]
@@ -244,15 +264,15 @@ def _submit(db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | Non
 
 
 @router.post("/jobs/estimate", response_class=HTMLResponse)
-async def estimate_fragment(
+def estimate_fragment(
     request: Request,
     db: DbDep,
     settings: SettingsDep,
-    user: TenantUser,
+    user: TenantReader,
+    form: Form,
     x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """The estimate panel alone, for the page's script to swap in as the form changes."""
-    form = await form_data(request)
     sessions.check_csrf(request, x_csrf_token or form.get("csrf"), user.csrf)
     parsed, spec = forms.parse_job(forms.job_values(form))
     if spec is None:
@@ -266,10 +286,11 @@ async def estimate_fragment(
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
+def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Response:
+    scope = user.principal.scope
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, scope=user.principal.scope)
-        view = _job_view(s, job, full=True)
+        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
+        view = _job_view(s, job, scope, full=True)
         events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
         tail = [
             {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
@@ -288,25 +309,51 @@ def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response
 def job_events(
     job_id: JobId,
     db: DbDep,
-    user: User,
+    user: ReaderUser,
     after: Annotated[int, Query(ge=0, le=2**62)] = 0,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    last_event_id: LastEventId = None,
 ) -> Response:
-    """The job's live events for the page's EventSource (the cookie session, not a bearer key)."""
+    """The job's live events for the page's EventSource (the cookie session, not a bearer key).
+
+    The stream ends within a few seconds once the session is signed out, its key revoked or its
+    tenant suspended, as the API's does."""
+    scope = user.principal.scope
     with db.read() as s:
-        job_service.get_job(session=s, job_id=job_id, scope=user.principal.scope)
-    if last_event_id and last_event_id.isdigit():
+        job_service.get_job(session=s, job_id=job_id, scope=scope)
+    if last_event_id is not None:
         after = max(after, int(last_event_id))
+    stream = job_event_stream(
+        db, job_id, after, scope=scope, standing=session_standing(db, user), facts=_live_facts
+    )
     return StreamingResponse(
-        job_event_stream(db, job_id, after, facts=_live_facts),
+        stream,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
+def session_standing(db: DbDep, user: sessions.DashSession) -> Standing:
+    """A stream's reader is still signed in, with a key that still grants what it did."""
+    signed_out = {
+        "type": "/problems/unauthorized",
+        "title": "Signed out",
+        "status": 401,
+        "detail": "This session was signed out.",
+    }
+
+    def denial() -> dict[str, Any] | None:
+        if not sessions.exists(user.token):
+            return signed_out
+        return key_denial(db, user.principal.key_id)
+
+    async def check() -> dict[str, Any] | None:
+        return await to_thread.run_sync(denial)
+
+    return check
+
+
 @router.post("/jobs/{job_id}/cancel")
-async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
-    form = await form_data(request)
+def cancel(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         job = job_service.request_cancel(session=s, job_id=job_id, scope=user.principal.scope)
@@ -320,7 +367,7 @@ async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Resp
 
 
 @router.get("/usage.csv")
-def usage_export(db: DbDep, user: TenantUser) -> Response:
+def usage_export(db: DbDep, user: TenantReader) -> Response:
     with db.read() as s:
         groups = usage_service.breakdowns(session=s, scope=user.principal.scope)
     rows = [dict(r, tenant_id=user.tenant_id) for r in groups["by_job"]]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import DbDep, Reader
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates
+from scheduler.services import jobs as job_service
 from vipu import emulator
 
 router = APIRouter(prefix="/api/v1", tags=["catalogue"])
@@ -21,6 +22,19 @@ class EstimateRequest(BaseModel):
     workload: WorkloadRequest
     ipus: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = "auto"
     machine: Literal["m2000", "bow"] | None = None
+    max_runtime_s: int | None = Field(
+        None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
+    )
+
+
+class RuntimeLimit(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    max_runtime_s: int = Field(description="The longest a job may run on the plan (cluster seconds).")
+    within: bool = Field(description="Whether this job ends within it; if not, submitting it is refused.")
+    detail: str | None = Field(None, description="When not: the prediction, the limit and what would fit.")
+    fitting_steps: int | None = Field(None, description="Steps that would end in time on the same IPUs.")
+    fitting_ipus: int | None = Field(None, description="The smallest partition on which all of it would.")
 
 
 class EstimateOut(BaseModel):
@@ -37,6 +51,9 @@ class EstimateOut(BaseModel):
         None, description="Cluster seconds before it would start; null if never"
     )
     error: str | None = None
+    runtime_limit: RuntimeLimit | None = Field(
+        None, description="The tenant's run-time limit per job and whether this job ends within it."
+    )
 
 
 @router.get("/workloads", summary="The workload catalogue with each workload's parameters and limits")
@@ -53,4 +70,13 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
     with db.read() as s:
         out = estimates.estimate(session=s, workload=body.workload, ipus=body.ipus, machine=body.machine)
+        if principal.tenant_id is not None and out.get("fits") and out.get("ipus"):
+            out["runtime_limit"] = job_service.runtime_limit(
+                session=s,
+                tenant_id=principal.tenant_id,
+                workload=body.workload,
+                ipus=int(out["ipus"]),
+                machine=body.machine,
+                max_runtime_s=body.max_runtime_s,
+            )
     return EstimateOut(**out)

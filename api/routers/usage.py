@@ -24,7 +24,7 @@ from api.schemas import (
     decode_cursor,
     encode_cursor,
 )
-from api.views import days_left, hours
+from api.views import days_left, hours, tenant_status
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
 from scheduler.services import tenants as tenant_service
@@ -101,7 +101,7 @@ def _tenant_usage(t: Tenant) -> TenantUsage:
         tenant_id=t.id,
         name=t.name,
         plan=t.plan_name,
-        status=t.status,
+        status=tenant_status(t),
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),

@@ -7,6 +7,7 @@ lost. An event counts on the UTC day it was written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,21 @@ def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
             select(func.coalesce(func.sum(MeterEvent.ipu_ms), 0)).where(MeterEvent.job_id == job_id)
         ).scalar_one()
     )
+
+
+def jobs_used_ipu_ms(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """IPU-milliseconds billed to each job so far, in one query for a page of jobs."""
+    out = dict.fromkeys(job_ids, 0)
+    if not job_ids:
+        return out
+    rows = session.execute(
+        select(MeterEvent.job_id, func.sum(MeterEvent.ipu_ms))
+        .where(MeterEvent.job_id.in_(list(job_ids)))
+        .group_by(MeterEvent.job_id)
+    ).tuples()
+    for job_id, ms in rows:
+        out[job_id] = int(ms or 0)
+    return out
 
 
 def _hours(ms: int | None) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, QuotaExceeded
+from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import (
@@ -98,8 +98,18 @@ def test_bad_jobs_are_refused_and_change_nothing(db: Any, tenant: str) -> None:
                 "steps": 1,
             },
         )
+    huge = {"model": "bert-large", "seq_len": 512, "samples": 10**11}
+    # 24.9 million cluster seconds: far past the standard plan's 14 days per job. Accepted, it would
+    # be stopped unfinished and billed; refused, the user learns what would fit.
+    with pytest.raises(LimitExceeded) as refused:
+        submit(db, tenant, ipus=64, workload=huge)
+    assert refused.value.extra["max_runtime_s"] == 1_209_600
+    assert refused.value.extra["predicted_runtime_s"] > 24_000_000
+    assert 0 < refused.value.extra["fitting_samples"] < 10**11
+    assert "set max_runtime_s" in refused.value.detail and "1,209,600 s" in refused.value.detail
+    # Asked to stop at the limit, it is judged on what that costs: more than the grant.
     with pytest.raises(QuotaExceeded):
-        submit(db, tenant, ipus=64, workload={"model": "bert-large", "seq_len": 512, "samples": 10**11})
+        submit(db, tenant, ipus=64, workload=huge, max_runtime_s=1_209_600)
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
         assert s.get(Tenant, tenant).reserved_ipu_ms == 0
