@@ -21,7 +21,7 @@ from pydantic import (
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, Member, Plan, TrialApplication
 from scheduler.services.keys import key_state
-from scheduler.text import LINE, TEXT
+from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
 
 T = TypeVar("T")
 
@@ -439,9 +439,7 @@ class PlanUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    description: (
-        Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")] | None
-    ) = None
+    description: Annotated[str, StringConstraints(max_length=500, pattern=OPTIONAL_TEXT)] | None = None
     quota_ipu_hours: Hours | None = None
     trial_days: Days | None = None
     max_partition_size: Size | None = None

@@ -31,8 +31,8 @@ _BLANK = r"\x20\xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
 LINE = rf"^[^{_HIDDEN}{_BLANK}]([^{_HIDDEN}]*[^{_HIDDEN}{_BLANK}])?$"
 # Free text (lines and tabs allowed) that starts with something visible.
 TEXT = rf"^[^{_HIDDEN}{_BLANK}\t\n\r][^{_HIDDEN_IN_TEXT}]*$"
-# A label (a job's name): nothing hidden, blanks allowed anywhere.
-LABEL = rf"^[^{_HIDDEN}]+$"
+# Free text that may be empty (a description).
+OPTIONAL_TEXT = rf"^([^{_HIDDEN}{_BLANK}\t\n\r][^{_HIDDEN_IN_TEXT}]*)?$"
 
 _LINE = re.compile(LINE)
 

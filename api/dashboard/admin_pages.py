@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from api.dashboard import charts, fleetmap, forms, sessions
 from api.dashboard.web import AdminUser, DashboardRoute, Form, markup, render
 from api.deps import DbDep, SettingsDep
 from api.routers.usage import usage_csv
-from api.schemas import TenantName
+from api.schemas import Email, KeyName, PlanName, TenantName
 from api.views import hours, partition_out, tenant_out, tenant_status
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest
@@ -23,6 +23,7 @@ from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant
+from scheduler.text import TEXT
 from vipu.topology import parse_machine_id
 
 router = APIRouter(prefix="/admin", include_in_schema=False, route_class=DashboardRoute)
@@ -36,6 +37,12 @@ MAP_PODS = 8
 CHART_DAYS = 30
 PARTITION_NAME: TypeAdapter[str] = TypeAdapter(PartitionName)
 TENANT_NAME: TypeAdapter[str] = TypeAdapter(TenantName)
+# The API's rules for the same fields, so both faces refuse alike.
+REASON: TypeAdapter[str] = TypeAdapter(Annotated[str, StringConstraints(max_length=1000, pattern=TEXT)])
+HEALTH_REASON: TypeAdapter[str] = TypeAdapter(Annotated[str, StringConstraints(max_length=500, pattern=TEXT)])
+EMAIL: TypeAdapter[str] = TypeAdapter(Email)
+PLAN: TypeAdapter[str] = TypeAdapter(PlanName)
+KEY_NAME: TypeAdapter[str] = TypeAdapter(KeyName)
 
 
 def _key_once(request: Request, user: sessions.DashSession, **context: Any) -> Response:
@@ -57,7 +64,7 @@ def fleet_page(
     db: DbDep,
     settings: SettingsDep,
     user: AdminUser,
-    machine: Annotated[str | None, Query(max_length=32)] = None,
+    machine: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9._-]*$")] = None,
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
 ) -> Response:
     if machine:
@@ -115,7 +122,8 @@ def machine_action(
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    reason = form.get("reason", "").strip()[:500] or None
+    raw = form.get("reason", "").strip(forms.BLANKS)
+    reason = forms.valid(HEALTH_REASON, raw, "reason", "visible text, 500 at most.") if raw else None
     with db.write() as s:
         m = fleet.set_machine_health(session=s, machine=machine_id, health=HEALTH[action], reason=reason)
         health = m.health
@@ -249,6 +257,12 @@ def create_tenant(
     except ValidationError:
         errors["name"] = "Letters, digits, space, dot, dash, underscore; up to 100."
     quota = forms.optional_float(values["quota_ipu_hours"], "quota_ipu_hours", errors)
+    for field, adapter, message in (("owner_email", EMAIL, "An e-mail address."), ("plan", PLAN, "A plan.")):
+        if values[field]:
+            try:
+                adapter.validate_python(values[field])
+            except ValidationError:
+                errors[field] = message
     if not errors:
         try:
             with db.write() as s:
@@ -339,7 +353,8 @@ def create_tenant_key(
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    name = form.get("name", "").strip()[:100] or "dashboard key"
+    raw = form.get("name", "").strip(forms.BLANKS)
+    name = forms.valid(KEY_NAME, raw, "name", "one line, 100 characters at most.") if raw else "dashboard key"
     with db.write() as s:
         _, api_key = tenant_service.create_tenant_key(
             session=s,
@@ -468,12 +483,10 @@ def approve_trial(
 @router.post("/trials/{application_id}/reject")
 def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    reason = forms.valid(REASON, form.get("reason", ""), "reason", "visible text, 1000 characters at most.")
     with db.write() as s:
         trials.reject(
-            session=s,
-            application_id=application_id,
-            reason=form.get("reason", ""),
-            decided_by=user.principal.key_id,
+            session=s, application_id=application_id, reason=reason, decided_by=user.principal.key_id
         )
     sessions.flash(user, f"Application {application_id} rejected.")
     return RedirectResponse("/admin/trials", status_code=303)

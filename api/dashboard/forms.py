@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, EmailStr, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, EmailStr, StringConstraints, TypeAdapter, ValidationError
 
+from scheduler.errors import InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.text import LINE, TEXT
 
@@ -63,8 +64,13 @@ def _errors(exc: ValidationError, rename: Mapping[str, str] | None = None) -> di
     return out
 
 
+# Only ASCII blanks are trimmed: a field of no-break spaces is not an empty field (which means "the
+# default" or "unchanged"), it is a wrong value, and is refused as one.
+BLANKS = " \t\r\n"
+
+
 def job_values(form: Mapping[str, str], defaults: Mapping[str, str] | None = None) -> dict[str, str]:
-    values = {k: str(form.get(k, "")).strip() for k in JOB_FIELDS}
+    values = {k: str(form.get(k, "")).strip(BLANKS) for k in JOB_FIELDS}
     for k, v in (defaults or {}).items():
         if not values.get(k):
             values[k] = v
@@ -124,7 +130,7 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
 
 
 class TrialForm(BaseModel):
-    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="ignore")
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
     email: Annotated[EmailStr, StringConstraints(max_length=254)]
@@ -134,7 +140,9 @@ class TrialForm(BaseModel):
 
 
 def parse_trial(form: Mapping[str, str]) -> tuple[Parsed, TrialForm | None]:
-    values = {k: str(form.get(k, "")) for k in ("name", "email", "organisation", "category", "intended_use")}
+    # Trimmed of ASCII blanks only, as the API's patterns see them: "Ada\u2029" is not "Ada".
+    names = ("name", "email", "organisation", "category", "intended_use")
+    values = {k: str(form.get(k, "")).strip(BLANKS) for k in names}
     parsed = Parsed(values)
     try:
         return parsed, TrialForm.model_validate(values)
@@ -144,7 +152,7 @@ def parse_trial(form: Mapping[str, str]) -> tuple[Parsed, TrialForm | None]:
 
 
 def optional_float(raw: str, name: str, errors: dict[str, str], *, minimum: float = 0.0) -> float | None:
-    raw = raw.strip()
+    raw = raw.strip(BLANKS)
     if not raw:
         return None
     if not DECIMAL.fullmatch(raw):
@@ -160,7 +168,7 @@ def optional_float(raw: str, name: str, errors: dict[str, str], *, minimum: floa
 def optional_int(
     raw: str, name: str, errors: dict[str, str], *, minimum: int = 1, maximum: int = 10**9
 ) -> int | None:
-    raw = raw.strip()
+    raw = raw.strip(BLANKS)
     if not raw:
         return None
     value = whole_number(raw)
@@ -173,7 +181,7 @@ def optional_int(
 def optional_datetime(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
     """A date (`2026-12-31`, midnight UTC) or a date-time (without a zone: UTC), years 1970 to 2999
     once in UTC, as the API allows: `0001-01-01T00:00:00+14:00` would not even convert to UTC."""
-    raw = raw.strip()
+    raw = raw.strip(BLANKS)
     if not raw:
         return None
     message = "A date such as 2026-12-31 (or a date-time), years 1970 to 2999."
@@ -193,4 +201,13 @@ def optional_datetime(raw: str, name: str, errors: dict[str, str]) -> datetime |
 
 
 def values_of(form: Mapping[str, str], names: tuple[str, ...]) -> dict[str, Any]:
-    return {k: str(form.get(k, "")).strip() for k in names}
+    return {k: str(form.get(k, "")).strip(BLANKS) for k in names}
+
+
+def valid(adapter: TypeAdapter[Any], raw: str, name: str, message: str) -> Any:
+    """`raw` validated by one of the API's own types (the same rules on both faces); else a 422
+    naming the field."""
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError:
+        raise InvalidRequest(f"{name}: {message}", field=name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -17,7 +18,7 @@ from api.dashboard.web import (
     ReaderUser,
     SubmitterUser,
     TenantReader,
-    TenantUser,
+    User,
     markup,
     render,
 )
@@ -25,10 +26,10 @@ from api.deps import DbDep, SettingsDep
 from api.routers.jobs import LastEventId, Standing, key_denial
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
-from api.schemas import JobOut, WaitReason
+from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
 from api.views import days_left, hours, job_out, tenant_status
 from scheduler import bus, emulation
-from scheduler.errors import DomainError
+from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import estimates
@@ -41,6 +42,8 @@ from vipu import emulator
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
 JobId = Annotated[str, Path(min_length=1, max_length=64)]
+# The token the submit form carries (secrets.token_urlsafe): a resent form is the same job.
+IDEMPOTENCY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHART_DAYS = 30
 LOG_TAIL = 300
 
@@ -145,7 +148,7 @@ def jobs_page(
     db: DbDep,
     user: ReaderUser,
     state: Annotated[str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=100, pattern=CURSOR_PATTERN)] = None,
 ) -> Response:
     limit = 50
     scope = user.principal.scope
@@ -184,15 +187,16 @@ DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def submit_page(request: Request, user: TenantReader) -> Response:
+def submit_page(request: Request, user: ReaderUser) -> Response:
     values = forms.job_values({}, DEFAULTS)
     return render(request, "submit.html", _submit_context(values, {}, None), user=user)
 
 
 def run_estimate(
     db: DbDep, settings: SettingsDep, user: sessions.DashSession, spec: JobSpec
-) -> dict[str, Any]:
-    """The API's dry run, with what it would leave of the grant; a refusal becomes a message."""
+) -> tuple[dict[str, Any], int]:
+    """The API's dry run, with what it would leave of the grant and whether the plan allows its
+    run time (a tenant's; an admin has neither); a refusal becomes a message."""
     try:
         with db.read() as s:
             out = estimates.estimate(
@@ -202,7 +206,9 @@ def run_estimate(
                 machine=spec.machine,
                 policy=settings.placement_policy,
             )
-            t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
+            if user.tenant_id is None:
+                return out | {"sram_bytes_per_ipu": _sram_bytes(spec)}, 200
+            t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
             if out.get("fits") and out.get("ipus"):
                 out["runtime_limit"] = job_service.runtime_limit(
@@ -214,25 +220,37 @@ def run_estimate(
                     max_runtime_s=spec.max_runtime_s,
                 )
     except DomainError as exc:
-        return {"fits": False, "error": exc.detail}
+        return {"fits": False, "error": exc.detail}, exc.status
     out["remaining_ipu_hours"] = remaining
-    out["sram_bytes_per_ipu"] = emulator.MACHINES[spec.machine or emulation.DEFAULT_MACHINE].sram_bytes
-    return out
+    out["sram_bytes_per_ipu"] = _sram_bytes(spec)
+    return out, 200
+
+
+def _sram_bytes(spec: JobSpec) -> int:
+    return emulator.MACHINES[spec.machine or emulation.DEFAULT_MACHINE].sram_bytes
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)
-def submit(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser, form: Form) -> Response:
+def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form: Form) -> Response:
+    action = form.get("action", "submit")
+    if action not in ("preview", "submit"):
+        raise InvalidRequest("action must be preview or submit.", field="action")
     # A preview is the API's dry run (POST /estimates, `read`); a submission POST /jobs (`submit`).
-    user.principal.require("read" if form.get("action") == "preview" else "submit")
+    user.principal.require("read" if action == "preview" else "submit")
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.job_values(form)
-    values["idempotency"] = str(form.get("idempotency", ""))[:64]
+    idempotency = form.get("idempotency", "")
+    if idempotency and not IDEMPOTENCY.fullmatch(idempotency):
+        raise InvalidRequest("The form's idempotency token is not one this site made; reload the page.")
+    values["idempotency"] = idempotency
     parsed, spec = forms.parse_job(values)
     if spec is None:
         return render(request, "submit.html", _submit_context(values, parsed.errors, None), status_code=422)
-    if form.get("action") == "preview":
-        est = run_estimate(db, settings, user, spec)
-        return render(request, "submit.html", _submit_context(values, {}, est), user=user)
+    if action == "preview":
+        est, status = run_estimate(db, settings, user, spec)
+        return render(request, "submit.html", _submit_context(values, {}, est), status_code=status, user=user)
+    if user.tenant_id is None:
+        raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     try:
         job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
     except DomainError as exc:
@@ -268,7 +286,7 @@ def estimate_fragment(
     request: Request,
     db: DbDep,
     settings: SettingsDep,
-    user: TenantReader,
+    user: ReaderUser,
     form: Form,
     x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
@@ -280,9 +298,11 @@ def estimate_fragment(
             "fits": False,
             "error": "; ".join(f"{k}: {v}" for k, v in parsed.errors.items()),
         }
+        status = 422
     else:
-        est = run_estimate(db, settings, user, spec)
-    return render(request, "_estimate.html", {"estimate": est}, user=user)
+        est, status = run_estimate(db, settings, user, spec)
+    # A refusal is still the panel the page shows (submit.js swaps in a 422's body too).
+    return render(request, "_estimate.html", {"estimate": est}, status_code=status, user=user)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

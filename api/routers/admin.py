@@ -12,7 +12,9 @@ from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, dec
 from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, partitions
+from scheduler.services import tenants as tenant_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
+from scheduler.text import TEXT
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 
@@ -43,7 +45,7 @@ def get_fleet(
 class HealthChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+    reason: Annotated[str, StringConstraints(max_length=500, pattern=TEXT)] | None = None
 
 
 def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None) -> dict[str, Any]:
@@ -130,7 +132,9 @@ def list_partitions(
     tenant: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Page[PartitionOut]:
     with db.read() as s:
-        scope: Scope = ALL_TENANTS if tenant is None else OneTenant(tenant)
+        scope: Scope = ALL_TENANTS
+        if tenant is not None:
+            scope = OneTenant(tenant_service.get_tenant(session=s, tenant_id=tenant).id)  # 404 if none
         rows = fleet.list_partitions(session=s, scope=scope, after=decode_int_cursor(cursor), limit=limit + 1)
         items = [partition_out(p) for p in rows[:limit]]
     return Page[PartitionOut](
