@@ -217,6 +217,8 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
         for method, op in item.items():
             if method not in ("get", "put", "post", "delete", "patch"):
                 continue
+            for param in op.get("parameters", []):
+                _no_null_header(param)
             responses = op.setdefault("responses", {})
             if "422" in responses or op.get("parameters") or op.get("requestBody"):
                 responses["422"] = _problem_response("Invalid request: `errors` lists each field.")
@@ -231,6 +233,18 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
                 responses["429"] = _problem_response("Too many requests from this address.", _RETRY_AFTER)
             responses["default"] = _problem_response("Any other error, as a problem.")
     return spec
+
+
+def _no_null_header(param: dict[str, Any]) -> None:
+    """An optional header is absent or a string, never null: say so (a client told `null` is
+    allowed sends the text "null", which the header's pattern rightly refuses)."""
+    schema = param.get("schema", {})
+    options = schema.get("anyOf")
+    if param.get("in") != "header" or not options:
+        return
+    rest = [o for o in options if o.get("type") != "null"]
+    if len(rest) == 1 and len(rest) < len(options):
+        param["schema"] = {**{k: v for k, v in schema.items() if k != "anyOf"}, **rest[0]}
 
 
 def install_openapi(app: FastAPI) -> None:

