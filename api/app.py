@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import time
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
@@ -86,6 +88,30 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class RefuseControlCharacters:
+    """A URL whose path or query holds a control character gets a 400 before any route reads it.
+
+    No identifier, cursor or parameter of this API has one, and PostgreSQL refuses a NUL in any text
+    it is given (an error that would otherwise surface as a 500 from whichever query met it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = unquote_plus(scope.get("query_string", b"").decode("latin-1"))
+            if _CONTROL.search(scope.get("path", "")) or _CONTROL.search(query):
+                resp = problems.problem(
+                    400, "The URL holds a control character; no path or parameter here has one."
+                )
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class Observe:
     """Latency and count per route for /metrics, and `nosniff` on every response.
 
@@ -134,6 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     problems.install(app)
 
     app.add_middleware(Observe)
+    app.add_middleware(RefuseControlCharacters)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     for module in (jobs, catalogue, usage, keys, trials, admin, admin_tenants, health):

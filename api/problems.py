@@ -10,7 +10,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import PROBLEM_TYPES, DomainError
@@ -141,6 +141,19 @@ def install(app: FastAPI) -> None:
                 headers["Allow"] = allowed
                 detail = f"{request.method} is not allowed here; use {allowed}."
         return problem(exc.status_code, detail, instance=request.url.path, headers=headers or None)
+
+    @app.exception_handler(DataError)
+    async def _unstorable(request: Request, exc: DataError) -> Response:
+        # PostgreSQL refuses a NUL character in any text; a field without a stricter rule of its
+        # own that carried one reaches it so. The transaction rolled back: nothing was changed.
+        if "NUL" not in str(exc.orig):
+            return await _unexpected(request, exc)
+        return problem(
+            422,
+            "A field holds a NUL character, which nothing here accepts.",
+            slug="invalid-request",
+            instance=request.url.path,
+        )
 
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> Response:

@@ -125,6 +125,8 @@ def safe_next(path: str | None) -> str:
     """Only a path on this site: `//host` and absolute URLs would make sign-in an open redirect."""
     if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
         return "/"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):  # a header (Location) cannot carry them
+        return "/"
     return path
 
 

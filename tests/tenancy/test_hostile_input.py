@@ -564,3 +564,14 @@ def test_hostile_values_get_a_4xx_and_change_nothing(world: World, db: Any, data
         after = fingerprint(db)
         changed = sorted(t for t in after if after[t] != before[t])
         assert not changed, f"{field} = {hostile!r:.80} was refused ({r.status_code}) but changed {changed}"
+
+
+def test_a_nul_in_any_field_is_a_4xx_and_changes_nothing(world: World, db: Any) -> None:
+    """Every field once with a NUL inside: PostgreSQL refuses NUL in any text it is given, so a field
+    with no stricter rule of its own would reach it and fail there (a 500) unless the edge refuses it."""
+    before = fingerprint(db)
+    for field in FIELDS:
+        r = send(world, field, "a\x00b")
+        problem = refused(field, r)
+        assert problem is None, f"{field} = 'a\\x00b': {problem}: {r.text[:300]}"
+    assert fingerprint(db) == before
