@@ -61,7 +61,8 @@ class ClusterCollector(Collector):
         yield jobs
         ended = CounterMetricFamily(
             "ipucloud_cluster_attempts_ended",
-            "Attempts ended, by outcome (lost, handed_back and preempted are platform faults, never billed)",
+            "Attempts ended, by outcome (lost, handed_back, preempted and interrupted are platform faults, "
+            "never billed)",
             labels=["outcome"],
         )
         for k, v in state.attempts_ended.items():
@@ -75,9 +76,15 @@ class ClusterCollector(Collector):
         yield live
         yield GaugeMetricFamily(
             "ipucloud_cluster_leases_overdue",
-            "Running attempts whose lease ran out and that the reconciler has not ended yet",
+            "Host agents whose lease ran out and whose attempts the reconciler has not ended yet",
             value=state.leases_overdue,
         )
+        agent_states = GaugeMetricFamily(
+            "ipucloud_cluster_agents", "Host agents by state (active, stopped, lapsed)", labels=["state"]
+        )
+        for k, v in state.agents.items():
+            agent_states.add_metric([k], v)
+        yield agent_states
         repairs = CounterMetricFamily(
             "ipucloud_cluster_reconciler_repairs",
             "Repairs made by the scheduler's reconciler, by action (lease_expired: attempt lost; "

@@ -351,9 +351,10 @@ class PartitionOut(BaseModel):
     tenant: str | None = None
     kind: str
     machine_type: str
-    gcds: int
+    gcds: int = Field(description="Graph compile domains: a reserved partition runs one job in each.")
     reconfigurable: bool
-    job: str | None = None
+    job: str | None = Field(None, description="The job it was made for, or the first job running in it.")
+    jobs: list[str] = Field(default_factory=list, description="Every job running in it, one per GCD.")
     state: Literal["active", "released"]
     created_at: datetime
     released_at: datetime | None = None

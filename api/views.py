@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
-from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant
+from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant, utcnow
+from scheduler.services import attempts
 
 
 def hours(ipu_ms: int) -> float:
@@ -39,7 +40,7 @@ def job_out(
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
-        progress=Progress(**attempt.progress) if attempt is not None and attempt.progress else None,
+        progress=_progress(attempt),
         used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
         history=None
         if history is None
@@ -55,6 +56,11 @@ def tenant_status(t: Tenant) -> str:
     if t.status == "active" and t.expires_at is not None and t.expires_at <= datetime.now(UTC):
         return "expired"
     return t.status
+
+
+def _progress(attempt: Attempt | None) -> Progress | None:
+    progress = None if attempt is None else attempts.progress_of(attempt, utcnow())
+    return Progress(**progress) if progress else None
 
 
 def tenant_out(t: Tenant) -> TenantOut:
@@ -76,7 +82,9 @@ def tenant_out(t: Tenant) -> TenantOut:
     )
 
 
-def partition_out(p: Partition) -> PartitionOut:
+def partition_out(p: Partition, running: list[str] | None = None) -> PartitionOut:
+    """`running`: the jobs running in it now (scheduler.services.partitions.running_jobs)."""
+    running = running or []
     return PartitionOut(
         id=p.name,
         size=p.size,
@@ -86,7 +94,8 @@ def partition_out(p: Partition) -> PartitionOut:
         machine_type=p.machine_type,
         gcds=p.gcds,
         reconfigurable=p.reconfigurable,
-        job=p.job_id,
+        job=p.job_id or (running[0] if running else None),
+        jobs=running if p.kind == "reserved" else ([p.job_id] if p.job_id and p.released_at is None else []),
         state="active" if p.released_at is None else "released",
         created_at=p.created_at,
         released_at=p.released_at,

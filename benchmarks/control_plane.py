@@ -10,8 +10,8 @@ one scheduler, workers) and measures, over repeated runs, printing min, median a
 - short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed);
 - scheduler cost: time to place 10,000 queued jobs on a 1,024-POD64 fleet (65,536 IPUs).
 
-With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the shared scripts
-(`../shared/peers/slurm/`), runs their equivalents in the same run and prints the ratios.
+With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the scripts in `benchmarks/slurm/`,
+runs their equivalents in the same run and prints the ratios.
 
     .venv/bin/python benchmarks/control_plane.py [--reps 3] [--vs-slurm]
         [--only submit,floor,latency,throughput,placement]
@@ -25,13 +25,11 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -41,111 +39,20 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 
+from benchmarks.harness import (  # noqa: E402
+    PG_DEFAULT,
+    REDIS_DEFAULT,
+    Figure,
+    Report,
+    fresh_database,
+    prepare,
+    start_cloud,
+)
 from tests.support.cloud import RunningCloud, free_port  # noqa: E402
 
-PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/postgres"
-REDIS_DEFAULT = "redis://127.0.0.1:6379/15"
 ONE_STEP_JOB = {"name": "tiny", "workload": {"model": "mcmc", "task": "infer", "steps": 1}, "ipus": 1}
-SLURM_DIR = next(
-    (p for p in (ROOT.parent / "shared/peers/slurm", Path("/work/shared/peers/slurm")) if p.exists()), None
-)
-
-
-@dataclass
-class Figure:
-    name: str
-    unit: str
-    values: list[float] = field(default_factory=list)
-
-    def line(self) -> str:
-        if not self.values:
-            return f"{self.name:<44} no data"
-        v = sorted(self.values)
-        return (
-            f"{self.name:<44} median={statistics.median(v):>10.3f}  min={v[0]:>10.3f}  max={v[-1]:>10.3f}  "
-            f"n={len(v)} {self.unit}"
-        )
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values) if self.values else float("nan")
-
-
-@dataclass
-class Report:
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    def add(self, name: str, unit: str, value: float) -> None:
-        self.figures.setdefault(name, Figure(name, unit)).values.append(value)
-        print(f"  {name} = {value:.3f} {unit}", flush=True)
-
-
-# Database and cloud ----------------------------------------------------------------------------------------
-
-
-def fresh_database(base: str, name: str) -> str:
-    url = make_url(base.replace("postgresql://", "postgresql+psycopg://", 1))
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return url.set(database=name).render_as_string(hide_password=False)
-
-
-def prepare(db_url: str, pods: int) -> tuple[str, str]:
-    """Migrate and seed; return (admin key, an internal tenant's key)."""
-    from scheduler.db import Database
-    from scheduler.migrate import upgrade
-    from scheduler.services import fleet, tenants
-
-    upgrade(db_url)
-    db = Database(db_url)
-    secret = os.environ["IPUCLOUD_SECRET_KEY"].encode()
-    with db.write() as s:
-        tenants.seed_plans(session=s)
-        fleet.seed_fleet(session=s, pods=pods)
-        admin = tenants.ensure_admin_key(session=s, secret=secret)
-        created = tenants.create_tenant(
-            session=s, secret=secret, name="bench", plan="internal", quota_ipu_hours=10_000_000
-        )
-    db.dispose()
-    assert admin is not None
-    return admin, created.api_key
-
-
-def start_cloud(
-    db_url: str,
-    redis_url: str,
-    workdir: Path,
-    admin: str,
-    *,
-    api_workers: int,
-    worker_procs: int,
-    concurrency: int,
-    scheduler: bool,
-) -> RunningCloud:
-    env = {
-        "IPUCLOUD_MODE": "production",
-        "IPUCLOUD_DATABASE_URL": db_url,
-        "IPUCLOUD_REDIS_URL": redis_url,
-        "IPUCLOUD_SECRET_KEY": os.environ["IPUCLOUD_SECRET_KEY"],
-        "IPUCLOUD_DATA_DIR": str(workdir / "data"),
-        "IPUCLOUD_RATE_LIMIT": "100000000/minute",
-        "IPUCLOUD_LOG_LEVEL": "WARNING",
-        "IPUCLOUD_API_WORKERS": str(api_workers),
-    }
-    workdir.mkdir(parents=True, exist_ok=True)
-    cloud = RunningCloud(env={**env, **BENCH_ENV}, workdir=workdir, admin_key=admin, port=free_port())
-    if scheduler:
-        cloud.start_scheduler()
-    for i in range(worker_procs):
-        cloud.start_worker(f"worker{i + 1}", concurrency=concurrency)
-    cloud.start_api()
-    cloud.wait_ready()
-    return cloud
+SLURM_DIR = ROOT / "benchmarks" / "slurm"
 
 
 # Production timing for the control plane (heartbeats every second, 10 s leases, a 0.5 s tick), but
@@ -421,9 +328,6 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
 
 
 def run_slurm(report: Report, reps: int) -> None:
-    if SLURM_DIR is None:
-        print("Slurm scripts not found; skipping --vs-slurm")
-        return
     subprocess.run(["bash", str(SLURM_DIR / "stop.sh"), "--all"], check=False)
     subprocess.run(["bash", str(SLURM_DIR / "setup.sh"), "default"], check=True)
     try:
@@ -484,6 +388,7 @@ def main() -> None:
                     worker_procs=0,
                     concurrency=1,
                     scheduler=False,
+                    extra_env=BENCH_ENV,
                 )
                 try:
                     bench_submit(report, cloud, key, args.seconds)
@@ -499,10 +404,9 @@ def main() -> None:
                     admin,
                     api_workers=cores,
                     worker_procs=1,
-                    # The default IPUCLOUD_WORKER_CONCURRENCY. On 2 cores more pool processes only
-                    # contend: 16 of them finished 2,000 short jobs at 52/s where 4 did at 67/s.
-                    concurrency=4,
+                    concurrency=16,  # the default IPUCLOUD_WORKER_CONCURRENCY
                     scheduler=True,
+                    extra_env=BENCH_ENV,
                 )
                 try:
                     if "latency" in only:

@@ -11,12 +11,18 @@ import time
 
 import redis
 import redis.asyncio as aioredis
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 WAKE_CHANNEL = "ipucloud:wake"
+# "<agent name> <attempt id>": the control plane ended an attempt that agent drives (a cancel, a
+# preemption, a failed machine). Every agent listens and keeps what names it; one that misses a
+# message finds out at its next look at the database.
+STOP_CHANNEL = "ipucloud:agents:stop"
 
 
 def job_channel(job_id: str) -> str:
@@ -73,6 +79,28 @@ def publish(channel: str, message: str) -> None:
 
 def wake_scheduler(reason: str) -> None:
     publish(WAKE_CHANNEL, reason)
+
+
+_AFTER_COMMIT = "ipucloud.after_commit"
+
+
+def publish_after_commit(session: Session, channel: str, message: str) -> None:
+    """Publish once the session's transaction has committed (and never if it rolls back): a hint
+    about a change must not reach anyone before the change itself is durable."""
+    pending = session.info.setdefault(_AFTER_COMMIT, [])
+    if not pending:
+        event.listen(session, "after_commit", _flush_after_commit, once=True)
+        event.listen(session, "after_rollback", _drop_after_commit, once=True)
+    pending.append((channel, message))
+
+
+def _flush_after_commit(session: Session) -> None:
+    for channel, message in session.info.pop(_AFTER_COMMIT, []):
+        publish(channel, message)
+
+
+def _drop_after_commit(session: Session) -> None:
+    session.info.pop(_AFTER_COMMIT, None)
 
 
 class CoalescingWaker:

@@ -14,6 +14,7 @@ from typing import Literal
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import MAX_FLEET_IPUS, WorkloadRequest
 from vipu import emulator
+from vipu.topology import pods_of
 
 # Admission predicts on the slower machine when the job may land on either, so that the quota
 # reserved covers the run wherever it is placed.
@@ -137,3 +138,30 @@ def _runtime_advice_cached(
         fitting_amount=steps * run.samples_per_step if by_samples else steps,
         fitting_ipus=fitting_ipus,
     )
+
+
+def plan_on_partition(
+    spec: dict[str, object], size: int, machine_type: str, ipu_ids: list[str]
+) -> tuple[emulator.Plan, emulator.WorkloadSpec]:
+    """How a job's workload runs on the partition it really got: timed on the POD64s it spans and
+    whether GW-Links join them. What a host agent asks when it takes an attempt; raises the
+    emulator's CompileError or WorkloadError when it cannot run there."""
+    workload = emulator.WorkloadSpec(**spec["workload"])  # type: ignore[arg-type]
+    pods = pods_of(ipu_ids)
+    return emulator.plan(workload, size, machine_type, pods=len(pods), gw_links=len(pods) > 1), workload
+
+
+_RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
+_RUNS_MAX = 1024
+
+
+def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool) -> emulator.EmulatedRun:
+    """The run's timeline and events; immutable, so one object serves every attempt of the same
+    configuration (a host agent may drive thousands of them)."""
+    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}", cached)
+    run = _RUNS.get(key)
+    if run is None:
+        if len(_RUNS) >= _RUNS_MAX:
+            _RUNS.clear()
+        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
+    return run

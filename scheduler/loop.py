@@ -66,6 +66,7 @@ class SchedulerLoop:
     fence_token: Fence | None = None
     sync: fleet.AllocatorSync | None = None
     last_reconcile: float = 0.0
+    last_sweep: float = 0.0
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
@@ -163,6 +164,11 @@ class SchedulerLoop:
         with PASS_SECONDS.time(), self.db.write() as s:
             self._fence(s)
             PASSES.inc()
+            if not scheduling.has_queued(session=s):
+                # Nothing to decide: a fleet running tens of thousands of jobs is not read again
+                # on every tick for nothing.
+                QUEUED.set(0)
+                return 0
             if self._waits_epoch != self.fence_token.epoch:
                 # A new term: what an earlier leader stored is read once, then kept in step.
                 self._waits, self._seen = None, set()
@@ -319,9 +325,13 @@ class SchedulerLoop:
 
     # Reconciliation ---------------------------------------------------------------------------------
 
-    def reconcile(self) -> reconciler.Repairs:
-        """Repair what faults left behind (services.reconciler), in one fenced transaction."""
+    def reconcile(self, sweep: bool | None = None) -> reconciler.Repairs:
+        """Repair what faults left behind (services.reconciler), in one fenced transaction; the
+        sweeps across all running work every `reconciler.SWEEP_S` unless `sweep` says otherwise."""
         assert self.fence_token is not None
+        now = time.monotonic()
+        if sweep is None:
+            sweep = now - self.last_sweep >= reconciler.SWEEP_S
         with self.db.write() as s:
             self._fence(s)
             repairs = reconciler.reconcile(
@@ -330,7 +340,10 @@ class SchedulerLoop:
                 max_attempts=self.settings.max_attempts,
                 outbox_retry_s=self.settings.outbox_retry_s,
                 queue_depth=self.queue_depth or (lambda _queue: None),
+                sweep=sweep,
             )
+        if sweep:
+            self.last_sweep = now
         # Counted once committed: a pass rolled back by a lost lease repaired nothing.
         LOST.inc(repairs.count(reconciler.LEASE_EXPIRED))
         REPUBLISHED.inc(repairs.count(reconciler.OUTBOX_REPUBLISHED))

@@ -89,10 +89,13 @@ class AttemptState(enum.StrEnum):
     LOST = "lost"  # platform fault (lease expired, worker gone): never billed
     HANDED_BACK = "handed_back"  # worker shut down gracefully and returned it: never billed
     PREEMPTED = "preempted"  # made room for higher-priority work: never billed
+    INTERRUPTED = "interrupted"  # a machine under it failed: never billed, not held against the job
 
 
 LIVE_ATTEMPT_STATES = frozenset({AttemptState.PLACED, AttemptState.RUNNING})
-PLATFORM_FAULT_STATES = frozenset({AttemptState.LOST, AttemptState.HANDED_BACK, AttemptState.PREEMPTED})
+PLATFORM_FAULT_STATES = frozenset(
+    {AttemptState.LOST, AttemptState.HANDED_BACK, AttemptState.PREEMPTED, AttemptState.INTERRUPTED}
+)
 
 
 class Plan(Base):
@@ -321,11 +324,14 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),
-        Index("ix_attempts_state_lease", "state", "lease_expires_at"),
-        # One live attempt per partition: a reserved partition runs one job at a time.
+        # An agent's own attempts, for its lapse and its periodic look at what it should be running.
+        Index("ix_attempts_agent", "worker", "agent_epoch", "state"),
+        # One live attempt per graph compile domain: a job partition has one, a reserved partition
+        # with N GCDs runs up to N jobs at once.
         Index(
-            "uq_attempts_live_partition",
+            "uq_attempts_live_partition_gcd",
             "partition_pk",
+            "gcd",
             unique=True,
             sqlite_where=text("state IN ('placed', 'running')"),
             postgresql_where=text("state IN ('placed', 'running')"),
@@ -339,20 +345,59 @@ class Attempt(Base):
     state: Mapped[str] = mapped_column(String(16), default=AttemptState.PLACED)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)  # fencing token for worker writes
     partition_pk: Mapped[int] = mapped_column(ForeignKey("partitions.pk"), index=True)
+    # The partition's graph compile domain it runs on (IPUOF_VIPU_API_GCD_ID); `size` is that GCD's
+    # IPUs, what it holds and is billed for.
+    gcd: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     size: Mapped[int] = mapped_column(Integer)
     machine_type: Mapped[str] = mapped_column(String(16))
+    # The host agent that took it (its name) and the incarnation of that agent (its lease epoch):
+    # the attempt is live exactly as long as that incarnation's lease is (scheduler.services.agents).
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    agent_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The run's timeline, fixed when it was taken (vipu.emulator.Timeline plus the time scale), so
+    # anyone can derive where a running attempt is instead of the agent writing it every second.
+    timeline: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     placed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    cluster_s: Mapped[float] = mapped_column(Float, default=0.0)  # cluster time run so far
+    cluster_s: Mapped[float] = mapped_column(Float, default=0.0)  # cluster time billed so far (final at end)
     metered_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # ticks billed so far
     # How much of the job's quota reservation those ticks consumed, to restore it if not billed.
     reservation_used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
     ticks: Mapped[int] = mapped_column(Integer, default=0)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # as it ended
     end_reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+
+
+class AgentState(enum.StrEnum):
+    ACTIVE = "active"  # holds its lease, renewed by its heartbeat
+    STOPPED = "stopped"  # shut down and handed back what it ran
+    LAPSED = "lapsed"  # its lease ran out: the reconciler ended everything it held
+
+
+class Agent(Base):
+    """A host agent (`ipucloud worker`): one lease for every attempt it drives.
+
+    Like slurmd's node heartbeat or the kubelet's node Lease, liveness is per host: the agent renews
+    `lease_expires_at` with one heartbeat for all its attempts, and `epoch` names its incarnation.
+    A restarted agent registers again under a new epoch; writes of the old one are refused.
+    """
+
+    __tablename__ = "agents"
+    __table_args__ = (Index("ix_agents_state_lease", "state", "lease_expires_at"),)
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default=AgentState.ACTIVE)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    lease_expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # As of its last heartbeat: attempts it drives and the IPUs they hold.
+    running: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ipus_busy: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class OutboxMessage(Base):

@@ -50,9 +50,31 @@ class Settings(BaseSettings):
     api_workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes for `ipucloud api`.")
 
     lease_s: float = Field(
-        10.0, gt=0, description="Wall seconds an attempt's lease lasts between heartbeats."
+        10.0,
+        gt=0,
+        description="Wall seconds a host agent's lease lasts between heartbeats; when it runs out, "
+        "everything the agent ran is ended and queued again.",
     )
-    heartbeat_s: float = Field(1.0, gt=0, description="Wall seconds between a worker's heartbeats.")
+    heartbeat_s: float = Field(
+        1.0,
+        gt=0,
+        description="Wall seconds between a host agent's ticks: one heartbeat and one transaction for all "
+        "its attempts.",
+    )
+    meter_interval_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="Wall seconds between meter ticks of a running attempt (usage grows while it runs; "
+        "its end settles it exactly).",
+    )
+    agent_sync_s: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="Wall seconds between a host agent's looks at which attempts the database says it runs "
+        "(stop notices come over Redis at once; this catches any it missed).",
+    )
     leader_lease_s: float = Field(5.0, gt=0, description="Wall seconds a scheduler leader's lease lasts.")
     scheduler_tick_s: float = Field(
         0.5, gt=0, description="Longest wait of the scheduler loop between passes."
@@ -64,7 +86,9 @@ class Settings(BaseSettings):
         3, ge=1, le=20, description="Attempts per job before it fails (platform faults)."
     )
     worker_grace_s: float = Field(
-        10.0, ge=0, description="On shutdown a worker finishes or hands back within this."
+        10.0,
+        ge=0,
+        description="On shutdown a host agent finishes what ends within this and hands back the rest.",
     )
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
     preemption: bool = Field(False, description="Let higher-priority work preempt lower (off by default).")
@@ -81,7 +105,13 @@ class Settings(BaseSettings):
         description="A worker's registration of its queues lapses this long after its last refresh "
         "(it refreshes every third of it); the dispatcher then stops publishing to queues only it served.",
     )
-    worker_concurrency: int = Field(4, ge=1, le=256, description="Jobs one worker process runs at once.")
+    worker_concurrency: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="Dispatch messages a host agent takes at once (its Celery threads; each ends once the "
+        "attempt is durably taken). How many attempts it runs is bounded only by its racks' IPUs.",
+    )
     vipu_api_host: str = Field("127.0.0.1", description="Given to jobs as IPUOF_VIPU_API_HOST.")
     vipu_api_port: int = Field(8090, description="Given to jobs as IPUOF_VIPU_API_PORT.")
 

@@ -1,14 +1,16 @@
-"""The Celery worker: `celery -A workers.app worker` or `ipucloud worker`.
+"""The host agent as a Celery worker: `ipucloud worker` (or `celery -A workers.app worker -P threads`).
 
-The task is thin: it hands the attempt to the runner, which takes the lease and does the work
-through scheduler/ functions. Its return value is never read.
+Celery carries dispatch only. The worker runs the threads pool, and its one task hands "attempt N
+is ready" to the process's host agent (workers/agent.py) and returns once the agent has taken the
+attempt durably, so the broker never holds a message for longer than a take. Everything after that
+(the run, its heartbeats, its end) is the agent's, in its own loop. The task's return value is
+never read.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
+import threading
 from typing import Any
 
 from celery import signals
@@ -16,51 +18,49 @@ from celery.exceptions import Reject
 
 from scheduler import routing
 from scheduler.broker import TASK_NAME, make_celery
-from scheduler.bus import redis_from_url, reset_redis
-from scheduler.db import reset_database
+from scheduler.bus import redis_from_url
+from scheduler.db import get_database
 from scheduler.settings import get_settings
+from workers.agent import Agent
 
 log = logging.getLogger("ipucloud.worker")
 
 app = make_celery()
 
 _registration: routing.Registration | None = None
+_agent: Agent | None = None
+_agent_lock = threading.Lock()
 
 
-def stopping_flag(main_pid: int) -> Path:
-    """A file the main worker process creates on shutdown; pool children poll it (they get no signal)."""
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"ipucloud-worker-{main_pid}.stopping"
+def current_agent() -> Agent:
+    """This process's host agent (started with the worker; made here if a task comes first)."""
+    global _agent
+    with _agent_lock:
+        if _agent is None:
+            settings = get_settings()
+            node = getattr(app.conf, "ipucloud_node", None) or "agent"
+            _agent = Agent(
+                settings=settings,
+                db=get_database(settings),
+                name=node,
+                queues=[q.strip() for q in settings.worker_queues.split(",") if q.strip()],
+            )
+            _agent.start()
+        return _agent
 
 
-@signals.worker_process_init.connect
-def _fresh_connections(**_: Any) -> None:
-    # Connections opened before the fork belong to the parent; every pool child opens its own.
-    reset_database()
-    reset_redis()
+@signals.celeryd_init.connect
+def _name_the_agent(sender: str | None = None, **_: Any) -> None:
+    # The Celery node name (`-n`, unique per worker) is the agent's name and its lease's key.
+    app.conf.ipucloud_node = sender
 
 
-@signals.worker_ready.connect
-def _warn_fault_injection(**_: Any) -> None:
+@signals.worker_init.connect
+def _start_agent(**_: Any) -> None:
     from workers import faults
 
     faults.warn_if_enabled()
-
-
-@signals.worker_shutting_down.connect
-def _announce_shutdown(**_: Any) -> None:
-    stopping_flag(os.getpid()).touch()
-    log.info("worker shutting down: running attempts finish or are handed back within the grace period")
-
-
-@signals.worker_ready.connect
-def _clear_flag(**_: Any) -> None:
-    stopping_flag(os.getpid()).unlink(missing_ok=True)
-
-
-@signals.worker_shutdown.connect
-def _remove_flag(**_: Any) -> None:
-    # The pool has finished by now; the flag would otherwise outlive the worker in TMPDIR.
-    stopping_flag(os.getpid()).unlink(missing_ok=True)
+    current_agent()
 
 
 @signals.worker_ready.connect
@@ -80,27 +80,29 @@ def _register_queues(sender: Any = None, **_: Any) -> None:
 
 
 @signals.worker_shutting_down.connect
-def _withdraw_queues(**_: Any) -> None:
+def _begin_shutdown(**_: Any) -> None:
     if _registration is not None:
         _registration.stop()
+    if _agent is not None:
+        _agent.stop()
 
 
 @signals.worker_shutdown.connect
-def _wait_for_withdrawal(**_: Any) -> None:
+def _finish_shutdown(**_: Any) -> None:
     if _registration is not None:
         _registration.join(timeout=5.0)
+    if _agent is not None:
+        settings = get_settings()
+        _agent.stop()
+        if not _agent.join(settings.worker_grace_s + settings.lease_s):
+            log.warning("agent did not wind down in time; its lease will lapse")
 
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+@app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
 def run_attempt(self: Any, attempt_id: int, epoch: int) -> str:
-    from workers import runner
-
-    if runner.terminated():
-        # This pool process was sent SIGTERM and has handed back what it ran: it goes now, and
-        # Celery requeues this message for another process (reject_on_worker_lost). Rejecting it
-        # instead would hand it straight back to this same process, over and over.
-        os._exit(runner.TERMINATED_EXIT_CODE)
-    if runner.refusing_work():
-        # The worker is shutting down: back on the queue for a worker that is staying.
-        raise Reject("this worker is shutting down", requeue=True)
-    return runner.run(attempt_id=attempt_id, epoch=epoch, worker=self.request.hostname or "worker")
+    agent = current_agent()
+    outcome = agent.take(attempt_id, epoch)
+    if outcome == "stopping":
+        # Back on the queue for an agent that is staying.
+        raise Reject("this host agent is shutting down", requeue=True)
+    return outcome

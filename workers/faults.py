@@ -1,10 +1,12 @@
 """Fault injection for the fault suite: a testing facility, never a feature.
 
-`IPUCLOUD_FAULT_CRASH_JOBS=<pattern>` makes a worker process die (`os._exit`, no cleanup, exactly
-like a segfault or the OOM killer) while it runs an attempt of a job whose name matches the
-shell-style pattern, after the attempt's first heartbeat (so the crash happens mid-job, with
-time already metered that the platform must refund). It exists so that "a job that crashes its
-worker every time" can be tested honestly, through the real worker, broker and reconciler.
+`IPUCLOUD_FAULT_CRASH_JOBS=<pattern>` makes the run of every job whose name matches the shell-style
+pattern crash inside its host agent, as a bug in the agent's own code would: once the attempt's first
+meter tick is written (so the crash happens mid-job, with time already metered that the platform must
+refund), its driver raises. The agent must end that attempt alone, unbilled, and carry on with every
+other; the retry limit then stops the job. It exists so that "a job that crashes its host every time"
+can be tested honestly, through the real agent, broker and reconciler. (A host agent's process dying
+is tested by killing it.)
 
 Tenants cannot reach it: it is read only from the worker's own environment, which only whoever
 runs the worker sets; nothing a job or an API request carries can set or change it. A worker
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import os
 from functools import lru_cache
 
 from pydantic import Field
@@ -23,16 +24,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 log = logging.getLogger("ipucloud.worker")
 
-CRASH_EXIT_CODE = 70
-
 
 class FaultSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IPUCLOUD_FAULT_", extra="ignore")
 
     crash_jobs: str | None = Field(
         None,
-        description="Testing only: the worker process dies mid-attempt on jobs whose name matches this "
-        "shell-style pattern.",
+        description="Testing only: the runs of jobs whose name matches this shell-style pattern crash "
+        "inside their host agent mid-attempt.",
     )
 
 
@@ -51,13 +50,17 @@ def warn_if_enabled() -> None:
         )
 
 
-def crash_if_injected(job_name: str, attempt_id: int) -> None:
-    """Die now, without cleanup, if this job is one the fault setting names."""
+def crash_armed(job_name: str) -> bool:
+    """Whether an attempt of this job will crash its agent (only ever when the setting names it)."""
     pattern = fault_settings().crash_jobs
-    if pattern and fnmatch.fnmatchcase(job_name, pattern):
-        log.critical(
-            "fault injection: crashing this worker process on attempt %d of %r", attempt_id, job_name
-        )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(CRASH_EXIT_CODE)
+    return bool(pattern) and fnmatch.fnmatchcase(job_name, pattern)
+
+
+class InjectedCrash(RuntimeError):
+    """The fault the setting injects into a run."""
+
+
+def crash(attempt_id: int) -> None:
+    """Crash this attempt's run now."""
+    log.critical("fault injection: crashing the run of attempt %d", attempt_id)
+    raise InjectedCrash(f"fault injection (IPUCLOUD_FAULT_CRASH_JOBS) on attempt {attempt_id}")

@@ -18,7 +18,7 @@ from api.views import hours, partition_out, tenant_out, tenant_status
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
-from scheduler.services import fleet, partitions, trials
+from scheduler.services import fleet, machines, partitions, trials
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
@@ -119,13 +119,20 @@ def machine_action(
     action: Annotated[str, Path(pattern="^(drain|fail|restore)$")],
     db: DbDep,
     user: AdminUser,
+    settings: SettingsDep,
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     raw = form.get("reason", "").strip(forms.BLANKS)
     reason = forms.valid(HEALTH_REASON, raw, "reason", "visible text, 500 at most.") if raw else None
     with db.write() as s:
-        m = fleet.set_machine_health(session=s, machine=machine_id, health=HEALTH[action], reason=reason)
+        m, _ = machines.set_health(
+            session=s,
+            machine=machine_id,
+            health=HEALTH[action],
+            reason=reason,
+            max_attempts=settings.max_attempts,
+        )
         health = m.health
     bus.wake_scheduler("machine")
     sessions.flash(user, f"{machine_id} is now {health}.")
@@ -206,9 +213,9 @@ def partition_action(
             partitions.remove_partition(session=s, name=name)
             message = f"remove partition ({name}): success."
         else:
-            _, job = partitions.reset_partition(session=s, name=name, max_attempts=settings.max_attempts)
+            _, jobs = partitions.reset_partition(session=s, name=name, max_attempts=settings.max_attempts)
             message = f"reset partition ({name}): success." + (
-                f" Job {job} goes back to the queue." if job else ""
+                f" {', '.join(jobs)} go back to the queue." if jobs else ""
             )
     bus.wake_scheduler("partition")
     sessions.flash(user, message)

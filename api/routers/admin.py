@@ -11,7 +11,7 @@ from api.deps import Admin, DbDep, SettingsDep
 from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, decode_int_cursor, encode_cursor
 from api.views import partition_out
 from scheduler import bus
-from scheduler.services import fleet, partitions
+from scheduler.services import fleet, machines, partitions
 from scheduler.services import tenants as tenant_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 from scheduler.text import TEXT
@@ -48,10 +48,16 @@ class HealthChange(BaseModel):
     reason: Annotated[str, StringConstraints(max_length=500, pattern=TEXT)] | None = None
 
 
-def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None) -> dict[str, Any]:
+def _set_health(
+    db: DbDep, settings: SettingsDep, machine: str, health: str, body: HealthChange | None
+) -> dict[str, Any]:
     with db.write() as s:
-        m = fleet.set_machine_health(
-            session=s, machine=machine, health=health, reason=body.reason if body else None
+        m, _ = machines.set_health(
+            session=s,
+            machine=machine,
+            health=health,
+            reason=body.reason if body else None,
+            max_attempts=settings.max_attempts,
         )
         out = {
             "id": m.id,
@@ -67,23 +73,35 @@ def _set_health(db: DbDep, machine: str, health: str, body: HealthChange | None)
 
 @router.post("/machines/{machine_id}/drain", summary="Drain: finish what runs, take nothing new")
 def drain_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "draining", body)
+    return _set_health(db, settings, machine_id, "draining", body)
 
 
 @router.post("/machines/{machine_id}/fail", summary="Mark failed: never allocated until restored")
 def fail_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "failed", body)
+    return _set_health(db, settings, machine_id, "failed", body)
 
 
 @router.post("/machines/{machine_id}/restore", summary="Restore: allocatable again")
 def restore_machine(
-    machine_id: MachineId, principal: Admin, db: DbDep, body: HealthChange | None = None
+    machine_id: MachineId,
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: HealthChange | None = None,
 ) -> dict[str, Any]:
-    return _set_health(db, machine_id, "up", body)
+    return _set_health(db, settings, machine_id, "up", body)
 
 
 # Partitions -----------------------------------------------------------------------------------------------
@@ -136,7 +154,8 @@ def list_partitions(
         if tenant is not None:
             scope = OneTenant(tenant_service.get_tenant(session=s, tenant_id=tenant).id)  # 404 if none
         rows = fleet.list_partitions(session=s, scope=scope, after=decode_int_cursor(cursor), limit=limit + 1)
-        items = [partition_out(p) for p in rows[:limit]]
+        running = partitions.running_jobs(session=s, partition_pks=[p.pk for p in rows[:limit]])
+        items = [partition_out(p, running.get(p.pk)) for p in rows[:limit]]
     return Page[PartitionOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
     )
@@ -147,7 +166,8 @@ def get_partition(
     partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep
 ) -> PartitionOut:
     with db.read() as s:
-        return partition_out(partitions.get_partition(session=s, name=partition_id))
+        part = partitions.get_partition(session=s, name=partition_id)
+        return partition_out(part, partitions.running_jobs(session=s, partition_pks=[part.pk]).get(part.pk))
 
 
 @router.delete("/partitions/{partition_id}", response_model=PartitionOut, summary="Remove a partition")
@@ -160,14 +180,34 @@ def remove_partition(
     return out
 
 
-@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs")
+class PartitionReset(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gcds: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Split a reconfigurable partition anew into this many graph compile domains "
+        "(refused while a job runs in it).",
+    )
+
+
+@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs (and split it anew)")
 def reset_partition(
-    partition_id: Annotated[str, Path(max_length=64)], principal: Admin, db: DbDep, settings: SettingsDep
+    partition_id: Annotated[str, Path(max_length=64)],
+    principal: Admin,
+    db: DbDep,
+    settings: SettingsDep,
+    body: PartitionReset | None = None,
 ) -> dict[str, Any]:
     with db.write() as s:
-        part, job = partitions.reset_partition(
-            session=s, name=partition_id, max_attempts=settings.max_attempts
+        part, jobs = partitions.reset_partition(
+            session=s, name=partition_id, max_attempts=settings.max_attempts, gcds=body.gcds if body else None
         )
-        out = {"partition": partition_out(part).model_dump(mode="json"), "interrupted_job": job}
+        out = {
+            "partition": partition_out(part).model_dump(mode="json"),
+            "interrupted_job": jobs[0] if jobs else None,
+            "interrupted_jobs": jobs,
+        }
     bus.wake_scheduler("partition")
     return out

@@ -30,9 +30,9 @@ from api.views import job_out
 from scheduler import bus
 from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
-from scheduler.models import FINAL_JOB_STATES, Job
+from scheduler.models import FINAL_JOB_STATES, Job, utcnow
+from scheduler.services import attempts, keys
 from scheduler.services import jobs as job_service
-from scheduler.services import keys
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import Scope
 
@@ -288,5 +288,5 @@ def _read_since(
         job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
         attempt = job_service.current_attempt(session=s, job=job)
-        progress = attempt.progress if attempt is not None else None
+        progress = attempts.progress_of(attempt, utcnow()) if attempt is not None else None
         return events, job.state, progress, None if facts is None else facts(s, job, attempt)

@@ -65,7 +65,7 @@ def row(p: Partition) -> list[str]:
         p.machine_type or "-",
         "true" if p.reconfigurable else "false",
         p.tenant or "-",
-        p.job or "-",
+        ", ".join(p.jobs) if p.jobs else (p.job or "-"),
         ipu_span(p.ipus),
         (p.state or "active").upper(),
     ]
@@ -87,8 +87,13 @@ def create_partition(
     size: Annotated[int, typer.Option(help="IPUs: a power of two.", min=1)],
     machine: Annotated[str | None, typer.Option(help="m2000 or bow (default: any).")] = None,
     tenant: Annotated[str | None, typer.Option(help="Reserve it for this tenant id.")] = None,
-    num_gcds: Annotated[int, typer.Option("--num-gcds", help="Graphcore communication domains.", min=1)] = 1,
-    reconfigurable: Annotated[bool, typer.Option(help="Allow per-job reconfiguration.")] = False,
+    num_gcds: Annotated[
+        int,
+        typer.Option("--num-gcds", help="Graph compile domains (GCDs): it runs one job in each.", min=1),
+    ] = 1,
+    reconfigurable: Annotated[
+        bool, typer.Option(help="Allow splitting it anew (`vipu reset partition NAME --num-gcds N`).")
+    ] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: JsonOpt = False,
@@ -178,16 +183,27 @@ def remove_partition(
 @reset_app.command("partition")
 def reset_partition(
     name: Annotated[str, typer.Argument(help="The partition's id.")],
+    num_gcds: Annotated[
+        int | None,
+        typer.Option(
+            "--num-gcds",
+            help="Split a reconfigurable partition anew into this many graph compile domains "
+            "(refused while a job runs in it).",
+            min=1,
+        ),
+    ] = None,
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Reset a partition's IPUs; a job running on it loses its attempt (unbilled) and runs again."""
+    """Reset a partition's IPUs; jobs running on it lose their attempts (unbilled) and run again."""
     with connect(url, key, as_json) as client:
-        result = client.reset_partition(name)
+        result = client.reset_partition(name, gcds=num_gcds)
     if as_json:
         print_json(result)
         return
     typer.echo(f"reset partition ({result.partition.id}): success.")
-    if result.interrupted_job:
-        typer.echo(f"job {result.interrupted_job} was interrupted and goes back to the queue.")
+    if num_gcds is not None:
+        typer.echo(f"{result.partition.id} now has {result.partition.gcds} graph compile domain(s).")
+    for job in result.interrupted_jobs:
+        typer.echo(f"job {job} was interrupted and goes back to the queue.")

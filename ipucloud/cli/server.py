@@ -145,11 +145,18 @@ def worker(
     ] = None,
     concurrency: Annotated[
         int | None,
-        typer.Option(help="Attempts run at once (default IPUCLOUD_WORKER_CONCURRENCY).", min=1, max=256),
+        typer.Option(
+            help="Dispatch messages taken at once (default IPUCLOUD_WORKER_CONCURRENCY); how many "
+            "attempts run is bounded only by the IPUs of the racks served.",
+            min=1,
+            max=256,
+        ),
     ] = None,
-    hostname: Annotated[str | None, typer.Option(help="Celery node name (default worker@<host>).")] = None,
+    hostname: Annotated[
+        str | None, typer.Option(help="Agent and Celery node name (default celery@<host>); unique per agent.")
+    ] = None,
 ) -> None:
-    """Run a Celery worker that runs attempts on the emulated IPU."""
+    """Run a host agent: drives every attempt placed on the racks it serves, on the emulated IPU."""
     if queues is not None:
         from scheduler.routing import parse_queues
 
@@ -172,8 +179,9 @@ def worker(
         settings.worker_queues,
         "--concurrency",
         str(concurrency or settings.worker_concurrency),
+        # Threads, not processes: every delivery hands its attempt to this process's one agent.
         "--pool",
-        "prefork",
+        "threads",
         "--loglevel",
         settings.log_level,
         "--without-gossip",

@@ -262,8 +262,9 @@ def remove_partition(name: str) -> Call[Partition]:
     return Call("DELETE", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
 
 
-def reset_partition(name: str) -> Call[PartitionReset]:
-    return Call("POST", f"{V1}/admin/partitions/{seg(name)}/reset", model(PartitionReset))
+def reset_partition(name: str, gcds: int | None = None) -> Call[PartitionReset]:
+    body = {"gcds": gcds} if gcds is not None else None
+    return Call("POST", f"{V1}/admin/partitions/{seg(name)}/reset", model(PartitionReset), json=body)
 
 
 def admin_usage(since: datetime | str | None, until: datetime | str | None) -> Call[AdminUsage]:

@@ -406,8 +406,8 @@ class AsyncClient:
     async def remove_partition(self, name: str) -> Partition:
         return await self.call(_api.remove_partition(name))
 
-    async def reset_partition(self, name: str) -> PartitionReset:
-        return await self.call(_api.reset_partition(name))
+    async def reset_partition(self, name: str, gcds: int | None = None) -> PartitionReset:
+        return await self.call(_api.reset_partition(name, gcds))
 
     async def admin_usage(
         self, *, since: datetime | str | None = None, until: datetime | str | None = None

@@ -423,8 +423,10 @@ class Client:
     def remove_partition(self, name: str) -> Partition:
         return self.call(_api.remove_partition(name))
 
-    def reset_partition(self, name: str) -> PartitionReset:
-        return self.call(_api.reset_partition(name))
+    def reset_partition(self, name: str, gcds: int | None = None) -> PartitionReset:
+        """Reset a partition's IPUs; with `gcds`, split a reconfigurable one anew into that many graph
+        compile domains."""
+        return self.call(_api.reset_partition(name, gcds))
 
     def admin_usage(
         self, *, since: datetime | str | None = None, until: datetime | str | None = None

@@ -278,6 +278,7 @@ class Partition(Model):
     gcds: int = 1
     reconfigurable: bool = False
     job: str | None = None
+    jobs: list[str] = []
     state: str | None = None
     created_at: datetime | None = None
     released_at: datetime | None = None
@@ -286,6 +287,7 @@ class Partition(Model):
 class PartitionReset(Model):
     partition: Partition
     interrupted_job: str | None = None
+    interrupted_jobs: list[str] = []
 
 
 class FleetIpu(Model):

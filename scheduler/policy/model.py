@@ -80,12 +80,19 @@ class TenantState:
 
 @dataclass(frozen=True, slots=True)
 class ReservedPartition:
-    """An admin-made partition that serves one tenant's jobs, one at a time."""
+    """An admin-made partition that serves one tenant's jobs, one per graph compile domain (GCD)."""
 
     name: str
     tenant_id: str | None
     size: int
-    running_job: str | None = None  # the job in it now, if any
+    running_job: str | None = None  # a job in it now, if any (the first, when several)
+    gcds: int = 1
+    running_jobs: tuple[str, ...] = ()  # every job in it now, one per GCD
+    healthy: bool = True  # no IPU of it on a machine that is failed or draining
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return self.running_jobs or ((self.running_job,) if self.running_job else ())
 
 
 class JobQueue:
@@ -252,7 +259,7 @@ class Wait:
     of its size), ``behind`` (it would fit, but starting it would delay the job(s) in ``behind``),
     ``reserved`` (it is first in line; ``estimated_start`` is when its reserved IPUs free up),
     ``preempting`` (lower-priority work is being stopped for it), ``partition-busy`` and
-    ``partition-missing`` (for jobs bound to a reserved partition).
+    ``partition-missing``, ``partition-unhealthy`` (for jobs bound to a reserved partition).
     """
 
     reason: str

@@ -67,7 +67,7 @@ class _Pass:
         self.held: dict[str | None, int] = {}
         self.head: QueuedJob | None = None
         self.reservation: Reservation | None = None
-        self.busy = {name: rp.running_job for name, rp in snapshot.reserved.items()}
+        self.busy = {name: list(rp.holders) for name, rp in snapshot.reserved.items()}
         # Without explanations and reserved partitions, the pass may stop once nothing can start.
         self.can_stop = not explain and not snapshot.reserved
         self.stop = False
@@ -203,11 +203,16 @@ class _Pass:
         if partition is None or (partition.tenant_id is not None and partition.tenant_id != job.tenant_id):
             self._wait(job, Wait("partition-missing", f"no reserved partition {name} for this tenant"))
             return
-        holder = self.busy.get(name)
-        if holder is not None:
-            self._wait(job, Wait("partition-busy", f"reserved partition {name} runs {holder}", (holder,)))
+        if not partition.healthy:
+            why = f"reserved partition {name} has a machine that is failed or draining"
+            self._wait(job, Wait("partition-unhealthy", why))
             return
-        self.busy[name] = job.id
+        holders = self.busy.setdefault(name, [])
+        if len(holders) >= partition.gcds:
+            why = f"reserved partition {name} runs {', '.join(holders)}"
+            self._wait(job, Wait("partition-busy", why, tuple(holders)))
+            return
+        holders.append(job.id)
         self.decision.starts.append((job, name))
         self.admission.started(job)
         order.charge(job)

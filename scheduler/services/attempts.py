@@ -1,34 +1,37 @@
-"""An attempt's life: placed (partition held, outbox row), taken by a worker, heartbeats, end.
+"""An attempt's life: placed (partition held, outbox row), taken by a host agent, billed, ended.
 
-Workers change an attempt only through `take`, `heartbeat` and `finish`, each a compare-and-set
-on (attempt id, state, epoch): `take` moves `placed` to `running` and bumps the epoch, and every
-later write must carry that epoch and arrive while the lease is still current. A duplicate
-delivery, a worker that was paused past its lease, or a second report of the same finish
-therefore changes nothing.
+A host agent (scheduler.services.agents) holds one lease for all the attempts it drives, and every
+one of its writes starts by renewing that lease: a guarded UPDATE that fails once the lease has
+lapsed, so an agent that was paused, cut off or replaced can change nothing.
 
-Leases are measured on the database's clock (services.clock), never on the worker's: a lease is
-written by one host and judged by another. A lease that ran out is over even before the reconciler
-has noticed: a late heartbeat cannot revive it, so "expired" means the same thing to the worker,
-the reconciler and the tests.
+- `take_many` moves delivered attempts `placed` -> `running` by compare-and-set on (attempt, state,
+  epoch), under the agent's incarnation, and fixes each run's timeline (its plan on the partition it
+  got), so its progress can be derived by anyone instead of written every second.
+- `record_tick` is one agent tick in one transaction: the lease, the log lines of every attempt,
+  the meter ticks due, and the attempts that ended.
+- `stop_running` is the control plane ending live attempts itself (a cancel, a preemption, a failed
+  machine, a lapsed agent); the agent learns it over the bus or at its next look, and its later
+  writes for them are refused because they are no longer running under its incarnation.
 
-On PostgreSQL (READ COMMITTED) every worker write and the reconciler lock the attempt row first
-(`SELECT ... FOR UPDATE`, re-evaluated after a lock wait), so take, heartbeat, finish, cancel and
-expiry of one attempt are serialised and each sees the others' result. On SQLite every write
-transaction holds the database lock from BEGIN, which serialises them all.
+Locks are taken in one global order, so batches of many attempts never deadlock: job rows (by id),
+then attempt rows (by id), then tenant rows (by id). The agent's meter ticks lock attempts only: a
+job's row is not written while its attempt runs. On SQLite every write transaction holds the
+database lock from BEGIN, which serialises them all.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
+from scheduler import bus, emulation
 from scheduler.db import insert_returning_keys
+from scheduler.errors import Conflict
 from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
@@ -41,9 +44,11 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import fleet, metering
+from scheduler.services import agents, executables, fleet, metering
+from scheduler.services.agents import AgentLease
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
+from vipu import emulator
 
 TASK_NAME = "ipucloud.run_attempt"
 
@@ -61,6 +66,27 @@ class PlacedPartition(Protocol):
     def machine_type(self) -> str: ...
     @property
     def ipu_ids(self) -> list[str]: ...
+    @property
+    def gcds(self) -> int: ...
+
+
+def gcd_ipus(ipu_ids: Sequence[str], gcds: int, gcd: int) -> list[str]:
+    """The IPUs of graph compile domain `gcd` of a partition split into `gcds` equal ones."""
+    size = len(ipu_ids) // gcds
+    return list(ipu_ids[gcd * size : (gcd + 1) * size])
+
+
+def free_gcds(*, session: Session, partition_pk: int, gcds: int) -> list[int]:
+    """The partition's graph compile domains no live attempt holds, lowest first."""
+    used = set(
+        session.execute(
+            select(Attempt.gcd).where(
+                Attempt.partition_pk == partition_pk,
+                Attempt.state.in_((AttemptState.PLACED, AttemptState.RUNNING)),
+            )
+        ).scalars()
+    )
+    return [g for g in range(gcds) if g not in used]
 
 
 def place(
@@ -83,7 +109,22 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
         return []
     now = utcnow()
     rows = []
+    # A partition of several graph compile domains runs one job on each: the lowest free one.
+    free = {
+        p.pk: free_gcds(session=session, partition_pk=p.pk, gcds=p.gcds)
+        for _, p, _ in placements
+        if p.gcds > 1
+    }
+    held: list[tuple[int, int, list[str]]] = []  # (gcd, IPUs it holds, their ids)
     for job, partition, _ in placements:
+        if partition.gcds > 1:
+            if not free[partition.pk]:
+                raise Conflict(f"every graph compile domain of partition {partition.name} is in use")
+            gcd = free[partition.pk].pop(0)
+            ipus = gcd_ipus(partition.ipu_ids, partition.gcds, gcd)
+        else:
+            gcd, ipus = 0, list(partition.ipu_ids)
+        held.append((gcd, len(ipus), ipus))
         job.attempts += 1
         job.updated_at = now
         rows.append(
@@ -94,7 +135,8 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "state": AttemptState.PLACED,
                 "epoch": 0,
                 "partition_pk": partition.pk,
-                "size": partition.size,
+                "gcd": gcd,
+                "size": len(ipus),
                 "machine_type": partition.machine_type,
                 "placed_at": now,
             }
@@ -121,13 +163,14 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "attempt": job.attempts,
                 "kind": "state",
                 "message": (
-                    f"placed on partition {partition.name} ({partition.size} x {partition.machine_type}: "
-                    f"{_ipu_range(partition.ipu_ids)})"
+                    f"placed on partition {partition.name}"
+                    + (f" graph compile domain {gcd}" if partition.gcds > 1 else "")
+                    + f" ({size} x {partition.machine_type}: {_ipu_range(ipus)})"
                 ),
-                "data": {"partition": partition.name, "ipus": partition.ipu_ids, "attempt": job.attempts},
+                "data": {"partition": partition.name, "gcd": gcd, "ipus": ipus, "attempt": job.attempts},
                 "at": now,
             }
-            for job, partition, _ in placements
+            for (job, partition, _), (gcd, size, ipus) in zip(placements, held, strict=True)
         ],
     )
     return ids
@@ -137,212 +180,467 @@ def _ipu_range(ipus: list[str]) -> str:
     return ipus[0] if len(ipus) == 1 else f"{ipus[0]} .. {ipus[-1]}"
 
 
+
+
 @dataclass(frozen=True)
 class TakenAttempt:
+    """An attempt a host agent now drives, with everything it needs to emulate it."""
+
     attempt_id: int
     epoch: int
     number: int
     job_id: str
+    job_name: str
     tenant_id: str
-    spec: dict[str, Any]
     partition: str
     partition_ipus: list[str]
     partition_size: int
     partition_gcds: int
+    gcd: int
     machine_type: str
+    started_at: datetime
+    run: emulator.EmulatedRun
+    end_s: float
+    """Cluster time at which the agent ends it: the run's end, or `max_runtime_s` if sooner."""
     max_runtime_s: float | None
-    cluster_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.end_s < self.run.total_s
+
+
+@dataclass
+class TakeResult:
+    taken: list[TakenAttempt] = field(default_factory=list)
+    # Not this agent's to run: a duplicate or stale delivery, or a job no longer wanted.
+    refused: list[int] = field(default_factory=list)
+    # Taken but unable to run on its partition (it did not compile): ended as failed.
+    failed: list[int] = field(default_factory=list)
+    # The agent's lease is gone: it took nothing and must stop everything it runs.
+    fenced: bool = False
+
+
+def take_many(
+    *,
+    session: Session,
+    agent: AgentLease,
+    deliveries: Sequence[tuple[int, int]],
+    lease_s: float,
+    time_scale: float,
+    running: int = 0,
+    ipus_busy: int = 0,
+) -> TakeResult:
+    """Take delivered attempts `(attempt id, epoch)`: compare-and-set `placed` -> `running` under
+    this agent's incarnation, all in the caller's transaction."""
+    ids = sorted({attempt_id for attempt_id, _ in deliveries})
+    if not agents.renew(session=session, lease=agent, lease_s=lease_s, running=running, ipus_busy=ipus_busy):
+        return TakeResult(refused=ids, fenced=True)
+    wanted = dict(deliveries)
+    # Job rows first, as a cancel takes them (job, then attempt); holding them also makes the
+    # "is it still wanted" check below exact.
+    jobs = {
+        j.id: j
+        for j in session.execute(
+            select(Job)
+            .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
+            .order_by(Job.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    }
+    placed = [
+        a
+        for a in session.execute(
+            select(Attempt)
+            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.PLACED)
+            .order_by(Attempt.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+        if a.epoch == wanted[a.id]
+    ]
+    result = TakeResult(refused=sorted(set(ids) - {a.id for a in placed}))
+    if not placed:
+        return result
+    now = db_now(session)
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.attempt_id.in_([a.id for a in placed]))
+        .values(acked_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    partitions = {
+        p.pk: p
+        for p in session.execute(
+            select(Partition).where(Partition.pk.in_({a.partition_pk for a in placed}))
+        ).scalars()
+    }
+    planned: list[tuple[Attempt, Job, Partition, emulator.Plan, emulator.WorkloadSpec]] = []
+    for attempt in placed:
+        job = jobs[attempt.job_id]
+        partition = partitions[attempt.partition_pk]
+        attempt.state = AttemptState.RUNNING
+        attempt.epoch += 1
+        attempt.worker = agent.name[:200]
+        attempt.agent_epoch = agent.epoch
+        attempt.started_at = now
+        if job.state in FINAL_JOB_STATES or job.cancel_requested:
+            # A cancel that raced the placement (or the take itself): do not start what nobody wants.
+            end_attempt(
+                session=session,
+                attempt=attempt,
+                job=job,
+                outcome=AttemptState.CANCELLED,
+                reason="cancelled before it started" if job.cancel_requested else f"job already {job.state}",
+                max_attempts=1,
+            )
+            result.refused.append(attempt.id)
+            continue
+        ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
+        try:
+            plan, spec = emulation.plan_on_partition(job.spec, len(ipus), partition.machine_type, ipus)
+        except (emulator.CompileError, emulator.WorkloadError) as exc:
+            add_event(
+                session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
+                data={"phase": "compile", "error": str(exc)}, at=now,
+            )  # fmt: skip
+            end_attempt(
+                session=session,
+                attempt=attempt,
+                job=job,
+                outcome=AttemptState.FAILED,
+                reason=f"compile error: {exc}",
+                max_attempts=1,
+            )
+            result.failed.append(attempt.id)
+            continue
+        planned.append((attempt, job, partition, plan, spec))
+    cached = executables.cached_keys(session=session, keys={p.executable_key for _, _, _, p, _ in planned})
+    started_events: list[dict[str, Any]] = []
+    for attempt, job, partition, plan, spec in planned:
+        run = emulation.emulated_run(plan, spec, cached=plan.executable_key in cached)
+        end_s = run.total_s if job.max_runtime_s is None else min(run.total_s, float(job.max_runtime_s))
+        attempt.timeline = {
+            **run.timeline.to_dict(),
+            "end_s": end_s,
+            "scale": time_scale,
+            "cached": run.cached,
+        }
+        job.state = JobState.RUNNING
+        job.started_at = job.started_at or now
+        job.updated_at = now
+        started_events.append(
+            {
+                "job_id": job.id,
+                "attempt": attempt.number,
+                "kind": "state",
+                "message": f"running (attempt {attempt.number})",
+                "data": {"state": "running"},
+                "at": now,
+            }
+        )
+        result.taken.append(
+            TakenAttempt(
+                attempt_id=attempt.id,
+                epoch=attempt.epoch,
+                number=attempt.number,
+                job_id=job.id,
+                job_name=job.name,
+                tenant_id=job.tenant_id,
+                partition=partition.name,
+                partition_ipus=gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd),
+                partition_size=attempt.size,
+                partition_gcds=partition.gcds,
+                gcd=attempt.gcd,
+                machine_type=partition.machine_type,
+                started_at=now,
+                run=run,
+                end_s=end_s,
+                max_runtime_s=job.max_runtime_s,
+            )
+        )
+    if started_events:
+        session.execute(insert(JobEvent.__table__), started_events)
+    return result
 
 
 def take(
-    *, session: Session, attempt_id: int, epoch: int, worker: str, lease_s: float
+    *,
+    session: Session,
+    agent: AgentLease,
+    attempt_id: int,
+    epoch: int,
+    lease_s: float,
+    time_scale: float = 1.0,
 ) -> TakenAttempt | None:
-    """Compare-and-set `placed` -> `running`. None if someone else has it or it is no longer wanted."""
-    # The job's row first, as a cancel takes it (job, then the placed attempt): a take that locked
-    # the attempt first and then wrote the job would deadlock with a concurrent cancel. Holding it
-    # also makes the "is it still wanted" check below exact.
-    job = session.execute(
-        select(Job)
-        .where(Job.id == select(Attempt.job_id).where(Attempt.id == attempt_id).scalar_subquery())
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).scalar_one_or_none()
-    if job is None:
-        return None
-    now = db_now(session)
-    attempt = session.execute(
-        update(Attempt)
-        .where(Attempt.id == attempt_id, Attempt.state == AttemptState.PLACED, Attempt.epoch == epoch)
-        .values(
-            state=AttemptState.RUNNING,
-            epoch=epoch + 1,
-            worker=worker[:200],
-            started_at=now,
-            lease_expires_at=now + timedelta(seconds=lease_s),
-        )
-        .returning(Attempt)
-        .execution_options(populate_existing=True, synchronize_session=False)
-    ).scalar_one_or_none()
-    if attempt is None:
-        return None
-    with session.no_autoflush:
-        session.execute(
-            update(OutboxMessage).where(OutboxMessage.attempt_id == attempt_id).values(acked_at=now)
-        )
-        partition = session.get(Partition, attempt.partition_pk)
-    assert partition is not None
-    if job.state in FINAL_JOB_STATES or job.cancel_requested:
-        # A cancel that raced the placement (or the take itself): do not start what nobody wants.
-        end_attempt(
-            session=session,
-            attempt=attempt,
-            job=job,
-            outcome=AttemptState.CANCELLED,
-            reason="cancelled before it started" if job.cancel_requested else f"job already {job.state}",
-            max_attempts=1,
-        )
-        return None
-    job.state = JobState.RUNNING
-    job.started_at = job.started_at or now
-    job.updated_at = now
-    add_event(
-        session,
-        job.id,
-        "state",
-        f"running on {worker} (attempt {attempt.number})",
-        attempt=attempt.number,
-        data={"state": "running", "worker": worker},
-        at=now,
+    """`take_many` of one delivery."""
+    result = take_many(
+        session=session, agent=agent, deliveries=[(attempt_id, epoch)], lease_s=lease_s, time_scale=time_scale
     )
-    return TakenAttempt(
-        attempt_id=attempt.id,
-        epoch=attempt.epoch,
-        number=attempt.number,
-        job_id=job.id,
-        tenant_id=job.tenant_id,
-        spec=job.spec,
-        partition=partition.name,
-        partition_ipus=list(partition.ipu_ids),
-        partition_size=partition.size,
-        partition_gcds=partition.gcds,
-        machine_type=partition.machine_type,
-        max_runtime_s=job.max_runtime_s,
-        cluster_s=attempt.cluster_s,
-    )
-
-
-class Directive(enum.StrEnum):
-    CONTINUE = "continue"
-    CANCEL = "cancel"  # the user cancelled
-    TIMEOUT = "timeout"  # max_runtime_s reached
-    QUOTA = "quota"  # the tenant's grant is used up
-    FENCED = "fenced"  # the lease is gone: stop and write nothing more
+    return result.taken[0] if result.taken else None
 
 
 @dataclass(frozen=True)
 class LogLine:
+    """A line of a running attempt's log, as its agent saw it happen."""
+
+    job_id: str
+    attempt: int
     kind: str
     message: str
     data: dict[str, Any] | None = None
     at: datetime | None = None
 
 
-def _fenced(session: Session, attempt_id: int, epoch: int, now: datetime) -> tuple[Attempt, Job] | None:
-    """The attempt (locked) and its job, if `epoch` still holds a current lease on it; else None."""
-    row = session.execute(
-        select(Attempt, Job)
-        .join(Job, Job.id == Attempt.job_id)
-        .where(
-            Attempt.id == attempt_id,
-            Attempt.epoch == epoch,
-            Attempt.state == AttemptState.RUNNING,
-            Attempt.lease_expires_at >= now,
-        )
-        .with_for_update(of=Attempt)
-        .execution_options(populate_existing=True)
-    ).first()
-    return None if row is None else (row[0], row[1])
+@dataclass(frozen=True)
+class Bill:
+    """Bill attempt `attempt_id` up to `cluster_s`, as its tick number `seq` (1, 2, ...)."""
+
+    attempt_id: int
+    seq: int
+    cluster_s: float
 
 
-def heartbeat(
+@dataclass(frozen=True)
+class Finish:
+    """The agent's last word on an attempt."""
+
+    attempt_id: int
+    outcome: AttemptState
+    cluster_s: float
+    reason: str | None = None
+    progress: dict[str, Any] | None = None
+
+
+@dataclass
+class TickResult:
+    fenced: bool = False
+    # Attempts no longer running under this agent (the control plane ended them): forget them.
+    gone: set[int] = field(default_factory=set)
+    # Attempts whose tenant's grant ran out: billed what was left; the agent ends them now.
+    exhausted: set[int] = field(default_factory=set)
+    # Finishes that were written.
+    finished: set[int] = field(default_factory=set)
+
+
+def record_tick(
     *,
     session: Session,
-    attempt_id: int,
-    epoch: int,
-    seq: int,
-    cluster_s: float,
+    agent: AgentLease,
     lease_s: float,
-    progress: dict[str, Any] | None = None,
-    logs: list[LogLine] | None = None,
-) -> Directive:
-    """Extend the lease, bill the time run so far, record progress; say whether to go on."""
-    now = db_now(session)
-    fenced = _fenced(session, attempt_id, epoch, now)
-    if fenced is None:
-        return Directive.FENCED
-    attempt, job = fenced
-    attempt.lease_expires_at = now + timedelta(seconds=lease_s)
-    attempt.cluster_s = max(attempt.cluster_s, cluster_s)
-    if progress is not None:
-        attempt.progress = progress
-    for line in logs or ():
-        session.add(
-            JobEvent(
-                job_id=job.id,
-                attempt=attempt.number,
-                kind=line.kind,
-                message=line.message[:2000],
-                data=line.data,
-                at=line.at or now,
-            )
+    running: int = 0,
+    ipus_busy: int = 0,
+    logs: Sequence[LogLine] = (),
+    bills: Sequence[Bill] = (),
+    finishes: Sequence[Finish] = (),
+    compiled: Iterable[tuple[str, str, float]] = (),
+    max_attempts: int = 3,
+) -> TickResult:
+    """One agent tick in the caller's transaction: renew the agent's lease (its heartbeat), write the
+    log lines, record compiled executables `(key, machine type, compile_s)`, end what finished and
+    bill what is due. Nothing is written if the lease is gone."""
+    if not agents.renew(session=session, lease=agent, lease_s=lease_s, running=running, ipus_busy=ipus_busy):
+        return TickResult(fenced=True)
+    result = TickResult()
+    now = utcnow()
+    executables.record_many(session=session, entries=list(compiled))
+    if logs:
+        session.execute(
+            insert(JobEvent.__table__),
+            [
+                {
+                    "job_id": line.job_id,
+                    "attempt": line.attempt,
+                    "kind": line.kind,
+                    "message": line.message[:2000],
+                    "data": line.data,
+                    "at": line.at or now,
+                }
+                for line in logs
+            ],
         )
-    tick = metering.meter_tick(
-        session=session, attempt=attempt, job=job, seq=seq, cluster_s=attempt.cluster_s
-    )
-    if job.cancel_requested:
-        return Directive.CANCEL
-    if tick.quota_exhausted:
-        return Directive.QUOTA
-    if job.max_runtime_s is not None and attempt.cluster_s >= job.max_runtime_s:
-        return Directive.TIMEOUT
-    return Directive.CONTINUE
+    ending = {f.attempt_id: f for f in finishes}
+    billing = {b.attempt_id: b for b in bills if b.attempt_id not in ending}
+    if not ending and not billing:
+        return result
+    jobs = _lock_jobs(session, ending)
+    held = _lock_held(session, agent, [*ending, *billing])
+    result.gone = (set(ending) | set(billing)) - held.keys()
+    reserved_of = _job_facts(session, [a for a in held.values() if a.id in billing])
+    endings: list[Ending] = []
+    ticks: list[metering.TickDue] = []
+    for attempt in held.values():
+        f = ending.get(attempt.id)
+        if f is not None:
+            attempt.cluster_s = max(attempt.cluster_s, f.cluster_s)
+            attempt.progress = f.progress
+            endings.append(Ending(attempt, jobs[attempt.job_id], f.outcome, f.reason))
+            result.finished.add(attempt.id)
+        else:
+            b = billing[attempt.id]
+            reserved, workload = reserved_of[attempt.job_id]
+            ticks.append(metering.TickDue(attempt, b.seq, b.cluster_s, reserved, workload))
+    # Both move tenants' counters, each tenant's in one order (metering.settle_many, meter_ticks).
+    end_attempts(session=session, endings=endings, max_attempts=max_attempts)
+    result.exhausted = metering.meter_ticks(session=session, ticks=ticks)
+    return result
+
+
+def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
+    ids = sorted(attempt_ids)
+    if not ids:
+        return {}
+    return {
+        j.id: j
+        for j in session.execute(
+            select(Job)
+            .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
+            .order_by(Job.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    }
+
+
+def _lock_held(session: Session, agent: AgentLease, attempt_ids: Iterable[int]) -> dict[int, Attempt]:
+    """The attempts among these still running under this agent's incarnation, locked."""
+    ids = sorted(set(attempt_ids))
+    return {
+        a.id: a
+        for a in session.execute(
+            select(Attempt)
+            .where(
+                Attempt.id.in_(ids),
+                Attempt.state == AttemptState.RUNNING,
+                Attempt.worker == agent.name,
+                Attempt.agent_epoch == agent.epoch,
+            )
+            .order_by(Attempt.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    }
+
+
+def _job_facts(session: Session, attempts: list[Attempt]) -> dict[str, tuple[int, str]]:
+    """(reserved IPU-ms, workload) of the attempts' jobs, read without a lock: neither changes
+    while an attempt of the job runs."""
+    if not attempts:
+        return {}
+    return {
+        job_id: (int(reserved), model)
+        for job_id, reserved, model in session.execute(
+            select(Job.id, Job.reserved_ipu_ms, Job.model).where(Job.id.in_({a.job_id for a in attempts}))
+        ).tuples()
+    }
 
 
 def finish(
     *,
     session: Session,
+    agent: AgentLease,
     attempt_id: int,
-    epoch: int,
     outcome: AttemptState,
     cluster_s: float,
+    lease_s: float,
     reason: str | None = None,
     progress: dict[str, Any] | None = None,
-    logs: list[LogLine] | None = None,
     max_attempts: int = 3,
 ) -> bool:
-    """The worker's last word on an attempt. False (and nothing written) if its lease is gone."""
-    fenced = _fenced(session, attempt_id, epoch, db_now(session))
-    if fenced is None:
-        return False
-    attempt, job = fenced
-    attempt.cluster_s = max(attempt.cluster_s, cluster_s)
-    if progress is not None:
-        attempt.progress = progress
-    for line in logs or ():
-        session.add(
-            JobEvent(
-                job_id=job.id,
-                attempt=attempt.number,
-                kind=line.kind,
-                message=line.message[:2000],
-                data=line.data,
-                at=line.at or utcnow(),
-            )
-        )
-    end_attempt(
-        session=session, attempt=attempt, job=job, outcome=outcome, reason=reason, max_attempts=max_attempts
+    """One attempt's end as its agent reports it (`record_tick` with one finish). False, and nothing
+    written, if the agent's lease or its hold on the attempt is gone."""
+    result = record_tick(
+        session=session,
+        agent=agent,
+        lease_s=lease_s,
+        finishes=[Finish(attempt_id, outcome, cluster_s, reason, progress)],
+        max_attempts=max_attempts,
     )
-    return True
+    return attempt_id in result.finished
+
+
+def derived_cluster_s(attempt: Attempt, now: datetime) -> float:
+    """How far a running attempt's run has got, from its start and its timeline: what the agent
+    driving it reaches at `now`, without asking the agent."""
+    timeline = attempt.timeline
+    if attempt.started_at is None or not timeline:
+        return attempt.cluster_s
+    t = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+    return max(attempt.cluster_s, min(float(timeline["end_s"]), max(0.0, t)))
+
+
+def progress_of(attempt: Attempt, now: datetime) -> dict[str, Any] | None:
+    """The attempt's progress: derived while it runs, as recorded once it ended."""
+    if attempt.state != AttemptState.RUNNING or not attempt.timeline:
+        return attempt.progress
+    t = derived_cluster_s(attempt, now)
+    return progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(t), t)
+
+
+def progress_dict(progress: emulator.Progress, cluster_s: float) -> dict[str, Any]:
+    return {
+        "phase": progress.phase,
+        "step": progress.step,
+        "steps": progress.steps,
+        "samples": progress.samples,
+        "percent": round(progress.percent, 2),
+        "eta_s": round(progress.eta_s, 3),
+        "throughput": round(progress.throughput, 3),
+        "memory_per_ipu_bytes": progress.memory_per_ipu_bytes,
+        "cluster_s": round(cluster_s, 3),
+    }
+
+
+def stop_running(
+    *,
+    session: Session,
+    attempt_ids: Sequence[int],
+    outcome: AttemptState,
+    reason: str,
+    max_attempts: int,
+) -> list[Attempt]:
+    """The control plane ends live attempts itself: a cancel, a preemption, a failed machine, a
+    lapsed agent. Each still live (placed or running) is ended now, a running one at the cluster
+    time its run has reached; the others were ended meanwhile and are left alone. Returns the
+    attempts ended; the agents driving them are told over the bus once this commits, or find out at
+    their next look."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return []
+    jobs = _lock_jobs(session, ids)
+    live = list(
+        session.execute(
+            select(Attempt)
+            .where(Attempt.id.in_(ids), Attempt.state.in_((AttemptState.PLACED, AttemptState.RUNNING)))
+            .order_by(Attempt.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
+    now = db_now(session)
+    for attempt in live:
+        if attempt.state == AttemptState.RUNNING and attempt.worker:
+            bus.publish_after_commit(session, bus.STOP_CHANNEL, f"{attempt.worker} {attempt.id}")
+        if attempt.state == AttemptState.RUNNING and attempt.timeline:
+            t = derived_cluster_s(attempt, now)
+            attempt.cluster_s = t
+            attempt.progress = progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(t), t)
+    end_attempts(
+        session=session,
+        endings=[Ending(a, jobs[a.job_id], outcome, reason) for a in live],
+        max_attempts=max_attempts,
+    )
+    return live
+
+
+@dataclass(frozen=True)
+class Ending:
+    """An attempt to end (its row locked by the caller), how, and why."""
+
+    attempt: Attempt
+    job: Job
+    outcome: AttemptState
+    reason: str | None
 
 
 def end_attempt(
@@ -354,52 +652,76 @@ def end_attempt(
     reason: str | None,
     max_attempts: int,
 ) -> None:
-    """Settle, free the partition, and move the job on. The caller has fenced the attempt.
+    """Settle, free the partition, and move the job on. The caller has fenced the attempt."""
+    end_attempts(session=session, endings=[Ending(attempt, job, outcome, reason)], max_attempts=max_attempts)
 
-    The settle comes last: it moves the tenant's counters, and every attempt of a tenant ends
-    through that row's lock, so it is held only for the last statement and the commit.
+
+def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: int) -> None:
+    """End many attempts in a handful of statements, whatever their number (an agent's tick, a
+    lapsed agent, a failed machine): mark them, ack their outbox messages, free their partitions,
+    move their jobs on, and settle them.
+
+    The settle comes last: it moves the tenants' counters, and every attempt of a tenant ends
+    through that row's lock, so it is held only for the last statements and the commit.
     """
+    if not endings:
+        return
     now = utcnow()
-    attempt.state = outcome
-    attempt.ended_at = now
-    attempt.end_reason = reason
-    attempt.lease_expires_at = None
-    billable = outcome not in PLATFORM_FAULT_STATES
-    # The attempt's and the job's changes are written together, by the settle's flush.
+    for e in endings:
+        e.attempt.state = e.outcome
+        e.attempt.ended_at = now
+        e.attempt.end_reason = e.reason
+    ids = [e.attempt.id for e in endings]
+    # The attempts' and the jobs' changes are written together, by the settle's flush.
     with session.no_autoflush:
-        # Nobody needs the message any more: the reconciler must not publish it again.
+        # Nobody needs the messages any more: the reconciler must not publish them again.
         session.execute(
             update(OutboxMessage)
-            .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
+            .where(OutboxMessage.attempt_id.in_(ids), OutboxMessage.acked_at.is_(None))
             .values(acked_at=now)
+            .execution_options(synchronize_session=False)
         )
-        fleet.release_job_partition(session=session, partition_pk=attempt.partition_pk)
-        # Only an attempt the reconciler ends for a job that already ended finds the job final:
-        # its outcome was decided, and this attempt's end must not rewrite it.
-        if job.state not in FINAL_JOB_STATES:
-            _move_job_on(session, job, attempt, outcome, reason, max_attempts, now)
+        fleet.release_job_partitions(session=session, partition_pks=[e.attempt.partition_pk for e in endings])
+        lost = _lost_attempts(
+            session,
+            [e for e in endings if e.outcome == AttemptState.LOST and e.job.state not in FINAL_JOB_STATES],
+        )
+        events: list[dict[str, Any]] = []
+        for e in endings:
+            # Only an attempt the reconciler ends for a job that already ended finds the job final:
+            # its outcome was decided, and this attempt's end must not rewrite it.
+            if e.job.state not in FINAL_JOB_STATES:
+                _move_job_on(session, e, lost.get(e.job.id, 0), max_attempts, now, events)
+        if events:
+            session.execute(insert(JobEvent.__table__), events)
     # Last, since it moves the tenant's counters (and an ended job gives back what it reserves).
-    metering.settle(
+    metering.settle_many(
         session=session,
-        attempt=attempt,
-        job=job,
-        billable=billable,
-        outcome=str(outcome),
-        job_ends=job.state in FINAL_JOB_STATES,
+        items=[
+            metering.Settle(
+                attempt=e.attempt,
+                job=e.job,
+                billable=e.outcome not in PLATFORM_FAULT_STATES,
+                outcome=str(e.outcome),
+                job_ends=e.job.state in FINAL_JOB_STATES,
+            )
+            for e in endings
+        ],
     )
 
 
 def _move_job_on(
     session: Session,
-    job: Job,
-    attempt: Attempt,
-    outcome: AttemptState,
-    reason: str | None,
+    e: Ending,
+    lost_before: int,
     max_attempts: int,
     now: datetime,
+    events: list[dict[str, Any]],
 ) -> None:
+    job, attempt, outcome, reason = e.job, e.attempt, e.outcome, e.reason
+
     def end(state: JobState, why: str | None) -> None:
-        finalize_job(session=session, job=job, state=state, reason=why, release=False)
+        finalize_job(session=session, job=job, state=state, reason=why, release=False, events=events)
 
     if outcome == AttemptState.SUCCEEDED:
         end(JobState.SUCCEEDED, None)
@@ -409,81 +731,41 @@ def _move_job_on(
         end(JobState.FAILED, reason)
     elif job.cancel_requested:
         end(JobState.CANCELLED, "cancelled by user")
-    elif outcome != AttemptState.LOST or _lost_attempts(session, job.id, this=attempt.id) + 1 < max_attempts:
-        # Only lost attempts count against the retry limit: a handed-back or preempted attempt
-        # is the platform making room, not a sign that the job crashes its worker.
+    elif outcome != AttemptState.LOST or lost_before + 1 < max_attempts:
+        # Only lost attempts count against the retry limit: a handed-back, preempted or interrupted
+        # attempt is the platform making room or failing under it, not a sign that the job crashes
+        # its host agent.
         job.state = JobState.QUEUED
         job.updated_at = now
-        add_event(
-            session,
-            job.id,
-            "state",
-            f"requeued: attempt {attempt.number} {outcome}" + (f" ({reason})" if reason else ""),
-            attempt=attempt.number,
-            data={"state": "queued", "requeued": True, "reason": reason},
-            at=now,
+        events.append(
+            {
+                "job_id": job.id,
+                "attempt": attempt.number,
+                "kind": "state",
+                "message": (
+                    f"requeued: attempt {attempt.number} {outcome}" + (f" ({reason})" if reason else "")
+                )[:2000],
+                "data": {"state": "queued", "requeued": True, "reason": reason},
+                "at": now,
+            }
         )
     else:
         end(JobState.FAILED, f"gave up after {max_attempts} lost attempts; last: {reason or outcome}")
 
 
-def _lost_attempts(session: Session, job_id: str, this: int) -> int:
-    """The job's earlier lost attempts (this one's new state is not written yet)."""
-    return session.execute(
-        select(func.count())
-        .select_from(Attempt)
-        .where(Attempt.job_id == job_id, Attempt.id != this, Attempt.state == AttemptState.LOST)
-    ).scalar_one()
-
-
-def cancel_placed(*, session: Session, attempt: Attempt, job: Job) -> bool:
-    """Cancel an attempt no worker has taken yet (a CAS on `placed`, so it races safely with take)."""
-    locked = session.execute(
-        select(Attempt)
-        .where(Attempt.id == attempt.id, Attempt.state == AttemptState.PLACED)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).scalar_one_or_none()
-    if locked is None:
-        return False
-    end_attempt(
-        session=session,
-        attempt=locked,
-        job=job,
-        outcome=AttemptState.CANCELLED,
-        reason="cancelled by user before it started",
-        max_attempts=1,
-    )
-    return True
-
-
-def expire_leases(
-    *, session: Session, max_attempts: int, now: datetime | None = None, limit: int = 500
-) -> list[Attempt]:
-    """Reconciler: running attempts whose lease ran out are lost (never billed); jobs go again.
-
-    SKIP LOCKED: an attempt whose row a worker holds right now is heartbeating or finishing, and
-    is looked at again on the next pass rather than waited for.
-    """
-    now = now or db_now(session)
-    stale = list(
-        session.execute(
-            select(Attempt)
-            .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < now)
-            .order_by(Attempt.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        ).scalars()
-    )
-    for attempt in stale:
-        job = session.get(Job, attempt.job_id, populate_existing=True)
-        assert job is not None
-        end_attempt(
-            session=session,
-            attempt=attempt,
-            job=job,
-            outcome=AttemptState.LOST,
-            reason=f"lease expired on {attempt.worker}",
-            max_attempts=max_attempts,
-        )
-    return stale
+def _lost_attempts(session: Session, endings: list[Ending]) -> dict[str, int]:
+    """Each job's earlier lost attempts (these endings' new states are not written yet)."""
+    if not endings:
+        return {}
+    return {
+        job_id: int(n)
+        for job_id, n in session.execute(
+            select(Attempt.job_id, func.count())
+            .where(
+                Attempt.job_id.in_({e.job.id for e in endings}),
+                Attempt.id.not_in([e.attempt.id for e in endings]),
+                Attempt.state == AttemptState.LOST,
+            )
+            .group_by(Attempt.job_id)
+        ).tuples()
+    }

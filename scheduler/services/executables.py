@@ -14,6 +14,13 @@ def is_cached(*, session: Session, key: str) -> bool:
     return session.execute(select(Executable.key).where(Executable.key == key)).first() is not None
 
 
+def cached_keys(*, session: Session, keys: set[str]) -> set[str]:
+    """Which of these executables are in the cache, in one query."""
+    if not keys:
+        return set()
+    return set(session.execute(select(Executable.key).where(Executable.key.in_(sorted(keys)))).scalars())
+
+
 def record(*, session: Session, key: str, machine_type: str, compile_s: float) -> None:
     dialect = session.get_bind().dialect.name
     ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Executable)
@@ -22,6 +29,25 @@ def record(*, session: Session, key: str, machine_type: str, compile_s: float) -
             key=key, machine_type=machine_type, compile_s=compile_s, created_at=utcnow(), hits=0
         ).on_conflict_do_nothing(index_elements=["key"])
     )
+
+
+def record_many(*, session: Session, entries: list[tuple[str, str, float]]) -> None:
+    """Record compiled executables `(key, machine type, compile_s)` in one statement."""
+    rows = {
+        key: {
+            "key": key,
+            "machine_type": machine_type,
+            "compile_s": compile_s,
+            "created_at": utcnow(),
+            "hits": 0,
+        }
+        for key, machine_type, compile_s in entries
+    }
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(Executable)
+    session.execute(ins.on_conflict_do_nothing(index_elements=["key"]), list(rows.values()))
 
 
 def hit(*, session: Session, key: str) -> None:

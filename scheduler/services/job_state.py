@@ -29,12 +29,19 @@ def add_event(
 
 
 def finalize_job(
-    *, session: Session, job: Job, state: JobState, reason: str | None, release: bool = True
+    *,
+    session: Session,
+    job: Job,
+    state: JobState,
+    reason: str | None,
+    release: bool = True,
+    events: list[dict[str, Any]] | None = None,
 ) -> None:
     """End a job and release whatever quota it still holds.
 
     `release=False` leaves the release to the caller (`release_reservation`), which an attempt's end
     does after its settle, so that the tenant's row is locked last and for as little as possible.
+    `events`: append the job's event row there (the caller inserts many at once) instead of adding it.
     """
     if release:
         release_reservation(session=session, job=job)
@@ -43,14 +50,21 @@ def finalize_job(
     job.reason = reason
     job.finished_at = now
     job.updated_at = now
-    add_event(
-        session,
-        job.id,
-        "state",
-        f"{state}" + (f": {reason}" if reason else ""),
-        data={"state": str(state), "reason": reason},
-        at=now,
-    )
+    message = f"{state}" + (f": {reason}" if reason else "")
+    data = {"state": str(state), "reason": reason}
+    if events is not None:
+        events.append(
+            {
+                "job_id": job.id,
+                "attempt": None,
+                "kind": "state",
+                "message": message[:2000],
+                "data": data,
+                "at": now,
+            }
+        )
+        return
+    add_event(session, job.id, "state", message, data=data, at=now)
 
 
 def release_reservation(*, session: Session, job: Job) -> None:

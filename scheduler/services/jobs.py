@@ -19,6 +19,7 @@ from scheduler.errors import (
     Conflict,
     DomainError,
     IdempotencyConflict,
+    InvalidRequest,
     LimitExceeded,
     NotFound,
     QuotaExceeded,
@@ -40,7 +41,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import attempts, fleet
-from scheduler.services.job_state import add_event, finalize_job
+from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 
 
@@ -343,15 +344,28 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
-    machine = spec.machine or (reserved_partition.machine_type if reserved_partition else None)
-
-    resolved = emulation.resolve(spec.workload, spec.ipus, machine)
-    if reserved_partition is not None and resolved.ipus > reserved_partition.size:
-        raise LimitExceeded(
-            f"The job needs {resolved.ipus} IPUs but partition {reserved_partition.name} has "
-            f"{reserved_partition.size}."
-        )
-    size = reserved_partition.size if reserved_partition is not None else resolved.ipus
+    if reserved_partition is None:
+        machine = spec.machine
+        resolved = emulation.resolve(spec.workload, spec.ipus, machine)
+        size = resolved.ipus
+    else:
+        machine = reserved_partition.machine_type
+        if spec.machine is not None and spec.machine != machine:
+            raise InvalidRequest(
+                f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
+                f"{spec.machine}.",
+                field="machine",
+            )
+        # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
+        # it is planned, reserved and billed on what it holds.
+        size = reserved_partition.size // reserved_partition.gcds
+        if spec.ipus != "auto" and spec.ipus > size:
+            raise LimitExceeded(
+                f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
+                f"{reserved_partition.name} holds {size} ({reserved_partition.gcds} of "
+                f"{reserved_partition.size} IPUs)."
+            )
+        resolved = emulation.resolve(spec.workload, size, machine)
     if size > plan.max_partition_size:
         raise LimitExceeded(
             f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
@@ -607,8 +621,13 @@ def attempt_partition(*, session: Session, attempt: Attempt | None) -> Partition
 
 
 def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
-    """Cancel: a queued job ends now; a placed or running one is stopped by the scheduler/worker."""
-    job = get_job(session=session, job_id=job_id, scope=scope)
+    """Cancel: a queued job ends now, and so does a placed or running one: the control plane ends its
+    attempt itself (billed up to now) and the host agent driving it is told to stop over the bus
+    (`stopped_agents`), or finds out at its next look."""
+    get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
+    job = session.execute(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).scalar_one()
     if job.state in FINAL_JOB_STATES:
         raise Conflict(f"Job {job_id} already ended ({job.state}).", state=job.state)
     if job.cancel_requested:
@@ -616,16 +635,19 @@ def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
     job.cancel_requested = True
     job.updated_at = utcnow()
     attempt = current_attempt(session=session, job=job)
-    if (
-        attempt is not None
-        and attempt.state == AttemptState.PLACED
-        and attempts.cancel_placed(session=session, attempt=attempt, job=job)
-    ):
-        return job
-    if job.state == JobState.QUEUED and (attempt is None or attempt.state not in LIVE_ATTEMPT_STATES):
+    if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES:
+        reason = (
+            "cancelled by user" if attempt.state == AttemptState.RUNNING
+            else "cancelled by user before it started"
+        )
+        attempts.stop_running(
+            session=session,
+            attempt_ids=[attempt.id],
+            outcome=AttemptState.CANCELLED,
+            reason=reason,
+            max_attempts=1,
+        )
+    if job.state not in FINAL_JOB_STATES:
         finalize_job(session=session, job=job, state=JobState.CANCELLED, reason="cancelled by user")
-    else:
-        # A worker holds it: the next heartbeat tells the worker to stop.
-        add_event(session, job.id, "state", "cancel requested", data={"cancel_requested": True})
     session.flush()
     return job

@@ -1,7 +1,8 @@
 """Metering: every IPU-second of an attempt, billed once.
 
 An attempt is metered as partition size x cluster time: in ticks while it runs (so a running job
-burns quota as it goes) and settled once at its end. Every meter event has a deterministic id
+burns quota as it goes; its host agent bills many attempts per transaction, every
+`IPUCLOUD_METER_INTERVAL_S`) and settled once at its end. Every meter event has a deterministic id
 (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
 is actually inserted, so replaying a tick or a finish changes nothing. Usage never passes the
 grant: a tick that would overspend is cut to what is left, and the job is stopped.
@@ -9,6 +10,7 @@ grant: a tick that would overspend is cut to what is left, and the job is stoppe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,88 +95,220 @@ def _set_event_amount(session: Session, event_id: str, amount: int) -> None:
     session.execute(update(MeterEvent).where(MeterEvent.id == event_id).values(ipu_ms=amount))
 
 
-@dataclass
-class Tick:
-    billed_ipu_ms: int
-    quota_exhausted: bool
+@dataclass(frozen=True)
+class TickDue:
+    """A running attempt to bill up to `cluster_s` as its tick number `seq`; the attempt's row is
+    locked by the caller, and `job_reserved_ipu_ms`/`workload` are its job's (the job's row is not
+    written while an attempt runs, so ticks never wait on it)."""
+
+    attempt: Attempt
+    seq: int
+    cluster_s: float
+    job_reserved_ipu_ms: int
+    workload: str
 
 
-def meter_tick(*, session: Session, attempt: Attempt, job: Job, seq: int, cluster_s: float) -> Tick:
-    """Bill the attempt up to `cluster_s`. Caller holds the attempt's lease (fenced by epoch)."""
-    due = ipu_ms(attempt.size, cluster_s) - attempt.metered_ipu_ms
-    if due <= 0:
-        return Tick(0, False)
-    event_id = f"att:{attempt.id}:tick:{seq}"
-    if not insert_ignore(session, _event(event_id, attempt, job, "tick", due, cluster_s)):
-        return Tick(0, False)  # a replay: this tick was billed when it was first written
+def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
+    """Bill many running attempts at once: their events in one statement, each tenant's counters in
+    one guarded UPDATE. Returns the attempts whose tenant's grant ran out (billed what was left).
 
-    def bill(amount: int) -> int:
-        consumed = min(amount, job.reserved_ipu_ms)
-        job.reserved_ipu_ms -= consumed
-        attempt.reservation_used_ipu_ms += consumed
-        attempt.metered_ipu_ms += amount
-        attempt.ticks = max(attempt.ticks, seq)
+    While an attempt runs, what its ticks consume of the job's reservation is kept on the attempt
+    (`reservation_used_ipu_ms`); its settle moves it to the job.
+    """
+    due: list[tuple[TickDue, int]] = []
+    for t in ticks:
+        amount = ipu_ms(t.attempt.size, t.cluster_s) - t.attempt.metered_ipu_ms
+        if amount > 0:
+            due.append((t, amount))
+    if not due:
+        return set()
+    table = MeterEvent.__table__
+    dialect = session.get_bind().dialect.name
+    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    now = utcnow()
+    rows = [
+        dict(
+            id=f"att:{t.attempt.id}:tick:{t.seq}",
+            tenant_id=t.attempt.tenant_id,
+            job_id=t.attempt.job_id,
+            attempt_id=t.attempt.id,
+            kind="tick",
+            ipu_ms=amount,
+            partition_size=t.attempt.size,
+            cluster_s=t.cluster_s,
+            workload=t.workload,
+            outcome=None,
+            at=now,
+        )
+        for t, amount in due
+    ]
+    # RETURNING says which rows this call wrote: a replayed tick (a retried transaction whose
+    # first commit went through) was billed when it was first written.
+    written = set(
+        session.execute(
+            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
+            rows,
+        ).scalars()
+    )
+    by_tenant: dict[str, list[tuple[TickDue, int]]] = {}
+    for t, amount in due:
+        if f"att:{t.attempt.id}:tick:{t.seq}" in written:
+            by_tenant.setdefault(t.attempt.tenant_id, []).append((t, amount))
+    exhausted: set[int] = set()
+
+    def consume(t: TickDue, amount: int) -> int:
+        a = t.attempt
+        consumed = max(0, min(amount, t.job_reserved_ipu_ms - a.reservation_used_ipu_ms))
+        a.reservation_used_ipu_ms += consumed
+        a.metered_ipu_ms += amount
+        a.cluster_s = max(a.cluster_s, t.cluster_s)
+        a.ticks = max(a.ticks, t.seq)
         return consumed
 
-    baseline = (job.reserved_ipu_ms, attempt.reservation_used_ipu_ms, attempt.metered_ipu_ms, attempt.ticks)
-    consumed = bill(due)
-    session.flush()
-    if _move_counters(session, attempt.tenant_id, due, -consumed, guard=True):
-        return Tick(due, False)
-    # The grant would be passed: bill what is left of it, and the job is stopped.
-    job.reserved_ipu_ms, attempt.reservation_used_ipu_ms, attempt.metered_ipu_ms, attempt.ticks = baseline
-    billed = min(due, _left_under_lock(session, attempt.tenant_id))
-    if billed == 0:
-        session.execute(delete(MeterEvent).where(MeterEvent.id == event_id))
-        return Tick(0, True)
-    _set_event_amount(session, event_id, billed)
-    consumed = bill(billed)
-    _move_counters(session, attempt.tenant_id, billed, -consumed, guard=False)
-    return Tick(billed, True)
+    # Tenants in a fixed order: two agents billing the same tenants take their rows in one order.
+    for tenant_id in sorted(by_tenant):
+        items = by_tenant[tenant_id]
+        used = sum(amount for _, amount in items)
+        consumed = sum(
+            max(0, min(amount, t.job_reserved_ipu_ms - t.attempt.reservation_used_ipu_ms))
+            for t, amount in items
+        )
+        if _move_counters(session, tenant_id, used, -consumed, guard=True):
+            for t, amount in items:
+                consume(t, amount)
+            continue
+        # The grant would be passed: bill what is left of it, in order, and stop whoever it runs out on.
+        left = _left_under_lock(session, tenant_id)
+        used = consumed = 0
+        for t, amount in items:
+            billed = min(amount, left)
+            left -= billed
+            event_id = f"att:{t.attempt.id}:tick:{t.seq}"
+            if billed < amount:
+                exhausted.add(t.attempt.id)
+                if billed == 0:
+                    session.execute(delete(MeterEvent).where(MeterEvent.id == event_id))
+                    continue
+                _set_event_amount(session, event_id, billed)
+            # Only the time billed counts as run: the attempt's clock stops where its grant did.
+            cluster_s = t.cluster_s if billed == amount else t.attempt.cluster_s
+            t_billed = TickDue(t.attempt, t.seq, cluster_s, t.job_reserved_ipu_ms, t.workload)
+            consumed += consume(t_billed, billed)
+            used += billed
+        _move_counters(session, tenant_id, used, -consumed, guard=False)
+    return exhausted
+
+
+@dataclass(frozen=True)
+class Settle:
+    """An attempt's settle: bill what ran (`billable`), or refund its ticks (a platform fault).
+    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back too."""
+
+    attempt: Attempt
+    job: Job
+    billable: bool
+    outcome: str
+    job_ends: bool = False
 
 
 def settle(
     *, session: Session, attempt: Attempt, job: Job, billable: bool, outcome: str, job_ends: bool = False
 ) -> int:
-    """The attempt's one settle record: bill what ran, or refund every tick of a platform fault.
+    """One attempt's settle record; returns its amount (negative for a refund, 0 for a replay)."""
+    return settle_many(session=session, items=[Settle(attempt, job, billable, outcome, job_ends)]).get(
+        attempt.id, 0
+    )
 
-    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back to the
-    tenant in the same update. Returns the amount of the settle record (negative for a refund).
+
+def _settle_bill(item: Settle, amount: int) -> int:
+    """Apply a settle of `amount` to the job and the attempt; returns the change to the tenant's
+    reserved counter."""
+    attempt, job = item.attempt, item.job
+    if item.billable:
+        consumed = min(amount, job.reserved_ipu_ms)
+        job.reserved_ipu_ms -= consumed
+        attempt.metered_ipu_ms += amount
+        reserved = -consumed
+    else:
+        # The job will run again: hold the quota its lost ticks had consumed, as before they ran
+        # (the job's own reservation was never lowered while the attempt ran).
+        reserved = attempt.reservation_used_ipu_ms
+        attempt.reservation_used_ipu_ms = 0
+        attempt.metered_ipu_ms = 0
+    if item.job_ends:
+        reserved -= job.reserved_ipu_ms
+        job.reserved_ipu_ms = 0
+    return reserved
+
+
+def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
+    """Settle many attempts: their records in one statement, each tenant's counters in one guarded
+    UPDATE, tenants in one order. Returns each written record's amount by attempt (a replay, whose
+    record exists already, is left out: it was settled when its end was first written).
+
+    Only when a tenant's guarded update refuses (billing all that ran would pass its grant) is its
+    row locked and read, and its attempts settled one by one: refunds first, then each bill cut to
+    what is left of the grant.
     """
-    due = max(0, ipu_ms(attempt.size, attempt.cluster_s) - attempt.metered_ipu_ms)
-    amount = due if billable else -attempt.metered_ipu_ms
-    event_id = f"att:{attempt.id}:settle"
-    values = _event(event_id, attempt, job, "settle", amount, attempt.cluster_s, outcome=outcome)
-    if not insert_ignore(session, values):
-        return 0  # a replay: this attempt was settled when its end was first written
-
-    def bill(amount: int) -> int:
-        """Update the job and the attempt; returns the change to the tenant's reserved counter."""
-        if billable:
-            consumed = min(amount, job.reserved_ipu_ms)
-            job.reserved_ipu_ms -= consumed
-            attempt.metered_ipu_ms += amount
-            reserved = -consumed
-        else:
-            # The job will run again: hold the quota its lost ticks had consumed, as before they ran.
-            job.reserved_ipu_ms += attempt.reservation_used_ipu_ms
-            reserved = attempt.reservation_used_ipu_ms
-            attempt.reservation_used_ipu_ms = 0
-            attempt.metered_ipu_ms = 0
-        if job_ends:
-            reserved -= job.reserved_ipu_ms
-            job.reserved_ipu_ms = 0
-        return reserved
-
-    baseline = (job.reserved_ipu_ms, attempt.metered_ipu_ms, attempt.reservation_used_ipu_ms)
-    reserved = bill(amount)
+    prepared = []
+    for item in items:
+        a = item.attempt
+        due = max(0, ipu_ms(a.size, a.cluster_s) - a.metered_ipu_ms)
+        amount = due if item.billable else -a.metered_ipu_ms
+        prepared.append((item, due, amount))
+    if not prepared:
+        return {}
+    table = MeterEvent.__table__
+    dialect = session.get_bind().dialect.name
+    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+    written = set(
+        session.execute(
+            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
+            [
+                _event(
+                    f"att:{i.attempt.id}:settle",
+                    i.attempt,
+                    i.job,
+                    "settle",
+                    amount,
+                    i.attempt.cluster_s,
+                    i.outcome,
+                )
+                for i, _, amount in prepared
+            ],
+        ).scalars()
+    )
+    by_tenant: dict[str, list[tuple[Settle, int, int, tuple[int, int, int], int]]] = {}
+    for item, due, amount in prepared:
+        if f"att:{item.attempt.id}:settle" not in written:
+            continue
+        a, j = item.attempt, item.job
+        if item.billable:
+            # What the ticks consumed of the job's reservation was kept on the attempt while it ran.
+            j.reserved_ipu_ms -= a.reservation_used_ipu_ms
+        baseline = (j.reserved_ipu_ms, a.metered_ipu_ms, a.reservation_used_ipu_ms)
+        reserved = _settle_bill(item, amount)
+        by_tenant.setdefault(a.tenant_id, []).append((item, due, amount, baseline, reserved))
     session.flush()
-    if _move_counters(session, attempt.tenant_id, amount, reserved, guard=billable and amount > 0):
-        return amount
-    # Billing all that ran would pass the grant: bill what is left of it.
-    job.reserved_ipu_ms, attempt.metered_ipu_ms, attempt.reservation_used_ipu_ms = baseline
-    amount = min(due, _left_under_lock(session, attempt.tenant_id))
-    _set_event_amount(session, event_id, amount)
-    reserved = bill(amount)
-    _move_counters(session, attempt.tenant_id, amount, reserved, guard=False)
-    return amount
+    amounts: dict[int, int] = {}
+    for tenant_id in sorted(by_tenant):
+        entries = by_tenant[tenant_id]
+        used = sum(amount for _, _, amount, _, _ in entries)
+        reserved = sum(r for _, _, _, _, r in entries)
+        guard = any(item.billable and amount > 0 for item, _, amount, _, _ in entries)
+        if _move_counters(session, tenant_id, used, reserved, guard=guard):
+            amounts.update({item.attempt.id: amount for item, _, amount, _, _ in entries})
+            continue
+        # Billing all that ran would pass the grant: refunds first, then bill what is left, in order.
+        for item, _, _, (job_reserved, metered, used_reservation), _ in entries:
+            item.job.reserved_ipu_ms = job_reserved
+            item.attempt.metered_ipu_ms = metered
+            item.attempt.reservation_used_ipu_ms = used_reservation
+        ordered = sorted(entries, key=lambda e: e[0].billable and e[2] > 0)
+        for item, due, amount, _, _ in ordered:
+            if item.billable and amount > 0:
+                amount = min(due, _left_under_lock(session, tenant_id))
+                _set_event_amount(session, f"att:{item.attempt.id}:settle", amount)
+            _move_counters(session, tenant_id, amount, _settle_bill(item, amount), guard=False)
+            amounts[item.attempt.id] = amount
+    return amounts

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, InvalidRequest, NoCapacity, NotFound
-from scheduler.models import Attempt, AttemptState, Job, Machine, Partition, Tenant
+from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
 from scheduler.services import attempts as attempt_service
 from scheduler.services import fleet
 from vipu.partitions import PartitionRuleError, check_gcds
@@ -100,45 +100,79 @@ def get_partition(*, session: Session, name: str) -> Partition:
     return part
 
 
-def _live_attempt(session: Session, part: Partition) -> Attempt | None:
-    return session.execute(
-        select(Attempt).where(
-            Attempt.partition_pk == part.pk, Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING])
+def _live_attempts(session: Session, part: Partition) -> list[Attempt]:
+    return list(
+        session.execute(
+            select(Attempt)
+            .where(
+                Attempt.partition_pk == part.pk,
+                Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]),
+            )
+            .order_by(Attempt.gcd)
+        ).scalars()
+    )
+
+
+def running_jobs(*, session: Session, partition_pks: list[int]) -> dict[int, list[str]]:
+    """The jobs each partition runs now (one per graph compile domain), for its view."""
+    out: dict[int, list[str]] = {}
+    if not partition_pks:
+        return out
+    for pk, job_id in session.execute(
+        select(Attempt.partition_pk, Attempt.job_id)
+        .where(
+            Attempt.partition_pk.in_(partition_pks),
+            Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]),
         )
-    ).scalar_one_or_none()
+        .order_by(Attempt.partition_pk, Attempt.gcd)
+    ).tuples():
+        out.setdefault(pk, []).append(job_id)
+    return out
 
 
 def remove_partition(*, session: Session, name: str) -> Partition:
     part = get_partition(session=session, name=name)
-    live = _live_attempt(session, part)
-    if live is not None:
+    live = _live_attempts(session, part)
+    if live:
+        jobs = ", ".join(a.job_id for a in live)
         raise Conflict(
-            f"Partition {name} runs job {live.job_id}; cancel it or wait for it to end.", job=live.job_id
+            f"Partition {name} runs {jobs}; cancel them or wait for them to end.", job=live[0].job_id
         )
     fleet.release_partition(session=session, partition=part)
     return part
 
 
-def reset_partition(*, session: Session, name: str, max_attempts: int) -> tuple[Partition, str | None]:
-    """Reset the partition's IPUs. A job running on it loses its attempt (unbilled) and goes again."""
+def reset_partition(
+    *, session: Session, name: str, max_attempts: int, gcds: int | None = None
+) -> tuple[Partition, list[str]]:
+    """Reset the partition's IPUs; every job running on it loses its attempt (unbilled, not held
+    against its retries) and goes again. With `gcds`, a reconfigurable partition is also split anew
+    into that many graph compile domains (V-IPU's reconfigurable partitions), once nothing runs on it."""
     part = get_partition(session=session, name=name)
-    live = _live_attempt(session, part)
-    if live is None:
-        return part, None
-    job = session.get(Job, live.job_id)
-    assert job is not None
-    if live.state == AttemptState.PLACED:
-        attempt_service.cancel_placed(session=session, attempt=live, job=job)
-    else:
-        attempt_service.end_attempt(
-            session=session,
-            attempt=live,
-            job=job,
-            outcome=AttemptState.LOST,
-            reason=f"partition {name} was reset by an admin",
-            max_attempts=max_attempts,
-        )
-    return part, job.id
+    live = _live_attempts(session, part)
+    if gcds is not None and gcds != part.gcds:
+        if not part.reconfigurable:
+            raise Conflict(
+                f"Partition {name} is not reconfigurable: its graph compile domains are fixed at "
+                f"{part.gcds}; create it with --reconfigurable to split it anew."
+            )
+        if live:
+            jobs = ", ".join(a.job_id for a in live)
+            raise Conflict(f"Partition {name} runs {jobs}; split it anew once nothing runs on it.")
+        try:
+            check_gcds(part.size, gcds)
+        except PartitionRuleError as exc:
+            raise InvalidRequest(str(exc), field="gcds")
+        part.gcds = gcds
+    attempt_service.stop_running(
+        session=session,
+        attempt_ids=[a.id for a in live],
+        outcome=AttemptState.INTERRUPTED,
+        reason=f"partition {name} was reset by an admin",
+        max_attempts=max_attempts,
+    )
+    session.flush()
+    return part, [a.job_id for a in live]
 
 
 def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Workers, brokers and networks fail; the database stays the truth, and this pass makes the rest of
 the world agree with it again:
 
-- a running attempt whose lease ran out is ended as lost (never billed), its partition freed, and
-  its job queued again, up to `max_attempts` lost attempts (services.attempts.expire_leases);
+- a host agent whose lease ran out loses every attempt it ran: each is ended as lost (never
+  billed), its partition freed, and its job queued again, up to `max_attempts` lost attempts
+  (services.agents.lapse_expired); so is a running attempt no live agent holds;
 - an outbox message published but not taken in time is published again, with a backoff so a
   queue that is merely deep is not flooded with copies;
 - a job partition with no live attempt is freed, and so is any IPU still assigned to a released
@@ -29,6 +30,8 @@ from sqlalchemy.orm import Session
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
+    Agent,
+    AgentState,
     Attempt,
     AttemptState,
     IpuAssignment,
@@ -39,7 +42,7 @@ from scheduler.models import (
     Partition,
     ReconcilerAction,
 )
-from scheduler.services import attempts, fleet
+from scheduler.services import agents, attempts, fleet
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
 
@@ -60,6 +63,8 @@ ACTIONS = (
     JOB_REQUEUED,
 )
 
+# Seconds between the reconciler's sweeps across all running work (reconcile(sweep=True)).
+SWEEP_S = 5.0
 # A partition is created in the same transaction as its first attempt, so one without a live
 # attempt is orphaned at once; the grace only keeps the sweep away from rows being written.
 ORPHAN_GRACE_S = 5.0
@@ -116,26 +121,50 @@ def reconcile(
     outbox_retry_s: float,
     limit: int = 500,
     queue_depth: Callable[[str], int | None] = lambda _queue: None,
+    sweep: bool = True,
 ) -> Repairs:
     """One reconciliation pass in the caller's (fenced) transaction.
 
     `queue_depth(queue)` says how many messages wait in a broker queue (None: unknown); the caller
     asks the broker, this module only reads the database.
+
+    Lapsed agents and untaken messages are looked at on every pass: both are indexed probes that find
+    nothing on a healthy cloud. The `sweep`s look across every running job for states only a race
+    or a bug leaves behind, which costs a scan of the running work; the loop runs them every
+    few seconds (`SWEEP_S`), not on every pass.
     """
     now = db_now(session)
     repairs = Repairs()
-    _expire_leases(session, repairs, now, leader_epoch, max_attempts, limit)
-    _end_attempts_of_ended_jobs(session, repairs, now, leader_epoch, limit)
-    _complete_cancels(session, repairs, now, leader_epoch, limit)
+    _expire_leases(session, repairs, now, leader_epoch, max_attempts, limit, sweep)
+    if sweep:
+        _end_attempts_of_ended_jobs(session, repairs, now, leader_epoch, limit)
+        _complete_cancels(session, repairs, now, leader_epoch, limit)
     _republish_outbox(session, repairs, now, leader_epoch, outbox_retry_s, limit, queue_depth)
-    _free_orphans(session, repairs, now, leader_epoch, limit)
+    if sweep:
+        _free_orphans(session, repairs, now, leader_epoch, limit)
     return repairs
 
 
 def _expire_leases(
-    session: Session, repairs: Repairs, now: datetime, epoch: int, max_attempts: int, limit: int
+    session: Session, repairs: Repairs, now: datetime, epoch: int, max_attempts: int, limit: int, sweep: bool
 ) -> None:
-    for a in attempts.expire_leases(session=session, max_attempts=max_attempts, now=now, limit=limit):
+    ended = [
+        (a, f"attempt {a.number} of {a.job_id} lost with host agent {lapse.name} (epoch {lapse.epoch})")
+        for lapse in agents.lapse_expired(session=session, max_attempts=max_attempts, now=now)
+        for a in lapse.ended
+    ]
+    unheld = agents.unheld_running_attempts(session=session, limit=limit) if sweep else []
+    ended += [
+        (a, f"attempt {a.number} of {a.job_id} lost: no live host agent held it (last {a.worker})")
+        for a in attempts.stop_running(
+            session=session,
+            attempt_ids=unheld,
+            outcome=AttemptState.LOST,
+            reason="no live host agent held it",
+            max_attempts=max_attempts,
+        )
+    ]
+    for a, what in ended:
         job = session.get(Job, a.job_id)
         assert job is not None
         then = f"job failed ({job.reason})" if job.state == JobState.FAILED else f"job {job.state}"
@@ -148,7 +177,7 @@ def _expire_leases(
             job_id=a.job_id,
             attempt_id=a.id,
             partition_pk=a.partition_pk,
-            detail=f"attempt {a.number} of {a.job_id} on {a.worker} lost; {then}",
+            detail=f"{what}; {then}",
         )
 
 
@@ -401,6 +430,7 @@ class ClusterState:
     attempts_ended: dict[str, int]
     attempts_live: dict[str, int]
     leases_overdue: int
+    agents: dict[str, int]
     outbox_unacked: int
     outbox_publishes: int
     partitions_live: int
@@ -421,9 +451,12 @@ def cluster_state(session: Session) -> ClusterState:
         (live if state in live else ended)[state] = int(n)
     overdue = session.execute(
         select(func.count())
-        .select_from(Attempt)
-        .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < now)
+        .select_from(Agent)
+        .where(Agent.state == AgentState.ACTIVE, Agent.lease_expires_at < now)
     ).scalar_one()
+    agent_states = {str(s): 0 for s in AgentState}
+    for state, n in session.execute(select(Agent.state, func.count()).group_by(Agent.state)).tuples():
+        agent_states[state] = int(n)
     unacked, publishes = session.execute(
         select(
             func.count().filter(OutboxMessage.acked_at.is_(None)),
@@ -440,6 +473,7 @@ def cluster_state(session: Session) -> ClusterState:
         attempts_ended=ended,
         attempts_live=live,
         leases_overdue=int(overdue),
+        agents=agent_states,
         outbox_unacked=int(unacked),
         outbox_publishes=int(publishes),
         partitions_live=int(partitions_live),

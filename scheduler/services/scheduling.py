@@ -25,13 +25,13 @@ from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
+    Ipu,
+    IpuAssignment,
     Job,
     JobState,
-    OutboxMessage,
     Partition,
     Plan,
     Tenant,
-    utcnow,
 )
 from scheduler.policy import (
     JobQueue,
@@ -49,6 +49,11 @@ from scheduler.services import attempts
 from vipu.allocator import Allocator
 
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
+
+
+def has_queued(*, session: Session) -> bool:
+    """Whether any job waits (one indexed probe)."""
+    return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
 
 
 def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
@@ -127,7 +132,7 @@ def build_snapshot(
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
-    busy: dict[str, str] = {}
+    busy: dict[str, list[str]] = {}
     for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority in session.execute(
         select(
             Attempt.job_id,
@@ -151,9 +156,12 @@ def build_snapshot(
         started = (taken or placed).timestamp()
         end = started + predicted / time_scale
         running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, kind == "reserved"))
+        if taken is not None:
+            # How far it has run follows from its start; what was billed lags by up to a meter tick.
+            ran = max(ran, (now - taken).total_seconds() * time_scale)
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
-        busy[name] = job_id
+        busy.setdefault(name, []).append(job_id)
 
     samples: list[dict[str, Any]] = []
     tenants = _tenant_states(
@@ -167,10 +175,27 @@ def build_snapshot(
         running_jobs=running_jobs,
         committed=committed,
     )
+    unhealthy = set(
+        session.execute(
+            select(Partition.name)
+            .join(IpuAssignment, IpuAssignment.partition_pk == Partition.pk)
+            .join(Ipu, Ipu.id == IpuAssignment.ipu_id)
+            .where(Partition.kind == "reserved", Partition.released_at.is_(None), Ipu.health != "up")
+            .distinct()
+        ).scalars()
+    )
     reserved = {
-        name: ReservedPartition(name, tenant_id, size, busy.get(name))
-        for name, tenant_id, size in session.execute(
-            select(Partition.name, Partition.tenant_id, Partition.size).where(
+        name: ReservedPartition(
+            name,
+            tenant_id,
+            size,
+            (busy.get(name) or [None])[0],
+            gcds=gcds,
+            running_jobs=tuple(busy.get(name, ())),
+            healthy=name not in unhealthy,
+        )
+        for name, tenant_id, size, gcds in session.execute(
+            select(Partition.name, Partition.tenant_id, Partition.size, Partition.gcds).where(
                 Partition.kind == "reserved", Partition.released_at.is_(None)
             )
         ).tuples()
@@ -298,32 +323,17 @@ def record_waits(
 def preempt(*, session: Session, victims: list[RunningJob], for_job: str, max_attempts: int) -> int:
     """Stop the victims' live attempts: each is requeued and not billed (`preempted` is a platform
     state, see attempts.end_attempt). Returns how many were stopped (one may have ended meanwhile)."""
-    stopped = 0
-    for victim in victims:
-        attempt = session.execute(
-            select(Attempt)
-            .where(Attempt.job_id == victim.id, Attempt.state.in_(LIVE_ATTEMPT_STATES))
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalar_one_or_none()
-        if attempt is None:
-            continue
-        job = session.get(Job, attempt.job_id, populate_existing=True)
-        assert job is not None
-        if attempt.state == AttemptState.PLACED:
-            # No worker has it yet: make sure none will (take() also refuses a non-placed attempt).
-            session.execute(
-                update(OutboxMessage)
-                .where(OutboxMessage.attempt_id == attempt.id, OutboxMessage.acked_at.is_(None))
-                .values(acked_at=utcnow())
-            )
-        attempts.end_attempt(
+    live = session.execute(
+        select(Attempt.id).where(
+            Attempt.job_id.in_([v.id for v in victims]), Attempt.state.in_(LIVE_ATTEMPT_STATES)
+        )
+    ).scalars()
+    return len(
+        attempts.stop_running(
             session=session,
-            attempt=attempt,
-            job=job,
+            attempt_ids=list(live),
             outcome=AttemptState.PREEMPTED,
             reason=f"preempted to make room for higher-priority {for_job}",
             max_attempts=max_attempts,
         )
-        stopped += 1
-    return stopped
+    )

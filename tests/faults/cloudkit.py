@@ -1,15 +1,14 @@
 """A cloud in real processes for the fault scenarios, the batches they run, and their report.
 
 Every process is the real command (`python -m ipucloud scheduler|worker|api`), configured only by
-environment, with tests/support/cloud.py's FAST timings (lease 3 s, heartbeat 0.2 s, leader lease
-2 s, outbox retry 3 s) and INFO logs, so a scenario can read what each process said.
+environment, with tests/support/cloud.py's FAST timings (agent lease 3 s, heartbeat 0.2 s, leader
+lease 2 s, outbox retry 3 s) and INFO logs, so a scenario can read what each process said.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,14 +44,15 @@ def fault_cloud(
     workdir: Path,
     *,
     workers: tuple[str, ...] = ("w1", "w2"),
-    concurrency: int = 2,
+    concurrency: int = 16,
+    pods: int = 2,
     schedulers: tuple[str, ...] = ("scheduler",),
     api: bool = True,
     extra_env: dict[str, str] | None = None,
     worker_env: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[RunningCloud]:
     """Seed the database and start the named processes; stop every one of them at the end."""
-    seeded = services.seed(db, pods=2)
+    seeded = services.seed(db, pods=pods)
     cloud = RunningCloud(
         env={**env, **FAST, "IPUCLOUD_LOG_LEVEL": "INFO", **(extra_env or {})},
         workdir=workdir,
@@ -109,15 +109,8 @@ def wait_running_on(db: Any, worker: str, n: int = 1, timeout: float = 60) -> li
 
 
 def owner(attempt: Attempt) -> str:
-    """The Celery node name of the worker that took the attempt (`w1@host/host:pid` -> `w1`)."""
+    """The host agent that took the attempt, by the first part of its name (`w1@host` -> `w1`)."""
     return (attempt.worker or "").split("@", 1)[0]
-
-
-def pool_pid(attempt: Attempt) -> int:
-    """The pool process that runs the attempt (the runner records `node/host:pid`)."""
-    m = re.search(r":(\d+)$", attempt.worker or "")
-    assert m, attempt.worker
-    return int(m.group(1))
 
 
 def leader(db: Any) -> tuple[str, int] | None:

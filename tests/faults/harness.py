@@ -1,4 +1,4 @@
-"""In-process helpers for the lease and reconciler tests: a tenant, jobs, a scheduler loop."""
+"""In-process helpers for the lease and reconciler tests: a tenant, jobs, a scheduler loop, agents."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from sqlalchemy import select
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt
-from scheduler.services import attempts, jobs, tenants
+from scheduler.services import jobs, tenants
+from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import TakenAttempt
 from scheduler.settings import get_settings
+from tests.support import agentkit
 
 
 class RecordingCelery:
@@ -29,10 +31,10 @@ class RecordingCelery:
         self.sent.append((name, args, queue))
 
 
-def make_tenant(db: Any, name: str = "acme", hours: float = 1000) -> str:
+def make_tenant(db: Any, name: str = "acme", hours: float = 1000, plan: str = "standard") -> str:
     with db.write() as s:
         created = tenants.create_tenant(
-            session=s, secret=get_settings().secret(), name=name, plan="standard", quota_ipu_hours=hours
+            session=s, secret=get_settings().secret(), name=name, plan=plan, quota_ipu_hours=hours
         )
         return created.tenant.id
 
@@ -68,13 +70,19 @@ def place(db: Any, loop: SchedulerLoop, job_id: str) -> Attempt:
     raise AssertionError(f"{job_id} was never placed")
 
 
-def take(db: Any, attempt: Attempt, lease_s: float = 30, worker: str = "w") -> TakenAttempt:
-    with db.write() as s:
-        taken = attempts.take(
-            session=s, attempt_id=attempt.id, epoch=attempt.epoch, worker=worker, lease_s=lease_s
-        )
+def agent(db: Any, name: str = "w", lease_s: float = 30) -> AgentLease:
+    """A host agent's incarnation, newly registered with this lease."""
+    return agentkit.register(db, name, lease_s)
+
+
+def take(
+    db: Any, attempt: Attempt, lease_s: float = 30, worker: str = "w"
+) -> tuple[AgentLease, TakenAttempt]:
+    """Take the attempt as a newly registered agent `worker` with a lease of `lease_s`."""
+    lease = agent(db, worker, lease_s)
+    taken = agentkit.take(db, attempt.id, attempt.epoch, agent=lease)
     assert taken is not None
-    return taken
+    return lease, taken
 
 
 def attempt_of(db: Any, attempt_id: int) -> Attempt:

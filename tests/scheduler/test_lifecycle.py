@@ -20,10 +20,10 @@ from scheduler.models import (
     Partition,
     Tenant,
 )
-from scheduler.services import attempts, jobs, leader, tenants
-from scheduler.services.attempts import Directive
+from scheduler.services import agents, jobs, leader, reconciler, tenants
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
+from tests.support import agentkit
 
 
 def spec(**over: Any) -> JobSpec:
@@ -125,35 +125,23 @@ def test_idempotency_key_replays_or_conflicts(db: Any, tenant: str) -> None:
         jobs.submit_job(session=s, tenant_id=tenant, spec=spec(name="other"), idempotency_key="k1")
 
 
-def run_to_end(db: Any, loop: SchedulerLoop, job_id: str, cluster_s: float, beats: int = 3) -> Attempt:
+def run_to_end(db: Any, loop: SchedulerLoop, job_id: str, cluster_s: float, ticks: int = 3) -> Attempt:
     assert loop.lead()
     assert loop.schedule_pass() == 1
     assert loop.dispatch() == 1
     with db.read() as s:
         attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
-    with db.write() as s:
-        taken = attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="w", lease_s=30)
+    taken = agentkit.take(db, attempt.id)
     assert taken is not None and taken.epoch == 1
-    for i in range(1, beats + 1):
-        with db.write() as s:
-            d = attempts.heartbeat(
-                session=s,
-                attempt_id=attempt.id,
-                epoch=1,
-                seq=i,
-                cluster_s=cluster_s * i / (beats + 1),
-                lease_s=30,
-            )
-        assert d == Directive.CONTINUE
-    with db.write() as s:
-        assert attempts.finish(
-            session=s, attempt_id=attempt.id, epoch=1, outcome=AttemptState.SUCCEEDED, cluster_s=cluster_s
-        )
+    for i in range(1, ticks + 1):
+        result = agentkit.bill(db, attempt.id, i, cluster_s * i / (ticks + 1))
+        assert not result.fenced and not result.gone and not result.exhausted
+    assert agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, cluster_s)
     with db.read() as s:
         return s.get(Attempt, attempt.id)
 
 
-def test_place_take_heartbeat_finish_meters_exactly_once(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+def test_place_take_tick_finish_meters_exactly_once(db: Any, tenant: str, loop: SchedulerLoop) -> None:
     job_id = submit(db, tenant)
     attempt = run_to_end(db, loop, job_id, cluster_s=12.5)
     with db.read() as s:
@@ -162,6 +150,7 @@ def test_place_take_heartbeat_finish_meters_exactly_once(db: Any, tenant: str, l
         events = s.execute(select(MeterEvent).where(MeterEvent.attempt_id == attempt.id)).scalars().all()
         assert sum(e.ipu_ms for e in events) == 4 * 12_500
         assert [e.kind for e in events].count("settle") == 1
+        assert [e.kind for e in events].count("tick") == 3
         t = s.get(Tenant, tenant)
         assert t.used_ipu_ms == 4 * 12_500 and t.reserved_ipu_ms == 0
         assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
@@ -170,6 +159,7 @@ def test_place_take_heartbeat_finish_meters_exactly_once(db: Any, tenant: str, l
             is not None
         )
         assert s.execute(select(OutboxMessage.acked_at)).scalar_one() is not None
+        assert attempt.timeline is not None and attempt.timeline["scale"] == 1.0
 
 
 def test_stale_epoch_and_duplicate_finish_change_nothing(db: Any, tenant: str, loop: SchedulerLoop) -> None:
@@ -177,17 +167,28 @@ def test_stale_epoch_and_duplicate_finish_change_nothing(db: Any, tenant: str, l
     attempt = run_to_end(db, loop, job_id, cluster_s=10)
     with db.read() as s:
         before = s.get(Tenant, tenant).used_ipu_ms
-    with db.write() as s:
-        assert not attempts.finish(
-            session=s, attempt_id=attempt.id, epoch=1, outcome=AttemptState.SUCCEEDED, cluster_s=99
-        )
-        assert attempts.take(session=s, attempt_id=attempt.id, epoch=0, worker="dup", lease_s=30) is None
-        assert (
-            attempts.heartbeat(session=s, attempt_id=attempt.id, epoch=1, seq=9, cluster_s=50, lease_s=30)
-            == Directive.FENCED
-        )
+    assert not agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, 99)
+    assert agentkit.take(db, attempt.id, 0, agent=agentkit.register(db, "dup")) is None
+    assert agentkit.bill(db, attempt.id, 9, 50).gone == {attempt.id}
     with db.read() as s:
         assert s.get(Tenant, tenant).used_ipu_ms == before
+
+
+def test_a_replaced_agent_incarnation_can_change_nothing(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    job_id = submit(db, tenant)
+    assert loop.lead() and loop.schedule_pass() == 1
+    with db.read() as s:
+        aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
+    old = agentkit.lease(db)
+    assert agentkit.take(db, aid, agent=old) is not None
+    new = agentkit.register(db)  # the agent restarted: its earlier run's attempts end with it
+    assert new.epoch == old.epoch + 1
+    assert agentkit.tick(db, agent=old).fenced
+    assert not agentkit.finish(db, aid, AttemptState.SUCCEEDED, 5, agent=old)
+    with db.read() as s:
+        attempt = s.get(Attempt, aid)
+        assert attempt.state == "lost" and "restarted" in (attempt.end_reason or "")
+        assert s.get(Job, job_id).state == "queued"
 
 
 def test_replayed_tick_bills_once(db: Any, tenant: str, loop: SchedulerLoop) -> None:
@@ -195,17 +196,17 @@ def test_replayed_tick_bills_once(db: Any, tenant: str, loop: SchedulerLoop) -> 
     assert loop.lead() and loop.schedule_pass() == 1
     with db.read() as s:
         aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
-    with db.write() as s:
-        attempts.take(session=s, attempt_id=aid, epoch=0, worker="w", lease_s=30)
-    for _ in range(3):  # the same tick reported three times (a retried heartbeat)
-        with db.write() as s:
-            attempts.heartbeat(session=s, attempt_id=aid, epoch=1, seq=1, cluster_s=5, lease_s=30)
+    agentkit.take(db, aid)
+    for _ in range(3):  # the same tick written three times (a retried tick whose commit went through)
+        agentkit.bill(db, aid, 1, 5)
     with db.read() as s:
         assert s.get(Tenant, tenant).used_ipu_ms == 4 * 5000
         assert s.execute(select(func.count()).select_from(MeterEvent)).scalar_one() == 1
 
 
-def test_lost_attempt_is_refunded_and_requeued(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+def test_a_lapsed_agent_loses_its_attempts_which_are_refunded_and_requeued(
+    db: Any, tenant: str, loop: SchedulerLoop
+) -> None:
     from datetime import timedelta
 
     from scheduler.models import utcnow
@@ -214,14 +215,14 @@ def test_lost_attempt_is_refunded_and_requeued(db: Any, tenant: str, loop: Sched
     assert loop.lead() and loop.schedule_pass() == 1
     with db.read() as s:
         aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
-    with db.write() as s:
-        attempts.take(session=s, attempt_id=aid, epoch=0, worker="w", lease_s=30)
-        attempts.heartbeat(session=s, attempt_id=aid, epoch=1, seq=1, cluster_s=5, lease_s=30)
+    agent = agentkit.lease(db)
+    agentkit.take(db, aid, agent=agent)
+    agentkit.bill(db, aid, 1, 5, agent=agent)
     with db.read() as s:
         reserved_while_running = s.get(Tenant, tenant).reserved_ipu_ms
     with db.write() as s:
-        lost = attempts.expire_leases(session=s, now=utcnow() + timedelta(seconds=60), max_attempts=3)
-    assert [a.id for a in lost] == [aid]
+        lapses = agents.lapse_expired(session=s, now=utcnow() + timedelta(seconds=120), max_attempts=3)
+    assert [[a.id for a in lapse.ended] for lapse in lapses] == [[aid]]
     with db.read() as s:
         job = s.get(Job, job_id)
         t = s.get(Tenant, tenant)
@@ -230,8 +231,28 @@ def test_lost_attempt_is_refunded_and_requeued(db: Any, tenant: str, loop: Sched
         assert t.reserved_ipu_ms == reserved_while_running + 4 * 5000
         settle = s.get(MeterEvent, f"att:{aid}:settle")
         assert settle.ipu_ms == -4 * 5000 and settle.outcome == "lost"
+    assert agentkit.tick(db, agent=agent).fenced, "a lapsed agent can change nothing"
     # The job runs again on a new attempt and partition.
     assert loop.schedule_pass() == 1
+
+
+def test_a_running_attempt_no_live_agent_holds_is_ended_by_the_reconciler(
+    db: Any, tenant: str, loop: SchedulerLoop
+) -> None:
+    job_id = submit(db, tenant)
+    assert loop.lead() and loop.schedule_pass() == 1
+    with db.read() as s:
+        aid = s.execute(select(Attempt.id).where(Attempt.job_id == job_id)).scalar_one()
+    agent = agentkit.lease(db)
+    agentkit.take(db, aid, agent=agent)
+    with db.write() as s:  # it stopped without handing back what it ran
+        agents.release(session=s, lease=agent)
+    with db.write() as s:
+        repairs = reconciler.reconcile(session=s, leader_epoch=1, max_attempts=3, outbox_retry_s=15)
+    assert repairs.count(reconciler.LEASE_EXPIRED) == 1
+    with db.read() as s:
+        assert s.get(Attempt, aid).state == "lost"
+        assert s.get(Job, job_id).state == "queued"
 
 
 def test_cancel_before_start_frees_everything(db: Any, tenant: str, loop: SchedulerLoop) -> None:

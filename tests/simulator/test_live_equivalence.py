@@ -19,10 +19,11 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Partition, utcnow
 from scheduler.policy import get_policy
-from scheduler.services import attempts, jobs, tenants
+from scheduler.services import jobs, tenants
 from scheduler.settings import get_settings
 from scheduler.simulator import Simulation, TraceJob
 from tests.scheduler.test_lifecycle import FakeCelery
+from tests.support import agentkit
 
 # (tenant, IPUs, cluster seconds): a 128-IPU job that must wait, work that backfills around it,
 # work that must not, and two tenants whose fair-share standing changes as their jobs run.
@@ -101,9 +102,9 @@ def live(db: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, frozense
                 .where(Attempt.state == AttemptState.PLACED)
             ).all()
         for attempt_id, job_id, ipus in placed:
+            taken = agentkit.take(db, attempt_id, lease_s=3600)
             with db.write() as s:
-                taken = attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="w", lease_s=3600)
-                # The worker starts it now on the test's clock (take() stamps the real one).
+                # The agent starts it now on the test's clock (take() stamps the real one).
                 s.execute(
                     update(Attempt)
                     .where(Attempt.id == attempt_id)
@@ -117,22 +118,13 @@ def live(db: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, frozense
         # Time moves to the next completion; every running job reports the cluster time it has run.
         clock["t"] = min(start + length for _, _, start, length in running.values())
         seq += 1
-        for job_id, (attempt_id, epoch, start, length) in list(running.items()):
+        for job_id, (attempt_id, _epoch, start, length) in list(running.items()):
             ran = clock["t"] - start
-            with db.write() as s:
-                if ran >= length:
-                    assert attempts.finish(
-                        session=s,
-                        attempt_id=attempt_id,
-                        epoch=epoch,
-                        outcome=AttemptState.SUCCEEDED,
-                        cluster_s=length,
-                    )
-                    del running[job_id]
-                else:
-                    attempts.heartbeat(
-                        session=s, attempt_id=attempt_id, epoch=epoch, seq=seq, cluster_s=ran, lease_s=3600
-                    )
+            if ran >= length:
+                assert agentkit.finish(db, attempt_id, AttemptState.SUCCEEDED, length)
+                del running[job_id]
+            else:
+                agentkit.bill(db, attempt_id, seq, ran)
     return [started[job_id] for job_id in order]
 
 

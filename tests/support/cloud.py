@@ -28,6 +28,8 @@ FAST = {
     "IPUCLOUD_LEADER_LEASE_S": "2",
     "IPUCLOUD_OUTBOX_RETRY_S": "3",
     "IPUCLOUD_WORKER_GRACE_S": "2",
+    "IPUCLOUD_METER_INTERVAL_S": "0.5",
+    "IPUCLOUD_AGENT_SYNC_S": "1",
     "IPUCLOUD_STARTUP_WAIT_S": "20",
 }
 
@@ -134,7 +136,7 @@ class RunningCloud:
     def start_worker(
         self,
         name: str = "worker",
-        concurrency: int = 4,
+        concurrency: int = 16,
         extra_env: dict[str, str] | None = None,
         argv_prefix: list[str] | None = None,
     ) -> Proc:

@@ -104,9 +104,7 @@ def reset_caches() -> None:
     partitions._syncs.clear()
     emulation._resolve_cached.cache_clear()
     fleet._pods_cache = None
-    from workers import runner
-
-    runner._known_executables.clear()
+    emulation._RUNS.clear()
 
 
 def truncate_all(database: object) -> None:

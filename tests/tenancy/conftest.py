@@ -12,6 +12,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.models import ApiKey, AttemptState, Job, utcnow
 from scheduler.services import attempts, jobs, keys, partitions, tenants
 from scheduler.settings import get_settings
+from tests.support import agentkit
 
 JOB: dict[str, Any] = {
     "name": "r50",
@@ -123,29 +124,22 @@ def place_attempt(db: Any, job_id: str, partition: str) -> int:
         return attempts.place(session=s, job=job, partition=part, queue="ipucloud")
 
 
-def start_attempt(db: Any, job_id: str, partition: str) -> tuple[int, int]:
-    """Place the job and take the lease as a worker does; returns (attempt id, epoch)."""
+def start_attempt(db: Any, job_id: str, partition: str) -> int:
+    """Place the job and take it as a host agent does; returns the attempt id."""
     attempt_id = place_attempt(db, job_id, partition)
-    with db.write() as s:
-        taken = attempts.take(session=s, attempt_id=attempt_id, epoch=0, worker="test", lease_s=60)
-    assert taken is not None
-    return attempt_id, taken.epoch
+    assert agentkit.take(db, attempt_id) is not None
+    return attempt_id
 
 
-def heartbeat(db: Any, attempt_id: int, epoch: int, seq: int, cluster_s: float) -> attempts.Directive:
-    with db.write() as s:
-        return attempts.heartbeat(
-            session=s, attempt_id=attempt_id, epoch=epoch, seq=seq, cluster_s=cluster_s, lease_s=60
-        )
+def bill(db: Any, attempt_id: int, seq: int, cluster_s: float) -> attempts.TickResult:
+    """The agent's meter tick number `seq` of the attempt, up to `cluster_s`."""
+    return agentkit.bill(db, attempt_id, seq, cluster_s)
 
 
 def finish(
-    db: Any, attempt_id: int, epoch: int, outcome: AttemptState, cluster_s: float, reason: str | None = None
+    db: Any, attempt_id: int, outcome: AttemptState, cluster_s: float, reason: str | None = None
 ) -> bool:
-    with db.write() as s:
-        return attempts.finish(
-            session=s, attempt_id=attempt_id, epoch=epoch, outcome=outcome, cluster_s=cluster_s, reason=reason
-        )
+    return agentkit.finish(db, attempt_id, outcome, cluster_s, reason)
 
 
 def submit(db: Any, tenant_id: str, **over: Any) -> str:

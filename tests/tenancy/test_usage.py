@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from scheduler.models import AttemptState
-from tests.tenancy.conftest import World, assert_problem, auth, finish, heartbeat, start_attempt, submit
+from tests.tenancy.conftest import World, assert_problem, auth, bill, finish, start_attempt, submit
 
 
 def run(db: Any, job_id: str, partition: str, cluster_s: float) -> None:
-    attempt_id, epoch = start_attempt(db, job_id, partition)
-    heartbeat(db, attempt_id, epoch, 1, cluster_s / 2)
-    assert finish(db, attempt_id, epoch, AttemptState.SUCCEEDED, cluster_s)
+    attempt_id = start_attempt(db, job_id, partition)
+    bill(db, attempt_id, 1, cluster_s / 2)
+    assert finish(db, attempt_id, AttemptState.SUCCEEDED, cluster_s)
 
 
 @pytest.fixture

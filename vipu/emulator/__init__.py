@@ -11,7 +11,7 @@ from vipu.emulator.errors import CompileError, WorkloadError
 from vipu.emulator.estimate import Estimate, estimate, predicted_runtime_s
 from vipu.emulator.machines import MACHINES, Machine
 from vipu.emulator.planner import Plan, StagePlan, choose_ipus_auto, plan
-from vipu.emulator.run import EmulatedRun, Progress, RunEvent
+from vipu.emulator.run import EmulatedRun, Progress, RunEvent, Timeline
 from vipu.emulator.spec import WorkloadSpec
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Progress",
     "RunEvent",
     "StagePlan",
+    "Timeline",
     "Workload",
     "WorkloadError",
     "WorkloadSpec",

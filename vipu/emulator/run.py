@@ -78,6 +78,75 @@ def _same_executable(a: WorkloadSpec, b: WorkloadSpec) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Where a run is at any cluster time, from six numbers: what anyone needs to derive a running
+    job's progress from its start, without the process that drives it writing it down."""
+
+    compile_s: float
+    load_s: float
+    step_s: float
+    steps: int
+    samples_per_step: int
+    memory_per_ipu_bytes: int
+
+    @property
+    def run_start_s(self) -> float:
+        return self.compile_s + self.load_s
+
+    @property
+    def total_s(self) -> float:
+        return self.run_start_s + self.steps * self.step_s
+
+    @property
+    def samples(self) -> int:
+        return self.steps * self.samples_per_step
+
+    @property
+    def throughput(self) -> float:
+        return self.samples_per_step / self.step_s
+
+    def progress_at(self, t: float) -> Progress:
+        t = max(0.0, t)
+        total = self.total_s
+        percent = 100.0 * min(1.0, t / total) if total > 0 else 100.0
+        eta = max(0.0, total - t)
+        start = self.run_start_s
+        # Done once every step is complete, even if rounding leaves t a hair short of total_s.
+        all_steps = t >= start and (t - start) / self.step_s + _EPS >= self.steps
+        if t >= total or all_steps:
+            return Progress("done", self.steps, self.steps, self.samples, 100.0, 0.0, self.throughput,
+                            self.memory_per_ipu_bytes)
+        if t < self.compile_s:
+            return Progress("compile", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
+        if t < start:
+            return Progress("load", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
+        step = min(self.steps, int((t - start) / self.step_s + _EPS))
+        return Progress("run", step, self.steps, step * self.samples_per_step, percent, eta, self.throughput,
+                        self.memory_per_ipu_bytes)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "compile_s": self.compile_s,
+            "load_s": self.load_s,
+            "step_s": self.step_s,
+            "steps": self.steps,
+            "samples_per_step": self.samples_per_step,
+            "memory_per_ipu_bytes": self.memory_per_ipu_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, float | int]) -> Timeline:
+        return cls(
+            compile_s=float(d["compile_s"]),
+            load_s=float(d["load_s"]),
+            step_s=float(d["step_s"]),
+            steps=int(d["steps"]),
+            samples_per_step=int(d["samples_per_step"]),
+            memory_per_ipu_bytes=int(d["memory_per_ipu_bytes"]),
+        )
+
+
 class EmulatedRun:
     """The run of ``spec`` under ``plan``; ``cached`` when the executable is already in the cache."""
 
@@ -108,28 +177,23 @@ class EmulatedRun:
             min(math.ceil(REPORT_EVERY_S / self.step_s), math.ceil(self.steps / 10)),
             math.ceil(self.steps / MAX_STEP_REPORTS),
         )
+        self.timeline = Timeline(
+            compile_s=self.compile_s,
+            load_s=self.load_s,
+            step_s=self.step_s,
+            steps=self.steps,
+            samples_per_step=self.samples_per_step,
+            memory_per_ipu_bytes=self.memory_per_ipu_bytes,
+        )
         self._fixed = self._fixed_events()
+        self._fixed_times = [e.t for e in self._fixed]
 
     @property
     def ipu_hours(self) -> float:
         return self.plan.ipus * self.total_s / 3600.0
 
     def progress_at(self, t: float) -> Progress:
-        t = max(0.0, t)
-        percent = 100.0 * min(1.0, t / self.total_s) if self.total_s > 0 else 100.0
-        eta = max(0.0, self.total_s - t)
-        # Done once every step is complete, even if rounding leaves t a hair short of total_s.
-        all_steps = t >= self.run_start_s and (t - self.run_start_s) / self.step_s + _EPS >= self.steps
-        if t >= self.total_s or all_steps:
-            return Progress("done", self.steps, self.steps, self.samples, 100.0, 0.0, self.throughput,
-                            self.memory_per_ipu_bytes)
-        if t < self.compile_s:
-            return Progress("compile", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
-        if t < self.run_start_s:
-            return Progress("load", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
-        step = min(self.steps, int((t - self.run_start_s) / self.step_s + _EPS))
-        return Progress("run", step, self.steps, step * self.samples_per_step, percent, eta, self.throughput,
-                        self.memory_per_ipu_bytes)
+        return self.timeline.progress_at(t)
 
     def step_time(self, step: int) -> float:
         """Cluster time at which ``step`` steps are complete."""
@@ -145,6 +209,19 @@ class EmulatedRun:
         out.extend(self._step_events(t0, t1))
         out.sort(key=lambda e: (e.t, e.kind == "done"))
         return out
+
+    def next_event_at(self, t: float) -> float | None:
+        """The cluster time of the first event that `events_between(t, ...)` would return, or None
+        when none is left: what a driver of many runs sleeps until, instead of asking every run."""
+        times = [e for e in self._fixed_times if (e > t if e == self.total_s else e >= t)]
+        k = self.report_every
+        lo = max(0.0, (t - self.run_start_s) / self.step_s)
+        step = max(k, math.ceil(lo / k - _EPS) * k)
+        while step < self.steps and self.step_time(step) < t:
+            step += k
+        if step < self.steps:
+            times.append(self.step_time(step))
+        return min(times) if times else None
 
     def events(self) -> list[RunEvent]:
         return self.events_between(0.0, math.inf)

@@ -1,0 +1,98 @@
+"""Drive attempts in-process through the services a host agent calls, one step at a time.
+
+For tests of the control plane's services: a real agent (workers/agent.py) does the same in its
+loop, and the end-to-end and fault tests run that one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from scheduler.models import Agent, AgentState, AttemptState
+from scheduler.services import agents, attempts
+from scheduler.services.agents import AgentLease
+from scheduler.services.attempts import Bill, Finish, TakenAttempt, TickResult
+
+__all__ = [
+    "AGENT",
+    "Bill",
+    "Finish",
+    "TakenAttempt",
+    "TickResult",
+    "bill",
+    "finish",
+    "lease",
+    "register",
+    "take",
+    "tick",
+]
+
+AGENT = "test-agent"
+LEASE_S = 60.0
+# The lease each agent registered with: its ticks renew it for as long (a short one lapses soon).
+_lease_s: dict[str, float] = {}
+
+
+def lease(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
+    """The agent's current incarnation, registered on first use (and after the database was emptied)."""
+    with db.read() as s:
+        row = s.execute(select(Agent).where(Agent.name == name)).scalar_one_or_none()
+        if row is not None and row.state == AgentState.ACTIVE:
+            return AgentLease(name=row.name, epoch=row.epoch)
+    return register(db, name, lease_s)
+
+
+def register(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
+    _lease_s[name] = lease_s
+    with db.write() as s:
+        new, _ = agents.register(
+            session=s, name=name, host="test", pid=0, queues=["ipucloud"], lease_s=lease_s, max_attempts=3
+        )
+    return new
+
+
+def take(
+    db: Any,
+    attempt_id: int,
+    epoch: int = 0,
+    *,
+    agent: AgentLease | None = None,
+    lease_s: float | None = None,
+    time_scale: float = 1.0,
+) -> TakenAttempt | None:
+    agent = agent or lease(db)
+    lease_s = lease_s or _lease_s.get(agent.name, LEASE_S)
+    with db.write() as s:
+        return attempts.take(
+            session=s, agent=agent, attempt_id=attempt_id, epoch=epoch, lease_s=lease_s, time_scale=time_scale
+        )
+
+
+def tick(
+    db: Any, *, agent: AgentLease | None = None, lease_s: float | None = None, **writes: Any
+) -> TickResult:
+    agent = agent or lease(db)
+    lease_s = lease_s or _lease_s.get(agent.name, LEASE_S)
+    with db.write() as s:
+        return attempts.record_tick(session=s, agent=agent, lease_s=lease_s, **writes)
+
+
+def bill(
+    db: Any, attempt_id: int, seq: int, cluster_s: float, *, agent: AgentLease | None = None
+) -> TickResult:
+    return tick(db, agent=agent, bills=[Bill(attempt_id, seq, cluster_s)])
+
+
+def finish(
+    db: Any,
+    attempt_id: int,
+    outcome: AttemptState,
+    cluster_s: float,
+    reason: str | None = None,
+    *,
+    agent: AgentLease | None = None,
+) -> bool:
+    result = tick(db, agent=agent, finishes=[Finish(attempt_id, outcome, cluster_s, reason)])
+    return attempt_id in result.finished

@@ -1,0 +1,662 @@
+"""The host agent: every attempt on its racks, driven at once from one event loop.
+
+A real site runs one agent per IPU host server, as it runs one slurmd per node. The agent serves the
+Celery queues it is routed to (pods, machine types, or anything); a dispatch message hands it
+"attempt N is ready", it takes the attempt durably (a compare-and-set in the database, batched
+with whatever else arrived meanwhile) and the message is done. From then on the attempt is a timer
+and a stream of events in this loop, not a process or a thread, so how many run at once is bounded
+by the IPUs of the agent's racks, not by a pool.
+
+Every tick (`IPUCLOUD_HEARTBEAT_S`) is one transaction for all its attempts: the agent's lease
+renewed (one heartbeat for the whole host, scheduler.services.agents), the log lines that happened,
+the meter ticks due (each running attempt every `IPUCLOUD_METER_INTERVAL_S`) and the attempts that
+ended. Progress is not written: it follows from each run's timeline and start, which the take wrote.
+
+Faults:
+- The database is unreachable: the tick is retried, keeping what it would have written, but never
+  past the lease. Once the agent's own conservative view of its lease (the start of its last tick
+  that went through, plus the lease) has passed, it stops everything without writing: the
+  reconciler may already have handed the partitions to someone else. It then registers again.
+- Its lease lapsed anyway (the process was paused, its host cut off): the renewal at the start of
+  every transaction is refused, so it can change nothing; it drops everything and registers anew.
+- The control plane ended one of its attempts (a cancel, a preemption, a failed machine): a notice
+  on the bus says so at once, and a look at the database every `IPUCLOUD_AGENT_SYNC_S` catches any
+  notice that was lost. Either way the agent forgets the attempt; it never writes for it again.
+- Shutdown: attempts that end within `IPUCLOUD_WORKER_GRACE_S` finish, the rest are handed back at
+  once (ended unbilled and queued again), and the lease is released.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import redis
+
+from scheduler import bus
+from scheduler.db import Database
+from scheduler.models import AttemptState
+from scheduler.services import agents, attempts
+from scheduler.services.agents import AgentLease
+from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
+from scheduler.settings import Settings
+from workers import faults, ipuof
+
+log = logging.getLogger("ipucloud.worker")
+
+# Within a microsecond of its end is the end: clock resolution must not leave a run a remainder
+# too small to wait for.
+_END_EPS = 1e-6
+# Finishes wait this long for others to share their transaction (a burst of short jobs ending).
+_FINISH_COALESCE_S = 0.02
+# The shortest wait for an attempt's next timer.
+_MIN_WAIT_S = 0.001
+# Deliveries taken in one transaction at most.
+_TAKE_BATCH = 512
+
+
+class Hints:
+    """Fire-and-forget wake-ups (the scheduler, log followers) from a thread of their own.
+
+    Lossy by design: losing one costs a moment of latency, never a job. A batch goes out as one
+    Redis pipeline; when Redis hangs, batches queue up to a small bound and the rest are dropped, so
+    a hint never holds up a tick.
+    """
+
+    def __init__(self, client: Callable[[], redis.Redis] = bus.get_redis, bound: int = 64) -> None:
+        self._client = client
+        self._queue: queue.Queue[list[tuple[str, str]]] = queue.Queue(maxsize=bound)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def send(self, messages: list[tuple[str, str]]) -> None:
+        if not messages:
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._drain, name="ipucloud-hints", daemon=True)
+                self._thread.start()
+        try:
+            self._queue.put_nowait(messages)
+        except queue.Full:
+            log.debug("%d hints dropped: the event bus is not keeping up", len(messages))
+
+    def _drain(self) -> None:
+        while True:
+            batch = self._queue.get()
+            try:
+                pipe = self._client().pipeline(transaction=False)
+                for channel, message in batch:
+                    pipe.publish(channel, message)
+                pipe.execute()
+            except Exception as exc:  # a hint never takes the agent down
+                log.debug("%d hints not sent: %s", len(batch), exc)
+
+
+@dataclass(eq=False)
+class _Take:
+    attempt_id: int
+    epoch: int
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: str = "not-taken"
+
+
+@dataclass(eq=False, slots=True)
+class _Running:
+    """One attempt as the loop drives it."""
+
+    taken: TakenAttempt
+    t0: float  # the agent's clock when the run's cluster time was 0
+    last_t: float = 0.0  # cluster time up to which its events were written
+    next_bill: float = 0.0  # the agent's clock at its next meter tick
+    seq: int = 0  # meter ticks written
+    version: int = 0  # its entry in the timer heap; older entries are stale
+
+
+class Agent:
+    """A host agent. `start()` it, hand it deliveries with `take()` (from any thread), `stop()` it."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        name: str,
+        queues: Iterable[str],
+        clock: Callable[[], float] = time.monotonic,
+        hints: Hints | None = None,
+        redis_client: Callable[[], redis.Redis] = bus.get_redis,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.name = name
+        self.queues = list(queues)
+        self.clock = clock
+        self.hints = hints or Hints(redis_client)
+        self._redis = redis_client
+        self.lease: AgentLease | None = None
+        self.running: dict[int, _Running] = {}
+        self._timers: list[tuple[float, int, int, int]] = []
+        self._timer_seq = 0
+        self._takes: queue.SimpleQueue[_Take] = queue.SimpleQueue()
+        self._stop_notices: deque[int] = deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._stop_deadline = 0.0
+        self._handed_back_at_stop = False
+        self._done = threading.Event()
+        self._registered = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
+        # What the next tick writes.
+        self._logs: list[LogLine] = []
+        self._bills: list[Bill] = []
+        self._finishes: list[Finish] = []
+        self._compiled: list[tuple[str, str, float]] = []
+        self._first_finish_at: float | None = None
+        self._next_tick = 0.0
+        self._next_sync = 0.0
+        self._lease_deadline = 0.0
+        self._retry_delay = 0.0
+        self._crash_armed: set[int] = set()
+        self._crash_now: set[int] = set()
+
+    # Life ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"agent-{self.name}", daemon=True)
+        self._thread.start()
+        self._listener = threading.Thread(target=self._listen, name="agent-stop-notices", daemon=True)
+        self._listener.start()
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Begin a clean shutdown: take nothing more, finish what ends within the grace, hand back
+        the rest. Returns at once; `join` waits."""
+        grace = self.settings.worker_grace_s if grace_s is None else grace_s
+        if not self._stopping:
+            self._stop_deadline = self.clock() + grace
+            self._stopping = True
+            log.info(
+                "agent %s stopping: %d attempts finish within %.0fs or are handed back",
+                self.name, len(self.running), grace,
+            )  # fmt: skip
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def wait_registered(self, timeout: float) -> bool:
+        return self._registered.wait(timeout)
+
+    # Deliveries (any thread) ----------------------------------------------------------------------------
+
+    def take(self, attempt_id: int, epoch: int, timeout: float | None = None) -> str:
+        """Take a delivered attempt; returns once the take is durable (or refused): `taken`,
+        `not-taken` (a duplicate, stale or unwanted delivery, or the database could not be reached:
+        the outbox publishes it again), `failed` (it cannot run on its partition) or `stopping`."""
+        if self._stopping:
+            return "stopping"
+        request = self.deliver(attempt_id, epoch)
+        wait = self.settings.lease_s + self.settings.startup_wait_s if timeout is None else timeout
+        if not request.done.wait(wait):
+            return "not-taken"
+        return request.outcome
+
+    def deliver(self, attempt_id: int, epoch: int) -> _Take:
+        """Queue a delivery for the loop's next take; `take` waits for it."""
+        request = _Take(attempt_id, epoch)
+        self._takes.put(request)
+        self._wake.set()
+        return request
+
+    # The loop ------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self.step():
+                self._sleep(self.clock())
+        except Exception:
+            log.exception("agent %s: its loop failed; everything it ran is left to its lease", self.name)
+        finally:
+            self._answer_takes("stopping")
+            self._done.set()
+
+    def step(self) -> bool:
+        """One turn of the loop, without waiting; False once the agent has stopped. The loop thread
+        runs it; a test may run it itself on a clock of its own."""
+        if self.lease is None:
+            if self._stopping:
+                return False
+            if not self._register():
+                self._answer_takes("not-taken")
+                self._wake.wait(min(2.0, self.settings.lease_s / 2))
+                self._wake.clear()
+            return True
+        self._apply_stop_notices()
+        self._take_pending()
+        if self.lease is None:
+            return True
+        self._fire_timers(self.clock())
+        now = self.clock()
+        if self._stopping:
+            self._wind_down(now)
+        if self._tick_due(now):
+            self._tick()
+            if self.lease is None:
+                return True
+        if now >= self._next_sync and not self._stopping:
+            self._sync()
+        if self._stopping and not self.running and not self._has_writes():
+            self._release()
+            return False
+        return True
+
+    def _register(self) -> bool:
+        try:
+            with self.db.write() as s:
+                lease, ended = agents.register(
+                    session=s,
+                    name=self.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=self.queues,
+                    lease_s=self.settings.lease_s,
+                    max_attempts=self.settings.max_attempts,
+                )
+            started = self.clock()
+        except Exception as exc:
+            log.warning("agent %s cannot register (%s); trying again", self.name, exc)
+            return False
+        self.lease = lease
+        self._lease_deadline = started + self.settings.lease_s
+        self._next_tick = started + self.settings.heartbeat_s
+        self._next_sync = started + self.settings.agent_sync_s
+        self._registered.set()
+        log.info(
+            "agent %s registered at epoch %d, serving %s%s",
+            self.name, lease.epoch, ", ".join(self.queues),
+            f"; {len(ended)} attempts of its previous run ended" if ended else "",
+        )  # fmt: skip
+        if ended:
+            self.hints.send([(bus.WAKE_CHANNEL, "agent")])
+        return True
+
+    def _answer_takes(self, outcome: str) -> None:
+        while True:
+            try:
+                request = self._takes.get_nowait()
+            except queue.Empty:
+                return
+            request.outcome = outcome
+            request.done.set()
+
+    def _sleep(self, now: float) -> None:
+        until = self._next_tick
+        if self._timers:
+            until = min(until, self._timers[0][0])
+        if self._first_finish_at is not None:
+            until = min(until, self._first_finish_at + _FINISH_COALESCE_S)
+        if not self._stopping:
+            until = min(until, self._next_sync)
+        delay = until - now
+        if delay > 0:
+            self._wake.wait(delay)
+        self._wake.clear()
+
+    # Takes ----------------------------------------------------------------------------------------------
+
+    def _take_pending(self) -> None:
+        batch: list[_Take] = []
+        while len(batch) < _TAKE_BATCH:
+            try:
+                batch.append(self._takes.get_nowait())
+            except queue.Empty:
+                break
+        if not batch:
+            return
+        if self._stopping:
+            for request in batch:
+                request.outcome = "stopping"
+                request.done.set()
+            return
+        assert self.lease is not None
+        lease = self.lease
+        started = self.clock()
+        try:
+            with self.db.write() as s:
+                result = attempts.take_many(
+                    session=s,
+                    agent=lease,
+                    deliveries=[(r.attempt_id, r.epoch) for r in batch],
+                    lease_s=self.settings.lease_s,
+                    time_scale=self.settings.time_scale,
+                    running=len(self.running),
+                    ipus_busy=self._ipus_busy(),
+                )
+        except Exception as exc:
+            # Still placed (or taken by a commit whose reply was lost: the next look at the database
+            # hands it back): the outbox publishes it again either way.
+            log.warning("agent %s: could not take %d attempts: %s", self.name, len(batch), exc)
+            for request in batch:
+                request.done.set()
+            return
+        if result.fenced:
+            for request in batch:
+                request.done.set()
+            self._fence("its lease was gone when it took attempts")
+            return
+        self._lease_deadline = started + self.settings.lease_s
+        t0 = self.clock()
+        for taken in result.taken:
+            self._begin(taken, t0)
+        outcome = {a.attempt_id: "taken" for a in result.taken}
+        outcome.update({a: "failed" for a in result.failed})
+        for request in batch:
+            request.outcome = outcome.get(request.attempt_id, "not-taken")
+            request.done.set()
+        epochs = {r.attempt_id: r.epoch for r in batch}
+        for attempt_id in result.refused:
+            log.info("attempt %d (epoch %d) is not ours to run: a duplicate, stale or unwanted delivery",
+                     attempt_id, epochs.get(attempt_id, -1))  # fmt: skip
+        hints = [(bus.job_channel(a.job_id), "running") for a in result.taken]
+        if result.failed:
+            hints.append((bus.WAKE_CHANNEL, "finish"))
+        self.hints.send(hints)
+
+    def _begin(self, taken: TakenAttempt, t0: float) -> None:
+        r = _Running(taken=taken, t0=t0, next_bill=t0 + self.settings.meter_interval_s)
+        self.running[taken.attempt_id] = r
+        env = ipuof.environment(self.settings, taken.partition, taken.gcd)
+        self._logs.append(
+            LogLine(
+                taken.job_id,
+                taken.number,
+                "log",
+                f"attached to partition {taken.partition} (GCD {taken.gcd}, {taken.partition_size} IPUs)",
+                {"env": env},
+                taken.started_at,
+            )
+        )
+        if faults.crash_armed(taken.job_name):
+            self._crash_armed.add(taken.attempt_id)
+        self._schedule(r, t0)
+
+    def _ipus_busy(self) -> int:
+        return sum(r.taken.partition_size for r in self.running.values())
+
+    # Timers -----------------------------------------------------------------------------------------------
+
+    def _schedule(self, r: _Running, at: float) -> None:
+        r.version += 1
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (at, self._timer_seq, r.taken.attempt_id, r.version))
+
+    def _fire_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, attempt_id, version = heapq.heappop(self._timers)
+            r = self.running.get(attempt_id)
+            if r is None or r.version != version:
+                continue
+            try:
+                if attempt_id in self._crash_now:
+                    faults.crash(attempt_id)
+                self._advance(r, now)
+            except Exception as exc:
+                # A run that fails in the agent's own code is the platform's fault, and only its
+                # own: it goes back unbilled (the retry limit stops a job that fails every time),
+                # and every other attempt of the loop carries on.
+                log.exception("agent %s: attempt %d crashed", self.name, attempt_id)
+                self._end(r, AttemptState.LOST, r.last_t, f"its run crashed in its host agent: {exc}")
+
+    def _cluster_t(self, r: _Running, now: float) -> float:
+        t = (now - r.t0) * self.settings.time_scale
+        return r.taken.end_s if t >= r.taken.end_s - _END_EPS else max(0.0, t)
+
+    def _advance(self, r: _Running, now: float) -> None:
+        """Bring one attempt up to `now`: its events, its meter tick if due, its end."""
+        taken, run, scale = r.taken, r.taken.run, self.settings.time_scale
+        t = self._cluster_t(r, now)
+        for ev in run.events_between(r.last_t, t):
+            self._logs.append(
+                LogLine(
+                    taken.job_id,
+                    taken.number,
+                    "log",
+                    ev.message,
+                    {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})},
+                    taken.started_at + timedelta(seconds=ev.t / scale),
+                )
+            )
+            if ev.kind == "compile_end":
+                self._compiled.append((run.plan.executable_key, taken.machine_type, run.compile_s))
+        r.last_t = t
+        if t >= taken.end_s:
+            if taken.timed_out:
+                self._end(r, AttemptState.TIMED_OUT, t, f"exceeded max_runtime_s={taken.max_runtime_s:g}")
+            else:
+                self._end(r, AttemptState.SUCCEEDED, t, None)
+            return
+        if now >= r.next_bill:
+            r.seq += 1
+            self._bills.append(Bill(taken.attempt_id, r.seq, t))
+            r.next_bill = max(r.next_bill + self.settings.meter_interval_s, now)
+        after = run.next_event_at(t)
+        wake = r.t0 + taken.end_s / scale
+        if after is not None:
+            wake = min(wake, r.t0 + after / scale)
+        # An event at exactly `t` is written once time has moved past it ([last_t, t) is half-open).
+        self._schedule(r, max(min(wake, r.next_bill), now + _MIN_WAIT_S))
+
+    def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
+        progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
+        self.running.pop(r.taken.attempt_id, None)
+        self._crash_armed.discard(r.taken.attempt_id)
+        self._crash_now.discard(r.taken.attempt_id)
+        r.version += 1
+        self._finishes.append(Finish(r.taken.attempt_id, outcome, t, reason, progress))
+        if self._first_finish_at is None:
+            self._first_finish_at = self.clock()
+
+    def _forget(self, attempt_id: int) -> None:
+        r = self.running.pop(attempt_id, None)
+        if r is not None:
+            r.version += 1
+            log.info("agent %s: attempt %d was ended by the control plane; stopped driving it",
+                     self.name, attempt_id)  # fmt: skip
+        self._crash_armed.discard(attempt_id)
+        self._crash_now.discard(attempt_id)
+
+    # Ticks -------------------------------------------------------------------------------------------------
+
+    def _has_writes(self) -> bool:
+        return bool(self._logs or self._bills or self._finishes or self._compiled)
+
+    def _tick_due(self, now: float) -> bool:
+        if now >= self._next_tick:
+            return True
+        return self._first_finish_at is not None and now >= self._first_finish_at + _FINISH_COALESCE_S
+
+    def _tick(self) -> None:
+        """One transaction: the heartbeat and everything since the last tick."""
+        assert self.lease is not None
+        lease = self.lease
+        logs, bills, finishes, compiled = self._logs, self._bills, self._finishes, self._compiled
+        self._logs, self._bills, self._finishes, self._compiled = [], [], [], []
+        first_finish = self._first_finish_at
+        self._first_finish_at = None
+        started = self.clock()
+        try:
+            with self.db.write() as s:
+                result = attempts.record_tick(
+                    session=s,
+                    agent=lease,
+                    lease_s=self.settings.lease_s,
+                    running=len(self.running),
+                    ipus_busy=self._ipus_busy(),
+                    logs=logs,
+                    bills=bills,
+                    finishes=finishes,
+                    compiled=compiled,
+                    max_attempts=self.settings.max_attempts,
+                )
+        except Exception as exc:
+            if self.clock() >= self._lease_deadline:
+                log.error("agent %s: database unreachable until its lease ran out (%s)", self.name, exc)
+                self._fence("the database could not be reached within its lease")
+                return
+            # Keep what it would have written for the next try; bills of the same attempt may
+            # repeat (a later one bills up to a later time, the earlier is then a no-op).
+            self._logs[:0], self._bills[:0], self._finishes[:0], self._compiled[:0] = (
+                logs, bills, finishes, compiled
+            )  # fmt: skip
+            self._first_finish_at = first_finish
+            self._retry_delay = min(max(self._retry_delay * 2, 0.1), 2.0)
+            self._next_tick = self.clock() + self._retry_delay
+            log.warning("agent %s: tick failed (%s); retrying in %.1fs", self.name, exc, self._retry_delay)
+            return
+        self._retry_delay = 0.0
+        if result.fenced:
+            self._fence("its lease lapsed")
+            return
+        self._lease_deadline = started + self.settings.lease_s
+        self._next_tick = started + self.settings.heartbeat_s
+        for attempt_id in result.gone:
+            self._forget(attempt_id)
+        for attempt_id in result.exhausted:
+            r = self.running.get(attempt_id)
+            if r is not None:
+                self._end(r, AttemptState.FAILED, r.last_t, "stopped: the tenant's IPU-hour grant is used up")
+        hints = [(bus.job_channel(line.job_id), "log") for line in _distinct_jobs(logs)]
+        if result.finished:
+            hints.append((bus.WAKE_CHANNEL, "finish"))
+        self.hints.send(hints)
+        for bill in bills:
+            if bill.attempt_id in self._crash_armed and bill.attempt_id not in result.gone:
+                # Its first meter tick is written: it crashes mid-run, with time billed to refund.
+                self._crash_armed.discard(bill.attempt_id)
+                self._crash_now.add(bill.attempt_id)
+
+    def _fence(self, why: str) -> None:
+        """The lease is gone: drop everything without writing, and register anew."""
+        log.warning(
+            "agent %s (epoch %s): %s; dropping its %d attempts without writing",
+            self.name, self.lease.epoch if self.lease else "?", why, len(self.running),
+        )  # fmt: skip
+        for r in self.running.values():
+            r.version += 1
+        self.running.clear()
+        self._timers.clear()
+        self._logs, self._bills, self._finishes, self._compiled = [], [], [], []
+        self._first_finish_at = None
+        self._crash_armed.clear()
+        self._crash_now.clear()
+        self.lease = None
+        self._registered.clear()
+
+    # The truth -------------------------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """Stop notices from the bus, on a thread of its own (a blocking read)."""
+        prefix = f"{self.name} "
+        while not self._done.is_set():
+            try:
+                pubsub = self._redis().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(bus.STOP_CHANNEL)
+                while not self._done.is_set():
+                    msg = pubsub.get_message(timeout=1.0)
+                    if msg is None:
+                        continue
+                    data = msg.get("data")
+                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    if text.startswith(prefix):
+                        try:
+                            self._stop_notices.append(int(text[len(prefix) :]))
+                        except ValueError:
+                            continue
+                        self._wake.set()
+            except Exception as exc:
+                # The database look every IPUCLOUD_AGENT_SYNC_S still catches every stop.
+                log.debug("agent %s: stop notices unavailable (%s)", self.name, exc)
+                time.sleep(1.0)
+
+    def _apply_stop_notices(self) -> None:
+        while self._stop_notices:
+            self._forget(self._stop_notices.popleft())
+
+    def _sync(self) -> None:
+        """Compare what it drives with what the database says it runs."""
+        assert self.lease is not None
+        self._next_sync = self.clock() + self.settings.agent_sync_s
+        try:
+            with self.db.read() as s:
+                held = agents.running_attempt_ids(session=s, lease=self.lease)
+        except Exception as exc:
+            log.warning("agent %s: could not look at what it runs: %s", self.name, exc)
+            return
+        ending = {f.attempt_id for f in self._finishes}
+        for attempt_id in set(self.running) - held:
+            self._forget(attempt_id)
+        unknown = held - set(self.running) - ending
+        if unknown:
+            # Taken by a commit whose reply never arrived: it cannot be driven from here, so it
+            # goes back at once rather than waiting for this agent's lease to run out.
+            log.warning(
+                "agent %s: handing back attempts %s it did not know it held", self.name, sorted(unknown)
+            )
+            self._finishes.extend(
+                Finish(a, AttemptState.HANDED_BACK, 0.0, "its host agent lost track of it") for a in unknown
+            )
+            self._first_finish_at = self._first_finish_at or self.clock()
+
+    # Shutdown ----------------------------------------------------------------------------------------------
+
+    def _wind_down(self, now: float) -> None:
+        left = self._stop_deadline - now
+        for r in list(self.running.values()):
+            t = self._cluster_t(r, now)
+            remaining = (r.taken.end_s - t) / self.settings.time_scale
+            if left <= 0 or (not self._handed_back_at_stop and remaining > left):
+                self._logs.extend(
+                    LogLine(r.taken.job_id, r.taken.number, "log", ev.message,
+                            {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})},
+                            r.taken.started_at + timedelta(seconds=ev.t / self.settings.time_scale))
+                    for ev in r.taken.run.events_between(r.last_t, t)
+                )  # fmt: skip
+                r.last_t = t
+                self._end(r, AttemptState.HANDED_BACK, t, "its host agent is shutting down")
+        self._handed_back_at_stop = True
+
+    def _release(self) -> None:
+        assert self.lease is not None
+        try:
+            with self.db.write() as s:
+                agents.release(session=s, lease=self.lease)
+            log.info("agent %s released its lease", self.name)
+        except Exception as exc:  # it then simply lapses
+            log.warning("agent %s could not release its lease: %s", self.name, exc)
+        self.hints.send([(bus.WAKE_CHANNEL, "agent")])
+
+
+def _distinct_jobs(lines: list[LogLine]) -> list[LogLine]:
+    seen: dict[str, LogLine] = {}
+    for line in lines:
+        seen.setdefault(line.job_id, line)
+    return list(seen.values())
+
+
+def default_name(hostname: str | None = None) -> str:
+    """An agent's name: the Celery node name it runs as (unique per host), else the host's."""
+    return hostname or f"agent@{socket.gethostname()}"
