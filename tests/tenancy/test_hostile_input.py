@@ -332,6 +332,7 @@ API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/admin/machines/{machine_id}/fail"): {"reason": "fan"},
     ("POST", "/api/v1/admin/machines/{machine_id}/restore"): {"reason": "fan"},
     ("POST", "/api/v1/admin/partitions"): {"id": "hp", "size": 1},
+    ("POST", "/api/v1/admin/partitions/{partition_id}/reset"): {"gcds": 1},
     ("POST", "/api/v1/admin/tenants"): {"name": "hostile"},
     ("PATCH", "/api/v1/admin/tenants/{tenant_id}"): {"fairshare_weight": 2.0},
     ("POST", "/api/v1/admin/tenants/{tenant_id}/members"): {"email": "h@x.org", "name": "H"},
