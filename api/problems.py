@@ -232,6 +232,7 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
                 continue
             for param in op.get("parameters", []):
                 _no_null_header(param)
+                _no_control_characters(param)
             responses = op.setdefault("responses", {})
             if "422" in responses or op.get("parameters") or op.get("requestBody"):
                 responses["422"] = _problem_response("Invalid request: `errors` lists each field.")
@@ -258,6 +259,19 @@ def _no_null_header(param: dict[str, Any]) -> None:
     rest = [o for o in options if o.get("type") != "null"]
     if len(rest) == 1 and len(rest) < len(options):
         param["schema"] = {**{k: v for k, v in schema.items() if k != "anyOf"}, **rest[0]}
+
+
+# What `api.app.RefuseControlCharacters` enforces on every path and query string, stated in the spec.
+NO_CONTROL_CHARACTERS = "^[^\\x00-\\x1f\\x7f]*$"
+
+
+def _no_control_characters(param: dict[str, Any]) -> None:
+    if param.get("in") not in ("path", "query"):
+        return
+    schema = param.get("schema", {})
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "string" and "pattern" not in option and "enum" not in option:
+            option["pattern"] = NO_CONTROL_CHARACTERS
 
 
 def install_openapi(app: FastAPI) -> None:
