@@ -6,6 +6,7 @@ import html
 import logging
 import re
 import time
+from collections.abc import Mapping
 from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
@@ -15,38 +16,51 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
-from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, trials, usage
+from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, trials, usage
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.api")
+
+MULTIPART_ALLOWANCE = 64 * 1024
 
 
 class BodyLimit:
     """Refuse bodies over the limit with a 413: before reading them (Content-Length), or as soon as
     a body sent without one (chunked) passes the limit.
 
-    In the second case the 413 is sent from here the moment the limit is passed, and the app is told
-    the client went away: FastAPI turns any error while it reads a body into a 400 ("error parsing
-    the body"), so an error raised into it would not reach the client as a 413. Whatever the app
-    then tries to send is dropped."""
+    ``overrides`` gives routes (method, path) a limit of their own and what to say when it is passed: a
+    model upload may be gigabytes, and its route streams it to disk and enforces its own limit on the
+    file part.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    When a chunked body passes the limit the 413 is sent from here at once, and the app is told the
+    client went away: FastAPI turns any error while it reads a body into a 400 ("error parsing the
+    body"), so an error raised into it would not reach the client as a 413. Whatever the app then
+    tries to send is dropped."""
+
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, overrides: Mapping[tuple[str, str], tuple[int, str]] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.overrides = dict(overrides or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, detail = self.overrides.get(
+            (scope.get("method", ""), scope.get("path", "")),
+            (self.max_bytes, f"The request body is larger than {self.max_bytes} bytes."),
+        )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.max_bytes
+                    too_big = int(value) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._refuse(scope, receive, send)
+                    await self._refuse(scope, receive, send, detail)
                     return
         seen = 0
         refused = False
@@ -67,9 +81,9 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     if not started:
-                        await self._refuse(scope, receive, send)
+                        await self._refuse(scope, receive, send, detail)
                     refused = True
                     return {"type": "http.disconnect"}
             return message
@@ -81,10 +95,8 @@ class BodyLimit:
                 raise
             # The app failed on the body it was denied; the client already has its 413.
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        resp = problems.problem(
-            413, f"The request body is larger than {self.max_bytes} bytes.", slug="payload-too-large"
-        )
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, detail: str) -> None:
+        resp = problems.problem(413, detail, slug="payload-too-large")
         await resp(scope, receive, send)
 
 
@@ -161,9 +173,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(Observe)
     app.add_middleware(RefuseControlCharacters)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # The multipart envelope around a model file adds its boundaries and headers: a little more room.
+    upload_limit = (
+        settings.model_upload_max_bytes + MULTIPART_ALLOWANCE,
+        f"The model file is larger than {settings.model_upload_max_bytes:,} bytes. Strip its weights first: "
+        "`ipucloud models push` and the SDK send only the graph.",
+    )
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        overrides={("POST", "/api/v1/models"): upload_limit, ("POST", "/models/upload"): upload_limit},
+    )
 
-    for module in (jobs, catalogue, usage, keys, trials, admin, admin_tenants, health):
+    for module in (jobs, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
 
     app.include_router(apidocs.router)

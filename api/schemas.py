@@ -414,6 +414,8 @@ class PlanOut(BaseModel):
     idle_timeout_s: int
     priority: int
     fairshare_weight: float
+    max_models: int = Field(description="Own ONNX models a tenant on this plan may keep.")
+    max_model_bytes: int = Field(description="Bytes its stored graphs (weights stripped) may take together.")
     updated_at: datetime
 
     @classmethod
@@ -431,6 +433,8 @@ class PlanOut(BaseModel):
             idle_timeout_s=p.idle_timeout_s,
             priority=p.priority,
             fairshare_weight=p.fairshare_weight,
+            max_models=p.max_models,
+            max_model_bytes=p.max_model_bytes,
             updated_at=p.updated_at,
         )
 
@@ -450,6 +454,8 @@ class PlanUpdate(BaseModel):
     idle_timeout_s: Seconds | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
+    max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
+    max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
 
 
 # API keys ---------------------------------------------------------------------------------------------

@@ -7,13 +7,19 @@ on every submission.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
 
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import MAX_FLEET_IPUS, WorkloadRequest
+from scheduler.services import own_models
 from vipu import emulator
+from vipu.emulator.catalogue import WORKLOAD_NAMES
+from vipu.emulator.spec import GraphSource
 from vipu.topology import pods_of
 
 # Admission predicts on the slower machine when the job may land on either, so that the quota
@@ -28,16 +34,20 @@ class Resolved:
     predicted_runtime_s: float
 
 
-def to_workload_spec(req: WorkloadRequest) -> emulator.WorkloadSpec:
+def to_workload_spec(req: WorkloadRequest, source: GraphSource | None = None) -> emulator.WorkloadSpec:
+    """The emulator's spec of a request; ``source`` is the tenant's own graph it names (``own_models``)."""
     try:
         return emulator.WorkloadSpec(
-            model=req.model,
+            model=getattr(source, "model_id", req.model) if source is not None else req.model,
             task=req.task,
             batch_size=req.batch_size,
             seq_len=req.seq_len,
             precision=req.precision,
             steps=req.steps,
             samples=req.samples,
+            dims=req.dims,
+            optimizer=req.optimizer,
+            source=source,
         )
     except emulator.WorkloadError as exc:
         raise InvalidRequest(str(exc), field=getattr(exc, "field", None))
@@ -45,14 +55,16 @@ def to_workload_spec(req: WorkloadRequest) -> emulator.WorkloadSpec:
         raise InvalidRequest(str(exc))
 
 
-def resolve(req: WorkloadRequest, ipus: int | Literal["auto"], machine: str | None) -> Resolved:
-    return _resolve_cached(req.model_dump_json(), str(ipus), machine)
+def resolve(
+    req: WorkloadRequest, ipus: int | Literal["auto"], machine: str | None, source: GraphSource | None = None
+) -> Resolved:
+    return _resolve_cached(req.model_dump_json(), str(ipus), machine, source)
 
 
 @lru_cache(maxsize=4096)
-def _resolve_cached(req_json: str, ipus: str, machine: str | None) -> Resolved:
+def _resolve_cached(req_json: str, ipus: str, machine: str | None, source: GraphSource | None) -> Resolved:
     req = WorkloadRequest.model_validate_json(req_json)
-    spec = to_workload_spec(req)
+    spec = to_workload_spec(req, source)
     m = machine or DEFAULT_MACHINE
     try:
         size = emulator.choose_ipus_auto(spec, m) if ipus == "auto" else int(ipus)
@@ -62,6 +74,54 @@ def _resolve_cached(req_json: str, ipus: str, machine: str | None) -> Resolved:
     except emulator.WorkloadError as exc:
         raise InvalidRequest(str(exc))
     return Resolved(ipus=size, machine=m, predicted_runtime_s=emulator.predicted_runtime_s(spec, size, m))
+
+
+def stored_workload_spec(workload: Mapping[str, Any], *, session: Session | None) -> emulator.WorkloadSpec:
+    """The emulator's spec of a job's stored ``workload``: a catalogue model, or an own model by id."""
+    model = workload.get("model")
+    source = None
+    if isinstance(model, str) and model not in WORKLOAD_NAMES:
+        source = own_models.cached_source(model)
+        if source is None and session is not None:
+            source = own_models.source_by_id(session=session, model_id=model)
+        if source is None:
+            raise emulator.WorkloadError("model", f"model {model} no longer exists")
+    return emulator.WorkloadSpec.from_dict(workload, source=source)
+
+
+def plan_on_partition(
+    spec: dict[str, object],
+    size: int,
+    machine_type: str,
+    ipu_ids: list[str],
+    *,
+    session: Session | None = None,
+) -> tuple[emulator.Plan, emulator.WorkloadSpec]:
+    """How a job's workload runs on the partition it really got: timed on the POD64s it spans and
+    whether GW-Links join them. What a host agent asks when it takes an attempt; raises the
+    emulator's CompileError or WorkloadError when it cannot run there.
+
+    A tenant's own model is read through ``session`` the first time (the job's spec carries its id, as
+    admission stored it) and cached: any host plans it as the API admitted it."""
+    workload = stored_workload_spec(spec["workload"], session=session)  # type: ignore[arg-type]
+    pods = pods_of(ipu_ids)
+    return emulator.plan(workload, size, machine_type, pods=len(pods), gw_links=len(pods) > 1), workload
+
+
+_RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
+_RUNS_MAX = 1024
+
+
+def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool) -> emulator.EmulatedRun:
+    """The run's timeline and events; immutable, so one object serves every attempt of the same
+    configuration (a host agent may drive thousands of them)."""
+    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}", cached)
+    run = _RUNS.get(key)
+    if run is None:
+        if len(_RUNS) >= _RUNS_MAX:
+            _RUNS.clear()
+        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
+    return run
 
 
 @dataclass(frozen=True)
@@ -99,21 +159,26 @@ class RuntimeAdvice:
 
 
 def runtime_advice(
-    req: WorkloadRequest, ipus: int, machine: str | None, limit_s: int, max_ipus: int
+    req: WorkloadRequest,
+    ipus: int,
+    machine: str | None,
+    limit_s: int,
+    max_ipus: int,
+    source: GraphSource | None = None,
 ) -> RuntimeAdvice | None:
     """None if the job ends within `limit_s` cluster seconds on `ipus` IPUs; else what would fit.
 
     Predicted as admission predicts (on the slower machine when either may run it, no executable
     cache), so the advice holds wherever the job lands."""
-    return _runtime_advice_cached(req.model_dump_json(), ipus, machine, limit_s, max_ipus)
+    return _runtime_advice_cached(req.model_dump_json(), ipus, machine, limit_s, max_ipus, source)
 
 
 @lru_cache(maxsize=1024)
 def _runtime_advice_cached(
-    req_json: str, ipus: int, machine: str | None, limit_s: int, max_ipus: int
+    req_json: str, ipus: int, machine: str | None, limit_s: int, max_ipus: int, source: GraphSource | None
 ) -> RuntimeAdvice | None:
     req = WorkloadRequest.model_validate_json(req_json)
-    spec = to_workload_spec(req)
+    spec = to_workload_spec(req, source)
     m = machine or DEFAULT_MACHINE
     run = emulator.EmulatedRun(emulator.plan(spec, ipus, m), spec, cached=False)
     if run.total_s <= limit_s:
@@ -138,30 +203,3 @@ def _runtime_advice_cached(
         fitting_amount=steps * run.samples_per_step if by_samples else steps,
         fitting_ipus=fitting_ipus,
     )
-
-
-def plan_on_partition(
-    spec: dict[str, object], size: int, machine_type: str, ipu_ids: list[str]
-) -> tuple[emulator.Plan, emulator.WorkloadSpec]:
-    """How a job's workload runs on the partition it really got: timed on the POD64s it spans and
-    whether GW-Links join them. What a host agent asks when it takes an attempt; raises the
-    emulator's CompileError or WorkloadError when it cannot run there."""
-    workload = emulator.WorkloadSpec(**spec["workload"])  # type: ignore[arg-type]
-    pods = pods_of(ipu_ids)
-    return emulator.plan(workload, size, machine_type, pods=len(pods), gw_links=len(pods) > 1), workload
-
-
-_RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
-_RUNS_MAX = 1024
-
-
-def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool) -> emulator.EmulatedRun:
-    """The run's timeline and events; immutable, so one object serves every attempt of the same
-    configuration (a host agent may drive thousands of them)."""
-    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}", cached)
-    run = _RUNS.get(key)
-    if run is None:
-        if len(_RUNS) >= _RUNS_MAX:
-            _RUNS.clear()
-        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
-    return run

@@ -119,6 +119,23 @@ class DoesNotFit(DomainError):
     )
 
 
+class InvalidModel(DomainError):
+    status = 422
+    slug = _register(
+        "invalid-model",
+        "The model cannot be planned",
+        "The uploaded file is not an ONNX graph the emulator can plan; `reason` says which problem "
+        "(not-onnx, corrupt, cycle, dangling-input, unknown-operators, unsupported-operators, "
+        "shape-inference, unknown-shape, too-large) and `names` lists the operators, nodes, tensors or "
+        "dimensions concerned.",
+    )
+
+
+class UnsupportedMediaType(DomainError):
+    status = 415
+    slug = "unsupported-media-type"
+
+
 class RateLimited(DomainError):
     status = 429
     slug = _register("rate-limited", "Too many requests", "Slow down; retry after `Retry-After` seconds.")
@@ -138,5 +155,9 @@ class Unavailable(DomainError):
 
 # Problem types raised by the HTTP layer itself, registered here so /problems documents them all.
 _register("method-not-allowed", "Method not allowed", "The route exists but not with this method.")
-_register("unsupported-media-type", "Unsupported media type", "Send the body as application/json.")
+_register(
+    "unsupported-media-type",
+    "Unsupported media type",
+    "Send the body as the route documents: application/json, or multipart/form-data for a model upload.",
+)
 _register("internal-error", "Internal error", "Something failed on our side; nothing was changed.")

@@ -14,11 +14,16 @@ PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-
 MAX_FLEET_IPUS = 65_536
 
 
+DimName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+DimSize = Annotated[int, Field(ge=1, le=1_048_576)]
+
+
 class WorkloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: Annotated[str, StringConstraints(min_length=1, max_length=40)] = Field(
-        description="Catalogue name, e.g. `bert-large` (see GET /api/v1/workloads)."
+    model: Annotated[str, StringConstraints(min_length=1, max_length=100)] = Field(
+        description="Catalogue name, e.g. `bert-large` (see GET /api/v1/workloads), or the id or name of one "
+        "of your own models (GET /api/v1/models)."
     )
     task: Literal["train", "infer"] = "train"
     batch_size: int | None = Field(None, ge=1, le=1_048_576, description="Global batch size.")
@@ -26,6 +31,16 @@ class WorkloadRequest(BaseModel):
     precision: Literal["fp16", "fp32"] = "fp16"
     steps: int | None = Field(None, ge=1, le=1_000_000_000)
     samples: int | None = Field(None, ge=1, le=1_000_000_000_000)
+    dims: dict[DimName, DimSize] | None = Field(
+        None,
+        max_length=32,
+        description="Own models only: sizes of the graph's dynamic dimensions by name (`seq_len` sets the "
+        "sequence ones); the model's defaults fill in the rest.",
+    )
+    optimizer: Literal["sgd", "sgd-momentum", "adam", "lamb", "rmsprop"] | None = Field(
+        None,
+        description="Own models only: how it trains (default adam); catalogue models use their recipe's.",
+    )
 
     @model_validator(mode="after")
     def _steps_or_samples(self) -> WorkloadRequest:

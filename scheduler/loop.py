@@ -56,6 +56,11 @@ QUEUED = Gauge("ipucloud_jobs_queued", "Jobs waiting for a partition (as of the 
 BACKFILLED = Counter("ipucloud_jobs_backfilled_total", "Jobs started ahead of a blocked one (backfill)")
 PREEMPTED = Counter("ipucloud_attempts_preempted_total", "Attempts stopped for higher-priority work")
 
+# Attempts one pass places at most, and outbox messages one iteration publishes at most: a pass over
+# tens of thousands of jobs that could start stays within the leader's lease, and the next follows.
+MAX_STARTS_PER_PASS = 5000
+MAX_DISPATCH_PER_ITERATION = 10_000
+
 
 @dataclass
 class SchedulerLoop:
@@ -67,6 +72,8 @@ class SchedulerLoop:
     sync: fleet.AllocatorSync | None = None
     last_reconcile: float = 0.0
     last_sweep: float = 0.0
+    # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
+    more: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
@@ -109,6 +116,11 @@ class SchedulerLoop:
             raise NotLeader("not the leader")
         leader.fence(session=session, fence=self.fence_token, ttl_s=self.settings.leader_lease_s)
 
+    def _renew(self, session: Session) -> None:
+        """At the end of a transaction that fenced at its start (leader.renew_held)."""
+        assert self.fence_token is not None
+        leader.renew_held(session=session, fence=self.fence_token, ttl_s=self.settings.leader_lease_s)
+
     def step_down(self) -> None:
         if self.fence_token is not None:
             try:
@@ -122,6 +134,7 @@ class SchedulerLoop:
     # One iteration ----------------------------------------------------------------------------
 
     def iterate(self) -> None:
+        self.more = False
         if not self.lead():
             return
         try:
@@ -130,7 +143,14 @@ class SchedulerLoop:
                 self.reconcile()
                 self.last_reconcile = now
             self.schedule_pass()
-            self.dispatch()
+            sent = 0
+            while sent < MAX_DISPATCH_PER_ITERATION:
+                n = self.dispatch()
+                sent += n
+                if n < 1000:
+                    break
+            else:
+                self.more = True
         except NotLeader as exc:
             log.warning("lost leadership mid-pass: %s", exc)
             self.fence_token = None
@@ -188,6 +208,16 @@ class SchedulerLoop:
                     max_attempts=self.settings.max_attempts,
                 )
                 PREEMPTED.inc(stopped)
+            if len(decision.starts) > MAX_STARTS_PER_PASS:
+                # The rest start on the next pass, which follows at once: a bounded pass commits
+                # within the leader's lease and lets dispatch and the agents work meanwhile.
+                later = decision.starts[MAX_STARTS_PER_PASS:]
+                decision.starts = decision.starts[:MAX_STARTS_PER_PASS]
+                held = alloc.partitions()
+                for _, where in later:
+                    if not isinstance(where, str) and where.partition_id in held:
+                        alloc.release(where.partition_id)
+                self.more = True
             # Lock the jobs and look again: a cancel may have committed since the snapshot. The
             # cancel locks the job too, so it either saw no attempt or will find this one placed.
             jobs = {
@@ -244,6 +274,7 @@ class SchedulerLoop:
                 self._waits.pop(job_id, None)
             waits = {job_id: wait for job_id, wait in decision.waits.items() if job_id not in started}
             scheduling.record_waits(session=s, waits=waits, known=self._waits)
+            self._renew(s)
             return placed
 
     def queue_for(self, partition: attempts.PlacedPartition) -> str:
@@ -342,6 +373,7 @@ class SchedulerLoop:
                 queue_depth=self.queue_depth or (lambda _queue: None),
                 sweep=sweep,
             )
+            self._renew(s)
         if sweep:
             self.last_sweep = now
         # Counted once committed: a pass rolled back by a lost lease repaired nothing.
@@ -371,7 +403,7 @@ class SchedulerLoop:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
             ended = time.monotonic()
-            if not self._wait(pubsub):
+            if not self.more and not self._wait(pubsub):
                 pubsub = None
             # Under a stream of wake-ups (every finish and every submission sends one) passes would
             # run back to back, each reading the whole queue again, and the scheduler and its

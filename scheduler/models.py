@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -113,6 +114,11 @@ class Plan(Base):
     idle_timeout_s: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # A tenant's own ONNX graphs: how many it may keep, and their bytes (weights stripped) together.
+    max_models: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
+    max_model_bytes: Mapped[int] = mapped_column(
+        BigInteger, default=256 * 2**20, server_default=str(256 * 2**20)
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -446,6 +452,27 @@ class LeaderLease(Base):
     holder: Mapped[str] = mapped_column(String(200))
     epoch: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class OwnModel(Base):
+    """A tenant's own ONNX graph, its weights stripped: small enough to live in the database, where every
+    API process and host agent reads it (no shared file system needed). Immutable once stored."""
+
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", name="uq_models_tenant_name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    sha256: Mapped[str] = mapped_column(String(64))  # of the stored (stripped) graph: its content
+    graph: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    graph_bytes: Mapped[int] = mapped_column(BigInteger)
+    uploaded_bytes: Mapped[int] = mapped_column(BigInteger)
+    weights_stripped_bytes: Mapped[int] = mapped_column(BigInteger)
+    dims: Mapped[dict[str, int]] = mapped_column(JSON)  # default sizes of the graph's dynamic dimensions
+    elementwise: Mapped[list[str]] = mapped_column(JSON)  # operators the tenant declared element-wise
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)  # vipu.emulator.onnxgraph.describe()
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Executable(Base):

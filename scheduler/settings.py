@@ -62,11 +62,12 @@ class Settings(BaseSettings):
         "its attempts.",
     )
     meter_interval_s: float = Field(
-        15.0,
+        60.0,
         gt=0,
         le=3600,
-        description="Wall seconds between meter ticks of a running attempt (usage grows while it runs; "
-        "its end settles it exactly).",
+        description="Wall seconds between meter ticks of a running attempt: usage grows while it runs, "
+        "its end settles it exactly. Each tick is two rows written, so at 65,536 running attempts a "
+        "minute keeps the database's load to about a thousand ticks a second.",
     )
     agent_sync_s: float = Field(
         5.0,
@@ -123,7 +124,25 @@ class Settings(BaseSettings):
     )
     rate_limit: str = Field("600/minute", description="Per-key request limit (`limits` syntax).")
     trial_rate_limit: str = Field("5/hour", description="Trial applications per client address.")
-    max_body_bytes: int = Field(65536, ge=1024, description="Largest request body accepted.")
+    max_body_bytes: int = Field(
+        65536, ge=1024, description="Largest request body accepted (model uploads have their own limit)."
+    )
+    model_upload_max_bytes: int = Field(
+        2 * 2**30,
+        ge=1024,
+        le=2**40,
+        description="Largest ONNX file `POST /api/v1/models` takes with its weights in (streamed to disk, "
+        "then stripped; the CLI and SDK strip weights before uploading).",
+    )
+    model_graph_max_bytes: int = Field(
+        32 * 2**20,
+        ge=1024,
+        le=2**31 - 1,
+        description="Largest ONNX graph kept once its weights are stripped (stored in the database).",
+    )
+    upload_dir: Path | None = Field(
+        None, description="Where uploads are spooled while they are stripped; default: the system's temp dir."
+    )
     log_level: str = Field("INFO", description="Python logging level.")
     startup_wait_s: float = Field(30.0, ge=0, description="How long a component waits for its DB and Redis.")
     db_idle_tx_timeout_s: float = Field(

@@ -11,7 +11,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from api.dashboard import charts, forms, sessions
+from api.dashboard import charts, forms, model_pages, sessions
 from api.dashboard.web import (
     DashboardRoute,
     Form,
@@ -172,12 +172,14 @@ def _submit_context(
     values: dict[str, str],
     errors: dict[str, str],
     estimate: dict[str, Any] | None,
+    own: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "values": values,
         "errors": errors,
         "estimate": estimate,
         "catalogue": _catalogue(),
+        "own_models": own or [],
         "ipu_choices": forms.IPU_CHOICES,
         "idempotency": values.get("idempotency") or secrets.token_urlsafe(16),
     }
@@ -187,9 +189,19 @@ DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def submit_page(request: Request, user: ReaderUser) -> Response:
-    values = forms.job_values({}, DEFAULTS)
-    return render(request, "submit.html", _submit_context(values, {}, None), user=user)
+def submit_page(
+    request: Request,
+    db: DbDep,
+    user: ReaderUser,
+    model: Annotated[str | None, Query(max_length=100)] = None,
+) -> Response:
+    values = forms.job_values({"model": model} if model else {}, DEFAULTS)
+    return render(request, "submit.html", _submit_context(values, {}, None, _own(db, user)), user=user)
+
+
+def _own(db: DbDep, user: sessions.DashSession) -> list[dict[str, Any]]:
+    """The tenant's own models for the form's workload list (an admin has none)."""
+    return [] if user.tenant_id is None else model_pages.submit_choices(db, user.tenant_id)
 
 
 def run_estimate(
@@ -205,6 +217,7 @@ def run_estimate(
                 ipus=spec.ipus,
                 machine=spec.machine,
                 policy=settings.placement_policy,
+                tenant_id=user.tenant_id,
             )
             if user.tenant_id is None:
                 return out | {"sram_bytes_per_ipu": _sram_bytes(spec)}, 200
@@ -244,17 +257,20 @@ def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form:
         raise InvalidRequest("The form's idempotency token is not one this site made; reload the page.")
     values["idempotency"] = idempotency
     parsed, spec = forms.parse_job(values)
+    own = _own(db, user)
     if spec is None:
-        return render(request, "submit.html", _submit_context(values, parsed.errors, None), status_code=422)
+        context = _submit_context(values, parsed.errors, None, own)
+        return render(request, "submit.html", context, status_code=422)
     if action == "preview":
         est, status = run_estimate(db, settings, user, spec)
-        return render(request, "submit.html", _submit_context(values, {}, est), status_code=status, user=user)
+        context = _submit_context(values, {}, est, own)
+        return render(request, "submit.html", context, status_code=status, user=user)
     if user.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     try:
         job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
     except DomainError as exc:
-        context = _submit_context(values, {"form": exc.detail}, None)
+        context = _submit_context(values, {"form": exc.detail}, None, own)
         return render(request, "submit.html", context, status_code=exc.status, user=user)
     bus.wake_scheduler("submit")
     sessions.flash(user, f"Job {spec.name} submitted.")

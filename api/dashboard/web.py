@@ -255,6 +255,14 @@ def tenant_reader(user: TenantUser) -> sessions.DashSession:
 TenantReader = Annotated[sessions.DashSession, Depends(tenant_reader)]
 
 
+def tenant_submitter(user: TenantUser) -> sessions.DashSession:
+    user.principal.require("submit")
+    return user
+
+
+TenantSubmitter = Annotated[sessions.DashSession, Depends(tenant_submitter)]
+
+
 async def form_data(request: Request) -> dict[str, str]:
     """The submitted form as plain strings (repeated fields keep their last value).
 

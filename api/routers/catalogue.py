@@ -69,7 +69,13 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 )
 def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
     with db.read() as s:
-        out = estimates.estimate(session=s, workload=body.workload, ipus=body.ipus, machine=body.machine)
+        out = estimates.estimate(
+            session=s,
+            workload=body.workload,
+            ipus=body.ipus,
+            machine=body.machine,
+            tenant_id=principal.tenant_id,
+        )
         if principal.tenant_id is not None and out.get("fits") and out.get("ipus"):
             out["runtime_limit"] = job_service.runtime_limit(
                 session=s,

@@ -1,6 +1,6 @@
 """The client commands, mirroring the HTTP API through the SDK.
 
-`ipucloud login`, `ipucloud jobs ...`, `ipucloud usage`, `ipucloud trial apply`,
+`ipucloud login`, `ipucloud jobs ...`, `ipucloud models ...`, `ipucloud usage`, `ipucloud trial apply`,
 `ipucloud admin ...` and `ipucloud vipu ...`. Every command that prints something a script may
 read takes `--json`; exit codes are listed in `client_common.Exit`.
 """
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ipucloud.cli import client_admin, client_jobs, client_vipu
+from ipucloud.cli import client_admin, client_jobs, client_models, client_vipu
 from ipucloud.cli.client_common import (
     EXIT_CODES_HELP,
     JsonOpt,
@@ -151,6 +151,7 @@ def register(app: typer.Typer) -> None:
     app.command(epilog=EXIT_CODES_HELP)(logout)
     app.command(epilog=EXIT_CODES_HELP)(usage)
     app.add_typer(client_jobs.app, name="jobs")
+    app.add_typer(client_models.app, name="models")
     app.add_typer(trial_app, name="trial")
     app.add_typer(client_admin.keys_app, name="keys")
     app.add_typer(client_admin.app, name="admin")

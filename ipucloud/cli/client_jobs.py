@@ -27,6 +27,7 @@ from ipucloud.cli.client_common import (
     table,
     when,
 )
+from ipucloud.cli.client_models import parse_dims
 from ipucloud.sdk import Client, Job, StreamEvent
 
 app = typer.Typer(
@@ -126,7 +127,11 @@ def submit(
     ] = None,
     name: Annotated[str | None, typer.Option(help="Job name.")] = None,
     model: Annotated[
-        str | None, typer.Option(help="Catalogue workload, e.g. bert-large (see `ipucloud estimate`).")
+        str | None,
+        typer.Option(
+            help="Catalogue workload, e.g. bert-large (see `ipucloud estimate`), or the name or id of one of "
+            "your models (`ipucloud models list`)."
+        ),
     ] = None,
     task: Annotated[str | None, typer.Option(help="train or infer.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
@@ -134,6 +139,16 @@ def submit(
     precision: Annotated[str | None, typer.Option(help="fp16 or fp32.")] = None,
     steps: Annotated[int | None, typer.Option(help="Steps to run.")] = None,
     samples: Annotated[int | None, typer.Option(help="Samples to process (instead of --steps).")] = None,
+    dim: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dim", help="Your model's dynamic dimension as NAME=SIZE (repeat); overrides its default."
+        ),
+    ] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help="Your model's optimizer: sgd, sgd-momentum, adam (default), lamb, rmsprop."),
+    ] = None,
     ipus: Annotated[str | None, typer.Option(help="Partition size (a power of two) or `auto`.")] = None,
     machine: Annotated[str | None, typer.Option(help="m2000 or bow.")] = None,
     partition: Annotated[str | None, typer.Option(help="Run inside this reserved partition.")] = None,
@@ -165,6 +180,8 @@ def submit(
         precision=precision,
         steps=steps,
         samples=samples,
+        dims=parse_dims(dim) or None,
+        optimizer=optimizer,
         ipus=parse_ipus(ipus),
         machine=machine,
         partition=partition,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -15,26 +15,55 @@ err = Console(stderr=True)
 
 
 def estimate(
-    model: Annotated[str, typer.Option(help="Catalogue workload, e.g. bert-large.")],
+    model: Annotated[
+        str | None, typer.Option(help="Catalogue workload, e.g. bert-large (or use --model-file).")
+    ] = None,
+    model_file: Annotated[
+        Path | None,
+        typer.Option("--model-file", help="Plan this ONNX file on this machine, without uploading it."),
+    ] = None,
     ipus: Annotated[str, typer.Option(help="Partition size (a power of two) or `auto`.")] = "auto",
     machine: Annotated[str, typer.Option(help="m2000 or bow.")] = "m2000",
     task: Annotated[str, typer.Option(help="train or infer.")] = "train",
     batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Sequence length (BERT, LSTM, GRU).")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(help="Sequence length (BERT, LSTM, GRU; a model file's sequence dimensions)."),
+    ] = None,
+    dim: Annotated[
+        list[str] | None,
+        typer.Option("--dim", help="NAME=SIZE of a model file's dynamic dimension (repeat)."),
+    ] = None,
+    elementwise: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--elementwise", help="A model file's unknown operator that acts element-wise (repeat)."
+        ),
+    ] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help="A model file's optimizer: sgd, sgd-momentum, adam (default), lamb, rmsprop."),
+    ] = None,
     precision: Annotated[str, typer.Option(help="fp16 or fp32.")] = "fp16",
     samples: Annotated[int | None, typer.Option(help="Samples to process.")] = None,
     steps: Annotated[int | None, typer.Option(help="Steps to run.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Plan a workload on a partition: fit, memory per IPU, compile time, throughput, time and IPU-hours."""
+    """Plan a workload on a partition: fit, memory per IPU, compile time, throughput, time and IPU-hours.
+
+    With --model-file, plan an ONNX file here (its weights are never read) before pushing it."""
     from pydantic import ValidationError
 
+    from ipucloud.cli.client_models import parse_dims
     from scheduler.errors import DomainError
     from scheduler.jobspec import WorkloadRequest
     from scheduler.services.estimates import estimate as run_estimate
 
     if machine not in ("m2000", "bow"):
         err.print("[red]--machine must be m2000 or bow[/]")
+        raise typer.Exit(2)
+    if (model is None) == (model_file is None):
+        err.print("[red]give --model (a catalogue workload) or --model-file (an ONNX file)[/]")
         raise typer.Exit(2)
     size: int | Literal["auto"]
     if ipus == "auto":
@@ -44,17 +73,24 @@ def estimate(
     else:
         err.print("[red]--ipus must be a power of two or `auto`[/]")
         raise typer.Exit(2)
+    dims = parse_dims(dim) if dim else None
+    source = None
+    if model_file is not None:
+        source = _local_model(model_file, dims, elementwise or [], seq_len)
+        model = source.label
     try:
         req = WorkloadRequest(
-            model=model,
-            task=task,
+            model=model,  # type: ignore[arg-type]
+            task=task,  # type: ignore[arg-type]
             batch_size=batch_size,
-            seq_len=seq_len,  # type: ignore[arg-type]
-            precision=precision,
+            seq_len=seq_len,
+            precision=precision,  # type: ignore[arg-type]
             samples=samples,
             steps=steps,
-        )  # type: ignore[arg-type]
-        result = run_estimate(session=None, workload=req, ipus=size, machine=machine)
+            dims=dims if model_file is None else None,
+            optimizer=optimizer,  # type: ignore[arg-type]
+        )
+        result = run_estimate(session=None, workload=req, ipus=size, machine=machine, source=source)
     except ValidationError as exc:
         err.print(f"[red]{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}[/]")
         raise typer.Exit(2)
@@ -86,6 +122,35 @@ def estimate(
     for k, v in rows:
         table.add_row(k, v)
     out.print(table)
+
+
+def _local_model(path: Path, dims: dict[str, int] | None, elementwise: list[str], seq_len: int | None) -> Any:
+    """An ONNX file on this machine as a workload source: stripped (weights skipped), checked, loaded."""
+    from vipu.emulator.onnxgraph import (
+        GraphError,
+        GraphTooLarge,
+        OnnxWorkload,
+        StripError,
+        load_graph,
+        strip_file,
+    )
+
+    if not path.is_file():
+        err.print(f"[red]{path}: no such file[/]")
+        raise typer.Exit(2)
+    try:
+        graph = load_graph(strip_file(path).data, tuple(elementwise))
+    except (StripError, GraphTooLarge, GraphError) as exc:
+        err.print(f"[red]{path}: {exc}[/]")
+        raise typer.Exit(2)
+    unbound = [d for d in graph.dynamic_dims if d not in (dims or {})]
+    if unbound and seq_len is None:
+        err.print(
+            f"[red]{path}: dynamic dimension(s) {', '.join(unbound)} need a size: give --seq-len or "
+            f"--dim NAME=SIZE[/]"
+        )
+        raise typer.Exit(2)
+    return OnnxWorkload(graph, path.stem or "model", default_dims=dims)
 
 
 def simulate(

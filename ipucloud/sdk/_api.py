@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import orjson
 
 from ipucloud.sdk._core import Call, model, text
 from ipucloud.sdk.models import (
@@ -19,6 +23,7 @@ from ipucloud.sdk.models import (
     Job,
     Logs,
     Machine,
+    OnnxModel,
     Page,
     Partition,
     PartitionReset,
@@ -32,7 +37,17 @@ from ipucloud.sdk.models import (
 
 V1 = "/api/v1"
 
-WORKLOAD_FIELDS = ("model", "task", "batch_size", "seq_len", "precision", "steps", "samples")
+WORKLOAD_FIELDS = (
+    "model",
+    "task",
+    "batch_size",
+    "seq_len",
+    "precision",
+    "steps",
+    "samples",
+    "dims",
+    "optimizer",
+)
 JOB_FIELDS = ("name", "ipus", "machine", "partition", "priority", "max_runtime_s")
 
 
@@ -93,6 +108,48 @@ def estimate(spec: dict[str, Any]) -> Call[Estimate]:
     if spec.get("machine"):
         body["machine"] = spec["machine"]
     return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
+
+
+# Own models --------------------------------------------------------------------------------------------
+
+
+def stripped_graph(path: str | os.PathLike[str]) -> tuple[str, bytes]:
+    """The file's name and its graph without weights, read with seeks past the weight data: a 1.3 GB
+    export travels as a few hundred kilobytes. External weight files are never read."""
+    from vipu.emulator.onnxgraph.strip import strip_file
+
+    return Path(path).name, strip_file(path).data
+
+
+def push_model(
+    filename: str,
+    graph: bytes,
+    name: str | None,
+    dims: Mapping[str, int] | None,
+    elementwise: list[str] | None,
+) -> Call[OnnxModel]:
+    fields: dict[str, str] = {}
+    if name:
+        fields["name"] = name
+    if dims:
+        fields["dims"] = orjson.dumps(dict(dims)).decode()
+    if elementwise:
+        fields["elementwise"] = ",".join(elementwise)
+    return Call(
+        "POST", f"{V1}/models", model(OnnxModel), files={"file": (filename, graph)}, data=fields or None
+    )
+
+
+def list_models(limit: int, cursor: str | None) -> Call[Page[OnnxModel]]:
+    return Call("GET", f"{V1}/models", _page(OnnxModel), params={"limit": limit, "cursor": cursor})
+
+
+def get_model(ref: str) -> Call[OnnxModel]:
+    return Call("GET", f"{V1}/models/{seg(ref)}", model(OnnxModel))
+
+
+def delete_model(ref: str) -> Call[OnnxModel]:
+    return Call("DELETE", f"{V1}/models/{seg(ref)}", model(OnnxModel))
 
 
 # Jobs --------------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class Call(Generic[T]):
     json: Any = None
     headers: Mapping[str, str] | None = None
     authenticated: bool = True
+    files: Any = None
+    """Multipart file fields (``httpx``'s ``files``), with ``data`` as the text fields."""
+    data: Mapping[str, str] | None = None
 
     @property
     def retry_safe_on_transport_error(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
@@ -26,6 +27,7 @@ from ipucloud.sdk.models import (
     LogEntry,
     Logs,
     Machine,
+    OnnxModel,
     Page,
     Partition,
     PartitionReset,
@@ -100,7 +102,13 @@ class AsyncClient:
         while True:
             try:
                 response = await self._http.request(
-                    call.method, call.path, params=call.clean_params(), json=call.json, headers=headers
+                    call.method,
+                    call.path,
+                    params=call.clean_params(),
+                    json=call.json,
+                    headers=headers,
+                    files=call.files,
+                    data=call.data,
                 )
             except httpx.TransportError as exc:
                 safe = isinstance(exc, NOT_SENT) or call.retry_safe_on_transport_error
@@ -136,6 +144,32 @@ class AsyncClient:
         return await self.call(_api.estimate(_api.job_spec(spec, **fields)))
 
     # Jobs --------------------------------------------------------------------------------------------
+
+    # Own models --------------------------------------------------------------------------------------
+
+    async def push_model(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        dims: Mapping[str, int] | None = None,
+        elementwise: list[str] | None = None,
+    ) -> OnnxModel:
+        """Upload an ONNX file as one of your models (weights stripped here first; see ``Client``)."""
+        filename, graph = await asyncio.to_thread(_api.stripped_graph, path)
+        return await self.call(_api.push_model(filename, graph, name, dims, elementwise))
+
+    async def list_models(self, *, limit: int = 100, cursor: str | None = None) -> Page[OnnxModel]:
+        return await self.call(_api.list_models(limit, cursor))
+
+    def iter_models(self, *, page_size: int = 100) -> AsyncIterator[OnnxModel]:
+        return self._pages(lambda c: self.list_models(limit=page_size, cursor=c))
+
+    async def get_model(self, ref: str) -> OnnxModel:
+        return await self.call(_api.get_model(ref))
+
+    async def delete_model(self, ref: str) -> OnnxModel:
+        return await self.call(_api.delete_model(ref))
 
     async def submit_job(
         self, spec: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None, **fields: Any

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -25,6 +26,7 @@ from ipucloud.sdk.models import (
     LogEntry,
     Logs,
     Machine,
+    OnnxModel,
     Page,
     Partition,
     PartitionReset,
@@ -111,7 +113,13 @@ class Client:
         while True:
             try:
                 response = self._http.request(
-                    call.method, call.path, params=call.clean_params(), json=call.json, headers=headers
+                    call.method,
+                    call.path,
+                    params=call.clean_params(),
+                    json=call.json,
+                    headers=headers,
+                    files=call.files,
+                    data=call.data,
                 )
             except httpx.TransportError as exc:
                 safe = isinstance(exc, NOT_SENT) or call.retry_safe_on_transport_error
@@ -146,6 +154,36 @@ class Client:
     def estimate(self, spec: Mapping[str, Any] | None = None, **fields: Any) -> Estimate:
         """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes."""
         return self.call(_api.estimate(_api.job_spec(spec, **fields)))
+
+    # Own models --------------------------------------------------------------------------------------
+
+    def push_model(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        dims: Mapping[str, int] | None = None,
+        elementwise: list[str] | None = None,
+    ) -> OnnxModel:
+        """Upload an ONNX file as one of your models. Its weights are stripped here first, so only the
+        graph travels; ``dims`` sizes its dynamic dimensions (besides the batch), ``elementwise`` names
+        operators the emulator does not know that act element by element."""
+        filename, graph = _api.stripped_graph(path)
+        return self.call(_api.push_model(filename, graph, name, dims, elementwise))
+
+    def list_models(self, *, limit: int = 100, cursor: str | None = None) -> Page[OnnxModel]:
+        return self.call(_api.list_models(limit, cursor))
+
+    def iter_models(self, *, page_size: int = 100) -> Iterator[OnnxModel]:
+        return self._pages(lambda c: self.list_models(limit=page_size, cursor=c))
+
+    def get_model(self, ref: str) -> OnnxModel:
+        """A model by id or name."""
+        return self.call(_api.get_model(ref))
+
+    def delete_model(self, ref: str) -> OnnxModel:
+        """Remove a model (refused while queued or running jobs use it)."""
+        return self.call(_api.delete_model(ref))
 
     # Jobs --------------------------------------------------------------------------------------------
 

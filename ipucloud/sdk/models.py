@@ -221,6 +221,36 @@ class Plan(Model):
     idle_timeout_s: int | None = None
     priority: int | None = None
     fairshare_weight: float | None = None
+    max_models: int | None = None
+    max_model_bytes: int | None = None
+
+
+class OnnxModel(Model):
+    """One of the tenant's own ONNX graphs (``POST /models``), described per sample at its default dims."""
+
+    id: str
+    name: str
+    created_at: datetime | None = None
+    sha256: str | None = None
+    graph_bytes: int | None = None
+    uploaded_bytes: int | None = None
+    weights_stripped_bytes: int | None = None
+    inputs: list[dict[str, Any]] = Field(default_factory=list)
+    outputs: list[str] = Field(default_factory=list)
+    batch_dim: str | int | None = None
+    dynamic_dims: list[str] = Field(default_factory=list)
+    dims: dict[str, int] = Field(default_factory=dict)
+    nodes: int | None = None
+    operators: dict[str, int] = Field(default_factory=dict)
+    parameters: int | None = None
+    layers: int | None = None
+    tasks: list[str] = Field(default_factory=list)
+    forward_flops_per_sample: float | None = None
+    train_flops_per_sample: float | None = None
+    activation_bytes_per_sample: dict[str, float] = Field(default_factory=dict)
+    declared_elementwise: list[str] = Field(default_factory=list)
+    unmodelled: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
 
 
 class TrialApplication(Model):

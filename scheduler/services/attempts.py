@@ -298,7 +298,9 @@ def take_many(
             continue
         ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
         try:
-            plan, spec = emulation.plan_on_partition(job.spec, len(ipus), partition.machine_type, ipus)
+            plan, spec = emulation.plan_on_partition(
+                job.spec, len(ipus), partition.machine_type, ipus, session=session
+            )
         except (emulator.CompileError, emulator.WorkloadError) as exc:
             add_event(
                 session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
@@ -464,22 +466,20 @@ def record_tick(
     if not ending and not billing:
         return result
     jobs = _lock_jobs(session, ending)
-    held = _lock_held(session, agent, [*ending, *billing])
-    result.gone = (set(ending) | set(billing)) - held.keys()
-    reserved_of = _job_facts(session, [a for a in held.values() if a.id in billing])
+    held = _lock_held(session, agent, ending)
+    billed = _lock_billing(session, agent, billing)
+    result.gone = (set(ending) - held.keys()) | (set(billing) - {m.id for m, _, _ in billed})
     endings: list[Ending] = []
-    ticks: list[metering.TickDue] = []
     for attempt in held.values():
-        f = ending.get(attempt.id)
-        if f is not None:
-            attempt.cluster_s = max(attempt.cluster_s, f.cluster_s)
-            attempt.progress = f.progress
-            endings.append(Ending(attempt, jobs[attempt.job_id], f.outcome, f.reason))
-            result.finished.add(attempt.id)
-        else:
-            b = billing[attempt.id]
-            reserved, workload = reserved_of[attempt.job_id]
-            ticks.append(metering.TickDue(attempt, b.seq, b.cluster_s, reserved, workload))
+        f = ending[attempt.id]
+        attempt.cluster_s = max(attempt.cluster_s, f.cluster_s)
+        attempt.progress = f.progress
+        endings.append(Ending(attempt, jobs[attempt.job_id], f.outcome, f.reason))
+        result.finished.add(attempt.id)
+    ticks = [
+        metering.TickDue(m, billing[m.id].seq, billing[m.id].cluster_s, reserved, workload)
+        for m, reserved, workload in billed
+    ]
     # Both move tenants' counters, each tenant's in one order (metering.settle_many, meter_ticks).
     end_attempts(session=session, endings=endings, max_attempts=max_attempts)
     result.exhausted = metering.meter_ticks(session=session, ticks=ticks)
@@ -505,6 +505,8 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
 def _lock_held(session: Session, agent: AgentLease, attempt_ids: Iterable[int]) -> dict[int, Attempt]:
     """The attempts among these still running under this agent's incarnation, locked."""
     ids = sorted(set(attempt_ids))
+    if not ids:
+        return {}
     return {
         a.id: a
         for a in session.execute(
@@ -522,17 +524,42 @@ def _lock_held(session: Session, agent: AgentLease, attempt_ids: Iterable[int]) 
     }
 
 
-def _job_facts(session: Session, attempts: list[Attempt]) -> dict[str, tuple[int, str]]:
-    """(reserved IPU-ms, workload) of the attempts' jobs, read without a lock: neither changes
-    while an attempt of the job runs."""
-    if not attempts:
-        return {}
-    return {
-        job_id: (int(reserved), model)
-        for job_id, reserved, model in session.execute(
-            select(Job.id, Job.reserved_ipu_ms, Job.model).where(Job.id.in_({a.job_id for a in attempts}))
-        ).tuples()
-    }
+def _lock_billing(
+    session: Session, agent: AgentLease, attempt_ids: Iterable[int]
+) -> list[tuple[metering.Metered, int, str]]:
+    """The attempts among these still running under this agent's incarnation, locked, as what
+    billing them needs (no ORM objects), each with its job's reservation and workload. The job's
+    row is read, not locked: neither changes while an attempt of the job runs."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return []
+    rows = session.execute(
+        select(
+            Attempt.id,
+            Attempt.tenant_id,
+            Attempt.job_id,
+            Attempt.size,
+            Attempt.metered_ipu_ms,
+            Attempt.reservation_used_ipu_ms,
+            Attempt.cluster_s,
+            Attempt.ticks,
+            Job.reserved_ipu_ms,
+            Job.model,
+        )
+        .join(Job, Job.id == Attempt.job_id)
+        .where(
+            Attempt.id.in_(ids),
+            Attempt.state == AttemptState.RUNNING,
+            Attempt.worker == agent.name,
+            Attempt.agent_epoch == agent.epoch,
+        )
+        .order_by(Attempt.id)
+        .with_for_update(of=Attempt)
+    ).tuples()
+    return [
+        (metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks), int(reserved), model)
+        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model in rows
+    ]
 
 
 def finish(

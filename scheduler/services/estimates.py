@@ -12,8 +12,9 @@ from scheduler import emulation
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
 from scheduler.models import Attempt, AttemptState, Job, JobState, Partition
-from scheduler.services import fleet
+from scheduler.services import fleet, own_models
 from vipu import emulator
+from vipu.emulator.spec import GraphSource
 
 
 def estimate(
@@ -23,8 +24,14 @@ def estimate(
     ipus: int | str,
     machine: str | None,
     policy: str = "default",
+    tenant_id: str | None = None,
+    source: GraphSource | None = None,
 ) -> dict[str, Any]:
-    spec = emulation.to_workload_spec(workload)
+    """``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
+    directly (``ipucloud estimate --model-file`` plans a local file)."""
+    if source is None and session is not None and tenant_id is not None:
+        source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
+    spec = emulation.to_workload_spec(workload, source)
     m = machine or emulation.DEFAULT_MACHINE
     try:
         result = emulator.estimate(spec, ipus if ipus == "auto" else int(ipus), m)

@@ -40,9 +40,10 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet
+from scheduler.services import attempts, fleet, own_models
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
+from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 class IdempotencyRace(Exception):
@@ -344,9 +345,13 @@ def _prepare(
             or (reserved_partition.tenant_id != r.tenant_id)
         ):
             raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
+    # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
+    source = own_models.resolve_source(
+        session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
+    )
     if reserved_partition is None:
         machine = spec.machine
-        resolved = emulation.resolve(spec.workload, spec.ipus, machine)
+        resolved = emulation.resolve(spec.workload, spec.ipus, machine, source)
         size = resolved.ipus
     else:
         machine = reserved_partition.machine_type
@@ -365,7 +370,7 @@ def _prepare(
                 f"{reserved_partition.name} holds {size} ({reserved_partition.gcds} of "
                 f"{reserved_partition.size} IPUs)."
             )
-        resolved = emulation.resolve(spec.workload, size, machine)
+        resolved = emulation.resolve(spec.workload, size, machine, source)
     if size > plan.max_partition_size:
         raise LimitExceeded(
             f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
@@ -374,7 +379,7 @@ def _prepare(
         )
     if reserved_partition is None:
         fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine, pods=fleet_pods)
-    check_runtime(spec, resolved, machine, plan)
+    check_runtime(spec, resolved, machine, plan, source)
 
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
     predicted = min(resolved.predicted_runtime_s, float(max_runtime))
@@ -382,8 +387,8 @@ def _prepare(
         id=new_id("job"),
         tenant_id=r.tenant_id,
         name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        model=spec.workload.model,
+        spec=_stored_spec(spec, source),
+        model=source.model_id if source is not None else spec.workload.model,
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
@@ -408,7 +413,9 @@ def _prepare(
     )
 
 
-def check_runtime(spec: JobSpec, resolved: emulation.Resolved, machine: str | None, plan: Any) -> None:
+def check_runtime(
+    spec: JobSpec, resolved: emulation.Resolved, machine: str | None, plan: Any, source: OnnxWorkload | None
+) -> None:
     """Refuse a job predicted to run longer than its plan allows, unless the user asked for a
     `max_runtime_s` within the limit (then it runs that long and stops, as asked): accepted, it
     would be stopped unfinished at the limit and billed for the time it ran."""
@@ -417,17 +424,24 @@ def check_runtime(spec: JobSpec, resolved: emulation.Resolved, machine: str | No
         return
     if spec.max_runtime_s is not None and spec.max_runtime_s <= limit:
         return
-    advice = runtime_advice(workload=spec.workload, ipus=resolved.ipus, machine=machine, plan=plan)
+    advice = runtime_advice(
+        workload=spec.workload, ipus=resolved.ipus, machine=machine, plan=plan, source=source
+    )
     if advice is not None:
         raise LimitExceeded(advice.message(plan.name), limit="max_runtime_s", **advice.fields())
 
 
 def runtime_advice(
-    *, workload: WorkloadRequest, ipus: int, machine: str | None, plan: Any
+    *,
+    workload: WorkloadRequest,
+    ipus: int,
+    machine: str | None,
+    plan: Any,
+    source: OnnxWorkload | None = None,
 ) -> emulation.RuntimeAdvice | None:
     """What of a workload would end within the plan's run-time limit (None: all of it does)."""
     return emulation.runtime_advice(
-        workload, ipus, machine, int(plan.max_runtime_s), int(plan.max_partition_size)
+        workload, ipus, machine, int(plan.max_runtime_s), int(plan.max_partition_size), source
     )
 
 
@@ -449,10 +463,20 @@ def runtime_limit(
     out: dict[str, Any] = {"max_runtime_s": limit, "within": True, "detail": None}
     if max_runtime_s is not None and max_runtime_s <= limit:
         return out
-    advice = runtime_advice(workload=workload, ipus=ipus, machine=machine, plan=plan)
+    # The tenant's own model, when the workload names one (as admission would read it).
+    source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
+    advice = runtime_advice(workload=workload, ipus=ipus, machine=machine, plan=plan, source=source)
     if advice is not None:
         out.update(advice.fields(), within=False, detail=advice.message(plan.name))
     return out
+
+
+def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
+    """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
+    stored = spec.model_dump(mode="json")
+    if source is not None:
+        stored["workload"]["model"] = source.model_id
+    return stored
 
 
 def _judge(

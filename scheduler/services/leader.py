@@ -88,6 +88,27 @@ def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
         raise NotLeader(f"{fence.holder} no longer holds the {fence.name} lease at epoch {fence.epoch}")
 
 
+def renew_held(*, session: Session, fence: Fence, ttl_s: float) -> None:
+    """Renew the lease again at the end of a transaction that `fence()`d it at its start.
+
+    That transaction holds the lease row's lock (SQLite: the write lock) since its fence, so nobody
+    can have taken the lease over since: it is renewed from now, without asking whether it expired
+    meanwhile. Without it, a pass that took longer than the lease (placing thousands of jobs) would
+    leave its replica's lease expired at its own commit, and the next transaction would find it
+    gone and start a new term, rebuilding everything, over and over.
+    """
+    now = db_now(session)
+    session.execute(
+        update(LeaderLease)
+        .where(
+            LeaderLease.name == fence.name,
+            LeaderLease.holder == fence.holder,
+            LeaderLease.epoch == fence.epoch,
+        )
+        .values(expires_at=now + timedelta(seconds=ttl_s))
+    )
+
+
 def release(*, session: Session, fence: Fence) -> None:
     """Step down at once (graceful shutdown) so the next replica need not wait out the lease."""
     session.execute(

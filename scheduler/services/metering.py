@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -29,6 +29,28 @@ def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
     # RETURNING, not rowcount: it says unambiguously, on both databases, whether a row was written.
     stmt = ins.values(**values).on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id)
     return session.execute(stmt).first() is not None
+
+
+def _insert_new(session: Session, rows: list[dict[str, Any]]) -> set[str]:
+    """Insert the meter events whose ids do not exist yet; returns the ids inserted.
+
+    Every caller holds the row locks of the events' attempts, and only a transaction holding an
+    attempt's lock writes its events, so the ids found missing here cannot appear before this
+    insert: a plain pipelined executemany then does what `ON CONFLICT DO NOTHING RETURNING` would,
+    without the huge multi-row statements the database driver would parse anew each time. The
+    conflict clause stays as a guard.
+    """
+    if not rows:
+        return set()
+    ids = [r["id"] for r in rows]
+    existing = set(session.execute(select(MeterEvent.id).where(MeterEvent.id.in_(ids))).scalars())
+    new = [r for r in rows if r["id"] not in existing]
+    if new:
+        table = MeterEvent.__table__
+        dialect = session.get_bind().dialect.name
+        ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+        session.execute(ins.on_conflict_do_nothing(index_elements=["id"]), new)
+    return {r["id"] for r in new}
 
 
 def ipu_ms(size: int, cluster_s: float) -> int:
@@ -95,13 +117,28 @@ def _set_event_amount(session: Session, event_id: str, amount: int) -> None:
     session.execute(update(MeterEvent).where(MeterEvent.id == event_id).values(ipu_ms=amount))
 
 
+@dataclass(slots=True)
+class Metered:
+    """What billing a running attempt reads and writes of its row (locked by the caller): a tick
+    needs no ORM object, and a host agent bills thousands of them a minute."""
+
+    id: int
+    tenant_id: str
+    job_id: str
+    size: int
+    metered_ipu_ms: int
+    reservation_used_ipu_ms: int
+    cluster_s: float
+    ticks: int
+
+
 @dataclass(frozen=True)
 class TickDue:
     """A running attempt to bill up to `cluster_s` as its tick number `seq`; the attempt's row is
     locked by the caller, and `job_reserved_ipu_ms`/`workload` are its job's (the job's row is not
     written while an attempt runs, so ticks never wait on it)."""
 
-    attempt: Attempt
+    attempt: Metered | Attempt
     seq: int
     cluster_s: float
     job_reserved_ipu_ms: int
@@ -122,9 +159,6 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             due.append((t, amount))
     if not due:
         return set()
-    table = MeterEvent.__table__
-    dialect = session.get_bind().dialect.name
-    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     now = utcnow()
     rows = [
         dict(
@@ -142,14 +176,9 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
         )
         for t, amount in due
     ]
-    # RETURNING says which rows this call wrote: a replayed tick (a retried transaction whose
-    # first commit went through) was billed when it was first written.
-    written = set(
-        session.execute(
-            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
-            rows,
-        ).scalars()
-    )
+    # A replayed tick (a retried transaction whose first commit went through) was billed when it
+    # was first written.
+    written = _insert_new(session, rows)
     by_tenant: dict[str, list[tuple[TickDue, int]]] = {}
     for t, amount in due:
         if f"att:{t.attempt.id}:tick:{t.seq}" in written:
@@ -196,6 +225,29 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             consumed += consume(t_billed, billed)
             used += billed
         _move_counters(session, tenant_id, used, -consumed, guard=False)
+    billed = [t.attempt for items in by_tenant.values() for t, _ in items if isinstance(t.attempt, Metered)]
+    if billed:
+        table = Attempt.__table__
+        session.execute(
+            update(table)
+            .where(table.c.id == bindparam("a_id"))
+            .values(
+                metered_ipu_ms=bindparam("a_metered"),
+                reservation_used_ipu_ms=bindparam("a_used"),
+                cluster_s=bindparam("a_cluster_s"),
+                ticks=bindparam("a_ticks"),
+            ),
+            [
+                {
+                    "a_id": a.id,
+                    "a_metered": a.metered_ipu_ms,
+                    "a_used": a.reservation_used_ipu_ms,
+                    "a_cluster_s": a.cluster_s,
+                    "a_ticks": a.ticks,
+                }
+                for a in billed
+            ],
+        )
     return exhausted
 
 
@@ -258,25 +310,13 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
         prepared.append((item, due, amount))
     if not prepared:
         return {}
-    table = MeterEvent.__table__
-    dialect = session.get_bind().dialect.name
-    ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
-    written = set(
-        session.execute(
-            ins.on_conflict_do_nothing(index_elements=["id"]).returning(table.c.id),
-            [
-                _event(
-                    f"att:{i.attempt.id}:settle",
-                    i.attempt,
-                    i.job,
-                    "settle",
-                    amount,
-                    i.attempt.cluster_s,
-                    i.outcome,
-                )
-                for i, _, amount in prepared
-            ],
-        ).scalars()
+    written = _insert_new(
+        session,
+        [
+            _event(f"att:{i.attempt.id}:settle", i.attempt, i.job, "settle", amount, i.attempt.cluster_s)
+            | {"outcome": i.outcome}
+            for i, _, amount in prepared
+        ],
     )
     by_tenant: dict[str, list[tuple[Settle, int, int, tuple[int, int, int], int]]] = {}
     for item, due, amount in prepared:

@@ -16,6 +16,8 @@ from scheduler.ids import new_id
 from scheduler.models import IPU_MS_PER_HOUR, ApiKey, Member, Plan, Tenant, utcnow
 from scheduler.services import keys
 
+MIB = 2**20
+
 # The plans a new cloud starts with. Admins edit them; nothing else depends on these numbers.
 DEFAULT_PLANS: tuple[dict[str, object], ...] = (
     dict(
@@ -31,6 +33,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         idle_timeout_s=3600,
         priority=0,
         fairshare_weight=1.0,
+        max_models=10,
+        max_model_bytes=256 * MIB,
     ),
     dict(
         name="trial-university",
@@ -45,6 +49,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         idle_timeout_s=3600,
         priority=0,
         fairshare_weight=1.0,
+        max_models=25,
+        max_model_bytes=1_024 * MIB,
     ),
     dict(
         name="trial-business",
@@ -59,6 +65,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         idle_timeout_s=3600,
         priority=1,
         fairshare_weight=1.0,
+        max_models=25,
+        max_model_bytes=1_024 * MIB,
     ),
     dict(
         name="standard",
@@ -73,6 +81,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         idle_timeout_s=4 * 3600,
         priority=2,
         fairshare_weight=2.0,
+        max_models=200,
+        max_model_bytes=4_096 * MIB,
     ),
     dict(
         name="internal",
@@ -87,6 +97,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         idle_timeout_s=24 * 3600,
         priority=3,
         fairshare_weight=1.0,
+        max_models=10_000,
+        max_model_bytes=65_536 * MIB,
     ),
 )
 
@@ -139,6 +151,8 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "idle_timeout_s",
         "priority",
         "fairshare_weight",
+        "max_models",
+        "max_model_bytes",
     }
 )
 

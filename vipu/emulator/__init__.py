@@ -1,9 +1,10 @@
 """The emulated IPU: a performance emulator in the spirit of Poplar's IPU Model.
 
-Pure library: no database, no web, no clock. Given a workload from the catalogue, a machine type and
-a partition it plans the job (pipelining and replication), checks every IPU's share fits in 900 MB,
-models compile time with an executable cache, and times every step from compute, exchange, sync, links
-and host I/O. ``docs/emulator.md`` has the model and its calibration.
+Pure library: no database, no web, no clock. Given a workload (from the catalogue, or a tenant's own
+ONNX graph through ``onnxgraph``), a machine type and a partition it plans the job (pipelining and
+replication), checks every IPU's share fits in 900 MB, models compile time with an executable cache,
+and times every step from compute, exchange, sync, links and host I/O. ``docs/emulator.md`` has the
+model and its calibration.
 """
 
 from vipu.emulator.catalogue import Workload, catalogue, get_workload

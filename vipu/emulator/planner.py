@@ -123,8 +123,8 @@ class Plan:
     @property
     def executable_key(self) -> str:
         """Hash of everything that determines the compiled executable (not steps, not the IPU ids)."""
-        ident = {
-            "model": self.spec.model,
+        ident: dict[str, object] = {
+            "model": self.spec.executable_identity,
             "task": self.spec.task,
             "seq_len": self.spec.seq_len,
             "precision": self.spec.precision,
@@ -139,6 +139,9 @@ class Plan:
             "recompute": self.recompute,
             "stages": [[s.first_layer, s.last_layer] for s in self.stages],
         }
+        if self.spec.source is not None:
+            ident["dims"] = sorted(self.spec.bindings)
+            ident["optimizer"] = self.spec.optimizer
         blob = json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
@@ -367,22 +370,21 @@ def plan(
 def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links: bool, ov: _Overrides,
           c: Constants) -> Plan:
     m = MACHINES[machine_type]
-    w = spec.workload
     train = spec.task == "train"
     precision = spec.dtype
-    graph = w.graph(spec.task, spec.seq_len)
+    graph = spec.graph()
     layers = graph.layers
     limit = m.sram_bytes
     batch = spec.global_batch
     allreduce_pods = pods if gw_links else 1
     trained = train and graph.trainable
 
-    most = min(ipus, w.max_ipus_per_replica, len(layers))
+    most = min(ipus, spec.max_ipus_per_replica, len(layers))
     p_options = [p for p in (2**i for i in range(17)) if p <= most]
     if ov.ipus_per_replica is not None:
         if ov.ipus_per_replica not in p_options:
             raise CompileError(
-                f"ipus_per_replica={ov.ipus_per_replica} is not possible for {w.name} on {ipus} IPUs.",
+                f"ipus_per_replica={ov.ipus_per_replica} is not possible for {spec.label} on {ipus} IPUs.",
                 suggestion=f"choose one of {', '.join(map(str, p_options))}",
             )
         p_options = [ov.ipus_per_replica]
@@ -453,7 +455,7 @@ def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links:
         deepest = max(p_options)
         raise CompileError(
             f"a global batch of {batch} cannot give each of the {ipus // deepest} or more replicas of "
-            f"{w.name} on {ipus} IPUs a sample.",
+            f"{spec.label} on {ipus} IPUs a sample.",
             suggestion=f"use a batch_size of at least {ipus // deepest}, or a partition of at most "
             f"{batch * deepest} IPUs",
         )
@@ -573,14 +575,14 @@ def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf:
         f"{k.replace('_', ' ')} {_fmt_mb(v)}" for k, v in mem.to_dict().items() if k != "total" and v
     )
     message = (
-        f"Out of memory compiling {spec.model} ({spec.task}, {spec.precision}) for {ipus} IPU(s): "
+        f"Out of memory compiling {spec.label} ({spec.task}, {spec.precision}) for {ipus} IPU(s): "
         f"stage {sf.stage} of {sf.stages} ({_layer_span(sf.layers)}) needs {_fmt_mb(needed)} "
         f"({needed:,} bytes) but an IPU has 900 MB ({m.sram_bytes:,} bytes) of In-Processor-Memory "
         f"[{parts}; micro-batch {sf.micro_batch}]."
     )
     advice: list[str] = []
     state = graph.params * dtype_bytes(spec.dtype) * (2 if spec.task == "train" and graph.trainable else 1)
-    if sf.stages * 2 <= spec.workload.max_ipus_per_replica:
+    if sf.stages * 2 <= spec.max_ipus_per_replica:
         want = max(2 * ipus, 2 ** math.ceil(math.log2(max(1.0, 1.6 * state / m.sram_bytes))))
         held = "weights and gradients" if spec.task == "train" else "weights"
         advice.append(f"more IPUs per replica: a partition of {min(want, MAX_IPUS)} or more IPUs "

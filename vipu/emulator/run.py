@@ -73,8 +73,8 @@ def _duration(seconds: float) -> str:
 
 
 def _same_executable(a: WorkloadSpec, b: WorkloadSpec) -> bool:
-    return (a.model, a.task, a.batch_size, a.seq_len, a.precision) == (
-        b.model, b.task, b.batch_size, b.seq_len, b.precision
+    return (a.model, a.task, a.batch_size, a.seq_len, a.precision, a.dims, a.source) == (
+        b.model, b.task, b.batch_size, b.seq_len, b.precision, b.dims, b.source
     )
 
 
@@ -273,7 +273,7 @@ class EmulatedRun:
         )
         events = [
             RunEvent(0.0, "plan",
-                     f"Plan for {self.spec.model} ({self.spec.task}, {self.spec.precision}): {layout}",
+                     f"Plan for {self.spec.label} ({self.spec.task}, {self.spec.precision}): {layout}",
                      {"plan": {k: v for k, v in p.to_dict().items() if k not in ("stages", "timing")}}),
         ]
         events += [RunEvent(0.0, "note", note) for note in p.notes]

@@ -1,0 +1,91 @@
+"""The dashboard's model pages over HTTP: upload a graph with a plain form, see it described, pick it on
+the submit form beside the catalogue, run it, and remove it; bad files and forged forms store nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.browser.test_dashboard_http import csrf_of, make_tenant, sign_in
+from tests.support import onnx_files
+from tests.support.services import Seeded
+
+
+def upload(client: TestClient, csrf: str, data: bytes, filename: str, **fields: str) -> Any:
+    return client.post(
+        "/models/upload",
+        data={"csrf": csrf, **fields},
+        files={"file": (filename, data, "application/octet-stream")},
+        follow_redirects=False,
+    )
+
+
+def test_upload_describe_choose_run_and_remove_a_model(client: TestClient, seeded: Seeded, db: Any) -> None:
+    _, key = make_tenant(db, "acme", plan="standard")
+    assert sign_in(client, key).status_code == 303
+    csrf = csrf_of(client, "/models")
+    r = upload(
+        client, csrf, onnx_files.rendering("bert-base", "infer", 128), "bert.onnx", dims='{"sequence": 128}'
+    )
+    assert r.status_code == 303, r.text
+    page = client.get(r.headers["location"])
+    assert page.status_code == 200
+    assert "108,893,186" in page.text and "sequence=128" in page.text and "input_ids" in page.text
+    listing = client.get("/models")
+    assert "bert" in listing.text and "Model bert uploaded." in page.text + listing.text
+
+    form = client.get("/jobs/new?model=bert")
+    assert 'label="Your models"' in form.text and 'label="Catalogue"' in form.text
+    assert '<option value="bert"' in form.text and 'value="bert" data-batch="256"' in form.text
+    assert "selected>bert</option>" in form.text
+    csrf = csrf_of(client, "/jobs/new")
+    values = {
+        "model": "bert",
+        "task": "infer",
+        "batch_size": "64",
+        "steps": "10",
+        "ipus": "4",
+        "precision": "fp16",
+    }
+    preview = client.post("/jobs/new", data={**values, "csrf": csrf, "action": "preview"})
+    assert preview.status_code == 200 and "samples/s" in preview.text
+    submitted = client.post(
+        "/jobs/new", data={**values, "csrf": csrf, "action": "submit"}, follow_redirects=False
+    )
+    assert submitted.status_code == 303, submitted.text
+    job_page = client.get(submitted.headers["location"])
+    assert job_page.status_code == 200
+
+    model_id = r.headers["location"].rsplit("/", 1)[1]
+    csrf = csrf_of(client, f"/models/{model_id}")
+    refused = client.post(f"/models/{model_id}/delete", data={"csrf": csrf}, follow_redirects=False)
+    assert refused.status_code == 409 and "used by queued or running jobs" in refused.text
+    job_id = submitted.headers["location"].rsplit("/", 1)[1]
+    from scheduler.services import jobs as job_service
+    from scheduler.services.scope import ALL_TENANTS
+
+    with db.write() as s:
+        job_service.request_cancel(session=s, job_id=job_id, scope=ALL_TENANTS)
+    removed = client.post(f"/models/{model_id}/delete", data={"csrf": csrf}, follow_redirects=False)
+    assert removed.status_code == 303 and removed.headers["location"] == "/models"
+    assert "No models yet." in client.get("/models").text
+
+
+def test_bad_uploads_and_forged_forms_store_nothing(client: TestClient, seeded: Seeded, db: Any) -> None:
+    _, key = make_tenant(db, "acme", plan="standard")
+    assert sign_in(client, key).status_code == 303
+    csrf = csrf_of(client, "/models")
+    for data, filename, fields, words in (
+        (b"hello", "text.onnx", {}, "malformed protobuf"),
+        (onnx_files.custom_op_model(), "custom.onnx", {}, "acme::FastSwish"),
+        (onnx_files.sequence_model(), "seq.onnx", {}, "&#39;sequence&#39;"),
+        (onnx_files.cycle_model(), "cycle.onnx", {}, "cycle"),
+        (onnx_files.mlp(), "gru.onnx", {}, "catalogue workload"),
+    ):
+        r = upload(client, csrf, data, filename, **fields)
+        assert r.status_code in (409, 413, 422), (filename, r.status_code)
+        assert words in r.text, (filename, r.text[-2000:])
+    forged = upload(client, "not-the-token", onnx_files.mlp(), "mlp.onnx")
+    assert forged.status_code == 403
+    assert "No models yet." in client.get("/models").text
