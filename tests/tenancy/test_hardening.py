@@ -18,6 +18,7 @@ from sqlalchemy import update
 from scheduler.models import Job, Tenant, utcnow
 from scheduler.services import keys
 from scheduler.settings import get_settings
+from tests.support import onnx_files
 from tests.tenancy.conftest import JOB, World, assert_problem, auth, start_attempt, submit
 
 # bert-large on 8 IPUs for 64 million samples: about 110,000 s on real IPUs, past a trial's 24 h
@@ -166,3 +167,18 @@ def test_docs_serve_pinned_assets_from_this_server_with_the_dashboards_headers(c
         assert digest == integrity, f"{path} is not the pinned asset the page names"
     assert client.get("/docs/assets/../../secret.key").status_code == 404
     assert client.get("/docs/assets/index.html").status_code == 404
+
+
+def test_a_model_name_or_operator_list_with_a_hidden_end_is_refused(
+    client: Any, world: World, db: Any
+) -> None:
+    # `$` in a Python pattern matches before a final newline: "mlp\n" passed for "mlp".
+    model = ("m.onnx", onnx_files.mlp(hidden=32, layers=2, features=16), "application/octet-stream")
+    for fields in (
+        {"name": "mlp\n"},
+        {"name": "mlp", "elementwise": "\xa0"},
+        {"name": "mlp", "elementwise": "Relu\n"},
+    ):
+        r = client.post("/api/v1/models", data=fields, files={"file": model}, headers=auth(world.a.owner_key))
+        assert_problem(r, 422)
+    assert client.get("/api/v1/models", headers=auth(world.a.owner_key)).json()["items"] == []

@@ -29,12 +29,15 @@ from sqlalchemy import select
 from api.dashboard import routes, sessions
 from scheduler.jobspec import JobSpec
 from scheduler.models import Base
-from scheduler.services import jobs, keys, partitions, tenants, trials
+from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
+from tests.support import onnx_files
 from tests.support.services import Seeded
 
 pytestmark = [pytest.mark.slow]
+
+MODEL_FILE = ("m.onnx", onnx_files.mlp(hidden=32, layers=2, features=16), "application/octet-stream")
 
 # Hostile values ---------------------------------------------------------------------------------------
 
@@ -148,7 +151,12 @@ def api_fields(spec: dict[str, Any]) -> list[Field]:
             for p in op.get("parameters", []):
                 kind = "token" if p["in"] == "path" else _kind(spec, p["schema"])
                 out.append(Field("api", who, method.upper(), path, p["in"], p["name"], kind))
-            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            content = op.get("requestBody", {}).get("content", {})
+            upload = content.get("multipart/form-data", {}).get("schema")
+            for name, prop in (upload or {}).get("properties", {}).items():
+                if name != "file":  # the file itself: tests/tenancy/test_models.py and its kin
+                    out.append(Field("api", who, method.upper(), path, "multipart", name, _kind(spec, prop)))
+            body = content.get("application/json", {}).get("schema")
             if body is None:
                 continue
             for name, prop in _resolve(spec, body).get("properties", {}).items():
@@ -297,6 +305,16 @@ def dashboard_fields() -> list[Field]:
         Field("dashboard", admin, "POST", "/admin/plans/{name}", "path", "name", "token"),
         Field("dashboard", admin, "POST", "/admin/trials/{application_id}/approve", "form", "plan", "token"),
         Field("dashboard", admin, "POST", "/admin/trials/{application_id}/reject", "form", "reason", "text"),
+        *many(
+            owner,
+            "POST",
+            "/models/upload",
+            "form",
+            {"name": "text", "dims": "text", "elementwise": "text", "csrf": "token"},
+        ),
+        Field("dashboard", owner, "GET", "/models/{model}", "path", "model", "token"),
+        Field("dashboard", owner, "POST", "/models/{model}/delete", "path", "model", "token"),
+        Field("dashboard", owner, "POST", "/models/{model}/delete", "form", "csrf", "token"),
     ]
     return out
 
@@ -372,6 +390,8 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         job = jobs.submit_job(session=s, tenant_id=tid, spec=JobSpec.model_validate(JOB)).job
         ended = jobs.submit_job(session=s, tenant_id=tid, spec=JobSpec.model_validate(JOB)).job
         jobs.request_cancel(session=s, job_id=ended.id, scope=OneTenant(tid))
+        analysed = own_models.analyse(data=MODEL_FILE[1], dims={}, elementwise=(), max_graph_bytes=10**8)
+        model = own_models.create_model(session=s, tenant_id=tid, name="kept-model", analysed=analysed)
     paths = {
         "job_id": job.id,
         "ended_job_id": ended.id,
@@ -383,6 +403,7 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         "partition_id": "kept",
         "machine_id": "pod0001-m15",
         "action": "drain",
+        "model": model.id,
     }
     world = World(app, alpha.api_key, seeded.admin_key, paths, {})
     for who, key in (("owner", alpha.api_key), ("admin", seeded.admin_key)):
@@ -431,6 +452,9 @@ def send(w: World, field: Field, hostile: Any) -> Any:
             params[field.name] = hostile
         elif field.where == "header":
             headers[field.name] = str(hostile).encode()
+        elif field.where == "multipart":
+            form = {"name": "hostile-model", field.name: str(hostile)}
+            return client.request(field.method, url, headers=headers, data=form, files={"file": MODEL_FILE})
         content = None if body is None else json.dumps(body).encode()  # numbers past 64 bits too
         if content is not None:
             headers["Content-Type"] = "application/json"
@@ -448,8 +472,12 @@ def send(w: World, field: Field, hostile: Any) -> Any:
             assert record is not None, "the test's session ended"
             form["csrf"] = record.csrf
             headers["X-CSRF-Token"] = record.csrf
+    files = None
     if field.where == "form":
         form = {**(form or {}), field.name: str(hostile)}
+        if field.path == "/models/upload":
+            files = {"file": MODEL_FILE}
+            form.setdefault("name", "hostile-model")
     elif field.where == "query":
         params[field.name] = str(hostile)
     elif field.where == "header":
@@ -457,7 +485,7 @@ def send(w: World, field: Field, hostile: Any) -> Any:
     elif field.where == "cookie":
         headers["Cookie"] = f"{field.name}={quote(str(hostile), safe='')}"
     return client.request(
-        field.method, url, params=params, headers=headers, data=form, follow_redirects=False
+        field.method, url, params=params, headers=headers, data=form, files=files, follow_redirects=False
     )
 
 

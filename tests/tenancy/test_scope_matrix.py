@@ -19,6 +19,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,15 +27,17 @@ import redis
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from api.dashboard import admin_pages, routes, sessions, tenant_pages
+from api.dashboard import admin_pages, model_pages, routes, sessions, tenant_pages
 from scheduler.db import Database
 from scheduler.jobspec import JobSpec
-from scheduler.models import ApiKey, Job, Machine, Member, Partition, TrialApplication
-from scheduler.services import jobs, keys, partitions, tenants, trials
+from scheduler.models import ApiKey, Job, Machine, Member, OwnModel, Partition, TrialApplication
+from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
+from tests.support import onnx_files
 from tests.support.services import Seeded
 
+MODEL = onnx_files.mlp(hidden=32, layers=2, features=16)
 ROLES = ("read", "submit", "member", "owner", "admin", "suspended", "revoked")
 OK, FORBIDDEN, SIGNED_OUT, NOT_FOUND = "ok", "forbidden", "signed out", "not found"
 JOB = {"name": "m", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
@@ -83,6 +86,8 @@ class World:
     ended_job_id: str = ""
     partition: str = "matrix-kept"
     application: str = ""
+    model: str = ""
+    model_file: Path = Path()
     keys: dict[str, str] = field(default_factory=dict)
     n: Iterator[int] = field(default_factory=itertools.count)
 
@@ -133,6 +138,19 @@ class World:
             partitions.create_partition(session=s, name=name, size=1, machine_type=None, tenant_id=None)
         return name
 
+    def new_model(self) -> str:
+        with self.db.write() as s:
+            analysed = own_models.analyse(
+                data=self.model_file, dims={}, elementwise=(), max_graph_bytes=10**8
+            )
+            return own_models.create_model(
+                session=s, tenant_id=self.tenant, name=self.unique("model"), analysed=analysed
+            ).id
+
+    def model_count(self) -> int:
+        with self.db.read() as s:
+            return len(own_models.list_models(session=s, tenant_id=self.tenant, after=None, limit=1000))
+
     def set_suspended(self, suspended: bool) -> None:
         with self.db.write() as s:
             tenants.update_tenant(
@@ -142,7 +160,7 @@ class World:
             )
 
 
-def build_world(db: Any, seeded: Seeded) -> World:
+def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
     w = World(db=db, admin_key=seeded.admin_key)
     secret = w.secret
     with db.write() as s:
@@ -176,6 +194,8 @@ def build_world(db: Any, seeded: Seeded) -> World:
     w.job = w.new_job()
     w.ended_job_id = w.ended_job()
     w.application = w.new_application()
+    w.model_file = model_file
+    w.model = w.new_model()
     return w
 
 
@@ -210,6 +230,7 @@ class Call:
     url: str
     json: Any = None
     unchanged: Unchanged = None  # after a refusal: the target is as it was
+    files: dict[str, Any] | None = None  # a multipart upload instead of JSON
 
 
 def _job_untouched(w: World, job_id: str) -> Callable[[], bool]:
@@ -303,6 +324,28 @@ def _machine(w: World, verb: str) -> Call:
     return Call(
         f"/api/v1/admin/machines/pod0001-m15/{verb}", {}, _machine_up(w) if verb != "restore" else None
     )
+
+
+def _model_there(w: World, model_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return s.get(OwnModel, model_id) is not None
+
+    return check
+
+
+def _upload(w: World) -> Call:
+    before = w.model_count()
+    return Call(
+        "/api/v1/models",
+        files={"file": ("m.onnx", MODEL, "application/octet-stream"), "name": (None, w.unique("up"))},
+        unchanged=lambda: w.model_count() == before,
+    )
+
+
+def _delete_model(w: World) -> Call:
+    model_id = w.new_model()
+    return Call(f"/api/v1/models/{model_id}", unchanged=_model_there(w, model_id))
 
 
 API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
@@ -402,6 +445,10 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
         "admin",
         lambda w: _decide(w, "reject", {"reason": "no"}),
     ),
+    ("POST", "/api/v1/models"): ("submit", _upload),
+    ("GET", "/api/v1/models"): ("read", lambda w: Call("/api/v1/models")),
+    ("GET", "/api/v1/models/{model}"): ("read", lambda w: Call(f"/api/v1/models/{w.model}")),
+    ("DELETE", "/api/v1/models/{model}"): ("submit", _delete_model),
     ("GET", "/healthz"): ("public", lambda w: Call("/healthz")),
     ("GET", "/readyz"): ("public", lambda w: Call("/readyz")),
     ("GET", "/metrics"): ("public", lambda w: Call("/metrics")),
@@ -412,6 +459,11 @@ API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("GET", "/api/v1/usage"): {"admin": FORBIDDEN},
+    # Models belong to a tenant.
+    ("POST", "/api/v1/models"): {"admin": FORBIDDEN},
+    ("GET", "/api/v1/models"): {"admin": FORBIDDEN},
+    ("GET", "/api/v1/models/{model}"): {"admin": FORBIDDEN},
+    ("DELETE", "/api/v1/models/{model}"): {"admin": FORBIDDEN},
     # Only owners create keys; a member revokes only its own, and an admin here manages global keys.
     ("POST", "/api/v1/keys"): {"member": FORBIDDEN},
     ("DELETE", "/api/v1/keys/{key_id}"): {"member": NOT_FOUND, "admin": NOT_FOUND},
@@ -433,6 +485,7 @@ class Form:
     data: dict[str, str] | None = None
     headers: dict[str, str] | None = None
     unchanged: Unchanged = None
+    files: dict[str, Any] | None = None
 
 
 def _dash_cancel(w: World, csrf: str) -> Form:
@@ -466,6 +519,22 @@ def _dash_revoke(w: World, csrf: str) -> Form:
 def _dash_machine(w: World, csrf: str) -> Form:
     call = _machine(w, "drain")
     return Form("POST", "/admin/machines/pod0001-m15/drain", {"csrf": csrf}, unchanged=call.unchanged)
+
+
+def _dash_upload(w: World, csrf: str) -> Form:
+    before = w.model_count()
+    return Form(
+        "POST",
+        "/models/upload",
+        {"csrf": csrf, "name": w.unique("dup")},
+        files={"file": ("m.onnx", MODEL, "application/octet-stream")},
+        unchanged=lambda: w.model_count() == before,
+    )
+
+
+def _dash_delete_model(w: World, csrf: str) -> Form:
+    model_id = w.new_model()
+    return Form("POST", f"/models/{model_id}/delete", {"csrf": csrf}, unchanged=_model_there(w, model_id))
 
 
 DashPrep = Callable[[World, str], Form]
@@ -565,6 +634,13 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         ("GET", "/api/v1/admin/usage"),
         lambda w, c: Form("GET", "/admin/usage.csv"),
     ),
+    ("GET", "/models", ""): (("GET", "/api/v1/models"), lambda w, c: Form("GET", "/models")),
+    ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
+    ("GET", "/models/{model}", ""): (
+        ("GET", "/api/v1/models/{model}"),
+        lambda w, c: Form("GET", f"/models/{w.model}"),
+    ),
+    ("POST", "/models/{model}/delete", ""): (("DELETE", "/api/v1/models/{model}"), _dash_delete_model),
     # Dashboard-only: sign-in pages, the trial form, the redirect to the fleet map.
     ("GET", "/login", ""): (
         {**dict.fromkeys(ROLES, OK), "suspended": FORBIDDEN},
@@ -585,7 +661,7 @@ ANONYMOUS_FORMS = {("POST", "/login"), ("POST", "/trial")}
 
 def dashboard_routes() -> set[tuple[str, str]]:
     found = set()
-    for router in (routes.router, tenant_pages.router, admin_pages.router):
+    for router in (routes.router, tenant_pages.router, admin_pages.router, model_pages.router):
         for route in router.routes:
             if isinstance(route, APIRoute):
                 found |= {(m, route.path) for m in route.methods}
@@ -655,7 +731,7 @@ def csrf_of(client: TestClient) -> str:
 
 
 def test_every_route_and_action_answers_by_scope_and_role_alike_on_both_faces(
-    matrix_app: Any, db: Any, seeded: Seeded, loop_guard: list[str]
+    matrix_app: Any, db: Any, seeded: Seeded, loop_guard: list[str], tmp_path: Path
 ) -> None:
     app = matrix_app
     spec_routes = {(method.upper(), path) for path, item in app.openapi()["paths"].items() for method in item}
@@ -666,7 +742,9 @@ def test_every_route_and_action_answers_by_scope_and_role_alike_on_both_faces(
     missing = dashboard_routes() - {(m, p) for m, p, _ in DASHBOARD} - ANONYMOUS_FORMS
     assert not missing, f"dashboard routes without a case in DASHBOARD (add them): {sorted(missing)}"
 
-    w = build_world(db, seeded)
+    model_file = tmp_path / "mlp.onnx"
+    model_file.write_bytes(MODEL)
+    w = build_world(db, seeded, model_file)
     browsers = {role: sign_in(app, w.keys[role]) for role in ROLES}  # revoked and suspended: before
     revoke(w)
     w.set_suspended(True)
@@ -678,7 +756,9 @@ def test_every_route_and_action_answers_by_scope_and_role_alike_on_both_faces(
         method, _ = route
         for role in ROLES:
             call = API[route][1](w)
-            body = {"json": call.json} if method in ("POST", "PATCH", "PUT") else {}
+            body: dict[str, Any] = {"json": call.json} if method in ("POST", "PATCH", "PUT") else {}
+            if call.files is not None:
+                body = {"files": call.files}
             r = api.request(method, call.url, headers={"Authorization": f"Bearer {w.keys[role]}"}, **body)
             got, want = api_outcome(r), expected_api(route, role)
             answers[(route, role)] = got
@@ -699,7 +779,12 @@ def test_every_route_and_action_answers_by_scope_and_role_alike_on_both_faces(
             browser = browsers[role]
             form = prep(w, csrf_of(browser))
             r = browser.request(
-                form.method, form.url, data=form.data, headers=form.headers, follow_redirects=False
+                form.method,
+                form.url,
+                data=form.data,
+                headers=form.headers,
+                files=form.files,
+                follow_redirects=False,
             )
             got = dash_outcome(r)
             want = twin[role] if isinstance(twin, dict) else answers[(twin, role)]
