@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -122,7 +122,55 @@ class ClusterCollector(Collector):
         )
 
 
+class FleetCollector(Collector):
+    """The fleet by machine type: IPUs in all and free, machines by health, and the queue-wait
+    histogram (submission to first placement), read from the database on every scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        from scheduler.db import get_database
+        from scheduler.services import fleet_metrics
+
+        try:
+            with get_database().read() as s:
+                ipus = fleet_metrics.ipus_by_type(s)
+                machines = fleet_metrics.machines_by_health(s)
+                waits = fleet_metrics.queue_wait_histogram(s)
+        except Exception as exc:  # ipucloud_cluster_scrape_ok already says the database is away
+            log.warning("fleet metrics unavailable: %s", exc)
+            return
+        total = GaugeMetricFamily(
+            "ipucloud_cluster_ipus", "IPUs of live machines, by machine type", labels=["machine_type"]
+        )
+        free = GaugeMetricFamily(
+            "ipucloud_cluster_ipus_free",
+            "IPUs a new partition could take now (machine and IPU up, in no partition), by machine type",
+            labels=["machine_type"],
+        )
+        for kind, figures in ipus.items():
+            total.add_metric([kind], figures.total)
+            free.add_metric([kind], figures.free)
+        yield total
+        yield free
+        health = GaugeMetricFamily(
+            "ipucloud_cluster_machines", "Live machines by type and health", labels=["machine_type", "health"]
+        )
+        for (kind, state), n in sorted(machines.items()):
+            health.add_metric([kind, state], n)
+        yield health
+        hist = HistogramMetricFamily(
+            "ipucloud_cluster_queue_wait_seconds",
+            "Wall-clock seconds from a job's submission to its first placement",
+        )
+        hist.add_metric([], [(_bound(b), n) for b, n in waits.buckets], sum_value=waits.total_s)
+        yield hist
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
 _cluster = ClusterCollector()
+_fleet = FleetCollector()
 _registered = False
 _lock = threading.Lock()
 
@@ -133,9 +181,11 @@ def registry() -> CollectorRegistry:
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg)
         reg.register(_cluster)
+        reg.register(_fleet)
         return reg
     with _lock:
         if not _registered:
             REGISTRY.register(_cluster)
+            REGISTRY.register(_fleet)
             _registered = True
     return REGISTRY

@@ -21,7 +21,9 @@ from pydantic import (
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, Member, Plan, TrialApplication
 from scheduler.services.keys import key_state
+from scheduler.services.rates import allowed_types, plan_rates
 from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 T = TypeVar("T")
 
@@ -110,7 +112,15 @@ class JobOut(BaseModel):
     reason: str | None = None
     ipus: int
     ipus_requested: str
-    machine: str | None = None
+    machine: str | None = Field(
+        None, description="The machine type it runs (or ran) on; `any` until placed if it named none."
+    )
+    prefer: Literal["time", "cost"] = "time"
+    machine_options: dict[str, dict[str, float]] | None = Field(
+        None,
+        description="Per machine type it may run on: `ipus`, `predicted_runtime_s` and `rate` (grant units "
+        "per IPU-hour).",
+    )
     partition: str | None = None
     priority: int
     workload: dict[str, Any]
@@ -189,6 +199,8 @@ Size = Annotated[int, Field(ge=1, le=65_536), _NUMBER]
 Count = Annotated[int, Field(ge=1, le=10_000_000), _NUMBER]
 Seconds = Annotated[int, Field(ge=1, le=10 * 365 * 24 * 3600), _NUMBER]
 Priority = Annotated[int, Field(ge=-1000, le=1000), _NUMBER]
+Rate = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False), _NUMBER]
+MachineTypeName = Literal[MACHINE_TYPE_NAMES]  # type: ignore[valid-type]
 POWERS_OF_TWO = [2**i for i in range(17)]
 
 
@@ -254,11 +266,18 @@ class UsagePartitionSize(BaseModel):
     ipu_hours: float
 
 
+class UsageMachineType(BaseModel):
+    machine_type: str
+    ipu_hours: float = Field(description="IPU-hours run on this type.")
+    charged_ipu_hours: float = Field(description="What they spent of the grant: the type's rate x IPU-hours.")
+
+
 class UsageGroups(BaseModel):
     by_day: list[UsageDay] = Field(default_factory=list)
     by_job: list[UsageJob] = Field(default_factory=list)
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
+    by_machine_type: list[UsageMachineType] = Field(default_factory=list)
     next_cursor: str | None = Field(
         None,
         description="More jobs than `limit` were used in the window: pass as `cursor` for the next page.",
@@ -268,6 +287,11 @@ class UsageGroups(BaseModel):
 class UsageOut(UsageGroups):
     tenant_id: str
     plan: str
+    rates: dict[str, float] = Field(
+        default_factory=dict,
+        description="Grant units per IPU-hour of each machine type under the plan (1.0: an IPU-M2000 hour).",
+    )
+    machine_types: list[str] = Field(default_factory=list, description="The types the plan runs jobs on.")
     quota_ipu_hours: float
     used_ipu_hours: float
     reserved_ipu_hours: float
@@ -414,6 +438,11 @@ class PlanOut(BaseModel):
     idle_timeout_s: int
     priority: int
     fairshare_weight: float
+    rates: dict[str, float] = Field(
+        description="Grant units per IPU-hour of each machine type (1.0: an IPU-M2000 hour); a job's grant "
+        "is spent at its type's rate x IPU-hours."
+    )
+    machine_types: list[str] = Field(description="The machine types the plan's tenants may run jobs on.")
     max_models: int = Field(description="Own ONNX models a tenant on this plan may keep.")
     max_model_bytes: int = Field(description="Bytes its stored graphs (weights stripped) may take together.")
     updated_at: datetime
@@ -433,6 +462,8 @@ class PlanOut(BaseModel):
             idle_timeout_s=p.idle_timeout_s,
             priority=p.priority,
             fairshare_weight=p.fairshare_weight,
+            rates=plan_rates(p.rates),
+            machine_types=list(allowed_types(p.machine_types)),
             max_models=p.max_models,
             max_model_bytes=p.max_model_bytes,
             updated_at=p.updated_at,
@@ -454,6 +485,12 @@ class PlanUpdate(BaseModel):
     idle_timeout_s: Seconds | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
+    rates: dict[MachineTypeName, Rate] | None = Field(  # type: ignore[valid-type]
+        None, description="Rates to change, by machine type (types not named keep theirs)."
+    )
+    machine_types: (
+        Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None  # type: ignore[valid-type]
+    ) = Field(None, description="The machine types the plan's tenants may use.")
     max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
 

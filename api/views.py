@@ -29,7 +29,15 @@ def job_out(
         reason=job.reason,
         ipus=job.ipus,
         ipus_requested=job.ipus_requested,
-        machine=(partition.machine_type if partition is not None else job.machine_type),
+        machine=(
+            partition.machine_type
+            if partition is not None
+            else attempt.machine_type
+            if attempt is not None
+            else job.machine_type or "any"
+        ),
+        prefer=job.prefer or "time",
+        machine_options=job.options,
         partition=live_partition,
         priority=job.priority,
         workload=job.spec.get("workload", {}),

@@ -1,6 +1,6 @@
 """Predicted vs published throughput for the emulator's calibration table, and predictions beyond it.
 
-Prints, for every row of the Bow Pod16 table in ``reference/ipu-hardware.md``, the emulator's
+Prints, for every row of the Bow Pod16 table in ``docs/hardware.md``, the emulator's
 prediction, the published figure and the error; then what the same model predicts where nothing was
 fitted (IPU-M2000, 64 to 256 IPUs, inference, the compile-time anchors). ``--fit`` refits the
 constants from scratch first and prints them next to the frozen ones.

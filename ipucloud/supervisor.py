@@ -24,6 +24,7 @@ from scheduler.db import Database
 from scheduler.migrate import upgrade
 from scheduler.services import fleet, tenants
 from scheduler.settings import Settings, write_private
+from vipu.topology import UnitGroup, describe_fleet
 
 console = Console(stderr=True)
 
@@ -77,7 +78,7 @@ class Child:
 @dataclass
 class Cloud:
     settings: Settings
-    pods: int
+    fleet: tuple[UnitGroup, ...]
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
     failed: Child | None = None  # the child that exited while the cloud was starting
@@ -111,12 +112,12 @@ class Cloud:
         try:
             with db.write() as s:
                 tenants.seed_plans(session=s)
-                added = fleet.seed_fleet(session=s, pods=self.pods)
+                added = fleet.ensure_fleet(session=s, groups=self.fleet)
                 key = tenants.ensure_admin_key(session=s, secret=secret)
         finally:
             db.dispose()
         if added:
-            console.print(f"Fleet: added {added} IPU-POD64 (IPU-M2000) racks of 64 IPUs")
+            console.print(f"Fleet: added {added} PODs and servers ({describe_fleet(self.fleet)})")
         if key is not None:
             write_private(self.settings.admin_key_file, key + "\n")
         return key

@@ -22,8 +22,8 @@ from vipu.emulator.catalogue import WORKLOAD_NAMES
 from vipu.emulator.spec import GraphSource
 from vipu.topology import pods_of
 
-# Admission predicts on the slower machine when the job may land on either, so that the quota
-# reserved covers the run wherever it is placed.
+# What an estimate with no machine named is made for when the fleet says nothing else (the
+# reference type: rate 1.0). Jobs that may run on any type are resolved on each type they may use.
 DEFAULT_MACHINE = "m2000"
 
 
@@ -73,6 +73,9 @@ def _resolve_cached(req_json: str, ipus: str, machine: str | None, source: Graph
         raise DoesNotFit(str(exc), ipus=None if ipus == "auto" else int(ipus), machine=m)
     except emulator.WorkloadError as exc:
         raise InvalidRequest(str(exc))
+    except ValueError as exc:
+        # A partition this type can never form (larger than one C2 server, say).
+        raise DoesNotFit(str(exc), ipus=None if ipus == "auto" else int(ipus), machine=m)
     return Resolved(ipus=size, machine=m, predicted_runtime_s=emulator.predicted_runtime_s(spec, size, m))
 
 

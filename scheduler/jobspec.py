@@ -7,11 +7,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from scheduler.text import LINE
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 MAX_FLEET_IPUS = 65_536
+
+# A machine type from the registry, or `any`: the scheduler picks (vipu/machine_types.py).
+MachineChoice = Literal[(*MACHINE_TYPE_NAMES, "any")]  # type: ignore[valid-type]
 
 
 DimName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
@@ -57,7 +61,16 @@ class JobSpec(BaseModel):
     ipus: int | Literal["auto"] = Field(
         description="Partition size: a power of two, or `auto` for the smallest that fits."
     )
-    machine: Literal["m2000", "bow"] | None = None
+    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+        "any",
+        description="A machine type, or `any` (the default, also what null means): the scheduler runs the "
+        "job where it is predicted to finish first, counting the wait and the run time on each type.",
+    )
+    prefer: Literal["time", "cost"] = Field(
+        "time",
+        description="With `machine` `any`: `time` runs it where it finishes first, `cost` where it spends "
+        "the least of the grant (rate x IPU-hours).",
+    )
     partition: PartitionName | None = Field(None, description="Run inside this reserved partition.")
     priority: int = Field(0, ge=-100, le=100)
     max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)

@@ -114,6 +114,10 @@ class Plan(Base):
     idle_timeout_s: Mapped[int] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
+    # Grant units per IPU-hour by machine type where this plan differs from the registry's
+    # (`vipu.machine_types`), and the types its tenants may use (None: every type).
+    rates: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    machine_types: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # A tenant's own ONNX graphs: how many it may keep, and their bytes (weights stripped) together.
     max_models: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
     max_model_bytes: Mapped[int] = mapped_column(
@@ -215,11 +219,17 @@ class TrialApplication(Base):
 class Machine(Base):
     __tablename__ = "machines"
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # pod0003-m07
-    pod: Mapped[int] = mapped_column(Integer, index=True)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # pod0003-m07, or a server's srv0004
+    pod: Mapped[int] = mapped_column(Integer, index=True)  # the unit (POD or server) index
     rack: Mapped[int] = mapped_column(Integer)
-    slot: Mapped[int] = mapped_column(Integer)  # position in the POD64's ring, 0..15
+    slot: Mapped[int] = mapped_column(Integer)  # machine in the unit: ring position in a POD, 0 in a server
     machine_type: Mapped[str] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(
+        String(16), default="pod64", server_default="pod64"
+    )  # pod64|pod16|server
+    model: Mapped[str | None] = mapped_column(String(16), nullable=True)  # a server's model, e.g. dss8440
+    # A retired machine has left the fleet; its rows stay for the partitions and bills that name it.
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     health: Mapped[str] = mapped_column(String(16), default="up")
     health_reason: Mapped[str | None] = mapped_column(String(500), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
@@ -228,9 +238,9 @@ class Machine(Base):
 class Ipu(Base):
     __tablename__ = "ipus"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # pod0003-m07-i2
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # pod0003-m07-i2, srv0004-i13
     machine_id: Mapped[str] = mapped_column(ForeignKey("machines.id"), index=True)
-    position: Mapped[int] = mapped_column(Integer)  # ring position in its POD64, 0..63
+    position: Mapped[int] = mapped_column(Integer)  # position in its unit: ring position in a POD64
     health: Mapped[str] = mapped_column(String(16), default="up")
 
 
@@ -289,7 +299,10 @@ class Job(Base):
     task: Mapped[str] = mapped_column(String(16))
     ipus: Mapped[int] = mapped_column(Integer)  # resolved partition size ("auto" is resolved at submit)
     ipus_requested: Mapped[str] = mapped_column(String(8))  # "auto" or the number asked for
-    machine_type: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    machine_type: Mapped[str | None] = mapped_column(String(16), nullable=True)  # None: any type
+    # For a job that may run on several types: per type, {"ipus", "predicted_runtime_s", "rate"}.
+    options: Mapped[dict[str, dict[str, float]] | None] = mapped_column(JSON, nullable=True)
+    prefer: Mapped[str] = mapped_column(String(8), default="time", server_default="time")  # time | cost
     partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -356,6 +369,8 @@ class Attempt(Base):
     gcd: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     size: Mapped[int] = mapped_column(Integer)
     machine_type: Mapped[str] = mapped_column(String(16))
+    rate: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # grant units per IPU-hour
+    queue_wait_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # wall s from submission to here
     # The host agent that took it (its name) and the incarnation of that agent (its lease epoch):
     # the attempt is live exactly as long as that incarnation's lease is (scheduler.services.agents).
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
@@ -437,7 +452,10 @@ class MeterEvent(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
     kind: Mapped[str] = mapped_column(String(16))  # tick | settle
-    ipu_ms: Mapped[int] = mapped_column(BigInteger)  # may be negative in a settle (a refund)
+    ipu_ms: Mapped[int] = mapped_column(BigInteger)  # grant spent (rate x IPU-ms); negative refunds
+    machine_type: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    rate: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
+    raw_ipu_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # IPU-ms run, before the rate
     partition_size: Mapped[int] = mapped_column(Integer)
     cluster_s: Mapped[float] = mapped_column(Float)
     workload: Mapped[str] = mapped_column(String(40))

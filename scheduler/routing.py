@@ -3,8 +3,8 @@
 A site runs workers next to its racks and tells them which work is theirs with Celery queues:
 
 - `ipucloud`: the default queue; a worker on it runs anything.
-- `m2000`, `bow`: attempts on a partition of that machine type.
-- `pod0003`: attempts on a partition in that POD64 (the id `vipu.topology.pod_id` gives it).
+- `m2000`, `bow`, `c2` (every type of `vipu.machine_types`): attempts on a partition of that type.
+- `pod0003`, `srv0004`: attempts on a partition in that POD or IPU server (its unit id).
 
 The dispatcher publishes each attempt to the most specific queue some live worker consumes: the
 partition's pods in order, then its machine type, then `ipucloud`. To know which queues are
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from vipu.topology import MachineType, pod_id, pods_of
+from vipu.topology import MachineType
 
 if TYPE_CHECKING:
     import redis
@@ -50,7 +50,7 @@ log = logging.getLogger("ipucloud.routing")
 DEFAULT_QUEUE = "ipucloud"
 MACHINE_QUEUES = tuple(t.value for t in MachineType)
 ROUTING_KEY = "ipucloud:routing:queues"
-_POD_QUEUE = re.compile(r"pod\d{4}")
+_POD_QUEUE = re.compile(r"(pod|srv)\d{4}")
 _SEP = "|"
 
 # Registration and lookup both read Redis's clock, so the hosts' clocks never matter.
@@ -83,14 +83,17 @@ def parse_queues(text: str) -> list[str]:
     if bad:
         raise ValueError(
             f"names {', '.join(repr(q) for q in bad)}, which the dispatcher never publishes to; "
-            f"use {DEFAULT_QUEUE!r}, a machine type ({', '.join(MACHINE_QUEUES)}) or a pod (pod0003)"
+            f"use {DEFAULT_QUEUE!r}, a machine type ({', '.join(MACHINE_QUEUES)}), a pod (pod0003) or a "
+            "server (srv0004)"
         )
     return list(dict.fromkeys(queues))
 
 
 def candidates(machine_type: str, ipu_ids: Iterable[str]) -> list[str]:
     """Queues that may carry an attempt on this partition, most specific first."""
-    return [*(pod_id(p) for p in pods_of(ipu_ids)), machine_type, DEFAULT_QUEUE]
+    # An IPU id starts with its unit's id (pod0003-m07-i2, srv0004-i13).
+    units = sorted({ipu.split("-", 1)[0] for ipu in ipu_ids})
+    return [*units, machine_type, DEFAULT_QUEUE]
 
 
 def choose(options: Sequence[str], served: frozenset[str], widen: int = 0) -> str:

@@ -165,16 +165,36 @@ class PodSummary(NamedTuple):
     usable: tuple[int, ...]  # per level: free IPUs that some free window of that level covers
 
 
+def _aligned_cover(machines: int, count: int) -> int:
+    """Machines (bits) that some free aligned block of ``count`` machines covers."""
+    starts = aligned_machine_window_starts(machines, count)
+    covered = 0
+    while starts:
+        low = starts & -starts
+        covered |= ((1 << count) - 1) << (low.bit_length() - 1)
+        starts ^= low
+    return covered
+
+
 @lru_cache(maxsize=1 << 16)
-def summarize(free: int) -> PodSummary:
+def summarize(free: int, aligned: bool = False) -> PodSummary:
+    """The pod's features. ``aligned`` units (servers) host only windows aligned to their size, so
+    for them "some window of this level is free" and the IPUs usable per level count aligned blocks."""
     count = free.bit_count()
     pairs = free_pairs(free)
     machines = free_machines(free)
     runs = circular_runs(machines, MACHINES_PER_POD)
     longest = max((length for _, length in runs), default=0)
+    aligned_levels = [count > 0, pairs != 0]
+    aligned_levels += [
+        aligned_machine_window_starts(machines, 1 << (level - MACHINE_LEVEL)) != 0
+        for level in range(MACHINE_LEVEL, POD_LEVELS)
+    ]
 
     # The largest level that fits, -1 when nothing does.
-    if count == 0:
+    if aligned:
+        cap = max((level for level, fits in enumerate(aligned_levels) if fits), default=-1)
+    elif count == 0:
         cap = -1
     elif machines == FULL_RING:
         cap = POD_LEVELS - 1
@@ -188,11 +208,6 @@ def summarize(free: int) -> PodSummary:
     features = 0
     for level in range(cap + 1):
         features |= 1 << (HOST_BIT + level)
-    aligned_levels = [count > 0, pairs != 0]
-    aligned_levels += [
-        aligned_machine_window_starts(machines, 1 << (level - MACHINE_LEVEL)) != 0
-        for level in range(MACHINE_LEVEL, POD_LEVELS)
-    ]
     for level, fits in enumerate(aligned_levels):
         if fits:
             features |= 1 << (ALIGNED_BIT + level)
@@ -211,5 +226,8 @@ def summarize(free: int) -> PodSummary:
     usable = [count, 2 * pairs.bit_count()]
     for level in range(MACHINE_LEVEL, POD_LEVELS):
         need = 1 << (level - MACHINE_LEVEL)
-        usable.append(IPUS_PER_MACHINE * sum(length for _, length in runs if length >= need))
+        if aligned:
+            usable.append(IPUS_PER_MACHINE * _aligned_cover(machines, need).bit_count())
+        else:
+            usable.append(IPUS_PER_MACHINE * sum(length for _, length in runs if length >= need))
     return PodSummary(features, count, tuple(usable))

@@ -13,8 +13,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vipu._bitmaps import FULL_POD, POD_LEVELS
+from vipu._bitmaps import POD_LEVELS
 from vipu.free_space import FreeSpace
+from vipu.machine_types import ALIGNED_TYPES
 from vipu.partitions import (
     PartitionRuleError,
     check_gcds,
@@ -23,7 +24,7 @@ from vipu.partitions import (
     partition_ipu_ids,
     validate_partition,
 )
-from vipu.placement_policies import PlacementPolicy, Timing, make_policy
+from vipu.placement_policies import PlacementPolicy, Timing, buddy_window, make_policy
 from vipu.topology import (
     IPUS_PER_MACHINE,
     IPUS_PER_POD,
@@ -31,7 +32,6 @@ from vipu.topology import (
     Fleet,
     Health,
     MachineType,
-    machine_id,
 )
 
 _SEVERITY = {Health.UP: 0, Health.DRAINING: 1, Health.FAILED: 2}
@@ -90,6 +90,8 @@ class Allocator:
         self.fleet = fleet
         self._policy = make_policy(policy) if isinstance(policy, str) else policy
         self._space = FreeSpace(fleet)
+        # Per unit: the positions it has (a POD16 or a server has 16 of the 64, a retired unit none).
+        self._capacity = [fleet.capacity_mask(pod) if fleet.has_pod(pod) else 0 for pod in range(fleet.pods)]
         self._assigned = [0] * fleet.pods  # per pod: ring positions in live partitions
         self._blocked = [0] * fleet.pods  # per pod: ring positions not up (machine or IPU)
         self._machine_health: dict[int, Health] = {}  # pod * 16 + machine -> state, only when not up
@@ -111,6 +113,7 @@ class Allocator:
         twin.fleet = self.fleet
         twin._policy = self._policy.clone()
         twin._space = self._space.clone()
+        twin._capacity = self._capacity
         twin._assigned = self._assigned.copy()
         twin._blocked = self._blocked.copy()
         twin._machine_health = self._machine_health.copy()
@@ -263,19 +266,28 @@ class Allocator:
         kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
         if not kinds:
             return None
+        # Ring units (PODs) go through the placement policy; servers are carved buddy-style by every
+        # policy. A request that names no type tries the PODs first.
+        ring = tuple(kind for kind in kinds if kind not in ALIGNED_TYPES)
         level = size.bit_length() - 1
         if level < POD_LEVELS:
-            window = (
-                self._policy.choose_window(self._space, level, kinds)
-                if timing is None
-                else self._policy.choose_timed_window(self._space, level, kinds, timing)
-            )
+            window = None
+            if ring:
+                window = (
+                    self._policy.choose_window(self._space, level, ring)
+                    if timing is None
+                    else self._policy.choose_timed_window(self._space, level, ring, timing)
+                )
+            if window is None and len(ring) < len(kinds):
+                window = buddy_window(self._space, level, tuple(k for k in kinds if k in ALIGNED_TYPES))
             if window is None:
                 return None
             pod, start = window
-            choice = _Choice(self.fleet.pod_types[pod], (pod,), start, size)
+            kind = self.fleet.pod_types[pod]
+            assert kind is not None, "a policy chose a retired unit"
+            choice = _Choice(kind, (pod,), start, size)
         else:
-            chosen = self._policy.choose_pods(self._space, size // IPUS_PER_POD, kinds)
+            chosen = self._policy.choose_pods(self._space, size // IPUS_PER_POD, ring) if ring else None
             if chosen is None:
                 return None
             kind, pods = chosen
@@ -288,16 +300,20 @@ class Allocator:
         size, start, pods, kind = choice.size, choice.start, choice.pods, choice.machine_type
         # Windows start on their own grain: any IPU, an even IPU, a machine, or (whole pods) position 0.
         step = min(size, IPUS_PER_MACHINE) if size < IPUS_PER_POD else IPUS_PER_POD
+        if kind in ALIGNED_TYPES:
+            step = size
         sound = (
             kind in kinds
             and len(set(pods)) == len(pods) == max(1, size // IPUS_PER_POD)
             and all(self.fleet.has_pod(pod) and self.fleet.pod_types[pod] is kind for pod in pods)
+            and (len(pods) == 1 or all(self.fleet.layout_of(pod).joins for pod in pods))
             and 0 <= start < IPUS_PER_POD
             and start % step == 0
         )
         if sound:
             sound = all(
-                self._space.free_mask(pod) & mask == mask for pod, mask in footprint(pods, start, size)
+                self._space.free_mask(pod) & mask == mask and self._capacity[pod] & mask == mask
+                for pod, mask in footprint(pods, start, size)
             )
         if not sound:
             raise PolicyError(
@@ -305,13 +321,12 @@ class Allocator:
                 "which is not a free valid window of the requested type"
             )
 
-    @staticmethod
-    def _placement(partition_id: str, choice: _Choice, *, gcds: int, reconfigurable: bool) -> Placement:
+    def _placement(self, partition_id: str, choice: _Choice, *, gcds: int, reconfigurable: bool) -> Placement:
         return Placement(
             partition_id=partition_id,
             size=choice.size,
             machine_type=choice.machine_type,
-            ipu_ids=partition_ipu_ids(choice.pods, choice.start, choice.size),
+            ipu_ids=partition_ipu_ids(self.fleet, choice.pods, choice.start, choice.size),
             pods=choice.pods,
             gcds=gcds,
             spans_gw_links=len(choice.pods) > 1,
@@ -348,20 +363,23 @@ class Allocator:
             self._refresh(pod)
 
     def _refresh(self, pod: int) -> None:
-        self._space.set_free_mask(pod, FULL_POD & ~(self._assigned[pod] | self._blocked[pod]))
+        self._space.set_free_mask(pod, self._capacity[pod] & ~(self._assigned[pod] | self._blocked[pod]))
 
     # --- health --------------------------------------------------------------------------------
 
     def set_machine_health(self, machine_id: str, health: Health | str) -> None:
-        """Drain, fail or restore a whole machine. Restoring does not override an IPU's own state."""
-        pod, machine = self.fleet.check_machine(machine_id)
-        key = pod * MACHINES_PER_POD + machine
+        """Drain, fail or restore a whole machine (a server is one machine of 16 IPUs). Restoring
+        does not override an IPU's own state."""
+        pod, groups = self.fleet.groups_of_machine(machine_id)
         state = Health(health)
-        if state is Health.UP:
-            self._machine_health.pop(key, None)
-        else:
-            self._machine_health[key] = state
-        self._reblock_machine(pod, machine)
+        # Health is kept per group of 4 positions, the bitmaps' grain; a server sets all four.
+        for group in groups:
+            key = pod * MACHINES_PER_POD + group
+            if state is Health.UP:
+                self._machine_health.pop(key, None)
+            else:
+                self._machine_health[key] = state
+            self._reblock_machine(pod, group)
 
     def set_ipu_health(self, ipu_id: str, health: Health | str) -> None:
         """Drain, fail or restore one IPU. Restoring it leaves it blocked if its machine is not up."""
@@ -387,8 +405,8 @@ class Allocator:
         self._refresh(pod)
 
     def machine_health(self, machine_id: str) -> Health:
-        pod, machine = self.fleet.check_machine(machine_id)
-        return self._machine_health.get(pod * MACHINES_PER_POD + machine, Health.UP)
+        pod, groups = self.fleet.groups_of_machine(machine_id)
+        return self._machine_health.get(pod * MACHINES_PER_POD + groups[0], Health.UP)
 
     def ipu_health(self, ipu_id: str) -> Health:
         """The IPU's effective health: the worse of its own state and its machine's."""
@@ -400,7 +418,7 @@ class Allocator:
     def unhealthy_machines(self) -> dict[str, Health]:
         """Machines that are draining or failed, by id."""
         return {
-            machine_id(*divmod(key, MACHINES_PER_POD)): state
+            self.fleet.machine_of_group(*divmod(key, MACHINES_PER_POD)): state
             for key, state in sorted(self._machine_health.items())
         }
 
@@ -415,8 +433,7 @@ class Allocator:
 
     def partitions_on_machine(self, machine_id: str) -> tuple[str, ...]:
         """Live partitions holding any IPU of a machine (e.g. the ones a failure interrupts)."""
-        pod, machine = self.fleet.check_machine(machine_id)
-        bits = 0b1111 << (machine * IPUS_PER_MACHINE)
+        pod, bits = self.fleet.machine_mask(machine_id)
         if not self._assigned[pod] & bits:
             return ()
         return self._owners(((pod, bits),))

@@ -20,16 +20,17 @@ from typing import TypeVar
 
 from vipu._bitmaps import (
     FEATURE_BITS,
-    FULL_POD,
     HOLE_CLASSES,
     HOST_BIT,
     MACHINE_HOLES,
     POD_LEVELS,
     RUN_BIT,
+    PodSummary,
     changed_machines,
     summarize,
 )
-from vipu.topology import IPUS_PER_MACHINE, IPUS_PER_POD, MACHINES_PER_POD, Fleet, MachineType
+from vipu.machine_types import ALIGNED_TYPES
+from vipu.topology import IPUS_PER_MACHINE, MACHINES_PER_POD, Fleet, MachineType
 
 
 def lowest_pod(pods: int) -> int:
@@ -79,34 +80,52 @@ def _discard(ordered: list[_Sortable], item: _Sortable) -> None:
 
 
 class FreeSpace:
-    """Free-IPU masks of every pod plus per machine type indexes over them."""
+    """Free-IPU masks of every pod plus per machine type indexes over them.
 
-    __slots__ = ("_free", "_index", "_release", "_summary", "fleet")
+    Every unit is a "pod" here: a POD16 or a server has only its first 16 positions, the others are
+    never free. A retired unit belongs to no type and is never indexed.
+    """
+
+    __slots__ = ("_aligned", "_free", "_index", "_ipus", "_release", "_summary", "fleet")
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        empty = summarize(FULL_POD)
-        self._free = [FULL_POD] * fleet.pods
+        self._aligned = [kind in ALIGNED_TYPES for kind in fleet.pod_types]
+        self._free = [fleet.capacity_mask(pod) if fleet.has_pod(pod) else 0 for pod in range(fleet.pods)]
         # Kept beside the masks (not re-derived) so an update never depends on the memo still holding it.
-        self._summary = [empty] * fleet.pods
+        self._summary = [
+            summarize(mask, aligned) for mask, aligned in zip(self._free, self._aligned, strict=True)
+        ]
         # pod * 16 + machine -> when the machine is expected to be wholly free, where known.
         self._release: dict[int, float] = {}
         self._index: dict[MachineType, _TypeIndex] = {}
+        self._ipus: dict[MachineType, int] = {}
         for kind in fleet.machine_types:
-            pods = 0
+            # Units of a type share few empty shapes (a POD64, a POD16, a server): index each shape once.
+            shapes: dict[PodSummary, int] = {}
             for pod in fleet.pods_of_type(kind):
-                pods |= 1 << pod
-            count = pods.bit_count()
+                summary = self._summary[pod]
+                shapes[summary] = shapes.get(summary, 0) | 1 << pod
+            pods = 0
             by_feature = [0] * FEATURE_BITS
-            for bit in range(FEATURE_BITS):
-                if empty.features >> bit & 1:
-                    by_feature[bit] = pods
-            usable = [count * ipus for ipus in empty.usable]
-            self._index[kind] = _TypeIndex(count, by_feature, count * IPUS_PER_POD, usable)
+            usable = [0] * POD_LEVELS
+            free = 0
+            for summary, members in shapes.items():
+                pods |= members
+                count = members.bit_count()
+                for bit in range(FEATURE_BITS):
+                    if summary.features >> bit & 1:
+                        by_feature[bit] |= members
+                usable = [have + count * more for have, more in zip(usable, summary.usable, strict=True)]
+                free += count * summary.free
+            self._index[kind] = _TypeIndex(pods.bit_count(), by_feature, free, usable)
+            self._ipus[kind] = free
 
     def clone(self) -> FreeSpace:
         twin = FreeSpace.__new__(FreeSpace)
         twin.fleet = self.fleet
+        twin._aligned = self._aligned
+        twin._ipus = self._ipus
         twin._free = self._free.copy()
         twin._summary = self._summary.copy()
         twin._release = self._release.copy()
@@ -122,10 +141,12 @@ class FreeSpace:
         if mask == old_mask:
             return
         old = self._summary[pod]
-        new = summarize(mask)
+        new = summarize(mask, self._aligned[pod])
         self._free[pod] = mask
         self._summary[pod] = new
-        index = self._index[self.fleet.pod_types[pod]]
+        kind = self.fleet.pod_types[pod]
+        assert kind is not None, "a retired unit has no free space"
+        index = self._index[kind]
         bit = 1 << pod
         changed = old.features ^ new.features
         by_feature = index.by_feature
@@ -162,8 +183,9 @@ class FreeSpace:
         else:
             self._release[key] = release
         holes = MACHINE_HOLES[self._free[pod] >> (machine * IPUS_PER_MACHINE) & 0b1111]
-        if holes:
-            index = self._index[self.fleet.pod_types[pod]]
+        kind = self.fleet.pod_types[pod]
+        if holes and kind is not None:
+            index = self._index[kind]
             self._unindex_holes(index, key, holes, old)
             self._index_holes(index, key, holes, release)
 
@@ -215,7 +237,7 @@ class FreeSpace:
 
     def capacity_share(self, kind: MachineType) -> float:
         """The share of the fleet's IPUs that are of ``kind``."""
-        return self._index[kind].pods / self.fleet.pods
+        return self._ipus[kind] / self.fleet.ipus
 
     def kinds(self, machine_type: MachineType | None) -> tuple[MachineType, ...]:
         """The machine types a request may use, restricted to the ones this fleet has."""

@@ -12,6 +12,11 @@ A partition's size is a power of two from 1 to 65,536, and its IPUs are all of o
   past machine 15 to machine 0, and it need not start at a multiple of its size.
 - Sizes above 64 are ``size / 64`` whole POD64s of one machine type, joined by GW-Links. Any POD64s of
   the fleet may be joined: the GW-Links go through the gateways' IPU-Fabric, not a fixed ring.
+- An IPU-POD16 is 4 machines in a line: sizes 4 to 16 are adjacent machines that do not wrap, and
+  nothing is larger than the POD16.
+- An IPU server (C2 cards) takes sizes 1, 2, 4, 8 and 16 as ``gc-info`` lists its devices: an
+  aligned block of IPUs (a pair is one card; 4 starts at IPU 0, 4, 8 or 12; 8 at 0 or 8). A partition
+  never spans two servers: nothing links them.
 
 A partition holds ``gcds`` graph compile domains of ``size / gcds`` IPUs each, so ``gcds`` is a power
 of two no larger than the size. A reconfigurable partition lets its owner split it again later.
@@ -100,16 +105,16 @@ def footprint(pods: tuple[int, ...], start: int, size: int) -> tuple[tuple[int, 
     return ((pods[0], window_mask(start, size)),)
 
 
-def partition_ipu_ids(pods: tuple[int, ...], start: int, size: int) -> tuple[str, ...]:
+def partition_ipu_ids(fleet: Fleet, pods: tuple[int, ...], start: int, size: int) -> tuple[str, ...]:
     """IPU ids of a partition in ring order, pod by pod."""
     if size >= IPUS_PER_POD:
         return pods_ipu_ids(pods)
-    return window_ipu_ids(pods[0], start, size)
+    return window_ipu_ids(fleet, pods[0], start, size)
 
 
-def window_ipu_ids(pod: int, start: int, size: int) -> tuple[str, ...]:
-    """IPU ids of a window inside one pod in ring order, e.g. machines 15, 0 for a wrapping 8."""
-    ring = pod_ipu_ids(pod)
+def window_ipu_ids(fleet: Fleet, pod: int, start: int, size: int) -> tuple[str, ...]:
+    """IPU ids of a window inside one unit in ring order, e.g. machines 15, 0 for a wrapping 8."""
+    ring = pod_ipu_ids(pod) if fleet.layout_of(pod).ipus == IPUS_PER_POD else fleet.unit_ipu_ids(pod)
     end = start + size
     if end <= IPUS_PER_POD:
         return ring[start:end]
@@ -129,17 +134,31 @@ def _lookup_health(health: HealthSource, key: str) -> Health:
     return Health(health.get(key, Health.UP))
 
 
-def _window_start(pod: int, mask: int, size: int) -> int:
-    """The ring position where a single-pod window starts, or a rule error when it is not a window."""
-    ring = pod_ipu_ids(pod)
+def _window_start(fleet: Fleet, pod: int, mask: int, size: int) -> int:
+    """The ring position where a single-unit window starts, or a rule error when it is not a window."""
+    ring = fleet.unit_ipu_ids(pod)
+    layout = fleet.layout_of(pod)
+    if size > layout.ipus:
+        raise PartitionRuleError(
+            f"a partition of {size} IPUs does not fit in {fleet.unit_id(pod)}, a {layout.label} of "
+            f"{layout.ipus} IPUs"
+        )
     if size == 1:
         return mask.bit_length() - 1
     if size == 2:
         low = (mask & -mask).bit_length() - 1
         if mask != 0b11 << low or low % 2:
-            held = [ring[p] for p in range(IPUS_PER_POD) if mask >> p & 1]
+            held = [ring[p] for p in range(layout.ipus) if mask >> p & 1]
+            pair = "IPUs 0+1 or 2+3 of one machine" if not layout.aligned else "the two IPUs of one C2 card"
+            raise PartitionRuleError(f"a 2-IPU partition is {pair}, got {' and '.join(held)}")
+        return low
+    if layout.aligned:
+        low = (mask & -mask).bit_length() - 1
+        if mask != ((1 << size) - 1) << low or low % size:
             raise PartitionRuleError(
-                f"a 2-IPU partition is IPUs 0+1 or 2+3 of one machine, got {' and '.join(held)}"
+                f"a {size}-IPU partition of {fleet.unit_id(pod)} is an aligned block of IPUs, as gc-info "
+                f"lists them: IPUs {size}k .. {size}k+{size - 1}; got "
+                + ", ".join(ring[p] for p in range(layout.ipus) if mask >> p & 1)
             )
         return low
     machines = 0
@@ -156,9 +175,10 @@ def _window_start(pod: int, mask: int, size: int) -> int:
         return 0
     runs = circular_runs(machines, MACHINES_PER_POD)
     if len(runs) != 1:
+        where = "one POD64's IPU-Link ring" if layout.wraps else f"the line of IPU-Links of a {layout.label}"
         raise PartitionRuleError(
-            f"a {size}-IPU partition is {size // IPUS_PER_MACHINE} adjacent machines of one POD64's "
-            f"IPU-Link ring, but the machines of {pod_id(pod)} it holds are not contiguous"
+            f"a {size}-IPU partition is {size // IPUS_PER_MACHINE} adjacent machines of {where}, but "
+            f"the machines of {pod_id(pod)} it holds are not contiguous"
         )
     return runs[0][0] * IPUS_PER_MACHINE
 
@@ -195,7 +215,7 @@ def validate_partition(
             raise PartitionRuleError(str(error)) from None
         masks[pod] = masks.get(pod, 0) | 1 << (machine * IPUS_PER_MACHINE + index)
 
-    kinds = {fleet.pod_types[pod] for pod in masks}
+    kinds = {fleet.machine_type_of(pod) for pod in masks}
     if len(kinds) > 1:
         raise PartitionRuleError(
             "a partition's IPUs are all of one machine type, got "
@@ -206,13 +226,22 @@ def validate_partition(
     pods = tuple(sorted(masks))
     if size <= IPUS_PER_POD:
         if len(pods) > 1:
+            layout = fleet.layout_of(pods[0])
+            where = "one POD64" if layout.joins else f"one {layout.label}: nothing links two of them"
             raise PartitionRuleError(
-                f"a partition of {size} IPUs lives inside one POD64, but these IPUs span "
-                + ", ".join(pod_id(pod) for pod in pods)
+                f"a partition of {size} IPUs lives inside {where}, but these IPUs span "
+                + ", ".join(fleet.unit_id(pod) for pod in pods)
             )
-        start = _window_start(pods[0], masks[pods[0]], size)
-        ordered = window_ipu_ids(pods[0], start, size)
+        start = _window_start(fleet, pods[0], masks[pods[0]], size)
+        ordered = window_ipu_ids(fleet, pods[0], start, size)
     else:
+        lone = [pod for pod in pods if not fleet.layout_of(pod).joins]
+        if lone:
+            raise PartitionRuleError(
+                f"a partition above {IPUS_PER_POD} IPUs joins whole POD64s over GW-Links; "
+                + ", ".join(f"{fleet.unit_id(pod)} ({fleet.layout_of(pod).label})" for pod in lone)
+                + " cannot be joined"
+            )
         partial = [pod for pod in pods if masks[pod] != FULL_POD]
         if partial:
             raise PartitionRuleError(

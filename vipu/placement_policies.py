@@ -6,6 +6,8 @@ Every policy answers two questions against the ``FreeSpace`` index and never sca
 - ``choose_pods``: ``count`` whole POD64s of one machine type -> ``(machine type, pods)``.
 
 Every policy must find a placement whenever one exists; they differ only in which one they pick.
+Policies place on PODs (ring units); servers, whose partitions are aligned blocks, are carved by
+``buddy_window`` under every policy.
 ``first-fit`` is V-IPU's buddy-style baseline and ``best-fit`` the classic tightest-hole rule.
 ``default`` scores each candidate by the free IPUs it would strand for the sizes actually being
 requested, and, told when a partition is expected to end, puts it beside partitions that leave at
@@ -81,6 +83,48 @@ def lowest_pods_of_kind(
         if whole.bit_count() >= count:
             found[kind] = tuple(iter_pods(whole, count))
     return found
+
+
+def buddy_window(space: FreeSpace, level: int, kinds: tuple[MachineType, ...]) -> tuple[int, int] | None:
+    """Where a partition of ``2**level`` IPUs goes on servers, whatever the placement policy.
+
+    A server is carved as ``gc-info`` acquires devices: aligned blocks of 1, 2, 4, 8 or 16 IPUs, so
+    it is a buddy system, and the classic buddy rule keeps it whole longest. The server with the
+    fewest free IPUs that holds a free aligned block of the size (ties: the lowest), then the
+    smallest free block in it that is not half of a larger free one (ties: the lowest).
+    """
+    best: tuple[int, int] | None = None  # (free IPUs, pod)
+    for kind in kinds:
+        hosts = space.pods_with(kind, ALIGNED_BIT + level)
+        if not hosts:
+            continue
+        for count in range(1 << level, IPUS_PER_POD + 1):
+            tight = hosts & space.pods_with(kind, FREE_COUNT_BIT + count)
+            if tight:
+                candidate = (count, lowest_pod(tight))
+                if best is None or candidate < best:
+                    best = candidate
+                break
+    if best is None:
+        return None
+    pod = best[1]
+    return pod, buddy_start(space.free_mask(pod), 1 << level, space.fleet.layout_of(pod).ipus)
+
+
+def buddy_start(free: int, size: int, unit_ipus: int) -> int:
+    """The start of the smallest maximal free aligned block of at least ``size`` IPUs."""
+    block = size
+    while block <= unit_ipus:
+        whole = (1 << block) - 1
+        for start in range(0, unit_ipus, block):
+            if free >> start & whole != whole:
+                continue
+            parent = 2 * block
+            first = start - start % parent
+            if parent > unit_ipus or free >> first & ((1 << parent) - 1) != (1 << parent) - 1:
+                return start
+        block *= 2
+    raise AssertionError("pod index out of step with its free mask")
 
 
 def _union(space: FreeSpace, kinds: tuple[MachineType, ...], feature_bit: int) -> int:

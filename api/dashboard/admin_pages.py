@@ -24,6 +24,7 @@ from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant
 from scheduler.text import TEXT
+from vipu.machine_types import MACHINE_TYPE_NAMES
 from vipu.topology import parse_machine_id
 
 router = APIRouter(prefix="/admin", include_in_schema=False, route_class=DashboardRoute)
@@ -84,6 +85,7 @@ def fleet_page(
             {"id": m.id, "health": m.health, "reason": m.health_reason}
             for m in fleet.machines_not_up(session=s)
         ]
+        racks = fleet.racks(session=s)
     keys = fleetmap.legend(view, names, jobs)
     selected = None
     if machine:
@@ -107,9 +109,78 @@ def fleet_page(
             else [],
             "pod_from": pod_from,
             "map_pods": MAP_PODS,
+            "racks": racks,
         },
         user=user,
     )
+
+
+# Racks and servers: the fleet changes while it runs -----------------------------------------------------
+
+
+@router.post("/fleet/racks")
+def add_rack(request: Request, db: DbDep, user: AdminUser, form: Form) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    errors: dict[str, str] = {}
+    pods = forms.optional_int(form.get("pods", "1"), "pods", errors, maximum=2) or 1
+    if errors:
+        raise InvalidRequest(errors["pods"], field="pods")
+    with db.write() as s:
+        rack = fleet.add_rack(
+            session=s, machine_type=form.get("machine_type", ""), layout=form.get("layout", ""), units=pods
+        )
+    bus.wake_scheduler("fleet")
+    sessions.flash(user, f"rack{rack:04d} added: the scheduler places on it from its next pass.")
+    return RedirectResponse("/admin/fleet#racks", status_code=303)
+
+
+@router.post("/fleet/servers")
+def add_servers(request: Request, db: DbDep, user: AdminUser, form: Form) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    errors: dict[str, str] = {}
+    count = forms.optional_int(form.get("count", "1"), "count", errors, maximum=64) or 1
+    if errors:
+        raise InvalidRequest(errors["count"], field="count")
+    with db.write() as s:
+        added = fleet.add_servers(session=s, model=form.get("model", ""), count=count)
+    bus.wake_scheduler("fleet")
+    sessions.flash(user, "added " + ", ".join(fleet.unit_name(u, "server") for u in added) + ".")
+    return RedirectResponse("/admin/fleet#racks", status_code=303)
+
+
+@router.post("/fleet/racks/{rack_id}/{action}")
+def rack_action(
+    request: Request,
+    rack_id: Annotated[str, Path(max_length=16)],
+    action: Annotated[str, Path(pattern="^(drain|restore|retire)$")],
+    db: DbDep,
+    user: AdminUser,
+    form: Form,
+) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    rack = fleet.parse_rack(rack_id)
+    with db.write() as s:
+        if action == "retire":
+            retired = fleet.retire(session=s, rack=rack)
+            message = f"{rack_id} retired ({', '.join(retired)})."
+        else:
+            fleet.drain_rack(session=s, rack=rack, health=HEALTH[action], reason=None)
+            message = f"{rack_id}: every machine {HEALTH[action]}."
+    bus.wake_scheduler("fleet")
+    sessions.flash(user, message)
+    return RedirectResponse("/admin/fleet#racks", status_code=303)
+
+
+@router.post("/fleet/units/{unit_id}/retire")
+def retire_unit(
+    request: Request, unit_id: Annotated[str, Path(max_length=16)], db: DbDep, user: AdminUser, form: Form
+) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    with db.write() as s:
+        retired = fleet.retire(session=s, unit=fleet.parse_unit(unit_id))
+    bus.wake_scheduler("fleet")
+    sessions.flash(user, f"retired {', '.join(retired)}.")
+    return RedirectResponse("/admin/fleet#racks", status_code=303)
 
 
 @router.post("/machines/{machine_id}/{action}")
@@ -171,8 +242,8 @@ def create_partition(
     if size is None and "size" not in errors:
         errors["size"] = "Choose a size."
     machine_type = values["machine_type"] or None
-    if machine_type not in (None, "m2000", "bow"):
-        errors["machine_type"] = "m2000, bow or any."
+    if machine_type is not None and machine_type not in MACHINE_TYPE_NAMES:
+        errors["machine_type"] = f"{', '.join(MACHINE_TYPE_NAMES)} or any."
     if not errors:
         try:
             with db.write() as s:
@@ -526,6 +597,7 @@ def usage_page(request: Request, db: DbDep, user: AdminUser) -> Response:
             "chart": markup(chart),
             "by_workload": whole["by_workload"],
             "by_partition_size": whole["by_partition_size"],
+            "by_machine_type": whole["by_machine_type"],
             "by_job": whole["by_job"],
             "names": names,
             "total_used": sum(t.used_ipu_hours for t in tenants),

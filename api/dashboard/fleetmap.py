@@ -1,4 +1,5 @@
-"""The fleet as an SVG map: each POD64 as its 16 machines x 4 IPUs.
+"""The fleet as an SVG map: each POD as its machines x 4 IPUs (16 rows for a POD64, 4 for a POD16),
+each IPU server beside them as its 8 C2 cards x 2 IPUs.
 
 Cells are coloured by tenant (hue) and partition (shade) and carry the partition's letter, so the
 map also reads without colour; failed machines are hatched red and crossed, draining ones outlined
@@ -19,7 +20,6 @@ CELL_W, CELL_H, GAP = 26, 20, 2
 LABEL_W, MARK_W, HEADER_H = 40, 18, 30
 ROW_H = CELL_H + GAP
 POD_W = LABEL_W + 4 * (CELL_W + GAP) + MARK_W
-POD_H = HEADER_H + 16 * ROW_H
 POD_GAP = 22
 PODS_PER_ROW = 2  # wider than this, the map's column shrinks the IPUs past reading
 LETTERS = string.ascii_uppercase + string.ascii_lowercase + string.digits
@@ -85,19 +85,37 @@ def legend(
     return list(keys.values())
 
 
+def _shape(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(IPU cells per row, rows) of a unit: a POD's machines are rows of 4 IPUs; a server's C2 cards
+    are rows of 2."""
+    per_row = 2 if pod.get("layout") == "server" else 4
+    return per_row, sum(-(-len(m["ipus"]) // per_row) for m in pod["machines"])
+
+
 def draw(view: Mapping[str, Any], keys: list[PartitionKey], *, selected: str | None = None) -> str:
     by_name = {k.name: k for k in keys}
     pods = view.get("pods", [])
     columns = max(1, min(PODS_PER_ROW, len(pods)))
-    rows = max(1, -(-len(pods) // PODS_PER_ROW))
+    # Units of a row of the map sit side by side; the row is as tall as its tallest unit (a POD64).
+    tops: list[int] = []
+    height = 0
+    for first in range(0, len(pods), PODS_PER_ROW):
+        if first:
+            height += POD_GAP
+        tops.append(height)
+        height += max(HEADER_H + _shape(p)[1] * ROW_H for p in pods[first : first + PODS_PER_ROW])
     width = columns * POD_W + (columns - 1) * POD_GAP
-    height = rows * POD_H + (rows - 1) * POD_GAP
     held = sum(k.ipus for k in keys)
     total = sum(len(m["ipus"]) for p in pods for m in p["machines"])
-    title = f"Fleet map: {len(pods)} POD64s, {held} of {total} IPUs in partitions"
+    servers = sum(1 for p in pods if p.get("layout") == "server")
+    count = len(pods) - servers
+    units = f"{count} POD{'' if count == 1 else 's'}" + (
+        f" and {servers} server{'' if servers == 1 else 's'}" if servers else ""
+    )
+    title = f"Fleet map: {units}, {held} of {total} IPUs in partitions"
     out = [
-        f'<svg class="fleet-map" viewBox="0 0 {width} {height}" role="group" aria-labelledby="fleet-t" '
-        f'xmlns="http://www.w3.org/2000/svg">',
+        f'<svg class="fleet-map" viewBox="0 0 {width} {max(height, 1)}" role="group" '
+        'aria-labelledby="fleet-t" xmlns="http://www.w3.org/2000/svg">',
         f'<title id="fleet-t">{escape(title)}</title>',
         '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f6d4d4"/>'
@@ -105,39 +123,62 @@ def draw(view: Mapping[str, Any], keys: list[PartitionKey], *, selected: str | N
     ]
     for index, pod in enumerate(pods):
         ox = (index % PODS_PER_ROW) * (POD_W + POD_GAP)
-        oy = (index // PODS_PER_ROW) * (POD_H + POD_GAP)
+        oy = tops[index // PODS_PER_ROW]
+        kind = str(pod.get("model") or pod.get("layout") or "")
+        kind = f"{pod.get('machine_type', '')} {kind}".strip()
         out.append(f'<g transform="translate({ox},{oy})">')
         out.append(
             f'<text x="0" y="16" font-size="13" font-weight="600" fill="#1c1c28">{escape(pod["id"])}</text>'
             f'<text x="{POD_W - 2}" y="16" font-size="11" text-anchor="end" fill="#4a4a5e">'
-            f"{escape(str(pod.get('machine_type', '')))}</text>"
+            f"{escape(kind)}</text>"
         )
+        per_row, _ = _shape(pod)
+        row = 0
         for machine in pod["machines"]:
-            out.append(_machine(machine, by_name, selected))
+            out.append(_machine(machine, by_name, selected, row, per_row))
+            row += -(-len(machine["ipus"]) // per_row)
         out.append("</g>")
     out.append("</svg>")
     return "".join(out)
 
 
-def _machine(machine: Mapping[str, Any], by_name: Mapping[str, PartitionKey], selected: str | None) -> str:
+def _machine(
+    machine: Mapping[str, Any],
+    by_name: Mapping[str, PartitionKey],
+    selected: str | None,
+    first_row: int,
+    per_row: int,
+) -> str:
+    """A machine as rows of IPU cells from ``first_row``: one row of 4 for a POD's machine, 8 rows of
+    2 (one per C2 card) for a server, which is one machine."""
     slot = int(machine["slot"])
-    y = HEADER_H + slot * ROW_H
+    ipus = machine["ipus"]
+    rows = -(-len(ipus) // per_row)
+    y = HEADER_H + first_row * ROW_H
     health = machine.get("health", "up")
-    held = [i for i in machine["ipus"] if i.get("partition")]
+    held = [i for i in ipus if i.get("partition")]
     describe = f"{machine['id']}, {health}"
     if machine.get("reason"):
         describe += f" ({machine['reason']})"
     names = sorted({str(i["partition"]) for i in held})
-    describe += f", {len(held)} of 4 IPUs in " + ", ".join(names) if held else ", all 4 IPUs free"
+    n = len(ipus)
+    describe += f", {len(held)} of {n} IPUs in " + ", ".join(names) if held else f", all {n} IPUs free"
     href = f"/admin/fleet?machine={quote(str(machine['id']))}#machine"
     parts = [
         f'<a href="{escape(href)}" aria-label="{escape(describe)}" class="machine machine-{escape(health)}">',
-        f'<rect class="machine-focus" x="-2" y="{y - 2}" width="{POD_W}" height="{ROW_H + 2}" rx="3" '
+        f'<rect class="machine-focus" x="-2" y="{y - 2}" width="{POD_W}" height="{rows * ROW_H + 2}" rx="3" '
         f'fill="{"#fff3c4" if machine["id"] == selected else "transparent"}"/>',
-        f'<text x="2" y="{y + 14}" font-size="11" fill="#4a4a5e">m{slot:02d}</text>',
     ]
-    for i, ipu in enumerate(machine["ipus"]):
-        x = LABEL_W + i * (CELL_W + GAP)
+    if per_row == 4:
+        parts.append(f'<text x="2" y="{y + 14}" font-size="11" fill="#4a4a5e">m{slot:02d}</text>')
+    for i, ipu in enumerate(ipus):
+        row, col = divmod(i, per_row)
+        if col == 0 and per_row != 4:
+            parts.append(
+                f'<text x="2" y="{y + row * ROW_H + 14}" font-size="11" fill="#4a4a5e">c{row}</text>'
+            )
+        x = LABEL_W + col * (CELL_W + GAP)
+        cy = y + row * ROW_H
         key = by_name.get(ipu.get("partition") or "")
         if key is not None:
             fill, ink, letter = key.colour, key.ink, key.letter
@@ -149,26 +190,27 @@ def _machine(machine: Mapping[str, Any], by_name: Mapping[str, PartitionKey], se
             ink, letter = "#14141f", ""
             tip = f"{ipu['id']}: free" + ("" if health == "up" else f" ({health})")
         parts.append(
-            f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" rx="2" fill="{fill}">'
+            f'<rect x="{x}" y="{cy}" width="{CELL_W}" height="{CELL_H}" rx="2" fill="{fill}">'
             f"<title>{escape(tip)}</title></rect>"
         )
         if letter:
             parts.append(
-                f'<text x="{x + CELL_W / 2}" y="{y + 14}" font-size="12" font-weight="600" '
+                f'<text x="{x + CELL_W / 2}" y="{cy + 14}" font-size="12" font-weight="600" '
                 f'text-anchor="middle" fill="{ink}">{escape(letter)}</text>'
             )
-    cells_w = 4 * (CELL_W + GAP) - GAP
-    mark_x = LABEL_W + cells_w + 5
+    cells_w = per_row * (CELL_W + GAP) - GAP
+    box_h = rows * ROW_H - GAP
+    mark_x = LABEL_W + 4 * (CELL_W + GAP) - GAP + 5
     if health == "failed":
         parts.append(
-            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{CELL_H + 2}" fill="none" '
+            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{box_h + 2}" fill="none" '
             f'stroke="{FAILED}" stroke-width="2"/>'
             f'<path d="M{mark_x} {y + 4} l10 12 M{mark_x + 10} {y + 4} l-10 12" stroke="{FAILED}" '
             'stroke-width="2.5"/>'
         )
     elif health == "draining":
         parts.append(
-            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{CELL_H + 2}" fill="none" '
+            f'<rect x="{LABEL_W - 1}" y="{y - 1}" width="{cells_w + 2}" height="{box_h + 2}" fill="none" '
             f'stroke="{DRAINING}" stroke-width="2" stroke-dasharray="4 3"/>'
             f'<path d="M{mark_x} {y + 10} h10 M{mark_x + 6} {y + 5} l5 5 l-5 5" stroke="{DRAINING}" '
             'stroke-width="2" fill="none"/>'

@@ -137,6 +137,7 @@ def tenant_home(request: Request, db: DbDep, user: sessions.DashSession) -> Resp
             "queued": queued,
             "recent": recent,
             "by_workload": groups["by_workload"],
+            "by_machine_type": groups["by_machine_type"],
         },
         user=user,
     )
@@ -220,7 +221,7 @@ def run_estimate(
                 tenant_id=user.tenant_id,
             )
             if user.tenant_id is None:
-                return out | {"sram_bytes_per_ipu": _sram_bytes(spec)}, 200
+                return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200
             t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
             if out.get("fits") and out.get("ipus"):
@@ -229,18 +230,20 @@ def run_estimate(
                     tenant_id=t.id,
                     workload=spec.workload,
                     ipus=int(out["ipus"]),
-                    machine=spec.machine,
+                    machine=out.get("machine") or spec.machine,
                     max_runtime_s=spec.max_runtime_s,
                 )
     except DomainError as exc:
         return {"fits": False, "error": exc.detail}, exc.status
     out["remaining_ipu_hours"] = remaining
-    out["sram_bytes_per_ipu"] = _sram_bytes(spec)
+    out["sram_bytes_per_ipu"] = _sram_bytes(out, spec)
     return out, 200
 
 
-def _sram_bytes(spec: JobSpec) -> int:
-    return emulator.MACHINES[spec.machine or emulation.DEFAULT_MACHINE].sram_bytes
+def _sram_bytes(out: dict[str, Any], spec: JobSpec) -> int:
+    # The type it was estimated on: the one named, or (for `any`) the one it would finish first on.
+    kind = out.get("machine") or (spec.machine if spec.machine not in (None, "any") else None)
+    return emulator.MACHINES[kind or emulation.DEFAULT_MACHINE].sram_bytes
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)

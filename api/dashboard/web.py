@@ -20,6 +20,7 @@ from api.dashboard import sessions
 from api.deps import DbDep
 from scheduler.errors import DomainError, Forbidden, Unauthorized
 from scheduler.services import keys
+from vipu.machine_types import LAYOUTS, MACHINES, SERVER_MODELS
 
 HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
@@ -79,7 +80,23 @@ def iso(value: datetime | None) -> str:
 
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-templates.env.globals.update(asset=asset)
+# Machine types and server models come from the registry (vipu/machine_types.py): a new type needs no
+# template edit. (value, label) pairs for the forms' selects.
+MACHINE_CHOICES = tuple((kind.value, f"{m.product} ({m.chip})") for kind, m in MACHINES.items())
+POD_CHOICES = tuple(
+    (kind.value, m.product)
+    for kind, m in MACHINES.items()
+    if any(LAYOUTS[n].name != "server" for n in m.layouts)
+)
+LAYOUT_CHOICES = tuple((name, layout.label) for name, layout in LAYOUTS.items() if name != "server")
+SERVER_CHOICES = tuple(SERVER_MODELS.items())
+templates.env.globals.update(
+    asset=asset,
+    machine_choices=MACHINE_CHOICES,
+    pod_choices=POD_CHOICES,
+    layout_choices=LAYOUT_CHOICES,
+    server_choices=SERVER_CHOICES,
+)
 templates.env.filters.update(hours=hours, duration=duration, when=when, iso=iso)
 
 

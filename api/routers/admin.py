@@ -1,4 +1,10 @@
-"""Admin routes: fleet, machines, partitions (tenants, plans, trials: admin_tenants; usage: usage)."""
+"""Admin routes: fleet (racks, servers, machines), partitions (tenants, plans, trials: admin_tenants;
+usage: usage).
+
+The fleet changes while the cloud runs: racks of PODs and IPU servers are added and retired here,
+and the scheduler picks the new shape up at its next pass. Retiring takes drained hardware only, and
+never while a live partition holds any of its IPUs, so nothing running is stranded.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +21,24 @@ from scheduler.services import fleet, machines, partitions
 from scheduler.services import tenants as tenant_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 from scheduler.text import TEXT
+from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MACHINES, SERVER_MODELS
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 MachineId = Annotated[str, Path(min_length=1, max_length=32)]
+# From the registry (vipu/machine_types.py): a new type or model needs no edit here.
+POD_TYPES = tuple(t.value for t, m in MACHINES.items() if any(n != "server" for n in m.layouts))
+POD_LAYOUTS = tuple(name for name in LAYOUTS if name != "server")
+SERVER_MODEL_NAMES = tuple(SERVER_MODELS)
 
 
 # Fleet and machines -------------------------------------------------------------------------------------
 
 
-@router.get("/fleet", summary="The fleet: pods, machines and IPUs with who holds them, and fragmentation")
+@router.get(
+    "/fleet", summary="The fleet: PODs, servers, machines and IPUs with who holds them, and fragmentation"
+)
 def get_fleet(
     principal: Admin,
     db: DbDep,
@@ -46,6 +59,95 @@ class HealthChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: Annotated[str, StringConstraints(max_length=500, pattern=TEXT)] | None = None
+
+
+RackId = Annotated[str, Path(min_length=1, max_length=16, description="A rack, e.g. `rack0003`.")]
+UnitId = Annotated[
+    str, Path(min_length=1, max_length=16, description="A POD (`pod0003`) or a server (`srv0004`).")
+]
+
+
+class RackCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    machine_type: Literal[POD_TYPES] = Field(description="The machine type of its PODs.")  # type: ignore[valid-type]
+    layout: Literal[POD_LAYOUTS] = Field(  # type: ignore[valid-type]
+        "pod64", description="`pod64` (16 machines) or `pod16` (4 machines)."
+    )
+    pods: int = Field(1, ge=1, le=2, description="PODs in the rack: a rack holds two POD64s or one POD16.")
+
+
+class ServersCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Literal[SERVER_MODEL_NAMES] = Field(description="The server model.")  # type: ignore[valid-type]
+    count: int = Field(1, ge=1, le=64, description="How many (they fill the last server rack first).")
+
+
+@router.get("/fleet/racks", summary="The racks, their PODs and servers, and their machines' health")
+def list_racks(principal: Admin, db: DbDep) -> dict[str, Any]:
+    with db.read() as s:
+        return {"racks": fleet.racks(session=s)}
+
+
+@router.post("/fleet/racks", status_code=201, summary="Add a rack of PODs to the running fleet")
+def add_rack(body: RackCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
+    with db.write() as s:
+        rack = fleet.add_rack(session=s, machine_type=body.machine_type, layout=body.layout, units=body.pods)
+        out = next(r for r in fleet.racks(session=s) if r["index"] == rack)
+    bus.wake_scheduler("fleet")
+    return out
+
+
+@router.post("/fleet/servers", status_code=201, summary="Add IPU servers to the running fleet")
+def add_servers(body: ServersCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
+    with db.write() as s:
+        added = fleet.add_servers(session=s, model=body.model, count=body.count)
+        ids = {fleet.unit_name(unit, "server") for unit in added}
+        units = [u for r in fleet.racks(session=s) for u in r["units"] if u["id"] in ids]
+    bus.wake_scheduler("fleet")
+    return {"servers": units}
+
+
+@router.post("/fleet/racks/{rack_id}/drain", summary="Drain every machine of a rack, before retiring it")
+def drain_rack(
+    rack_id: RackId, principal: Admin, db: DbDep, body: HealthChange | None = None
+) -> dict[str, Any]:
+    return _rack_health(db, rack_id, "draining", body)
+
+
+@router.post("/fleet/racks/{rack_id}/restore", summary="Restore every machine of a rack")
+def restore_rack(
+    rack_id: RackId, principal: Admin, db: DbDep, body: HealthChange | None = None
+) -> dict[str, Any]:
+    return _rack_health(db, rack_id, "up", body)
+
+
+def _rack_health(db: DbDep, rack_id: str, health: str, body: HealthChange | None) -> dict[str, Any]:
+    with db.write() as s:
+        ids = fleet.drain_rack(
+            session=s, rack=fleet.parse_rack(rack_id), health=health, reason=body.reason if body else None
+        )
+    bus.wake_scheduler("machine")
+    return {"rack": rack_id, "health": health, "machines": ids}
+
+
+@router.delete("/fleet/racks/{rack_id}", summary="Retire a drained rack (409 while it holds live partitions)")
+def retire_rack(rack_id: RackId, principal: Admin, db: DbDep) -> dict[str, Any]:
+    with db.write() as s:
+        retired = fleet.retire(session=s, rack=fleet.parse_rack(rack_id))
+    bus.wake_scheduler("fleet")
+    return {"rack": rack_id, "retired": retired}
+
+
+@router.delete(
+    "/fleet/units/{unit_id}", summary="Retire a drained POD or server (409 while it holds live partitions)"
+)
+def retire_unit(unit_id: UnitId, principal: Admin, db: DbDep) -> dict[str, Any]:
+    with db.write() as s:
+        retired = fleet.retire(session=s, unit=fleet.parse_unit(unit_id))
+    bus.wake_scheduler("fleet")
+    return {"retired": retired}
 
 
 def _set_health(
@@ -112,7 +214,7 @@ class PartitionCreate(BaseModel):
 
     id: PartitionName = Field(description="The partition's name (V-IPU: `vipu create partition NAME`).")
     size: int = Field(ge=1, le=65536)
-    machine_type: Literal["m2000", "bow"] | None = None
+    machine_type: Literal[MACHINE_TYPE_NAMES] | None = None  # type: ignore[valid-type]
     tenant: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None, description="Reserve it for this tenant: only its jobs may run in it."
     )

@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import DbDep, Reader
 from scheduler.jobspec import WorkloadRequest
-from scheduler.services import estimates
+from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
+from scheduler.services.tenants import get_tenant
 from vipu import emulator
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 router = APIRouter(prefix="/api/v1", tags=["catalogue"])
 
@@ -21,7 +23,11 @@ class EstimateRequest(BaseModel):
 
     workload: WorkloadRequest
     ipus: Annotated[int, Field(ge=1, le=65_536)] | Literal["auto"] = "auto"
-    machine: Literal["m2000", "bow"] | None = None
+    machine: Literal[(*MACHINE_TYPE_NAMES, "any")] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="A machine type, or `any` (also what null means): the estimate is for the type where "
+        "the job would finish first, each type's answer under `machine_options`.",
+    )
     max_runtime_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
     )
@@ -47,6 +53,11 @@ class EstimateOut(BaseModel):
     step_s: float | None = None
     total_s: float | None = None
     ipu_hours: float | None = None
+    charged_ipu_hours: float | None = Field(None, description="IPU-hours x the type's rate: grant spent")
+    machine: str | None = None
+    machine_options: dict[str, dict[str, Any]] | None = Field(
+        None, description="With machine `any`: each type's answer (fits, ipus, total_s, expected_wait_s, ...)"
+    )
     expected_wait_s: float | None = Field(
         None, description="Cluster seconds before it would start; null if never"
     )
@@ -69,11 +80,16 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 )
 def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
     with db.read() as s:
+        plan_rates = None
+        if principal.tenant_id is not None:
+            plan = get_tenant(session=s, tenant_id=principal.tenant_id).plan_name
+            plan_rates = rates.plan_terms(session=s, plan_name=plan)[0]
         out = estimates.estimate(
             session=s,
             workload=body.workload,
             ipus=body.ipus,
             machine=body.machine,
+            rates=plan_rates,
             tenant_id=principal.tenant_id,
         )
         if principal.tenant_id is not None and out.get("fits") and out.get("ipus"):
@@ -82,7 +98,7 @@ def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> Esti
                 tenant_id=principal.tenant_id,
                 workload=body.workload,
                 ipus=int(out["ipus"]),
-                machine=body.machine,
+                machine=out.get("machine") or body.machine,  # the type the estimate is for
                 max_runtime_s=body.max_runtime_s,
             )
     return EstimateOut(**out)

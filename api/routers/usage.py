@@ -1,7 +1,8 @@
 """Metered usage: the caller's tenant (`/usage`) and every tenant (`/admin/usage`), as JSON or CSV.
 
 JSON carries every grouping at once: by day (the last `days` days with usage), by job (a page of
-`limit` jobs, newest first, continued with `cursor`), by workload and by partition size. CSV
+`limit` jobs, newest first, continued with `cursor`), by workload, by partition size and by machine
+type (IPU-hours run there and the grant they spent at that type's rate). CSV
 carries one grouping, chosen with `group`, under a header row naming its columns; a page of jobs
 that has more after it says so in a `Link: <...>; rel="next"` header.
 """
@@ -27,6 +28,7 @@ from api.schemas import (
 from api.views import days_left, hours, tenant_status
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
+from scheduler.services import rates
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
@@ -34,8 +36,8 @@ from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 
 Format = Literal["json", "csv"]
-Group = Literal["job", "day", "workload", "partition_size"]
-AdminGroup = Literal["tenant", "job", "day", "workload", "partition_size"]
+Group = Literal["job", "day", "workload", "partition_size", "machine_type"]
+AdminGroup = Literal["tenant", "job", "day", "workload", "partition_size", "machine_type"]
 Since = Annotated[UtcDatetime | None, Query(description="Only usage at or after this instant.")]
 Until = Annotated[UtcDatetime | None, Query(description="Only usage before this instant.")]
 Cursor = Annotated[
@@ -49,6 +51,7 @@ COLUMNS: dict[str, list[str]] = {
     "day": ["day", "ipu_hours"],
     "workload": ["workload", "ipu_hours"],
     "partition_size": ["partition_size", "ipu_hours"],
+    "machine_type": ["machine_type", "ipu_hours", "charged_ipu_hours"],
     "tenant": [
         "tenant_id",
         "name",
@@ -141,6 +144,7 @@ def get_usage(
             job_after=decode_cursor(cursor),
             day_limit=days,
         )
+        plan_rates, machine_types = rates.plan_terms(session=s, plan_name=t.plan_name)
     jobs = groups["by_job"]
     next_cursor = encode_cursor(jobs[limit - 1]["job_id"]) if len(jobs) > limit else None
     groups["by_job"] = jobs[:limit]
@@ -152,6 +156,8 @@ def get_usage(
     return UsageOut(
         tenant_id=t.id,
         plan=t.plan_name,
+        rates=plan_rates,
+        machine_types=list(machine_types),
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),

@@ -114,6 +114,24 @@ def usage(
                 [(w["workload"], w["ipu_hours"]) for w in u.by_workload],
             )
         )
+    by_type = getattr(u, "by_machine_type", None) or []
+    if by_type:
+        rates = getattr(u, "rates", None) or {}
+        show(
+            table(
+                "by machine type (grant spent = rate x IPU-hours)",
+                ["TYPE", "RATE", "IPU-HOURS", "GRANT SPENT"],
+                [
+                    (
+                        t["machine_type"],
+                        rates.get(t["machine_type"], "-"),
+                        t["ipu_hours"],
+                        t["charged_ipu_hours"],
+                    )
+                    for t in by_type
+                ],
+            )
+        )
     if u.by_day:
         show(table("by day", ["DAY", "IPU-HOURS"], [(d["day"], d["ipu_hours"]) for d in u.by_day[-14:]]))
 

@@ -1,4 +1,5 @@
-"""`ipucloud admin ...`: tenants, plans, trial applications, keys, machines, the fleet, usage."""
+"""`ipucloud admin ...`: tenants, plans, trial applications, keys, machines, racks and servers, the
+fleet, usage."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.sdk import Fleet, Tenant
+from vipu.machine_types import MACHINES, SERVER_MODELS
 
 app = typer.Typer(help="Cloud administration (admin key).", epilog=EXIT_CODES_HELP, no_args_is_help=True)
 tenants_app = typer.Typer(help="Tenants: create, list, show, update.", no_args_is_help=True)
@@ -33,11 +35,19 @@ keys_app = typer.Typer(
     help="API keys: list, create, revoke (yours, or a tenant's with --tenant).", no_args_is_help=True
 )
 machines_app = typer.Typer(help="Machines: drain, fail, restore.", no_args_is_help=True)
+racks_app = typer.Typer(
+    help="Racks of PODs: list, add, drain, restore, retire (the fleet changes while it runs).",
+    no_args_is_help=True,
+)
+servers_app = typer.Typer(help="IPU servers (C2 cards): add, retire.", no_args_is_help=True)
+POD_TYPES = [t.value for t, m in MACHINES.items() if any(n != "server" for n in m.layouts)]
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(plans_app, name="plans")
 app.add_typer(trials_app, name="trials")
 app.add_typer(keys_app, name="keys")
 app.add_typer(machines_app, name="machines")
+app.add_typer(racks_app, name="racks")
+app.add_typer(servers_app, name="servers")
 
 
 def _tenant_rows(t: Tenant) -> list[tuple[str, Any]]:
@@ -412,12 +422,125 @@ for _action in ("drain", "fail", "restore"):
     machines_app.command(_action)(_machine_command(_action))
 
 
+@racks_app.command("list")
+def racks_list(url: UrlOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """The racks, their PODs and servers, and how many machines of each are up, draining, failed."""
+    with connect(url, key, as_json) as client:
+        r = client.racks()
+    if as_json:
+        print_json(r)
+        return
+    rows = []
+    for rack in r.racks:
+        for unit in rack.units:
+            health = ", ".join(f"{n} {state}" for state, n in unit.machines.items() if n)
+            label = unit.model or unit.layout
+            rows.append((rack.id, unit.id, unit.machine_type, label, unit.ipus, health))
+    show(table(None, ["RACK", "UNIT", "TYPE", "LAYOUT", "IPUS", "MACHINES"], rows))
+
+
+@racks_app.command("add")
+def racks_add(
+    machine_type: Annotated[str, typer.Argument(help=f"Machine type of its PODs: {', '.join(POD_TYPES)}.")],
+    layout: Annotated[str, typer.Option(help="pod64 (16 machines) or pod16 (4 machines).")] = "pod64",
+    pods: Annotated[int, typer.Option(help="PODs in the rack: 1 or 2 POD64s, 1 POD16.", min=1, max=2)] = 1,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a rack of PODs to the running fleet: the scheduler places on it at its next pass."""
+    with connect(url, key, as_json) as client:
+        rack = client.add_rack(machine_type, layout=layout, pods=pods)
+    if as_json:
+        print_json(rack)
+    else:
+        show(f"{rack.id}: " + ", ".join(f"{u.id} ({u.machine_type} {u.layout})" for u in rack.units))
+
+
+def _rack_health_command(action: str) -> Any:
+    verbs = {
+        "drain": "Drain every machine of a rack: jobs finish, nothing new is placed (retire it after).",
+        "restore": "Restore every machine of a rack.",
+    }
+
+    def command(
+        rack_id: Annotated[str, typer.Argument(help="Rack id, e.g. rack0002.")],
+        reason: Annotated[str | None, typer.Option(help="Why (shown on the fleet map).")] = None,
+        url: UrlOpt = None,
+        key: KeyOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        with connect(url, key, as_json) as client:
+            r = getattr(client, f"{action}_rack")(rack_id, reason=reason)
+        if as_json:
+            print_json(r)
+        else:
+            show(f"{r.rack}: {len(r.machines)} machines {r.health}")
+
+    command.__doc__ = verbs[action]
+    command.__name__ = action
+    return command
+
+
+for _action in ("drain", "restore"):
+    racks_app.command(_action)(_rack_health_command(_action))
+
+
+@racks_app.command("retire")
+def racks_retire(
+    rack_id: Annotated[str, typer.Argument(help="Rack id, e.g. rack0002.")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Retire a drained rack for good (refused while any of its IPUs is in a live partition)."""
+    with connect(url, key, as_json) as client:
+        r = client.retire_rack(rack_id)
+    if as_json:
+        print_json(r)
+    else:
+        show(f"{rack_id} retired: {', '.join(r.retired)}")
+
+
+@servers_app.command("add")
+def servers_add(
+    model: Annotated[str, typer.Argument(help=f"Server model: {', '.join(SERVER_MODELS)}.")],
+    count: Annotated[int, typer.Option(help="How many.", min=1, max=64)] = 1,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add IPU servers to the running fleet (they fill the last server rack first)."""
+    with connect(url, key, as_json) as client:
+        added = client.add_servers(model, count=count)
+    if as_json:
+        print_json(added)
+    else:
+        show("added " + ", ".join(f"{u.id} ({u.model})" for u in added.servers))
+
+
+@servers_app.command("retire")
+def servers_retire(
+    unit_id: Annotated[str, typer.Argument(help="Server id (srv0004) or POD id (pod0003).")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Retire a drained server (or POD) for good: drain it first with `admin machines drain srv0004`."""
+    with connect(url, key, as_json) as client:
+        r = client.retire_unit(unit_id)
+    if as_json:
+        print_json(r)
+    else:
+        show(f"retired {', '.join(r.retired)}")
+
+
 SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 
 def fleet_map(fleet: Fleet) -> tuple[list[str], list[tuple[str, str, str, str]]]:
-    """One line per POD64: 16 machines of 4 IPUs. A letter per partition, `.` free, `x` failed,
-    `~` free on a draining machine; and the legend of letters."""
+    """One line per POD (16 or 4 machines of 4 IPUs) or server (its 16 IPUs, a pair per C2 card).
+    A letter per partition, `.` free, `x` failed, `~` free on a draining machine; and the legend."""
     symbol: dict[str, str] = {}
     legend: list[tuple[str, str, str, str]] = []
     lines = []
@@ -439,20 +562,25 @@ def fleet_map(fleet: Fleet) -> tuple[list[str], list[tuple[str, str, str, str]]]
                     chars.append("~")
                 else:
                     chars.append(".")
-            cells.append("".join(chars))
-        lines.append(f"{pod.id} {pod.machine_type:<5} " + " ".join(cells))
+            if pod.layout == "server":
+                cells.extend("".join(chars[i : i + 2]) for i in range(0, len(chars), 2))
+            else:
+                cells.append("".join(chars))
+        kind = pod.model or pod.machine_type
+        lines.append(f"{pod.id} {kind:<8} " + " ".join(cells))
     return lines, legend
 
 
 @app.command("fleet")
 def fleet(
-    pods: Annotated[int, typer.Option(help="How many POD64s to show.", min=1, max=1024)] = 64,
-    pod_from: Annotated[int, typer.Option(help="First POD64 index.", min=0)] = 0,
+    pods: Annotated[int, typer.Option(help="How many PODs and servers to show.", min=1, max=1024)] = 64,
+    pod_from: Annotated[int, typer.Option(help="First POD or server index.", min=0)] = 0,
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The fleet as a map: each POD64 as 16 machines x 4 IPUs, who holds what, what is down."""
+    """The fleet as a map: each POD as its machines x 4 IPUs, each server as its 8 cards x 2 IPUs, who
+    holds what, what is down."""
     with connect(url, key, as_json) as client:
         f = client.fleet(pod_from=pod_from, pods=pods)
     if as_json:
@@ -464,9 +592,9 @@ def fleet(
     live = s.get("live_partitions", 0)
     parts = [f"{s.get('ipus', '-')} IPUs", f"{s.get('free_ipus', '-')} free"]
     parts.append(f"{live} partition{'' if live == 1 else 's'}")
-    largest = frag.get("largest_free_by_type") or {}
-    if largest:
-        parts.append("largest free block " + ", ".join(f"{n} ({t})" for t, n in sorted(largest.items())))
+    for kind in s.get("by_machine_type") or []:
+        free = f"{kind['free_ipus']:,}/{kind['ipus']:,}"
+        parts.append(f"{kind['machine_type']} {free} free, largest {kind['largest_free']}")
     if frag.get("head_size"):
         parts.append(f"{frag.get('stranded_ipus')} IPUs stranded for {frag['head_size']}-IPU jobs")
     out.print(", ".join(parts), markup=False)
@@ -478,7 +606,7 @@ def fleet(
     if f.pods and total and len(f.pods) < total:
         first, last = f.pods[0].id, f.pods[-1].id
         out.print(
-            f"showing {first} to {last} of {total:,} POD64s (--pod-from, --pods); "
+            f"showing {first} to {last} of {total:,} PODs and servers (--pod-from, --pods); "
             "partitions and machines not up below are those on the pods shown",
             markup=False,
         )

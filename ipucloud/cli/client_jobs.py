@@ -29,6 +29,7 @@ from ipucloud.cli.client_common import (
 )
 from ipucloud.cli.client_models import parse_dims
 from ipucloud.sdk import Client, Job, StreamEvent
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 app = typer.Typer(
     help="Submit, list, inspect, follow and cancel jobs.", epilog=EXIT_CODES_HELP, no_args_is_help=True
@@ -150,7 +151,15 @@ def submit(
         typer.Option(help="Your model's optimizer: sgd, sgd-momentum, adam (default), lamb, rmsprop."),
     ] = None,
     ipus: Annotated[str | None, typer.Option(help="Partition size (a power of two) or `auto`.")] = None,
-    machine: Annotated[str | None, typer.Option(help="m2000 or bow.")] = None,
+    machine: Annotated[
+        str | None,
+        typer.Option(
+            help=f"{', '.join(MACHINE_TYPE_NAMES)}, or any (default): where it is predicted to finish first."
+        ),
+    ] = None,
+    prefer: Annotated[
+        str | None, typer.Option(help="With machine any: time (default) or cost (the least grant spent).")
+    ] = None,
     partition: Annotated[str | None, typer.Option(help="Run inside this reserved partition.")] = None,
     priority: Annotated[int | None, typer.Option(help="-100..100 within your tenant.")] = None,
     max_runtime: Annotated[
@@ -184,6 +193,7 @@ def submit(
         optimizer=optimizer,
         ipus=parse_ipus(ipus),
         machine=machine,
+        prefer=prefer,
         partition=partition,
         priority=priority,
         max_runtime_s=max_runtime,

@@ -14,6 +14,7 @@ import typer
 
 from ipucloud.cli.client_common import EXIT_CODES_HELP, JsonOpt, KeyOpt, UrlOpt, connect, print_json
 from ipucloud.sdk import Partition
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 app = typer.Typer(
     help="Virtual-IPU partitions with V-IPU's verbs (admin key).",
@@ -85,7 +86,9 @@ def pipe_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def create_partition(
     name: Annotated[str, typer.Argument(help="The partition's id.")],
     size: Annotated[int, typer.Option(help="IPUs: a power of two.", min=1)],
-    machine: Annotated[str | None, typer.Option(help="m2000 or bow (default: any).")] = None,
+    machine: Annotated[
+        str | None, typer.Option(help=f"{', '.join(MACHINE_TYPE_NAMES)} (default: any).")
+    ] = None,
     tenant: Annotated[str | None, typer.Option(help="Reserve it for this tenant id.")] = None,
     num_gcds: Annotated[
         int,

@@ -57,8 +57,16 @@ def up(
         int, typer.Option(help="Port the API binds.", min=1, max=65535, envvar="IPUCLOUD_PORT")
     ] = 8000,
     pods: Annotated[
-        int, typer.Option(help="POD64 racks (IPU-M2000) in the demo fleet.", min=1, max=1024)
-    ] = 2,
+        int | None,
+        typer.Option(help="IPU-M2000 POD64s in the demo fleet (beside its DSS 8440).", min=1, max=1024),
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            help="The fleet, e.g. 2xm2000,1xbow,1xbow/pod16,4xdss8440 (default: two IPU-M2000 POD64s and "
+            "one Dell DSS 8440). Units missing are added at start; admins retire them.",
+        ),
+    ] = None,
     time_scale: Annotated[
         float,
         typer.Option(
@@ -72,6 +80,23 @@ def up(
 ) -> None:
     """Run the whole cloud on this machine: SQLite, embedded Redis, API, scheduler, one worker."""
     from ipucloud.supervisor import Cloud
+    from vipu.topology import DEMO_FLEET, UnitGroup, parse_fleet_description
+
+    if pods is not None and fleet is not None:
+        err.print("[red]Give --fleet or --pods, not both.[/]")
+        raise typer.Exit(2)
+    try:
+        groups = parse_fleet_description(fleet or DEMO_FLEET)
+    except ValueError as exc:
+        err.print(f"[red]--fleet: {exc}[/]")
+        raise typer.Exit(2)
+    if pods is not None:
+        groups = tuple(
+            UnitGroup(g.machine_type, g.layout, pods, g.model)
+            if (g.machine_type.value, g.layout) == ("m2000", "pod64")
+            else g
+            for g in groups
+        )
 
     os.environ.update(
         IPUCLOUD_MODE="embedded",
@@ -82,7 +107,7 @@ def up(
     )
     reset_settings_cache()
     settings = _settings_or_exit()
-    raise typer.Exit(Cloud(settings=settings, pods=pods).run())
+    raise typer.Exit(Cloud(settings=settings, fleet=groups).run())
 
 
 def api(
@@ -223,26 +248,42 @@ def bootstrap(
     pods: Annotated[
         int, typer.Option(help="Make sure the fleet has at least this many POD64s.", min=0, max=1024)
     ] = 0,
-    machine: Annotated[str, typer.Option(help="Machine type of added POD64s: m2000 or bow.")] = "m2000",
+    machine: Annotated[
+        str, typer.Option(help="Machine type of added POD64s (see --fleet for others).")
+    ] = "m2000",
+    fleet: Annotated[
+        str | None,
+        typer.Option(help="Make sure the fleet has at least these units, e.g. 4xm2000,2xbow,8xdss8440."),
+    ] = None,
     admin_key_file: Annotated[
         Path | None, typer.Option(help="Write a new admin key here (mode 0600) if none exists yet.")
     ] = None,
 ) -> None:
     """Seed a production database: fleet racks and the first admin key (printed once)."""
     from scheduler.db import Database
-    from scheduler.services import fleet, tenants
+    from scheduler.services import fleet as fleet_service
+    from scheduler.services import tenants
     from scheduler.settings import write_private
+    from vipu.topology import parse_fleet_description
 
+    try:
+        groups = parse_fleet_description(fleet) if fleet else ()
+    except ValueError as exc:
+        err.print(f"[red]--fleet: {exc}[/]")
+        raise typer.Exit(2)
     settings = _settings_or_exit()
     _preflight(settings, require_migrated=True)
     db = Database(settings.db_url)
     with db.write() as s:
         tenants.seed_plans(session=s)
-        added = fleet.seed_fleet(session=s, pods=pods, machine_type=machine) if pods else 0
+        added = fleet_service.seed_fleet(session=s, pods=pods, machine_type=machine) if pods else 0
+        added_units = fleet_service.ensure_fleet(session=s, groups=groups) if groups else 0
         key = tenants.ensure_admin_key(session=s, secret=settings.secret())
     db.dispose()
     if added:
         err.print(f"Added {added} POD64s of {machine}.")
+    if added_units:
+        err.print(f"Added {added_units} PODs and servers.")
     if key is not None:
         if admin_key_file is not None:
             write_private(admin_key_file, key + "\n")

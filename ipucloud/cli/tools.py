@@ -10,8 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vipu.machine_types import MACHINE_TYPE_NAMES, get_machine
+
 out = Console()
 err = Console(stderr=True)
+# Option help from the machine-type registry (vipu/machine_types.py), so a new type needs no edit here.
+TYPES = ", ".join(MACHINE_TYPE_NAMES)
+POD_TYPES = ", ".join(t for t in MACHINE_TYPE_NAMES if "pod64" in get_machine(t).layouts)
 
 
 def estimate(
@@ -23,7 +28,10 @@ def estimate(
         typer.Option("--model-file", help="Plan this ONNX file on this machine, without uploading it."),
     ] = None,
     ipus: Annotated[str, typer.Option(help="Partition size (a power of two) or `auto`.")] = "auto",
-    machine: Annotated[str, typer.Option(help="m2000 or bow.")] = "m2000",
+    machine: Annotated[
+        str,
+        typer.Option(help=f"{TYPES}; `any` estimates every type and shows the fastest."),
+    ] = "m2000",
     task: Annotated[str, typer.Option(help="train or infer.")] = "train",
     batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
     seq_len: Annotated[
@@ -59,8 +67,8 @@ def estimate(
     from scheduler.jobspec import WorkloadRequest
     from scheduler.services.estimates import estimate as run_estimate
 
-    if machine not in ("m2000", "bow"):
-        err.print("[red]--machine must be m2000 or bow[/]")
+    if machine not in (*MACHINE_TYPE_NAMES, "any"):
+        err.print(f"[red]--machine must be one of {', '.join(MACHINE_TYPE_NAMES)} or any[/]")
         raise typer.Exit(2)
     if (model is None) == (model_file is None):
         err.print("[red]give --model (a catalogue workload) or --model-file (an ONNX file)[/]")
@@ -104,6 +112,8 @@ def estimate(
         err.print(f"[red]Does not fit:[/] {result.get('error')}")
         raise typer.Exit(1)
     plan = result.get("plan") or {}
+    machine = str(result.get("machine") or machine)
+    sram = get_machine(machine).sram_label
     table = Table(
         title=f"{model} ({task}, {precision}) on {plan.get('ipus', ipus)} x {machine}", show_header=False
     )
@@ -112,7 +122,7 @@ def estimate(
         ("micro-batch / grad. accumulation", f"{plan.get('micro_batch')} / {plan.get('grad_accum')}"),
         ("global batch", str(plan.get("global_batch"))),
         ("optimizer state off-chip", str(plan.get("optimizer_offchip"))),
-        ("memory per IPU", f"{result.get('memory_per_ipu_bytes', 0) / 2**20:,.1f} MB of 900 MB"),
+        ("memory per IPU", f"{result.get('memory_per_ipu_bytes', 0) / 2**20:,.1f} MB of {sram}"),
         ("compile time", f"{result['compile_s']:,.1f} s"),
         ("step time", f"{result['step_s'] * 1000:,.2f} ms"),
         ("throughput", f"{result['throughput']:,.1f} samples/s"),
@@ -156,7 +166,14 @@ def _local_model(path: Path, dims: dict[str, int] | None, elementwise: list[str]
 def simulate(
     trace: Annotated[Path, typer.Option(help="Trace CSV (Philly's columns unless mapped below).")],
     pods: Annotated[int, typer.Option(min=1, max=1024, help="POD64s in the simulated fleet.")] = 8,
-    machine: Annotated[str, typer.Option(help="m2000 or bow.")] = "m2000",
+    machine: Annotated[str, typer.Option(help=f"Machine type of the POD64s: {POD_TYPES}.")] = "m2000",
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            help="A fleet of several types instead of --pods x --machine, e.g. 4xm2000,2xbow,32xdss8440: "
+            "each job may run on any type and the policy picks (type-blind: the first with room)."
+        ),
+    ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -213,9 +230,20 @@ def simulate(
     if estimates not in ESTIMATE_MODELS:
         err.print(f"[red]--estimates must be one of {', '.join(ESTIMATE_MODELS)}[/]")
         raise typer.Exit(2)
-    if machine not in ("m2000", "bow"):
-        err.print("[red]--machine must be m2000 or bow[/]")
+    pod_types = [t for t in MACHINE_TYPE_NAMES if "pod64" in get_machine(t).layouts]
+    if machine not in pod_types:
+        err.print(
+            f"[red]--machine must be one of {', '.join(pod_types)} (POD64s); use --fleet for servers[/]"
+        )
         raise typer.Exit(2)
+    if fleet is not None:
+        from vipu.topology import parse_fleet_description
+
+        try:
+            parse_fleet_description(fleet)
+        except ValueError as exc:
+            err.print(f"[red]--fleet: {exc}[/]")
+            raise typer.Exit(2)
     spec = ReplaySpec(
         trace=trace,
         pods=pods,
@@ -228,6 +256,7 @@ def simulate(
         start_row=skip,
         prediction_error=prediction_error,
         max_runtime_s=max_runtime,
+        fleet=fleet,
     )
     try:
         jobs = spec.load()
@@ -253,14 +282,15 @@ def simulate(
             progress=lambda name, done: bar.advance(tasks[name], done),
         )
     figures = report(results)
+    where = f"{pods} POD64 ({pods * 64} IPUs, {machine})" if fleet is None else f"{fleet}"
     if out_dir is not None:
-        title = f"{len(jobs):,} jobs on {pods} x POD64 {machine}"
+        title = f"{len(jobs):,} jobs on {where}"
         for path in write_outputs(results, out_dir, title=title):
             err.print(f"wrote {path}")
     if as_json:
         print(json.dumps(figures, indent=2))
         return
-    table = Table(title=f"{trace.name}: {len(jobs):,} jobs on {pods} POD64 ({pods * 64} IPUs, {machine})")
+    table = Table(title=f"{trace.name}: {len(jobs):,} jobs on {where}")
     rows = [
         ("avg JCT", "avg_jct_s", _duration),
         ("p50 JCT", "p50_jct_s", _duration),

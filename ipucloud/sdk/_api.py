@@ -28,6 +28,11 @@ from ipucloud.sdk.models import (
     Partition,
     PartitionReset,
     Plan,
+    Rack,
+    RackHealth,
+    Racks,
+    Retired,
+    ServersAdded,
     Tenant,
     TenantCreated,
     TrialApplication,
@@ -48,7 +53,7 @@ WORKLOAD_FIELDS = (
     "dims",
     "optimizer",
 )
-JOB_FIELDS = ("name", "ipus", "machine", "partition", "priority", "max_runtime_s")
+JOB_FIELDS = ("name", "ipus", "machine", "prefer", "partition", "priority", "max_runtime_s")
 
 
 def seg(value: str) -> str:
@@ -291,6 +296,33 @@ def reject_trial(application_id: str, reason: str) -> Call[TrialApplication]:
 
 def fleet(pod_from: int, pods: int) -> Call[Fleet]:
     return Call("GET", f"{V1}/admin/fleet", model(Fleet), params={"pod_from": pod_from, "pods": pods})
+
+
+def racks() -> Call[Racks]:
+    return Call("GET", f"{V1}/admin/fleet/racks", model(Racks))
+
+
+def add_rack(machine_type: str, layout: str, pods: int) -> Call[Rack]:
+    body = {"machine_type": machine_type, "layout": layout, "pods": pods}
+    return Call("POST", f"{V1}/admin/fleet/racks", model(Rack), json=body)
+
+
+def add_servers(server_model: str, count: int) -> Call[ServersAdded]:
+    body = {"model": server_model, "count": count}
+    return Call("POST", f"{V1}/admin/fleet/servers", model(ServersAdded), json=body)
+
+
+def rack_health(rack_id: str, action: str, reason: str | None) -> Call[RackHealth]:
+    body = {"reason": reason} if reason else None
+    return Call("POST", f"{V1}/admin/fleet/racks/{seg(rack_id)}/{action}", model(RackHealth), json=body)
+
+
+def retire_rack(rack_id: str) -> Call[Retired]:
+    return Call("DELETE", f"{V1}/admin/fleet/racks/{seg(rack_id)}", model(Retired))
+
+
+def retire_unit(unit_id: str) -> Call[Retired]:
+    return Call("DELETE", f"{V1}/admin/fleet/units/{seg(unit_id)}", model(Retired))
 
 
 def machine_health(machine_id: str, action: str, reason: str | None) -> Call[Machine]:

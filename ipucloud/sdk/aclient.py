@@ -32,6 +32,11 @@ from ipucloud.sdk.models import (
     Partition,
     PartitionReset,
     Plan,
+    Rack,
+    RackHealth,
+    Racks,
+    Retired,
+    ServersAdded,
     StreamEvent,
     Tenant,
     TenantCreated,
@@ -396,6 +401,32 @@ class AsyncClient:
 
     async def fleet(self, *, pod_from: int = 0, pods: int = 64) -> Fleet:
         return await self.call(_api.fleet(pod_from, pods))
+
+    async def racks(self) -> Racks:
+        """The racks, their PODs and IPU servers, and their machines' health."""
+        return await self.call(_api.racks())
+
+    async def add_rack(self, machine_type: str, *, layout: str = "pod64", pods: int = 1) -> Rack:
+        """Add a rack of `pods` PODs (two POD64s at most, or one POD16) to the running fleet."""
+        return await self.call(_api.add_rack(machine_type, layout, pods))
+
+    async def add_servers(self, model: str, *, count: int = 1) -> ServersAdded:
+        """Add IPU servers (`dss8440`, `nf5568m5`) to the running fleet."""
+        return await self.call(_api.add_servers(model, count))
+
+    async def drain_rack(self, rack_id: str, *, reason: str | None = None) -> RackHealth:
+        return await self.call(_api.rack_health(rack_id, "drain", reason))
+
+    async def restore_rack(self, rack_id: str, *, reason: str | None = None) -> RackHealth:
+        return await self.call(_api.rack_health(rack_id, "restore", reason))
+
+    async def retire_rack(self, rack_id: str) -> Retired:
+        """Retire a drained rack; refused (409) while it is not drained or holds live partitions."""
+        return await self.call(_api.retire_rack(rack_id))
+
+    async def retire_unit(self, unit_id: str) -> Retired:
+        """Retire a drained POD (`pod0003`) or server (`srv0004`); refused (409) as `retire_rack`."""
+        return await self.call(_api.retire_unit(unit_id))
 
     async def drain_machine(self, machine_id: str, *, reason: str | None = None) -> Machine:
         return await self.call(_api.machine_health(machine_id, "drain", reason))

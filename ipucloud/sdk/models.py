@@ -336,11 +336,52 @@ class FleetMachine(Model):
 
 
 class FleetPod(Model):
+    """A unit of the fleet: a POD (layout `pod64` or `pod16`) or an IPU server (`server`)."""
+
     id: str
     index: int
     rack: str | None = None
     machine_type: str
+    layout: str = "pod64"
+    model: str | None = None
     machines: list[FleetMachine] = Field(default_factory=list)
+
+
+class RackUnit(Model):
+    id: str
+    index: int
+    machine_type: str
+    layout: str
+    model: str | None = None
+    ipus: int
+    machines: dict[str, int] = Field(default_factory=dict)
+
+
+class Rack(Model):
+    id: str
+    index: int
+    units: list[RackUnit] = Field(default_factory=list)
+    ipus: int = 0
+    drained: bool = False
+
+
+class Racks(Model):
+    racks: list[Rack]
+
+
+class ServersAdded(Model):
+    servers: list[RackUnit]
+
+
+class RackHealth(Model):
+    rack: str
+    health: str
+    machines: list[str]
+
+
+class Retired(Model):
+    rack: str | None = None
+    retired: list[str]
 
 
 class Fleet(Model):

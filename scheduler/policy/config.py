@@ -11,7 +11,9 @@
   not a valid partition, the launch fails and the job goes back to the queue.
 
 The other names are ablations of ``default`` for the simulator's report: each turns one of its
-ingredients off, so the figures say what each is worth.
+ingredients off, so the figures say what each is worth. ``type-blind`` is ``default`` without
+heterogeneity-aware placement: a job that may run on several machine types takes the first type with
+room for it (``scheduler.policy.machine_choice``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class PolicyConfig:
     aging_s: float | None = 3 * 24 * 3600.0
     # Jobs a pass considers behind the first blocked one (Slurm's bf_max_job_test, default 500).
     max_backfill_tests: int = 500
+    # Where a job that may run on several machine types goes: where it finishes first, or (the
+    # type-blind baseline) the first type with room (scheduler.policy.machine_choice).
+    machine_choice: Literal["finish", "first-fit"] = "finish"
     description: str = ""
 
     def with_options(self, **changes: object) -> PolicyConfig:
@@ -85,6 +90,15 @@ POLICIES: dict[str, PolicyConfig] = {
             planner="topology",
             placement="default",
             description="ablation: default without backfill (fair share, strict order)",
+        ),
+        PolicyConfig(
+            "type-blind",
+            ordering="fair",
+            backfill=True,
+            planner="topology",
+            placement="default",
+            machine_choice="first-fit",
+            description="baseline: default, but a job that may run on any type takes the first with room",
         ),
         PolicyConfig(
             "default-firstfit",

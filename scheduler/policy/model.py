@@ -23,12 +23,31 @@ SIZE_LEVELS = MAX_IPUS.bit_length()  # sizes 1 .. 65,536 are levels 0 .. 16
 
 
 @dataclass(frozen=True, slots=True)
+class MachineOption:
+    """What a job would need on one machine type: its partition size, its predicted run time there,
+    and the rate (grant units per IPU-hour) it would be billed at."""
+
+    machine_type: str
+    size: int
+    predicted_runtime_s: float
+    rate: float = 1.0
+
+    @property
+    def cost_ipu_ms(self) -> int:
+        return round(self.rate * self.size * self.predicted_runtime_s * 1000)
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedJob:
     """A job waiting for a partition.
 
     ``predicted_runtime_s`` is what the policy believes the job will take (the emulator's prediction
     capped by the job's ``max_runtime_s`` live; whatever estimate model the simulator runs).
     ``cost_ipu_ms`` is the quota it needs; 0 when quotas do not apply.
+
+    A job that may run on several machine types (``machine_type`` None) lists ``options``, one per
+    type; a pass settles it on one (``scheduler.policy.machine_choice``) before placing it, and its
+    own ``size`` is then the smallest of them. ``prefer`` is ``time`` or ``cost``.
     """
 
     id: str
@@ -40,6 +59,8 @@ class QueuedJob:
     machine_type: str | None = None
     partition: str | None = None  # a reserved partition it must run in
     cost_ipu_ms: int = 0
+    options: tuple[MachineOption, ...] = ()
+    prefer: str = "time"
 
 
 @dataclass(frozen=True, slots=True)

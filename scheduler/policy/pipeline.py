@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
     QueuedJob,
@@ -25,6 +26,7 @@ from scheduler.policy.model import (
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
 from scheduler.policy.preemption import choose_victims
+from scheduler.policy.timetable import expected_end
 
 
 def partition_name_for(job_id: str) -> str:
@@ -59,6 +61,21 @@ class _Pass:
             else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
         )
         self.admission = Admission(snapshot.tenants, snapshot.now)
+        self.types = tuple(kind.value for kind in snapshot.allocator.fleet.machine_types)
+        # Jobs that may run on several machine types are settled on one before they are placed.
+        self.chooser = Chooser(
+            self.planner,
+            snapshot.now,
+            config.machine_choice,
+            timed=isinstance(self.planner, TopologyPlanner),
+            hopeless=self._hopeless,
+            room=(
+                (lambda kind, size: snapshot.allocator.largest_free(kind) >= size)
+                if isinstance(self.planner, TopologyPlanner)
+                else None
+            ),
+            load=self._load_by_type,
+        )
         # Smallest size that cannot start now, per machine type (None: any type). Free space only
         # shrinks during a pass, and a partition of 2N always contains one of N, so every larger
         # size of that type cannot start either.
@@ -96,7 +113,7 @@ class _Pass:
             elif job.partition is not None:
                 self._reserved_partition(job, order)
             elif self.head is None:
-                self._first_in_line(job, order)
+                self._first_in_line(self.chooser.settle(job), order)
             elif backfill:
                 self._backfill(job, order)
             else:
@@ -139,6 +156,13 @@ class _Pass:
                 )
             self.stop = self.can_stop
             return
+        if job.machine_type is None and job.options:
+            if all(self._hopeless(o.machine_type, o.size) for o in job.options):
+                # No type has room for it this pass: it waits, whichever type it would have taken.
+                if self.explain:
+                    self._wait(job, self._no_room(job, head))
+                return
+            job = self.chooser.settle(job, first=False)
         size = job.size
         if size >= (
             self.dead.get(None, math.inf) if job.machine_type is None else self._bound(self.dead, job)
@@ -180,6 +204,12 @@ class _Pass:
             self._check_exhausted()
             return
         self.dead[kind] = min(self.dead.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+        if kind is not None and all(t in self.dead for t in self.types):
+            # Every type has failed some size: from the largest of those up, nothing starts anywhere.
+            bound = max(self.dead[t] for t in self.types)
+            self.dead[None] = min(self.dead.get(None, math.inf), bound)  # type: ignore[arg-type]
+            if bound == 1:
+                self.stop = self.can_stop
         if kind is None and job.size == 1:
             self.stop = self.can_stop  # not one IPU can start: nothing can
         if started.failure == "launch":
@@ -261,6 +291,26 @@ class _Pass:
         return smallest >= self.held.get(None, math.inf) and (
             self.s.now + group.shortest_runtime() > reservation.start
         )
+
+    def _load_by_type(self) -> dict[str, tuple[float, int]]:
+        """Per machine type: IPU-seconds its running jobs are still predicted to run, and its IPUs."""
+        alloc = self.s.allocator
+        fleet = alloc.fleet
+        load = {
+            kind.value: [0.0, sum(fleet.layout_of(pod).ipus for pod in fleet.pods_of_type(kind))]
+            for kind in fleet.machine_types
+        }
+        held = alloc.partitions()
+        for job in self.s.running:
+            placement = held.get(job.partition)
+            if placement is not None and not job.reserved:
+                left = max(0.0, expected_end(job, self.s.now) - self.s.now)
+                load[placement.machine_type.value][0] += job.size * left
+        return {kind: (work, int(ipus)) for kind, (work, ipus) in load.items()}
+
+    def _hopeless(self, machine_type: str, size: int) -> bool:
+        """Whether this pass already found that ``size`` IPUs of ``machine_type`` cannot start."""
+        return size >= min(self.dead.get(None, math.inf), self.dead.get(machine_type, math.inf))
 
     @staticmethod
     def _bound(limits: dict[str | None, int], job: QueuedJob) -> float:

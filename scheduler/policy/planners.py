@@ -25,7 +25,7 @@ from typing import Literal
 from scheduler.policy.model import QueuedJob, Reservation, RunningJob
 from scheduler.policy.timetable import Inconsistent, TimeTable, expected_end
 from vipu.allocator import Allocator, Placement
-from vipu.topology import IPUS_PER_MACHINE, Health, parse_ipu_id
+from vipu.topology import Health, machine_of_ipu
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +147,13 @@ class TopologyPlanner:
         if self._view is not None and self._view_for == reservation:
             return self._view
         view = self.allocator.clone()
-        machines: dict[tuple[int, int], list[str]] = {}
+        machines: dict[str, list[str]] = {}
         for ipu in reservation.ipu_ids:
-            pod, machine, _ = parse_ipu_id(ipu)
-            machines.setdefault((pod, machine), []).append(ipu)
-        for (pod, machine), ipus in machines.items():
-            if len(ipus) == IPUS_PER_MACHINE:
-                view.set_machine_health(f"pod{pod:04d}-m{machine:02d}", Health.DRAINING)
+            machines.setdefault(machine_of_ipu(ipu), []).append(ipu)
+        fleet = view.fleet
+        for machine, ipus in machines.items():
+            if len(ipus) == fleet.machine_mask(machine)[1].bit_count():
+                view.set_machine_health(machine, Health.DRAINING)
             else:
                 for ipu in ipus:
                     view.set_ipu_health(ipu, Health.DRAINING)

@@ -6,8 +6,8 @@ release: too slow at thousands of passes with hundreds of running jobs. A `TimeT
 per POD64, which partition holds which IPUs and which job frees them, so it can say for every IPU
 when it is free (now, a running job's predicted end, or never) and scan the shapes V-IPU allows
 (``vipu.partitions``): any IPU for 1, an aligned pair for 2, a run of whole machines on the ring for
-4 to 64, whole POD64s above. The earliest shape wins; ties go to the lowest pod, then the lowest
-ring position.
+4 to 64 (an aligned block on a server; a POD16's positions past its 16 are never free), whole POD64s
+above. The earliest shape wins; ties go to the lowest pod, then the lowest ring position.
 
 The simulator keeps one time table up to date as jobs start and end; the live loop builds one from
 the allocator when a pass needs a reservation. Health set on single IPUs (rather than machines) is
@@ -23,7 +23,8 @@ from functools import lru_cache
 
 from scheduler.policy.model import RunningJob
 from vipu.allocator import Allocator, Placement
-from vipu.partitions import footprint, partition_ipu_ids
+from vipu.machine_types import ALIGNED_TYPES
+from vipu.partitions import footprint, partition_ipu_ids, pods_ipu_ids
 from vipu.topology import (
     IPUS_PER_MACHINE,
     IPUS_PER_POD,
@@ -31,7 +32,6 @@ from vipu.topology import (
     Fleet,
     MachineType,
     parse_ipu_id,
-    parse_machine_id,
 )
 
 FULL_POD = (1 << IPUS_PER_POD) - 1
@@ -76,7 +76,11 @@ class TimeTable:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self._assigned = [0] * fleet.pods
-        self._blocked = [0] * fleet.pods
+        # Positions a unit does not have never come free (a POD16 or a server has 16 of the 64).
+        self._blocked = [
+            FULL_POD & ~fleet.capacity_mask(pod) if fleet.has_pod(pod) else FULL_POD
+            for pod in range(fleet.pods)
+        ]
         # Per pod: partition -> (IPU ring positions, machines) it covers there.
         self._by_pod: list[dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = [
             {} for _ in range(fleet.pods)
@@ -100,8 +104,8 @@ class TimeTable:
             if name not in skip:
                 table.add(name, placement, freed_by.get(name))
         for machine_id in allocator.unhealthy_machines():
-            pod, machine = parse_machine_id(machine_id)
-            table._blocked[pod] |= 0b1111 << (machine * IPUS_PER_MACHINE)
+            pod, mask = allocator.fleet.machine_mask(machine_id)
+            table._blocked[pod] |= mask
         return table
 
     def add(self, name: str, placement: Placement, job: RunningJob | None) -> None:
@@ -194,16 +198,18 @@ class TimeTable:
         if not rows:
             return None
         if size > IPUS_PER_POD:
-            return _whole_pods(self.fleet.pod_types, kinds, rows, size, now)
+            joined = {pod: row for pod, row in rows.items() if self.fleet.layout_of(pod).joins}
+            return _whole_pods(self.fleet.pod_types, kinds, joined, size, now)
         best: tuple[float, int, int] | None = None
         for pod, row in rows.items():
-            at, start = _in_pod(row, size) if by_ipu else _in_ring(row, size // IPUS_PER_MACHINE)
+            aligned = self.fleet.pod_types[pod] in ALIGNED_TYPES
+            at, start = _in_pod(row, size) if by_ipu else _in_ring(row, size // IPUS_PER_MACHINE, aligned)
             if best is None or (at, pod, start) < best:
                 best = (at, pod, start)
         if best is None or best[0] == INF:
             return None
         at, pod, start = best
-        return max(at, now), partition_ipu_ids((pod,), start, size)
+        return max(at, now), partition_ipu_ids(self.fleet, (pod,), start, size)
 
 
 @lru_cache(maxsize=1 << 14)
@@ -231,13 +237,14 @@ def _in_pod(times: list[float], size: int) -> tuple[float, int]:
     return at, 2 * pairs.index(at)
 
 
-def _in_ring(machines: list[float], count: int) -> tuple[float, int]:
-    """Earliest (time, start position) of ``count`` adjacent machines, from per-machine times."""
+def _in_ring(machines: list[float], count: int, aligned: bool = False) -> tuple[float, int]:
+    """Earliest (time, start position) of ``count`` adjacent machines, from per-machine times
+    (``aligned``: only starts at multiples of ``count``, a server's blocks)."""
     if count == MACHINES_PER_POD:
         return max(machines), 0
     ring = machines + machines
     best_at, best_start = INF, 0
-    for start in range(MACHINES_PER_POD):
+    for start in range(0, MACHINES_PER_POD, count if aligned else 1):
         at = max(ring[start : start + count])
         if at < best_at:
             best_at, best_start = at, start
@@ -245,7 +252,7 @@ def _in_ring(machines: list[float], count: int) -> tuple[float, int]:
 
 
 def _whole_pods(
-    pod_types: tuple[MachineType, ...],
+    pod_types: tuple[MachineType | None, ...],
     kinds: list[MachineType],
     times: dict[int, list[float]],
     size: int,
@@ -264,4 +271,4 @@ def _whole_pods(
             best = (at, pods)
     if best is None:
         return None
-    return max(best[0], now), partition_ipu_ids(best[1], 0, size)
+    return max(best[0], now), pods_ipu_ids(best[1])

@@ -44,7 +44,7 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import agents, executables, fleet, metering
+from scheduler.services import agents, executables, fleet, metering, rates
 from scheduler.services.agents import AgentLease
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
@@ -139,6 +139,9 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 "size": len(ipus),
                 "machine_type": partition.machine_type,
                 "placed_at": now,
+                # The type's rate for this job, and the wait (rates.py); an `any` job takes on
+                # the size and run time of the type it was placed on.
+                **rates.attempt_fields(job, partition.machine_type, now),
             }
         )
     ids = insert_returning_keys(session, Attempt.__table__, rows)
@@ -545,6 +548,8 @@ def _lock_billing(
             Attempt.ticks,
             Job.reserved_ipu_ms,
             Job.model,
+            Attempt.machine_type,
+            Attempt.rate,
         )
         .join(Job, Job.id == Attempt.job_id)
         .where(
@@ -557,8 +562,12 @@ def _lock_billing(
         .with_for_update(of=Attempt)
     ).tuples()
     return [
-        (metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks), int(reserved), model)
-        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model in rows
+        (
+            metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks, kind, rate),
+            int(reserved),
+            model,
+        )
+        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model, kind, rate in rows
     ]
 
 

@@ -7,9 +7,11 @@ placement is only real once its assignment rows are inserted: the primary key on
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -19,83 +21,294 @@ from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
 from scheduler.services.scope import Scope, restrict
-from vipu.allocator import Allocator, Placement
-from vipu.topology import Fleet, Health, MachineType, machine_id, parse_machine_id, pod_ipu_ids
+from vipu.allocator import AllocationConflict, Allocator, Placement
+from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MAX_UNITS, SERVER_MODELS, get_machine
+from vipu.topology import (
+    Fleet,
+    Health,
+    MachineType,
+    Unit,
+    UnitGroup,
+    machine_id,
+    machine_of_ipu,
+    parse_machine_id,
+    parse_rack_id,
+    parse_unit_id,
+    pod_id,
+    pod_ipu_ids,
+    rack_id,
+    server_id,
+    server_ipu_ids,
+)
 
-MACHINE_TYPES = tuple(t.value for t in MachineType)
+MACHINE_TYPES = MACHINE_TYPE_NAMES
+log = logging.getLogger("ipucloud.fleet")
 
 
 class PlacementConflict(Exception):
-    """The IPUs chosen are taken in the database (another process placed there first)."""
+    """The IPUs chosen are taken in the database (another process placed there first), or their
+    machines left the fleet since the placement was chosen."""
+
+
+# The fleet's shape as stored: one row per machine; a unit's rows share its index (`pod`).
 
 
 def seed_fleet(*, session: Session, pods: int, machine_type: str = "m2000") -> int:
-    """Make sure the fleet has at least `pods` POD64s; add the missing ones. Returns pods added."""
-    if machine_type not in MACHINE_TYPES:
-        raise InvalidRequest(f"machine type must be one of {MACHINE_TYPES}")
-    have = session.execute(select(func.count(func.distinct(Machine.pod)))).scalar_one()
-    return add_pods(session=session, count=max(0, pods - have), machine_type=machine_type)
+    """Make sure the fleet has at least `pods` POD64s of `machine_type`; add the missing ones.
+    Returns pods added."""
+    if machine_type not in MACHINE_TYPES or "pod64" not in get_machine(machine_type).layouts:
+        names = ", ".join(t for t in MACHINE_TYPES if "pod64" in get_machine(t).layouts)
+        raise InvalidRequest(f"POD64s are of machine type {names}")
+    return ensure_fleet(session=session, groups=[UnitGroup(MachineType(machine_type), "pod64", pods)])
+
+
+def ensure_fleet(*, session: Session, groups: Sequence[UnitGroup]) -> int:
+    """Make sure the fleet has at least each group's count of live units of that type, layout and
+    model; add what is missing (never retires). Returns units added."""
+    have: dict[tuple[str, str, str | None], int] = {}
+    for kind, layout, model, n in session.execute(
+        select(Machine.machine_type, Machine.layout, Machine.model, func.count())
+        .where(Machine.slot == 0, Machine.retired_at.is_(None))
+        .group_by(Machine.machine_type, Machine.layout, Machine.model)
+    ).tuples():
+        have[(kind, layout, model)] = int(n)
+    added = 0
+    for group in groups:
+        key = (group.machine_type.value, group.layout, group.model)
+        missing = max(0, group.count - have.get(key, 0))
+        if missing:
+            added += len(add_units(session=session, group=replace(group, count=missing)))
+            have[key] = group.count
+    return added
 
 
 def add_pods(*, session: Session, count: int, machine_type: str) -> int:
     if count < 0 or machine_type not in MACHINE_TYPES:
         raise InvalidRequest(f"count must be >= 0 and machine type one of {MACHINE_TYPES}")
-    global _pods_cache
-    _pods_cache = None
-    first = session.execute(select(func.coalesce(func.max(Machine.pod) + 1, 0))).scalar_one()
-    if first + count > 1024:
-        raise InvalidRequest("A fleet holds at most 1,024 POD64s (65,536 IPUs).")
+    if count == 0:
+        return 0
+    return len(add_units(session=session, group=UnitGroup(MachineType(machine_type), "pod64", count)))
+
+
+def _next_indices(session: Session) -> tuple[int, int]:
+    """The next unit index and rack index: retired ones are never reused, so old ids stay unique."""
+    unit, rack = session.execute(
+        select(func.coalesce(func.max(Machine.pod) + 1, 0), func.coalesce(func.max(Machine.rack) + 1, 0))
+    ).one()
+    return int(unit), int(rack)
+
+
+def add_units(*, session: Session, group: UnitGroup, new_rack: bool = False) -> list[int]:
+    """Add `group.count` units. They fill the fleet's last rack while it holds live units of their
+    layout and has room (two POD64s, one POD16, eight servers), then new racks; `new_rack` starts
+    one at once (an admin adding a rack). Returns the new unit indices."""
+    layout = LAYOUTS[group.layout]
+    Unit(group.machine_type, group.layout, 0, group.model)  # checks type, layout and model agree
+    first, next_rack = _next_indices(session)
+    if first + group.count > MAX_UNITS:
+        raise InvalidRequest(
+            f"A fleet holds at most {MAX_UNITS:,} PODs and servers (retired ones keep their numbers); "
+            f"{first:,} are numbered already."
+        )
+    rack: int | None = None  # the rack being filled; None: the first unit opens a new one
+    filled = 0
+    if not new_rack and next_rack:
+        rows = session.execute(
+            select(Machine.layout, func.count())
+            .where(Machine.rack == next_rack - 1, Machine.slot == 0, Machine.retired_at.is_(None))
+            .group_by(Machine.layout)
+        ).all()
+        if len(rows) == 1 and rows[0][0] == group.layout:
+            rack, filled = next_rack - 1, int(rows[0][1])
+    global _capacity_cache
+    _capacity_cache = None
     machines: list[dict[str, object]] = []
     ipus: list[dict[str, object]] = []
     now = utcnow()
-    for pod in range(first, first + count):
-        ids = pod_ipu_ids(pod)
-        for slot in range(16):
-            mid = machine_id(pod, slot)
+    added = []
+    for unit in range(first, first + group.count):
+        if rack is None or filled >= layout.per_rack:
+            rack, next_rack, filled = next_rack, next_rack + 1, 0
+        filled += 1
+        added.append(unit)
+        for slot in range(layout.machines):
+            mid = server_id(unit) if layout.name == "server" else machine_id(unit, slot)
             machines.append(
                 dict(
                     id=mid,
-                    pod=pod,
-                    rack=pod // 2,
+                    pod=unit,
+                    rack=rack,
                     slot=slot,
-                    machine_type=machine_type,
+                    machine_type=group.machine_type.value,
+                    layout=group.layout,
+                    model=group.model,
                     health="up",
                     updated_at=now,
+                    retired_at=None,
                 )
             )
-            for i in range(4):
-                pos = slot * 4 + i
-                ipus.append(dict(id=ids[pos], machine_id=mid, position=pos, health="up"))
-    if machines:
-        for chunk in range(0, len(machines), 2000):
-            session.execute(insert(Machine), machines[chunk : chunk + 2000])
-        for chunk in range(0, len(ipus), 5000):
-            session.execute(insert(Ipu), ipus[chunk : chunk + 5000])
-    return count
+            for i in range(layout.ipus_per_machine):
+                pos = slot * layout.ipus_per_machine + i
+                iid = server_ipu_ids(unit)[i] if layout.name == "server" else pod_ipu_ids(unit)[pos]
+                ipus.append(dict(id=iid, machine_id=mid, position=pos, health="up"))
+    try:
+        with session.begin_nested():
+            for chunk in range(0, len(machines), 2000):
+                session.execute(insert(Machine), machines[chunk : chunk + 2000])
+            for chunk in range(0, len(ipus), 5000):
+                session.execute(insert(Ipu), ipus[chunk : chunk + 5000])
+    except IntegrityError:
+        # Another admin's addition took these numbers first (both read the same next index).
+        raise Conflict("The fleet changed while these units were added; retry.")
+    return added
+
+
+def add_rack(*, session: Session, machine_type: str, layout: str, units: int = 1) -> int:
+    """A new rack of `units` PODs (a rack holds at most two POD64s, or one POD16). Returns its index."""
+    if machine_type not in MACHINE_TYPES:
+        raise InvalidRequest(f"machine type must be one of {', '.join(MACHINE_TYPES)}")
+    spec = get_machine(machine_type)
+    if layout not in spec.layouts or layout == "server":
+        pods = [name for name in spec.layouts if name != "server"]
+        raise InvalidRequest(
+            f"{machine_type} racks are {', '.join(pods)}"
+            if pods
+            else f"{machine_type} comes in servers: add servers"
+        )
+    most = LAYOUTS[layout].per_rack
+    if not 1 <= units <= most:
+        raise InvalidRequest(f"a rack holds 1 to {most} {LAYOUTS[layout].label}s")
+    added = add_units(
+        session=session, group=UnitGroup(MachineType(machine_type), layout, units), new_rack=True
+    )
+    return int(session.execute(select(Machine.rack).where(Machine.pod == added[0]).limit(1)).scalar_one())
+
+
+def add_servers(*, session: Session, model: str, count: int = 1) -> list[int]:
+    """Add `count` IPU servers of `model`, filling the last server rack first. Returns their indices."""
+    kinds = [kind for kind in MachineType if model in get_machine(kind).models]
+    if not kinds:
+        raise InvalidRequest(f"server model must be one of {', '.join(SERVER_MODELS)}")
+    if not 1 <= count <= 64:
+        raise InvalidRequest("add 1 to 64 servers at a time")
+    return add_units(session=session, group=UnitGroup(kinds[0], "server", count, model))
+
+
+def _live_units(session: Session, where: Any) -> dict[int, list[Machine]]:
+    machines = session.execute(
+        select(Machine)
+        .where(where, Machine.retired_at.is_(None))
+        .order_by(Machine.pod, Machine.slot)
+        .with_for_update()
+    ).scalars()
+    units: dict[int, list[Machine]] = {}
+    for m in machines:
+        units.setdefault(m.pod, []).append(m)
+    return units
+
+
+def retire(*, session: Session, rack: int | None = None, unit: int | None = None) -> list[str]:
+    """Take a rack (all its units) or one unit out of the fleet for good. Its machines must be drained
+    (or failed) first and no live partition may hold any of its IPUs: nothing running is stranded.
+    Returns the retired units' ids."""
+    where = Machine.rack == rack if rack is not None else Machine.pod == unit
+    what = rack_id(rack) if rack is not None else f"unit {unit}"
+    # Locking the rows first: a placement that checks these machines (_check_machines_live) either
+    # committed before (its assignments are seen below) or waits and then sees them retired.
+    units = _live_units(session, where)
+    if not units:
+        raise NotFound(f"No {what} in the fleet.")
+    names = {pod: (server_id(pod) if ms[0].layout == "server" else pod_id(pod)) for pod, ms in units.items()}
+    up = [m.id for ms in units.values() for m in ms if m.health == "up"]
+    if up:
+        raise Conflict(
+            f"Drain {what} first: {len(up)} machine(s) are up ({', '.join(up[:4])}"
+            + (", ..." if len(up) > 4 else "")
+            + "); drained machines finish what they run and take nothing new.",
+            machines_up=up[:100],
+        )
+    machine_ids = [m.id for ms in units.values() for m in ms]
+    held = sorted(
+        set(
+            session.execute(
+                select(Partition.name)
+                .join(IpuAssignment, IpuAssignment.partition_pk == Partition.pk)
+                .join(Ipu, Ipu.id == IpuAssignment.ipu_id)
+                .where(Ipu.machine_id.in_(machine_ids))
+            ).scalars()
+        )
+    )
+    if held:
+        raise Conflict(
+            f"{what} still holds live partitions ({', '.join(held[:5])}"
+            + (", ..." if len(held) > 5 else "")
+            + "); wait for their jobs to end, or remove them, before retiring it.",
+            partitions=held[:100],
+        )
+    global _capacity_cache
+    _capacity_cache = None
+    now = utcnow()
+    session.execute(update(Machine).where(Machine.id.in_(machine_ids)).values(retired_at=now, updated_at=now))
+    return [names[pod] for pod in sorted(units)]
+
+
+def parse_unit(text: str) -> int:
+    """A POD's or a server's id -> its index, as a 404 when malformed."""
+    try:
+        return parse_unit_id(text)
+    except ValueError as exc:
+        raise NotFound(f"No unit {text!r}: {exc}")
 
 
 def fleet_shape(*, session: Session) -> Fleet:
+    """The fleet as the allocator sees it: every unit ever added, retired ones as gaps."""
     rows = session.execute(
-        select(Machine.pod, Machine.machine_type).where(Machine.slot == 0).order_by(Machine.pod)
+        select(
+            Machine.pod, Machine.machine_type, Machine.layout, Machine.model, Machine.rack, Machine.retired_at
+        )
+        .where(Machine.slot == 0)
+        .order_by(Machine.pod)
     ).all()
-    return Fleet([MachineType(t) for _, t in rows])
+    units: list[Unit | None] = [None] * (rows[-1][0] + 1 if rows else 0)
+    for pod, kind, layout, model, rack, retired in rows:
+        if retired is None:
+            units[pod] = Unit(MachineType(kind), layout, rack, model)
+    return Fleet(units)
 
 
-_pods_cache: tuple[float, dict[str, int]] | None = None
+_capacity_cache: tuple[float, dict[str, int]] | None = None
 PODS_CACHE_S = 5.0
 
 
-def pods_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, int]:
-    """POD64s per machine type. Admission may accept an answer `max_age_s` old: racks are added
+def largest_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, int]:
+    """The largest partition each machine type present can form: whole POD64s (a power of two of
+    them), else its largest unit. Admission may accept an answer `max_age_s` old: units are added
     rarely, and the answer only bounds the largest partition a job may ask for."""
-    global _pods_cache
+    global _capacity_cache
     now = time.monotonic()
-    if max_age_s > 0 and _pods_cache is not None and now - _pods_cache[0] < max_age_s:
-        return dict(_pods_cache[1])
-    stmt = select(Machine.machine_type, func.count()).where(Machine.slot == 0).group_by(Machine.machine_type)
-    pods = dict(session.execute(stmt).tuples().all())
-    _pods_cache = (now, pods)
-    return dict(pods)
+    if max_age_s > 0 and _capacity_cache is not None and now - _capacity_cache[0] < max_age_s:
+        return dict(_capacity_cache[1])
+    units: dict[str, dict[str, int]] = {}
+    for kind, layout, n in session.execute(
+        select(Machine.machine_type, Machine.layout, func.count())
+        .where(Machine.slot == 0, Machine.retired_at.is_(None))
+        .group_by(Machine.machine_type, Machine.layout)
+    ).tuples():
+        units.setdefault(kind, {})[layout] = int(n)
+    largest: dict[str, int] = {}
+    for kind, layouts in units.items():
+        best = 0
+        for layout, n in layouts.items():
+            spec = LAYOUTS[layout]
+            best = max(best, spec.ipus * (1 << (n.bit_length() - 1)) if spec.joins else spec.ipus)
+        largest[kind] = best
+    _capacity_cache = (now, largest)
+    return dict(largest)
+
+
+def pods_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, int]:
+    """The largest partition per machine type (`largest_by_type`), under its former name."""
+    return largest_by_type(session=session, max_age_s=max_age_s)
 
 
 def check_fleet_can_ever_host(
@@ -103,13 +316,10 @@ def check_fleet_can_ever_host(
 ) -> None:
     """Refuse at once a size no partition of this fleet could ever have, whatever it is running.
 
-    `pods` (from `pods_by_type`) spares the query when a caller checks many jobs at once."""
+    `pods` (from `largest_by_type`) spares the query when a caller checks many jobs at once."""
     if pods is None:
-        pods = pods_by_type(session=session)
-    have = pods.get(machine_type, 0) if machine_type else max(pods.values(), default=0)
-    largest = 64 if have else 0
-    if have > 1:
-        largest = 64 * (1 << (have.bit_length() - 1))
+        pods = largest_by_type(session=session)
+    largest = pods.get(machine_type, 0) if machine_type else max(pods.values(), default=0)
     if size > largest:
         kind = f"{machine_type} " if machine_type else ""
         raise InvalidRequest(
@@ -117,6 +327,21 @@ def check_fleet_can_ever_host(
             f"(largest {kind}partition: {largest} IPUs).",
             largest=largest,
         )
+
+
+def _check_machines_live(session: Session, ipu_ids: Iterable[str]) -> None:
+    """Refuse a placement on machines retired since it was chosen. The rows are read FOR SHARE, so a
+    retirement in flight either committed (seen here) or waits for this placement and then finds its
+    partition (`retire` refuses)."""
+    machines = sorted({machine_of_ipu(ipu) for ipu in ipu_ids})
+    for chunk in range(0, len(machines), 1000):
+        wanted = machines[chunk : chunk + 1000]
+        rows = session.execute(
+            select(Machine.id, Machine.retired_at).where(Machine.id.in_(wanted)).with_for_update(read=True)
+        ).all()
+        gone = sorted(set(wanted) - {mid for mid, retired in rows if retired is None})
+        if gone:
+            raise PlacementConflict(f"machine(s) {', '.join(gone[:4])} left the fleet")
 
 
 @dataclass
@@ -146,7 +371,11 @@ class AllocatorSync:
             self.health_seen = {}
         alloc = self.allocator
         health = dict(
-            session.execute(select(Machine.id, Machine.health).where(Machine.health != "up")).tuples().all()
+            session.execute(
+                select(Machine.id, Machine.health).where(Machine.health != "up", Machine.retired_at.is_(None))
+            )
+            .tuples()
+            .all()
         )
         for mid in set(self.health_seen) - set(health):
             alloc.set_machine_health(mid, Health.UP)
@@ -179,7 +408,13 @@ class AllocatorSync:
                 ).tuples()
                 for pk, name, ipu_ids, created, predicted in rows:
                     end = None if predicted is None else created.timestamp() + predicted / self.time_scale
-                    alloc.occupy(name, ipu_ids, expected_end=end)
+                    try:
+                        alloc.occupy(name, ipu_ids, expected_end=end)
+                    except AllocationConflict as exc:
+                        # Only possible for rows written around the database's guards (retire checks
+                        # for live partitions, placements for retired machines): keep scheduling
+                        # the rest of the fleet rather than stop every pass on it.
+                        log.error("live partition %s cannot be registered: %s", name, exc)
                     self.known[pk] = name
         return alloc
 
@@ -219,6 +454,7 @@ def insert_partition(
     )
     try:
         with session.begin_nested():
+            _check_machines_live(session, placement.ipu_ids)
             session.add(part)
             session.flush()
             session.execute(
@@ -255,6 +491,7 @@ def insert_job_partitions(
     table = Partition.__table__
     try:
         with session.begin_nested():
+            _check_machines_live(session, (i for row in rows for i in row["ipu_ids"]))
             # Batched, keys in the order given: a pass that starts thousands of jobs skips the
             # ORM's per-object bookkeeping for rows it only writes.
             pks = insert_returning_keys(session, table, rows)
@@ -356,8 +593,8 @@ def set_machine_health(*, session: Session, machine: str, health: str, reason: s
     except ValueError as exc:
         raise NotFound(f"No machine {machine!r}: {exc}")
     row = session.get(Machine, machine)
-    if row is None:
-        raise NotFound(f"No machine {machine!r}.")
+    if row is None or row.retired_at is not None:
+        raise NotFound(f"No machine {machine!r}" + (" (it was retired)." if row is not None else "."))
     if health not in ("up", "draining", "failed"):
         raise InvalidRequest("health must be up, draining or failed")
     row.health = health
@@ -369,7 +606,7 @@ def set_machine_health(*, session: Session, machine: str, health: str, reason: s
 
 
 def list_machines(*, session: Session, pod: int | None = None) -> Sequence[Machine]:
-    stmt = select(Machine).order_by(Machine.pod, Machine.slot)
+    stmt = select(Machine).where(Machine.retired_at.is_(None)).order_by(Machine.pod, Machine.slot)
     if pod is not None:
         stmt = stmt.where(Machine.pod == pod)
     return list(session.execute(stmt).scalars())
@@ -377,7 +614,12 @@ def list_machines(*, session: Session, pod: int | None = None) -> Sequence[Machi
 
 def machines_not_up(*, session: Session, limit: int = 1000) -> Sequence[Machine]:
     """Draining and failed machines, anywhere in the fleet (a page of the map shows only some pods)."""
-    stmt = select(Machine).where(Machine.health != "up").order_by(Machine.pod, Machine.slot).limit(limit)
+    stmt = (
+        select(Machine)
+        .where(Machine.health != "up", Machine.retired_at.is_(None))
+        .order_by(Machine.pod, Machine.slot)
+        .limit(limit)
+    )
     return list(session.execute(stmt).scalars())
 
 
@@ -395,3 +637,81 @@ def ensure_no_overlap(*, session: Session) -> None:
             if i in seen:
                 raise Conflict(f"IPU {i} is in live partitions {seen[i]} and {name}")
             seen[i] = name
+
+
+def unit_name(pod: int, layout: str) -> str:
+    return server_id(pod) if layout == "server" else pod_id(pod)
+
+
+def racks(*, session: Session) -> list[dict[str, Any]]:
+    """The live racks: each with its units (PODs and servers) and their machines' health."""
+    rows = session.execute(
+        select(Machine.rack, Machine.pod, Machine.machine_type, Machine.layout, Machine.model, Machine.health)
+        .where(Machine.retired_at.is_(None))
+        .order_by(Machine.rack, Machine.pod, Machine.slot)
+    ).all()
+    by_rack: dict[int, dict[int, dict[str, Any]]] = {}
+    for rack, pod, kind, layout, model, health in rows:
+        units = by_rack.setdefault(rack, {})
+        unit = units.get(pod)
+        if unit is None:
+            unit = units[pod] = {
+                "id": unit_name(pod, layout),
+                "index": pod,
+                "machine_type": kind,
+                "layout": layout,
+                "model": model,
+                "ipus": LAYOUTS[layout].ipus,
+                "machines": {"up": 0, "draining": 0, "failed": 0},
+            }
+        unit["machines"][health] = unit["machines"].get(health, 0) + 1
+    return [
+        {
+            "id": rack_id(rack),
+            "index": rack,
+            "units": list(units.values()),
+            "ipus": sum(u["ipus"] for u in units.values()),
+            "drained": all(u["machines"]["up"] == 0 for u in units.values()),
+        }
+        for rack, units in sorted(by_rack.items())
+    ]
+
+
+def parse_rack(text: str) -> int:
+    try:
+        return parse_rack_id(text)
+    except ValueError as exc:
+        raise NotFound(f"No rack {text!r}: {exc}")
+
+
+def drain_rack(*, session: Session, rack: int, health: str, reason: str | None) -> list[str]:
+    """Drain (or restore) every machine of a rack; returns the machine ids."""
+    ids = list(
+        session.execute(
+            select(Machine.id).where(Machine.rack == rack, Machine.retired_at.is_(None)).order_by(Machine.id)
+        ).scalars()
+    )
+    if not ids:
+        raise NotFound(f"No {rack_id(rack)} in the fleet.")
+    for machine in ids:
+        set_machine_health(session=session, machine=machine, health=health, reason=reason)
+    return ids
+
+
+@dataclass(frozen=True)
+class TypeCapacity:
+    machine_type: str
+    total_ipus: int
+    free_ipus: int
+    largest_free: int
+
+
+def capacity(*, session: Session, allocator: Allocator) -> list[TypeCapacity]:
+    """Per machine type present: IPUs in all, free (healthy and in no partition), largest partition
+    that could form now."""
+    fleet = allocator.fleet
+    out = []
+    for kind in fleet.machine_types:
+        total = sum(fleet.layout_of(pod).ipus for pod in fleet.pods_of_type(kind))
+        out.append(TypeCapacity(kind.value, total, allocator.free_ipus(kind), allocator.largest_free(kind)))
+    return out

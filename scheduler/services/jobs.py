@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from scheduler import emulation
 from scheduler.errors import (
     Conflict,
+    DoesNotFit,
     DomainError,
     IdempotencyConflict,
     InvalidRequest,
@@ -40,7 +41,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, own_models
+from scheduler.services import attempts, fleet, own_models, rates
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
@@ -255,6 +256,8 @@ _PLANS_OF_TENANTS = (
         _plans.c.max_runtime_s,
         _plans.c.max_queued_jobs,
         _plans.c.priority,
+        _plans.c.rates,
+        _plans.c.machine_types,
     )
     .join(_plans, _plans.c.name == _tenants.c.plan_name)
     .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
@@ -349,40 +352,86 @@ def _prepare(
     source = own_models.resolve_source(
         session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
     )
-    if reserved_partition is None:
-        machine = spec.machine
-        resolved = emulation.resolve(spec.workload, spec.ipus, machine, source)
-        size = resolved.ipus
-    else:
+    allowed = rates.allowed_types(plan.machine_types)
+    named = spec.machine if spec.machine not in (None, "any") else None
+    gcd_size: int | None = None
+    if reserved_partition is not None:
         machine = reserved_partition.machine_type
-        if spec.machine is not None and spec.machine != machine:
+        if named is not None and named != machine:
             raise InvalidRequest(
                 f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
-                f"{spec.machine}.",
+                f"{named}.",
                 field="machine",
             )
         # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
-        # it is planned, reserved and billed on what it holds.
-        size = reserved_partition.size // reserved_partition.gcds
-        if spec.ipus != "auto" and spec.ipus > size:
+        # it is planned, reserved and billed on what it holds. (An admin reserved it for this tenant,
+        # so it runs whatever machine types the plan allows elsewhere.)
+        named = machine
+        gcd_size = reserved_partition.size // reserved_partition.gcds
+        if spec.ipus != "auto" and spec.ipus > gcd_size:
             raise LimitExceeded(
                 f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
-                f"{reserved_partition.name} holds {size} ({reserved_partition.gcds} of "
+                f"{reserved_partition.name} holds {gcd_size} ({reserved_partition.gcds} of "
                 f"{reserved_partition.size} IPUs)."
             )
-        resolved = emulation.resolve(spec.workload, size, machine, source)
-    if size > plan.max_partition_size:
+    elif named is not None and named not in allowed:
         raise LimitExceeded(
-            f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
-            f"this job needs {size}.",
-            limit="max_partition_size",
+            f"The {plan.name} plan runs jobs on {', '.join(allowed)}, not {named}.", limit="machine_types"
         )
-    if reserved_partition is None:
-        fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine, pods=fleet_pods)
-    check_runtime(spec, resolved, machine, plan, source)
-
+    if named is not None:
+        candidates: tuple[str, ...] = (named,)
+    else:
+        candidates = tuple(kind for kind in allowed if fleet_pods.get(kind, 0) > 0) or allowed
+    plan_rates = rates.plan_rates(plan.rates)
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
-    predicted = min(resolved.predicted_runtime_s, float(max_runtime))
+    options: dict[str, dict[str, float]] = {}
+    refusals: list[tuple[str, DomainError]] = []
+    for kind in candidates:
+        try:
+            resolved = emulation.resolve(
+                spec.workload, spec.ipus if gcd_size is None else gcd_size, kind, source
+            )
+        except DoesNotFit as exc:
+            refusals.append((kind, exc))
+            continue
+        size = resolved.ipus if gcd_size is None else gcd_size
+        try:
+            if size > plan.max_partition_size:
+                raise LimitExceeded(
+                    f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
+                    f"this job needs {size}" + (f" on {kind}." if len(candidates) > 1 else "."),
+                    limit="max_partition_size",
+                )
+            if reserved_partition is None:
+                fleet.check_fleet_can_ever_host(
+                    session=session, size=size, machine_type=kind, pods=fleet_pods
+                )
+            # A type on which it would outlast the plan's limit is no option: there it would be
+            # stopped unfinished and billed.
+            check_runtime(spec, resolved, kind, plan, source)
+        except DomainError as exc:
+            refusals.append((kind, exc))
+            continue
+        options[kind] = {
+            "ipus": size,
+            "predicted_runtime_s": min(resolved.predicted_runtime_s, float(max_runtime)),
+            "rate": plan_rates[kind],
+        }
+    if not options:
+        if len(refusals) == 1:
+            raise refusals[0][1]
+        first = refusals[0][1]
+        raise type(first)(
+            "The job cannot run on any machine type: "
+            + "; ".join(f"{kind}: {exc.detail}" for kind, exc in refusals),
+            **{k: v for k, v in first.extra.items() if k in ("limit",)},
+        )
+    # Shown and planned as its fastest option until it is placed (then as the type it runs on); its
+    # reservation covers the dearest, so the grant holds wherever it lands.
+    fastest = min(options, key=lambda kind: (options[kind]["predicted_runtime_s"], candidates.index(kind)))
+    size = int(options[fastest]["ipus"])
+    predicted = options[fastest]["predicted_runtime_s"]
+    reserve = max(rates.option_cost_ipu_ms(option) for option in options.values())
     return Job(
         id=new_id("job"),
         tenant_id=r.tenant_id,
@@ -392,12 +441,14 @@ def _prepare(
         task=spec.workload.task,
         ipus=size,
         ipus_requested=str(spec.ipus),
-        machine_type=machine,
+        machine_type=named,
+        options=options,
+        prefer=spec.prefer,
         partition_name=spec.partition,
         priority=spec.priority + plan.priority * 1000,
         max_runtime_s=max_runtime,
         predicted_runtime_s=predicted,
-        reserved_ipu_ms=cost_ipu_ms(size, predicted),
+        reserved_ipu_ms=reserve,
         state=JobState.QUEUED,
         reason=None,
         wait=None,

@@ -1,8 +1,9 @@
 """Metering: every IPU-second of an attempt, billed once.
 
-An attempt is metered as partition size x cluster time: in ticks while it runs (so a running job
-burns quota as it goes; its host agent bills many attempts per transaction, every
-`IPUCLOUD_METER_INTERVAL_S`) and settled once at its end. Every meter event has a deterministic id
+An attempt is metered as its rate x partition size x cluster time (the rate of its machine type
+under the tenant's plan, fixed when it was placed: `scheduler.services.rates`): in ticks while it
+runs (so a running job burns quota as it goes; its host agent bills many attempts per transaction,
+every `IPUCLOUD_METER_INTERVAL_S`) and settled once at its end. Every meter event has a deterministic id
 (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
 is actually inserted, so replaying a tick or a finish changes nothing. Usage never passes the
 grant: a tick that would overspend is cut to what is left, and the job is stopped.
@@ -19,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler.models import Attempt, Job, MeterEvent, Tenant, utcnow
+from scheduler.services.rates import charged_ipu_ms, raw_ipu_ms
 
 
 def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
@@ -55,6 +57,15 @@ def _insert_new(session: Session, rows: list[dict[str, Any]]) -> set[str]:
 
 def ipu_ms(size: int, cluster_s: float) -> int:
     return round(size * cluster_s * 1000)
+
+
+def _rate(attempt: Attempt | Metered) -> float:
+    return attempt.rate if attempt.rate is not None else 1.0
+
+
+def _charged(attempt: Attempt | Metered, cluster_s: float) -> int:
+    """What the attempt owes for `cluster_s` of its partition: its rate x IPU-milliseconds."""
+    return charged_ipu_ms(attempt.size, cluster_s, _rate(attempt))
 
 
 # Every attempt of a tenant bills through the tenant's row, so its lock is the one place where a
@@ -105,6 +116,9 @@ def _event(
         attempt_id=attempt.id,
         kind=kind,
         ipu_ms=amount,
+        machine_type=attempt.machine_type,
+        rate=_rate(attempt),
+        raw_ipu_ms=raw_ipu_ms(amount, _rate(attempt)),
         partition_size=attempt.size,
         cluster_s=cluster_s,
         workload=job.model,
@@ -113,8 +127,12 @@ def _event(
     )
 
 
-def _set_event_amount(session: Session, event_id: str, amount: int) -> None:
-    session.execute(update(MeterEvent).where(MeterEvent.id == event_id).values(ipu_ms=amount))
+def _set_event_amount(session: Session, event_id: str, amount: int, rate: float) -> None:
+    session.execute(
+        update(MeterEvent)
+        .where(MeterEvent.id == event_id)
+        .values(ipu_ms=amount, raw_ipu_ms=raw_ipu_ms(amount, rate))
+    )
 
 
 @dataclass(slots=True)
@@ -130,6 +148,9 @@ class Metered:
     reservation_used_ipu_ms: int
     cluster_s: float
     ticks: int
+    # What it is billed at (scheduler.services.rates): its type's rate, fixed when it was placed.
+    machine_type: str | None = None
+    rate: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -154,7 +175,7 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
     """
     due: list[tuple[TickDue, int]] = []
     for t in ticks:
-        amount = ipu_ms(t.attempt.size, t.cluster_s) - t.attempt.metered_ipu_ms
+        amount = _charged(t.attempt, t.cluster_s) - t.attempt.metered_ipu_ms
         if amount > 0:
             due.append((t, amount))
     if not due:
@@ -168,6 +189,9 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             attempt_id=t.attempt.id,
             kind="tick",
             ipu_ms=amount,
+            machine_type=t.attempt.machine_type,
+            rate=_rate(t.attempt),
+            raw_ipu_ms=raw_ipu_ms(amount, _rate(t.attempt)),
             partition_size=t.attempt.size,
             cluster_s=t.cluster_s,
             workload=t.workload,
@@ -218,7 +242,7 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
                 if billed == 0:
                     session.execute(delete(MeterEvent).where(MeterEvent.id == event_id))
                     continue
-                _set_event_amount(session, event_id, billed)
+                _set_event_amount(session, event_id, billed, _rate(t.attempt))
             # Only the time billed counts as run: the attempt's clock stops where its grant did.
             cluster_s = t.cluster_s if billed == amount else t.attempt.cluster_s
             t_billed = TickDue(t.attempt, t.seq, cluster_s, t.job_reserved_ipu_ms, t.workload)
@@ -305,7 +329,7 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
     prepared = []
     for item in items:
         a = item.attempt
-        due = max(0, ipu_ms(a.size, a.cluster_s) - a.metered_ipu_ms)
+        due = max(0, _charged(a, a.cluster_s) - a.metered_ipu_ms)
         amount = due if item.billable else -a.metered_ipu_ms
         prepared.append((item, due, amount))
     if not prepared:
@@ -348,7 +372,7 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
         for item, due, amount, _, _ in ordered:
             if item.billable and amount > 0:
                 amount = min(due, _left_under_lock(session, tenant_id))
-                _set_event_amount(session, f"att:{item.attempt.id}:settle", amount)
+                _set_event_amount(session, f"att:{item.attempt.id}:settle", amount, _rate(item.attempt))
             _move_counters(session, tenant_id, amount, _settle_bill(item, amount), guard=False)
             amounts[item.attempt.id] = amount
     return amounts

@@ -17,7 +17,9 @@ from scheduler.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
 from scheduler.services import attempts as attempt_service
 from scheduler.services import fleet
+from vipu.machine_types import LAYOUTS
 from vipu.partitions import PartitionRuleError, check_gcds
+from vipu.topology import rack_id
 
 _sync_lock = threading.Lock()
 _syncs: dict[str, fleet.AllocatorSync] = {}
@@ -176,11 +178,12 @@ def reset_partition(
 
 
 def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[str, Any]:
-    """Pods, machines and IPUs, each IPU with the live partition and tenant holding it."""
+    """Units (PODs and servers), machines and IPUs, each IPU with the live partition and tenant
+    holding it. `pod_from` and `pods` select units by index; retired units are left out."""
     machines = list(
         session.execute(
             select(Machine)
-            .where(Machine.pod >= pod_from, Machine.pod < pod_from + pods)
+            .where(Machine.pod >= pod_from, Machine.pod < pod_from + pods, Machine.retired_at.is_(None))
             .order_by(Machine.pod, Machine.slot)
         ).scalars()
     )
@@ -196,13 +199,18 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[s
     for m in machines:
         by_pod[m.pod].append(m)
     out_pods = []
+    nobody = (None, None, None)
     for pod, ms in sorted(by_pod.items()):
+        layout = LAYOUTS[ms[0].layout]
+        width = 2 if layout.ipus_per_machine > 9 else 1  # a server's IPUs are numbered i00 .. i15
         out_pods.append(
             {
-                "id": f"pod{pod:04d}",
+                "id": fleet.unit_name(pod, layout.name),
                 "index": pod,
-                "rack": f"rack{pod // 2:04d}",
+                "rack": rack_id(ms[0].rack),
                 "machine_type": ms[0].machine_type,
+                "layout": layout.name,
+                "model": ms[0].model,
                 "machines": [
                     {
                         "id": m.id,
@@ -211,12 +219,12 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[s
                         "reason": m.health_reason,
                         "ipus": [
                             {
-                                "id": f"{m.id}-i{i}",
-                                "partition": holder.get(f"{m.id}-i{i}", (None, None, None))[0],
-                                "tenant": holder.get(f"{m.id}-i{i}", (None, None, None))[1],
-                                "kind": holder.get(f"{m.id}-i{i}", (None, None, None))[2],
+                                "id": (ipu := f"{m.id}-i{i:0{width}d}"),
+                                "partition": holder.get(ipu, nobody)[0],
+                                "tenant": holder.get(ipu, nobody)[1],
+                                "kind": holder.get(ipu, nobody)[2],
                             }
-                            for i in range(4)
+                            for i in range(layout.ipus_per_machine)
                         ],
                     }
                     for m in ms
@@ -233,8 +241,19 @@ def fleet_summary(*, session: Session, head_size: int | None, policy: str = "def
         total = alloc.fleet.ipus if hasattr(alloc, "fleet") else None
         return {
             "pods": alloc.fleet.pods if hasattr(alloc, "fleet") else None,
+            "units": sum(1 for pod in range(alloc.fleet.pods) if alloc.fleet.has_pod(pod)),
+            "racks": alloc.fleet.racks,
             "ipus": total,
             "free_ipus": alloc.free_ipus(),
+            "by_machine_type": [
+                {
+                    "machine_type": c.machine_type,
+                    "ipus": c.total_ipus,
+                    "free_ipus": c.free_ipus,
+                    "largest_free": c.largest_free,
+                }
+                for c in fleet.capacity(session=session, allocator=alloc)
+            ],
             "live_partitions": len(alloc.partitions()),
             "fragmentation": {
                 "head_size": report.head_size,

@@ -35,6 +35,7 @@ from scheduler.models import (
 )
 from scheduler.policy import (
     JobQueue,
+    MachineOption,
     PolicyConfig,
     QueuedJob,
     ReservedPartition,
@@ -47,6 +48,7 @@ from scheduler.policy import (
 )
 from scheduler.services import attempts
 from vipu.allocator import Allocator
+from vipu.machine_types import MACHINE_TYPE_NAMES
 
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
 
@@ -99,6 +101,8 @@ def build_snapshot(
         Job.machine_type,
         Job.partition_name,
         Job.reserved_ipu_ms,
+        Job.options,
+        Job.prefer,
     ]
     if read_waits:
         columns.append(Job.wait)
@@ -111,23 +115,35 @@ def build_snapshot(
     held_by_queued: dict[str, int] = {}
     stored: dict[str, dict[str, Any] | None] = {}
     for row in rows:
-        job_id, tenant_id, size, created, predicted, priority, machine, partition, held = row[:9]
+        job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
+            row[:11]
+        )
+        # A job with one type to run on is a job of that type: its own prediction is the one to use.
+        options = machine_options(choices, time_scale) if machine is None and partition is None else ()
+        if len(options) == 1:
+            machine, options = options[0].machine_type, ()
         queued.append(
             QueuedJob(
                 id=job_id,
                 tenant_id=tenant_id,
-                size=size,
+                size=min((o.size for o in options), default=size),
                 submitted_at=created.timestamp(),
                 predicted_runtime_s=predicted / time_scale,
                 priority=priority,
                 machine_type=machine,
                 partition=partition,
-                cost_ipu_ms=round(size * predicted * 1000),
+                # What its reservation covers: its dearest option, or its one type at its rate.
+                cost_ipu_ms=max(
+                    (round(o.cost_ipu_ms * time_scale) for o in options),
+                    default=_typed_cost(size, predicted, choices, machine),
+                ),
+                options=options,
+                prefer=prefer or "time",
             )
         )
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
-            stored[job_id] = row[9]
+            stored[job_id] = row[11]
 
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
@@ -218,6 +234,27 @@ def build_snapshot(
         arrivals=arrivals,
     )
     return LiveSnapshot(snapshot, stored, samples)
+
+
+def machine_options(
+    choices: Mapping[str, Mapping[str, float]] | None, time_scale: float
+) -> tuple[MachineOption, ...]:
+    """A job's per-type options (`Job.options`) as the policy sees them, run times on the wall clock,
+    in registry order."""
+    if not choices:
+        return ()
+    return tuple(
+        MachineOption(kind, int(o["ipus"]), float(o["predicted_runtime_s"]) / time_scale, float(o["rate"]))
+        for kind in MACHINE_TYPE_NAMES
+        if (o := choices.get(kind)) is not None
+    )
+
+
+def _typed_cost(
+    size: int, predicted: float, choices: Mapping[str, Mapping[str, float]] | None, machine: str | None
+) -> int:
+    rate = float((choices or {}).get(machine or "", {}).get("rate", 1.0))
+    return round(rate * size * predicted * 1000)
 
 
 def _tenant_states(

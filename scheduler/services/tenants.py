@@ -141,6 +141,8 @@ def list_plans(*, session: Session, after: str | None = None, limit: int = 1000)
 # except the grant and the trial length, which a tenant receives when it is created.
 EDITABLE_PLAN_FIELDS = frozenset(
     {
+        "rates",
+        "machine_types",
         "description",
         "quota_ipu_hours",
         "trial_days",
@@ -170,6 +172,11 @@ def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> P
     for field, value in changes.items():
         if value is None:
             continue
+        if field == "rates":
+            # Merged per type: setting one type's rate leaves the others as they were.
+            value = {**(plan.rates or {}), **value}  # type: ignore[dict-item]
+        if field == "machine_types" and not value:
+            raise InvalidRequest("A plan runs jobs on at least one machine type.")
         setattr(plan, field, value)
     plan.updated_at = utcnow()
     session.flush()

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from scheduler.models import IPU_MS_PER_HOUR, Job, MeterEvent, Tenant
 from scheduler.services.scope import Scope, restrict
 
-GROUPS = ("day", "job", "workload", "partition_size")
+GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
 
 
 def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
@@ -145,6 +145,30 @@ def by_partition_size(
     return [{"partition_size": s, "ipu_hours": _hours(ms)} for s, ms in rows]
 
 
+def by_machine_type(
+    *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per machine type: the IPU-hours run there and the grant they spent (rate x IPU-hours)."""
+    rows = session.execute(
+        _scoped(
+            select(
+                MeterEvent.machine_type,
+                func.sum(func.coalesce(MeterEvent.raw_ipu_ms, MeterEvent.ipu_ms)),
+                func.sum(MeterEvent.ipu_ms),
+            ),
+            scope,
+            since,
+            until,
+        )
+        .group_by(MeterEvent.machine_type)
+        .order_by(MeterEvent.machine_type)
+    ).all()
+    return [
+        {"machine_type": kind or "unknown", "ipu_hours": _hours(raw), "charged_ipu_hours": _hours(charged)}
+        for kind, raw, charged in rows
+    ]
+
+
 def breakdowns(
     *,
     session: Session,
@@ -155,7 +179,7 @@ def breakdowns(
     job_after: str | None = None,
     day_limit: int = 366,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Usage grouped four ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
+    """Usage grouped five ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
 
     `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
     days. Workloads and partition sizes are few, so they are reported whole.
@@ -169,6 +193,7 @@ def breakdowns(
         "by_partition_size": by_partition_size(
             session=session, scope=scope, since=since, until=until
         ),
+        "by_machine_type": by_machine_type(session=session, scope=scope, since=since, until=until),
     }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from scheduler.policy import (
     JobQueue,
+    MachineOption,
     PolicyConfig,
     QueuedJob,
     RunningJob,
@@ -25,8 +26,10 @@ from scheduler.policy import (
     accrue,
     decide,
 )
+from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator
+from vipu.machine_types import default_rates
 from vipu.topology import IPUS_PER_POD, Fleet, MachineType
 
 
@@ -43,6 +46,7 @@ class JobOutcome:
     end_s: float = math.nan
     ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
     preempted: int = 0
+    machine_type: str = ""
 
 
 @dataclass
@@ -80,7 +84,13 @@ class _Tenant:
 
 
 class Simulation:
-    """Replay ``jobs`` under ``policy`` with the given per-job estimates."""
+    """Replay ``jobs`` under ``policy`` with the given per-job estimates.
+
+    On a ``fleet`` of several machine types, ``runs`` says per job where it can run and how long
+    there (``scheduler.simulator.machines``): every job may then run on any of those types, and the
+    policy settles which (``scheduler.policy.machine_choice``). Without them the fleet is ``pods``
+    POD64s of ``machine`` and every job runs as recorded.
+    """
 
     def __init__(
         self,
@@ -88,18 +98,24 @@ class Simulation:
         policy: PolicyConfig,
         estimates: Sequence[float],
         *,
-        pods: int,
+        pods: int = 0,
         machine: str = "m2000",
         estimate_model: str = "predicted",
         record_placements: bool = False,
         bins: int = 400,
+        fleet: Fleet | None = None,
+        runs: Sequence[tuple[TypeRun, ...]] | None = None,
     ) -> None:
         if len(estimates) != len(jobs):
             raise ValueError("one estimate per job")
+        if runs is not None and len(runs) != len(jobs):
+            raise ValueError("one set of machine runs per job")
         self.jobs = jobs
         self.policy = policy
         self.estimates = estimates
-        self.fleet = Fleet.uniform(pods, MachineType(machine))
+        self.fleet = fleet if fleet is not None else Fleet.uniform(pods, MachineType(machine))
+        self.runs = runs
+        self.rates = default_rates()
         self.estimate_model = estimate_model
         self.record_placements = record_placements
         self.bins = bins
@@ -174,7 +190,12 @@ class Simulation:
             while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
                 job = jobs[next_arrival]
                 queued = submitted[next_arrival] = QueuedJob(
-                    job.id, job.tenant, job.size, job.submit_s, est[next_arrival]
+                    job.id,
+                    job.tenant,
+                    job.size,
+                    job.submit_s,
+                    est[next_arrival],
+                    options=self._options(next_arrival),
                 )
                 queue.add(queued)
                 arrivals.append(queued)
@@ -203,11 +224,16 @@ class Simulation:
                     i = index[queued.id]
                     job = jobs[i]
                     queue.remove(queued.id)
-                    end = now + est[i]
+                    factor = self._factor(i, placement.machine_type)
+                    end = now + est[i] * factor
                     started = RunningJob(job.id, job.tenant, job.size, placement.partition_id, now, end)
                     running[job.id] = started
                     table.add(placement.partition_id, placement, started)
-                    heapq.heappush(completions, (now + job.duration_s, i, attempt[i]))
+                    heapq.heappush(completions, (now + job.duration_s * factor, i, attempt[i]))
+                    if self.runs is not None:
+                        result.extra["work_ipu_s"] = (
+                            result.extra.get("work_ipu_s", 0.0) + job.size * job.duration_s * factor
+                        )
                     busy += job.size
                     ledger = tenants[job.tenant]
                     ledger.advance(now, half_life)
@@ -215,6 +241,7 @@ class Simulation:
                     ledger.end_weighted += job.size * end
                     outcome = outcomes[i]
                     outcome.start_s = now
+                    outcome.machine_type = placement.machine_type.value
                     if self.record_placements:
                         outcome.ipus = placement.ipu_ids
                 head_size = decision.stats.head_size
@@ -245,6 +272,23 @@ class Simulation:
         if queue:
             raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
         return result
+
+    def _options(self, i: int) -> tuple[MachineOption, ...]:
+        if self.runs is None:
+            return ()
+        told = self.estimates[i]
+        return tuple(
+            MachineOption(run.machine_type, run.size, told * run.factor, self.rates[run.machine_type])
+            for run in self.runs[i]
+        )
+
+    def _factor(self, i: int, machine_type: str) -> float:
+        if self.runs is None:
+            return 1.0
+        for run in self.runs[i]:
+            if run.machine_type == machine_type:
+                return run.factor
+        raise AssertionError(f"job {i} placed on {machine_type}, where it cannot run")
 
     @staticmethod
     def _tenant_states(tenants: dict[str, _Tenant], now: float, half_life: float) -> dict[str, TenantState]:

@@ -14,6 +14,8 @@
   ``max(1, JCT / max(run time, 10 s))``; it weighs a ten-second job that waited an hour like a
   360-hour delay, so a tenant with three tiny jobs can decide it (see docs/scheduling.md).
   ``worst_tenant_slowdown`` is the largest per-tenant slowdown: how the worst-off tenant fared.
+- On a fleet of several machine types, ``by_machine_type`` counts the jobs each type ran and their
+  average JCT there, and utilisation counts the IPU-seconds jobs actually ran (longer on a slower type).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     wait = sorted(o.start_s - j.submit_s for j, o in zip(jobs, outcomes, strict=True))
     n = len(jobs)
     makespan = max((o.end_s for o in outcomes), default=0.0) - min((j.submit_s for j in jobs), default=0.0)
-    work = sum(j.size * j.duration_s for j in jobs)
+    work = result.extra.get("work_ipu_s", sum(j.size * j.duration_s for j in jobs))
     slowdowns: dict[str, list[float]] = {}
     totals: dict[str, list[float]] = {}
     for j, o in zip(jobs, outcomes, strict=True):
@@ -65,6 +67,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
     per_tenant = {t: jct_sum / run_sum for t, (jct_sum, run_sum) in totals.items()}
     per_tenant_jobs = {t: sum(v) / len(v) for t, v in slowdowns.items()}
     waiting = result.waiting_s
+    by_type: dict[str, list[float]] = {}
+    for j, o in zip(jobs, outcomes, strict=True):
+        if o.machine_type:
+            by_type.setdefault(o.machine_type, []).append(o.end_s - j.submit_s)
     return {
         "avg_jct_s": _r(sum(jct) / n if n else math.nan),
         "p50_jct_s": _r(percentile(jct, 0.50)),
@@ -89,6 +95,16 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "replay_wall_s": _r(result.wall_s, 2),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
         "tenant_job_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant_jobs.items())},
+        **(
+            {
+                "by_machine_type": {
+                    kind: {"jobs": len(v), "avg_jct_s": _r(sum(v) / len(v))}
+                    for kind, v in sorted(by_type.items())
+                }
+            }
+            if by_type
+            else {}
+        ),
     }
 
 

@@ -20,9 +20,11 @@ from typing import Any
 from scheduler.policy import BASELINES, get_policy
 from scheduler.simulator.engine import SimResult, Simulation, largest_partition
 from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR, default_limit, estimates
+from scheduler.simulator.machines import assign, largest_by_type
 from scheduler.simulator.metrics import summarize
 from scheduler.simulator.svg import cdf_chart, line_chart
 from scheduler.simulator.trace import Columns, TraceJob, load_trace
+from vipu.topology import Fleet
 
 Progress = Callable[[str, int], None]  # (policy, jobs completed since the last call)
 
@@ -40,11 +42,22 @@ class ReplaySpec:
     start_row: int = 0
     prediction_error: float = DEFAULT_PREDICTION_ERROR
     max_runtime_s: float | None = None
+    # A fleet description (e.g. "4xm2000,2xbow,32xdss8440"), replacing `pods` x `machine`.
+    fleet: str | None = None
+
+    def build_fleet(self) -> Fleet | None:
+        return None if self.fleet is None else Fleet.build(self.fleet)
+
+    def largest(self) -> int:
+        fleet = self.build_fleet()
+        if fleet is None:
+            return largest_partition(self.pods)
+        return max(largest_by_type(fleet).values(), default=0)
 
     def load(self) -> list[TraceJob]:
         return load_trace(
             self.trace,
-            largest_partition=largest_partition(self.pods),
+            largest_partition=self.largest(),
             columns=self.columns,
             limit=self.limit,
             start_row=self.start_row,
@@ -58,7 +71,12 @@ def replay_policy(
     model = config.estimates or spec.estimates
     limit = spec.max_runtime_s or default_limit(jobs)
     told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)
-    sim = Simulation(jobs, config, told, pods=spec.pods, machine=spec.machine, estimate_model=model)
+    fleet = spec.build_fleet()
+    if fleet is None:
+        sim = Simulation(jobs, config, told, pods=spec.pods, machine=spec.machine, estimate_model=model)
+    else:
+        runs = assign(jobs, fleet, seed=spec.seed)
+        sim = Simulation(jobs, config, told, fleet=fleet, runs=runs, estimate_model=model)
     pending = 0
 
     def step(done: int) -> None:

@@ -11,8 +11,19 @@ from xml.sax.saxutils import escape
 
 WIDTH, HEIGHT = 760, 430
 LEFT, RIGHT, TOP, BOTTOM = 70, 190, 46, 58
-PALETTE = ("#1b6ac9", "#d1383d", "#2d9d4a", "#8b54b5", "#e08a14", "#7a5a3a", "#3aa8b5", "#777777")
-DASHES = ("", "6 3", "2 3", "8 3 2 3", "", "6 3", "2 3", "8 3 2 3")
+PALETTE = (
+    "#1b6ac9",
+    "#d1383d",
+    "#2d9d4a",
+    "#8b54b5",
+    "#e08a14",
+    "#7a5a3a",
+    "#3aa8b5",
+    "#777777",
+    "#c2185b",
+    "#1a1a1a",
+)
+DASHES = ("", "6 3", "2 3", "8 3 2 3", "", "6 3", "2 3", "8 3 2 3", "", "4 2")
 
 # Log-scale ticks for durations in seconds, with the labels a reader thinks in.
 TIME_TICKS = (
@@ -146,3 +157,52 @@ def _nice_step(raw: float) -> float:
         if raw <= factor * power:
             return factor * power
     return 10 * power
+
+
+def loglog_chart(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+) -> str:
+    """One line per series through its (x, y) points on log-log axes, decade grid lines labelled
+    with powers of two on x (partition sizes) and powers of ten on y."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    xs = [x for points in series.values() for x, _ in points if x > 0]
+    ys = [y for points in series.values() for _, y in points if y > 0]
+    x_lo, x_hi = math.log2(min(xs, default=1.0)), math.log2(max(xs, default=2.0))
+    if x_hi <= x_lo:
+        x_hi = x_lo + 1
+    y_lo = math.floor(math.log10(min(ys, default=1.0)))
+    y_hi = math.ceil(math.log10(max(ys, default=10.0)))
+    if y_hi <= y_lo:
+        y_hi = y_lo + 1
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        px = LEFT + plot_w * (math.log2(x) - x_lo) / (x_hi - x_lo)
+        py = TOP + plot_h - plot_h * (math.log10(y) - y_lo) / (y_hi - y_lo)
+        return px, py
+
+    parts = _frame(title, x_label, y_label)
+    for decade in range(y_lo, y_hi + 1):
+        _, y = at(2**x_lo, 10.0**decade)
+        parts.append(
+            f'<line x1="{LEFT - 4}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#e3e3e3"/>'
+        )
+        label = f"{10**decade:,}" if decade >= 0 else f"{10.0**decade:g}"
+        parts.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+    for power in range(int(x_lo), int(x_hi) + 1):
+        x, _ = at(2.0**power, 10.0**y_lo)
+        parts.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + plot_h + 4}" stroke="#e3e3e3"/>')
+        parts.append(f'<text x="{x:.1f}" y="{TOP + plot_h + 18}" text-anchor="middle">{2**power:,}</text>')
+    for i, points in enumerate(series.values()):
+        line = [at(x, y) for x, y in points if x > 0 and y > 0]
+        if len(line) == 1:
+            cx, cy = line[0]
+            parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{PALETTE[i % len(PALETTE)]}"/>')
+        elif line:
+            parts.append(_polyline(line, i))
+    parts += _legend(list(series))
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -478,7 +478,7 @@ def test_a_fleet_larger_than_the_map_is_shown_page_by_page(
         fleet_service.seed_fleet(session=s, pods=130)
     sign_in(client, seeded.admin_key)
     first = client.get("/admin/fleet")
-    assert "8,320 IPUs in 130 POD64s" in first.text, "the whole fleet is counted, not the page"
+    assert "8,320 IPUs in 130 PODs and servers" in first.text, "the whole fleet is counted, not the page"
     assert "The map shows <strong>pod0000 to pod0007</strong>" in first.text
     assert first.text.count('class="machine machine-up"') == 8 * 16
     assert '<option value="128">pod0128 to pod0129</option>' in first.text
@@ -508,3 +508,34 @@ def test_pages_need_a_session(client: TestClient, seeded: Seeded, path: str) -> 
         assert r.status_code == 200 and "Apply for a free trial" in r.text
     else:
         assert r.status_code == 303 and r.headers["location"] == f"/login?next={path}"
+
+
+def test_the_fleet_page_draws_servers_beside_pods_and_changes_the_fleet(
+    client: TestClient, db: Any, env: Any
+) -> None:
+    from tests.support.services import seed
+
+    admin_key = seed(db, fleet_description="1xm2000,1xbow/pod16,1xdss8440").admin_key
+    sign_in(client, admin_key)
+    page = client.get("/admin/fleet").text
+    fleet_map = page.split('class="fleet-map"')[1].split("</svg>")[0]
+    # 16 POD64 machines, 4 POD16 machines and the server, which is one machine of 8 cards x 2 IPUs.
+    assert fleet_map.count('class="machine machine-up"') == 16 + 4 + 1
+    assert "srv0002" in fleet_map and "c2 dss8440" in fleet_map and ">c7</text>" in fleet_map
+    assert "all 16 IPUs free" in fleet_map and "Fleet map: 2 PODs and 1 server," in fleet_map
+    assert "<td>c2</td><td>16</td><td>16</td><td>16</td>" in page  # by type: IPUs, free, largest
+    token = csrf_of(client, "/admin/fleet")
+    added = client.post("/admin/fleet/servers", data={"csrf": token, "model": "nf5568m5", "count": "2"})
+    assert added.status_code == 200 and "added srv0003, srv0004." in added.text
+    bad = client.post("/admin/fleet/servers", data={"csrf": token, "model": "dgx", "count": "1"})
+    assert bad.status_code == 422
+    refused = client.post("/admin/fleet/units/srv0003/retire", data={"csrf": token})
+    assert refused.status_code == 409 and "Drain" in refused.text
+    client.post("/admin/machines/srv0003/drain", data={"csrf": token})
+    retired = client.post("/admin/fleet/units/srv0003/retire", data={"csrf": token})
+    assert retired.status_code == 200 and "retired srv0003." in retired.text
+    rack = client.post("/admin/fleet/racks", data={"csrf": token, "machine_type": "bow", "layout": "pod64"})
+    assert rack.status_code == 200 and "added: the scheduler places on it" in rack.text
+    assert client.post("/admin/fleet/racks/rack0002/drain", data={"csrf": token}).status_code == 200
+    gone = client.post("/admin/fleet/racks/rack0002/retire", data={"csrf": token})
+    assert gone.status_code == 200 and "rack0002 retired" in gone.text

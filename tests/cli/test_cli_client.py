@@ -174,7 +174,7 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     fleet = cli("admin", "fleet", **admin)
     assert "showing" not in fleet.stdout, "the whole fleet is on screen"
     part = cli("admin", "fleet", "--pod-from", "1", "--pods", "1", **admin).stdout
-    assert "showing pod0001 to pod0001 of 2 POD64s" in part and "pod0000" not in part
+    assert "showing pod0001 to pod0001 of 2 PODs and servers" in part and "pod0000" not in part
     pod1 = next(line for line in fleet.stdout.splitlines() if line.startswith("pod0001"))
     assert "~~~~ xxxx" in pod1
     assert cli.json("admin", "machines", "restore", "pod0001-m03", **admin)["health"] == "up"
@@ -237,3 +237,36 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     usage = cli.json("admin", "usage", **admin)
     assert "acme" in [t["name"] for t in usage["tenants"]]
     assert "tenant_id" in cli("admin", "usage", "--csv", **admin).stdout.splitlines()[0].split(",")
+
+
+def test_admins_change_the_fleet_and_see_servers_beside_pods(cloud: RunningCloud, cli: Cli) -> None:
+    admin = {"url": cloud.url, "key": cloud.admin_key}
+    added = cli.json("admin", "servers", "add", "dss8440", "--count", "2", **admin)
+    assert [u["id"] for u in added["servers"]] == ["srv0002", "srv0003"]
+    rack = cli.json("admin", "racks", "add", "bow", "--layout", "pod16", **admin)
+    assert rack["id"] == "rack0002" and [u["id"] for u in rack["units"]] == ["pod0004"]
+    assert cli("admin", "racks", "add", "c2", **admin).exit_code == 2  # a c2 comes in servers
+
+    listing = cli("admin", "racks", "list", **admin)
+    assert listing.exit_code == 0 and "srv0003" in listing.stdout and "dss8440" in listing.stdout
+
+    part = cli.json("vipu", "create", "partition", "on-c2", "--size", "4", "--machine", "c2", **admin)
+    assert part["ipus"] == [f"srv0002-i{i:02d}" for i in range(4)]
+    fleet = cli("admin", "fleet", **admin)
+    assert fleet.exit_code == 0
+    server = next(line for line in fleet.stdout.splitlines() if line.startswith("srv0002"))
+    assert server.split()[1:] == ["dss8440", "AA", "AA", "..", "..", "..", "..", "..", ".."]
+    pod16 = next(line for line in fleet.stdout.splitlines() if line.startswith("pod0004"))
+    assert pod16.split()[1:] == ["bow", "....", "....", "....", "...."]
+    assert "c2 32/32 free" not in fleet.stdout and "c2 28/32 free" in fleet.stdout
+
+    # Retiring: refused while up, then while a partition lives, then done.
+    assert cli("admin", "servers", "retire", "srv0002", **admin).exit_code == 5
+    assert cli.json("admin", "machines", "drain", "srv0002", **admin)["health"] == "draining"
+    assert cli("admin", "servers", "retire", "srv0002", **admin).exit_code == 5
+    assert cli("vipu", "remove", "partition", "on-c2", **admin).exit_code == 0
+    assert cli.json("admin", "servers", "retire", "srv0002", **admin)["retired"] == ["srv0002"]
+    assert cli.json("admin", "racks", "drain", "rack0002", **admin)["health"] == "draining"
+    assert cli.json("admin", "racks", "retire", "rack0002", **admin)["retired"] == ["pod0004"]
+    after = cli("admin", "fleet", **admin).stdout
+    assert "srv0002" not in after and "pod0004" not in after and "srv0003" in after

@@ -147,6 +147,22 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
             assert time.monotonic() < deadline and job["state"] in ("queued", "running"), job
             time.sleep(0.2)
         assert job["used_ipu_hours"] > 0
+        # The demo fleet is the seeds' cloud: two IPU-M2000 POD64s and a Dell DSS 8440 of C2 cards.
+        racks = httpx.get(f"{url}/api/v1/admin/fleet/racks", headers=admin, timeout=10).json()["racks"]
+        units = [(u["id"], u["machine_type"], u["layout"], u["model"]) for r in racks for u in r["units"]]
+        assert units == [
+            ("pod0000", "m2000", "pod64", None),
+            ("pod0001", "m2000", "pod64", None),
+            ("srv0002", "c2", "server", "dss8440"),
+        ]
+        on_c2 = httpx.post(f"{url}/api/v1/jobs", headers=tenant, json={**JOB, "machine": "c2"}, timeout=10)
+        assert on_c2.status_code == 202, on_c2.text
+        c2_url = f"{url}/api/v1/jobs/{on_c2.json()['id']}"
+        deadline = time.monotonic() + 60
+        while (job := httpx.get(c2_url, headers=tenant, timeout=10).json())["state"] != "succeeded":
+            assert time.monotonic() < deadline and job["state"] in ("queued", "running"), job
+            time.sleep(0.2)
+        assert job["machine"] == "c2" and job["partition"]
         assert processes_of(tmp_path), "the children name their data directory"
     finally:
         code = first.ctrl_c(timeout=90)
@@ -192,3 +208,17 @@ def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) 
     assert up.returncode == 1, (up.stdout, up.stderr)
     assert "api exited while starting" in up.stderr and "address already in use" in up.stderr, up.stderr
     assert processes_of(tmp_path) == []
+
+
+def test_up_refuses_a_fleet_it_cannot_read(tmp_path: Path) -> None:
+    env = users_shell(IPUCLOUD_PORT=str(free_port()))
+    done = subprocess.run(
+        [CLI, "up", "--fleet", "2xm2000,1xdgx"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "dgx" in done.stderr and "dss8440" in done.stderr
+    assert not (tmp_path / ".ipucloud").exists(), "nothing is created for a fleet it cannot read"

@@ -15,8 +15,10 @@ def jobs(draw: st.DrawFn) -> tuple[WorkloadSpec, int, str]:
     batch = draw(st.integers(min_value=w.min_batch_size, max_value=w.max_batch_size))
     precision = draw(st.sampled_from(w.precisions))
     steps = draw(st.integers(min_value=1, max_value=10_000))
-    ipus = 2 ** draw(st.integers(min_value=0, max_value=12))
     machine = draw(st.sampled_from(sorted(MACHINES)))
+    # Up to the largest partition the type forms (whole POD64s, or one C2 server).
+    largest = min(12, MACHINES[machine].max_partition.bit_length() - 1)
+    ipus = 2 ** draw(st.integers(min_value=0, max_value=largest))
     spec = WorkloadSpec(model=w.name, task=task, batch_size=batch, seq_len=seq, precision=precision,
                         steps=steps)
     return spec, ipus, machine

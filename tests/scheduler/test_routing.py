@@ -37,6 +37,8 @@ def test_queues_are_tried_pod_first_then_machine_type_then_default() -> None:
     assert routing.candidates("m2000", one_pod) == ["pod0003", "m2000", "ipucloud"]
     two_pods = ["pod0005-m15-i3", "pod0004-m00-i0"]
     assert routing.candidates("bow", two_pods) == ["pod0004", "pod0005", "bow", "ipucloud"]
+    assert routing.candidates("c2", ["srv0002-i04", "srv0002-i05"]) == ["srv0002", "c2", "ipucloud"]
+    assert routing.parse_queues("srv0002,c2") == ["srv0002", "c2"]
     options = routing.candidates("m2000", one_pod)
     assert routing.choose(options, frozenset({"ipucloud", "m2000", "pod0003"})) == "pod0003"
     assert routing.choose(options, frozenset({"ipucloud", "m2000", "pod0001"})) == "m2000"

@@ -103,7 +103,7 @@ def reset_caches() -> None:
     ratelimit.reset_limiter()
     partitions._syncs.clear()
     emulation._resolve_cached.cache_clear()
-    fleet._pods_cache = None
+    fleet._capacity_cache = None
     emulation._RUNS.clear()
 
 
@@ -131,13 +131,19 @@ class Seeded:
     admin_key: str
 
 
-def seed(database: object, *, pods: int = 2) -> Seeded:
+def seed(database: object, *, pods: int = 2, fleet_description: str | None = None) -> Seeded:
+    """Plans, an admin key and a fleet: `pods` IPU-M2000 POD64s, or a fleet description such as
+    `2xm2000,1xdss8440`."""
     from scheduler.services import fleet, tenants
     from scheduler.settings import get_settings
+    from vipu.topology import parse_fleet_description
 
     with database.write() as s:  # type: ignore[attr-defined]
         tenants.seed_plans(session=s)
-        fleet.seed_fleet(session=s, pods=pods)
+        if fleet_description is not None:
+            fleet.ensure_fleet(session=s, groups=parse_fleet_description(fleet_description))
+        else:
+            fleet.seed_fleet(session=s, pods=pods)
         key = tenants.ensure_admin_key(session=s, secret=get_settings().secret())
     assert key is not None
     return Seeded(admin_key=key)

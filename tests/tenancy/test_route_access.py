@@ -49,6 +49,9 @@ def samples(world: World, db: Any) -> dict[str, str]:
         "application_id": application.id,
         "partition_id": "no-such-partition",
         "machine_id": "pod0000-m00",
+        # Racks and units the world's fleet does not have: the admin's calls must not retire it.
+        "rack_id": "rack0099",
+        "unit_id": "srv0099",
         "model": model.id,
     }
 

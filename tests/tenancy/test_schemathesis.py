@@ -72,6 +72,8 @@ def make_world(cloud: RunningCloud) -> tuple[str, dict[str, str]]:
         "application_id": application["id"],
         "partition_id": partition["id"],
         "machine_id": "pod0000-m00",
+        "rack_id": "rack0099",
+        "unit_id": "srv0099",
         "name": "trial",
     }
     return key, ids

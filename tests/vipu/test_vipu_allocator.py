@@ -3,7 +3,7 @@ import pytest
 from vipu.allocator import AllocationConflict, Allocator, PolicyError
 from vipu.partitions import PartitionRuleError, validate_partition
 from vipu.placement_policies import PlacementPolicy, available_policies, lowest_window
-from vipu.topology import Fleet, Health, MachineType, ipu_id
+from vipu.topology import Fleet, Health, MachineType, Unit, ipu_id
 
 POLICIES = available_policies()
 
@@ -366,3 +366,75 @@ def test_default_trades_window_sizes_by_the_learned_mix():
     assert first_machine(allocator_after(8).find(4)) == "pod0000-m04"
     # 16s wanted: the 5-run is the only home for a 16, so spend the 2-run instead.
     assert first_machine(allocator_after(16).find(4)) == "pod0000-m00"
+
+
+# --- servers and POD16s ------------------------------------------------------------------------
+
+
+def _servers(count: int) -> Fleet:
+    return Fleet([Unit(MachineType.C2, "server", 0) for _ in range(count)])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_servers_are_carved_buddy_style_under_every_policy(policy):
+    allocator = Allocator(_servers(2), policy)
+    one = allocator.allocate("one", 1, machine_type="c2")
+    assert one is not None and one.ipu_ids == ("srv0000-i00",)
+    # The next single IPU takes the lone twin of the first card, not a fresh card.
+    two = allocator.allocate("two", 1)
+    assert two is not None and two.ipu_ids == ("srv0000-i01",)
+    # A pair goes into the server already in use, on the next free card.
+    pair = allocator.allocate("pair", 2)
+    assert pair is not None and pair.ipu_ids == ("srv0000-i02", "srv0000-i03")
+    # 8 IPUs: the aligned upper half of the busy server, leaving the other server whole for a 16.
+    eight = allocator.allocate("eight", 8)
+    assert eight is not None and eight.ipu_ids == tuple(f"srv0000-i{i:02d}" for i in range(8, 16))
+    sixteen = allocator.allocate("sixteen", 16)
+    assert sixteen is not None and sixteen.pods == (1,) and sixteen.size == 16
+    assert allocator.allocate("none", 8) is None
+    assert allocator.largest_free("c2") == 4
+    for placement in allocator.partitions().values():
+        validate_partition(allocator.fleet, placement.ipu_ids)
+
+
+def test_no_partition_is_larger_than_a_server_or_spans_two():
+    allocator = Allocator(_servers(4))
+    assert allocator.allocate("big", 32, machine_type="c2") is None
+    assert allocator.largest_free() == 16
+    report = allocator.fragmentation(32)
+    assert report.stranded_ipus == 64 == report.free_ipus
+
+
+def test_a_drained_server_takes_nothing_new_and_keeps_its_partitions():
+    allocator = Allocator(_servers(1))
+    held = allocator.allocate("held", 4)
+    assert held is not None
+    allocator.set_machine_health("srv0000", Health.DRAINING)
+    assert allocator.machine_health("srv0000") is Health.DRAINING
+    assert allocator.unhealthy_machines() == {"srv0000": Health.DRAINING}
+    assert allocator.partitions_on_machine("srv0000") == ("held",)
+    assert allocator.free_ipus() == 0 and allocator.allocate("new", 1) is None
+    allocator.set_machine_health("srv0000", Health.UP)
+    allocator.set_ipu_health("srv0000-i05", Health.FAILED)
+    placed = allocator.allocate("after", 4)
+    assert placed is not None and "srv0000-i05" not in placed.ipu_ids
+    assert allocator.free_ipus() == 16 - 4 - 1 - 4  # less held, the failed IPU, and after
+
+
+def test_untyped_requests_fill_pods_before_servers():
+    fleet = Fleet([Unit(MachineType.C2, "server", 0), Unit(MachineType.M2000, "pod16", 1)])
+    allocator = Allocator(fleet)
+    first = allocator.allocate("a", 16)
+    assert first is not None and first.machine_type is MachineType.M2000
+    second = allocator.allocate("b", 16)
+    assert second is not None and second.machine_type is MachineType.C2
+    assert allocator.allocate("c", 1) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_pod16_windows_stay_in_line(policy):
+    allocator = Allocator(Fleet([Unit(MachineType.BOW, "pod16", 0)]), policy)
+    allocator.occupy("middle", machines(0, 1, 2))
+    assert allocator.largest_free() == 4  # machines 3 and 0 are not neighbours on a POD16
+    assert allocator.allocate("eight", 8) is None
+    assert allocator.allocate("four", 4) is not None

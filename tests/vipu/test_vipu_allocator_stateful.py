@@ -1,5 +1,6 @@
-"""Random allocate / release / occupy / fail / drain / restore sequences on small mixed fleets, for
-every policy, checked against a brute-force enumeration of the partition rules."""
+"""Random allocate / release / occupy / fail / drain / restore sequences on small mixed fleets (POD64s,
+POD16s and C2 servers), for every policy, checked against a brute-force enumeration of the partition
+rules: aligned blocks on servers, never across servers, failed IPUs never handed out."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from vipu._bitmaps import HOLE_CLASSES, MACHINE_HOLES
 from vipu.allocator import AllocationConflict, Allocator, Placement
 from vipu.partitions import validate_partition
 from vipu.placement_policies import available_policies
-from vipu.topology import Fleet, Health, MachineType, ipu_id, machine_id, parse_ipu_id
+from vipu.topology import Fleet, Health, MachineType, Unit, parse_ipu_id
 
-KINDS = (None, MachineType.M2000, MachineType.BOW)
+KINDS = (None, *MachineType)
+UNITS = [("m2000", "pod64"), ("bow", "pod64"), ("m2000", "pod16"), ("bow", "pod16"), ("c2", "server")]
 STATES = (Health.UP, Health.DRAINING, Health.FAILED)
 # How long a partition is expected to run, when the caller says: often nothing, often a tie.
 RUNTIMES = st.none() | st.sampled_from([10.0, 100.0, 1000.0]) | st.floats(0.0, 1e6)
@@ -43,9 +45,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.ipu_health: dict[str, Health] = {}
         self.serial = 0
 
-    @initialize(pod_types=st.lists(st.sampled_from(list(MachineType)), min_size=1, max_size=3))
-    def build(self, pod_types: list[MachineType]) -> None:
-        self.fleet = Fleet(pod_types)
+    @initialize(units=st.lists(st.sampled_from(UNITS), min_size=1, max_size=3))
+    def build(self, units: list[tuple[str, str]]) -> None:
+        self.fleet = Fleet(
+            [Unit(MachineType(kind), layout, rack) for rack, (kind, layout) in enumerate(units)]
+        )
         self.allocator = Allocator(self.fleet, self.policy)
 
     # --- the model -----------------------------------------------------------------------------
@@ -124,6 +128,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     def occupy_existing(self, data: st.DataObject, size: int, runtime: float | None) -> None:
         """Register a partition as if loaded from the database, on any machines, healthy or not."""
         windows = [ipus for _, ipus in all_windows(self.fleet, size)]
+        if not windows:
+            return  # no unit of this fleet is that large (a POD16 or a server and 64)
         ipus = data.draw(st.sampled_from(windows))
         partition_id = self.new_id()
         end = None if runtime is None else self.clock + runtime
@@ -141,8 +147,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), state=st.sampled_from(STATES))
     def set_machine_health(self, data: st.DataObject, state: Health) -> None:
-        pod = data.draw(st.integers(0, self.fleet.pods - 1))
-        machine = machine_id(pod, data.draw(st.integers(0, 15)))
+        machine = data.draw(st.sampled_from(list(self.fleet.machine_ids())))
         self.allocator.set_machine_health(machine, state)
         if state is Health.UP:
             self.machine_health.pop(machine, None)
@@ -151,8 +156,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), state=st.sampled_from(STATES))
     def set_ipu_health(self, data: st.DataObject, state: Health) -> None:
-        pod = data.draw(st.integers(0, self.fleet.pods - 1))
-        ipu = ipu_id(pod, data.draw(st.integers(0, 15)), data.draw(st.integers(0, 3)))
+        ipu = data.draw(st.sampled_from(list(self.fleet.ipu_ids())))
         self.allocator.set_ipu_health(ipu, state)
         if state is Health.UP:
             self.ipu_health.pop(ipu, None)
@@ -167,7 +171,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             twin.allocate(self.new_id(), size)
         for partition_id in list(self.live)[:2]:
             twin.release(partition_id)
-        twin.set_machine_health(machine_id(0, 0), Health.FAILED)
+        twin.set_machine_health(next(self.fleet.machine_ids()), Health.FAILED)
         after = (dict(self.allocator.partitions()), self.allocator.free_ipus(), self.allocator.find(4))
         assert after == before
 
@@ -185,9 +189,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.ipu_health.clear()
         assert self.allocator.partitions() == {}
         assert self.allocator.free_ipus() == self.fleet.ipus
+        everything = set(self.fleet.ipu_ids())
         for kind in self.fleet.machine_types:
-            pods = len(self.fleet.pods_of_type(kind))
-            assert self.allocator.largest_free(kind) == 64 * (1 << (pods.bit_length() - 1))
+            assert self.allocator.largest_free(kind) == largest(self.fleet, everything, kind)
 
     # --- invariants ----------------------------------------------------------------------------
 
@@ -244,10 +248,15 @@ class AllocatorMachine(RuleBasedStateMachine):
                 ([], []) for _ in range(HOLE_CLASSES)
             ]
             for pod in self.fleet.pods_of_type(kind):
+                ids = self.fleet.unit_ipu_ids(pod)
                 for machine in range(16):
                     when = release.get((pod, machine))
                     assert space.release(pod, machine) == when, (pod, machine)
-                    nibble = sum(1 << i for i in range(4) if ipu_id(pod, machine, i) in free)
+                    nibble = sum(
+                        1 << i
+                        for i in range(4)
+                        if machine * 4 + i < len(ids) and ids[machine * 4 + i] in free
+                    )
                     for hole_class in range(HOLE_CLASSES):
                         if MACHINE_HOLES[nibble] >> hole_class & 1:
                             timed, untimed = expected[hole_class]

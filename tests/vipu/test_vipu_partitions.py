@@ -1,7 +1,7 @@
 import pytest
 
 from vipu.partitions import PartitionRuleError, validate_partition
-from vipu.topology import Fleet, Health, MachineType, ipu_id
+from vipu.topology import Fleet, Health, MachineType, Unit, ipu_id
 
 FLEET = Fleet([MachineType.M2000, MachineType.M2000, MachineType.BOW, MachineType.BOW])
 
@@ -145,3 +145,73 @@ def test_malformed_or_foreign_ids_and_duplicates():
 
 def test_rule_errors_are_value_errors():
     assert issubclass(PartitionRuleError, ValueError)
+
+
+# --- POD16s and C2 servers ---------------------------------------------------------------------
+
+MIXED = Fleet(
+    [
+        Unit(MachineType.M2000, "pod64", 0),
+        Unit(MachineType.M2000, "pod16", 1),
+        Unit(MachineType.C2, "server", 2, "dss8440"),
+        Unit(MachineType.C2, "server", 2, "nf5568m5"),
+    ]
+)
+
+
+def server(unit: int, *ipus: int) -> list[str]:
+    return [f"srv{unit:04d}-i{ipu:02d}" for ipu in ipus]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 8, 16])
+def test_server_partitions_are_the_aligned_groups_gc_info_lists(size):
+    for start in range(0, 16, size):
+        shape = validate_partition(MIXED, server(2, *range(start, start + size)))
+        assert shape.size == size and shape.start == start and shape.pods == (2,)
+        assert shape.machine_type is MachineType.C2
+
+
+@pytest.mark.parametrize(
+    "ipus",
+    [(1, 2), (2, 3, 4, 5), (4, 5, 6, 7, 8, 9, 10, 11), (6, 7, 8, 9)],
+)
+def test_server_partitions_off_their_alignment_are_refused(ipus):
+    with pytest.raises(PartitionRuleError, match=r"C2 card|aligned block"):
+        validate_partition(MIXED, server(2, *ipus))
+
+
+def test_a_partition_never_spans_two_servers():
+    with pytest.raises(PartitionRuleError, match="nothing links two of them"):
+        validate_partition(MIXED, server(2, *range(8, 16)) + server(3, *range(8)))
+    with pytest.raises(PartitionRuleError, match="cannot be joined"):
+        validate_partition(
+            Fleet([Unit(MachineType.C2, "server", r) for r in range(8)]),
+            [ipu for unit in range(8) for ipu in server(unit, *range(16))],
+        )
+
+
+def test_server_ids_must_match_the_unit():
+    with pytest.raises(PartitionRuleError, match="not in this fleet"):
+        validate_partition(MIXED, ["srv0000-i00"])  # unit 0 is a POD64
+    with pytest.raises(PartitionRuleError, match="not in this fleet"):
+        validate_partition(MIXED, ["pod0002-m00-i0"])  # unit 2 is a server
+    with pytest.raises(PartitionRuleError, match="not in this fleet"):
+        validate_partition(MIXED, ["pod0001-m04-i0"])  # a POD16 has machines 0..3
+
+
+def test_pod16_windows_are_a_line_that_does_not_wrap():
+    shape = validate_partition(MIXED, machines(1, 1, 2))
+    assert shape.start == 4 and shape.size == 8
+    assert validate_partition(MIXED, machines(1, 0, 1, 2, 3)).size == 16
+    with pytest.raises(PartitionRuleError, match="not contiguous"):
+        validate_partition(MIXED, machines(1, 3, 0))
+    with pytest.raises(PartitionRuleError, match="span pod0000, pod0001"):
+        validate_partition(MIXED, machines(1, 0, 1, 2, 3) + machines(0, 0, 1, 2, 3))
+
+
+def test_failed_server_ipus_are_never_taken():
+    health = {"srv0002-i05": Health.FAILED}
+    with pytest.raises(PartitionRuleError, match="srv0002-i05 \\(failed\\)"):
+        validate_partition(MIXED, server(2, *range(4, 8)), health=health)
+    with pytest.raises(PartitionRuleError, match="not up"):
+        validate_partition(MIXED, server(3, 0), health={"srv0003": Health.DRAINING})

@@ -1,6 +1,6 @@
 """The published Bow Pod16 training table the efficiencies are fitted to, and the fit itself.
 
-The table is ``reference/ipu-hardware.md``: Bow Pod16 (16 Bow IPUs), FP16, items per second at the
+The table is ``docs/hardware.md``: Bow Pod16 (16 Bow IPUs), FP16, items per second at the
 stated global batch. The fit minimises the sum of squared log errors over all seven rows at once, with
 a Nelder-Mead search over the logarithms of three constants of ``timing.Constants`` (the fourth, the
 vector efficiency, is not identifiable from the table; see ``fit``); the result is frozen in

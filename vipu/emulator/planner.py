@@ -4,7 +4,8 @@ Given the partition (IPUs, machine type, POD64s spanned), the planner searches t
 ``IPUConfig`` can express: IPUs per replica P (pipeline stages, one IPU each; a power of two), replicas
 R = IPUs / P, the micro-batch and the gradient accumulation (global batch = micro-batch x accumulation x
 replicas), recomputation, and whether optimizer state lives off-chip in streaming memory. Layers are
-split into P contiguous stages balanced by compute subject to every IPU fitting its 900 MB; among the
+split into P contiguous stages balanced by compute subject to every IPU fitting its In-Processor-Memory
+(900 MB on GC200 and Bow, 304 MB on GC2); among the
 configurations that fit it keeps the one with the shortest time per sample. Nothing fits: CompileError,
 naming the stage, the bytes it needs, the bytes an IPU has, and what to change.
 """
@@ -19,7 +20,7 @@ from functools import lru_cache
 
 from vipu.emulator.catalogue import Layer, ModelGraph
 from vipu.emulator.errors import CompileError
-from vipu.emulator.machines import MACHINES, MAX_IPUS, Machine
+from vipu.emulator.machines import MACHINES, MAX_IPUS, Machine, get_machine
 from vipu.emulator.memory import CODE_BASE_BYTES, StageAggregate, StageMemory, dtype_bytes, memory_of
 from vipu.emulator.spec import WorkloadSpec
 from vipu.emulator.timing import (
@@ -333,11 +334,21 @@ def _device_iterations(step_s_without_host: float) -> int:
 
 
 def _check_partition(ipus: int, machine: str) -> Machine:
-    if isinstance(ipus, bool) or not isinstance(ipus, int) or not _is_power_of_two(ipus) or ipus > MAX_IPUS:
-        raise ValueError(f"ipus must be a power of two from 1 to {MAX_IPUS:,}, got {ipus!r}")
     if machine not in MACHINES:
         raise ValueError(f"machine must be one of {', '.join(MACHINES)}, got {machine!r}")
-    return MACHINES[machine]
+    m = get_machine(machine)
+    if isinstance(ipus, bool) or not isinstance(ipus, int) or not _is_power_of_two(ipus) or ipus > MAX_IPUS:
+        raise ValueError(f"ipus must be a power of two from 1 to {MAX_IPUS:,}, got {ipus!r}")
+    if ipus > m.max_partition:
+        raise ValueError(
+            f"a {m.type.value} partition holds at most {m.max_partition} IPUs ({_largest_unit(m)}), "
+            f"got {ipus}"
+        )
+    return m
+
+
+def _largest_unit(m: Machine) -> str:
+    return "one server: no IPU-Link or GW-Link joins servers" if m.max_partition < 64 else "whole POD64s"
 
 
 def plan(
@@ -363,7 +374,7 @@ def plan(
     n_pods = pods if pods is not None else pods_spanned(ipus)
     crosses = gw_links if gw_links is not None else n_pods > 1
     overrides = _Overrides(ipus_per_replica, micro_batch, optimizer_offchip, recompute)
-    return _plan(spec, ipus, m.type, n_pods, crosses, overrides, FITTED)
+    return _plan(spec, ipus, m.type.value, n_pods, crosses, overrides, FITTED)
 
 
 @lru_cache(maxsize=1024)
@@ -513,11 +524,16 @@ def _build(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, pods: i
         notes.append(
             f"sequences are packed, {graph.samples_per_slot:.2f} per {spec.seq_len}-token slot on average"
         )
+    if offchip and not m.has_streaming_memory:
+        notes.append(
+            f"optimizer state lives off-chip in the {m.offchip_store} and crosses PCIe every step: a "
+            f"{m.product} has no streaming memory"
+        )
     memory_per_ipu = max(s.memory_bytes for s in stages)
     exe_bytes = max(s.memory.code + s.memory.weights for s in stages)
     return Plan(
         spec=spec,
-        machine=m.type,
+        machine=m.type.value,
         ipus=ipus,
         pods=pods,
         gw_links=gw_links,
@@ -577,7 +593,8 @@ def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf:
     message = (
         f"Out of memory compiling {spec.label} ({spec.task}, {spec.precision}) for {ipus} IPU(s): "
         f"stage {sf.stage} of {sf.stages} ({_layer_span(sf.layers)}) needs {_fmt_mb(needed)} "
-        f"({needed:,} bytes) but an IPU has 900 MB ({m.sram_bytes:,} bytes) of In-Processor-Memory "
+        f"({needed:,} bytes) but a {m.chip} IPU has {m.sram_label} ({m.sram_bytes:,} bytes) of "
+        "In-Processor-Memory "
         f"[{parts}; micro-batch {sf.micro_batch}]."
     )
     advice: list[str] = []
@@ -585,12 +602,18 @@ def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf:
     if sf.stages * 2 <= spec.max_ipus_per_replica:
         want = max(2 * ipus, 2 ** math.ceil(math.log2(max(1.0, 1.6 * state / m.sram_bytes))))
         held = "weights and gradients" if spec.task == "train" else "weights"
-        advice.append(f"more IPUs per replica: a partition of {min(want, MAX_IPUS)} or more IPUs "
-                      f"({held} alone take {_fmt_mb(state)})")
+        if want <= m.max_partition:
+            advice.append(f"more IPUs per replica: a partition of {min(want, MAX_IPUS)} or more IPUs "
+                          f"({held} alone take {_fmt_mb(state)})")
+        else:
+            others = ", ".join(t for t, other in MACHINES.items() if other.max_partition >= want)
+            advice.append(f"a machine type with room for {want} or more IPUs per replica ({others}): a "
+                          f"{m.type.value} partition holds at most {m.max_partition} ({held} alone take "
+                          f"{_fmt_mb(state)})")
     if sf.micro_batch > 1:
         advice.append(f"a smaller micro-batch than {sf.micro_batch}")
     if spec.task == "train" and graph.trainable and not sf.optimizer_offchip:
-        advice.append("optimizer state off-chip in streaming memory (optimizer_offchip=True)")
+        advice.append(f"optimizer state off-chip in {m.offchip_store} (optimizer_offchip=True)")
     if spec.task == "train" and not sf.recompute:
         advice.append("recomputation (recompute=True)")
     if spec.precision == "fp32":
@@ -608,11 +631,11 @@ def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf:
 
 def choose_ipus_auto(spec: WorkloadSpec, machine: str = "m2000") -> int:
     """The smallest power-of-two partition on which ``spec`` compiles (for ``"ipus": "auto"``)."""
-    _check_partition(1, machine)
+    most = _check_partition(1, machine).max_partition
     closest_oom: CompileError | None = None
     last: CompileError | None = None
     ipus = 1
-    while ipus <= MAX_IPUS:
+    while ipus <= most:
         try:
             plan(spec, ipus, machine)
             return ipus

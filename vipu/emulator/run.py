@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vipu.emulator.machines import get_machine
 from vipu.emulator.planner import Plan
 from vipu.emulator.spec import WorkloadSpec
 
@@ -289,7 +290,7 @@ class EmulatedRun:
                                    {"executable_key": key, "expected_s": self.compile_s}))
             events.append(RunEvent(self.compile_s, "compile_end",
                                    f"Compiled in {_duration(self.compile_s)}; "
-                                   f"memory per IPU of 900 MB: {memory}",
+                                   f"memory per IPU of {get_machine(p.machine).sram_label}: {memory}",
                                    {"executable_key": key, "compile_s": self.compile_s,
                                     "memory_per_stage_bytes": per_stage,
                                     "memory_per_stage": [s.memory.to_dict() for s in p.stages]}))

@@ -20,8 +20,10 @@ the stage recomputes its activations. A pipeline of P stages and G micro-batches
 gradients are all-reduced, the optimizer runs and, every ``device_iterations`` steps, the host is synced.
 
 Three constants are fitted (matmul and conv efficiency, c_ss), once, to the Bow Pod16
-table of ``reference/ipu-hardware.md`` by ``calibration.py``; e_vec is fixed (see ``Constants``).
-Everything else is a published figure or a stated first-principles assumption below.
+table of ``docs/hardware.md`` by ``calibration.py``; e_vec is fixed (see ``Constants``).
+Everything else is a published figure (``vipu/machine_types.py``) or a stated first-principles
+assumption below. Every machine type, the first-generation GC2 included, runs through the same
+equations with the same constants: only the figures of its chip and links differ.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ GW_LINK_HOP_S = 10.0e-6
 # planner batches steps into device iterations so that a call lasts at least HOST_CALL_TARGET_S.
 HOST_CALL_S = 2.0e-3
 HOST_CALL_TARGET_S = 0.5
-# A pipeline hand-over uses the IPU-Links towards one neighbour: half of the IPU's links.
+# A pipeline hand-over uses the IPU-Links towards one neighbour: half of the links between them
+# (``Machine.neighbour_link_bytes_per_s``), the other half carrying the gradients back.
 PIPELINE_LINK_FRACTION = 0.5
 # A ring all-reduce sends to one neighbour and receives from the other: half the links each way.
 RING_LINK_FRACTION = 0.5
@@ -201,14 +204,16 @@ class StepTiming:
 
 
 def ring_allreduce_s(
-    grad_bytes: float, replicas: int, pods: int, machine: Machine
+    grad_bytes: float, replicas: int, pods: int, machine: Machine, stages: int = 1
 ) -> tuple[float, float]:
-    """Gradient all-reduce of one stage across ``replicas`` replicas spread over ``pods`` POD64s.
+    """Gradient all-reduce of one stage across ``replicas`` replicas of ``stages`` IPUs each, spread
+    over ``pods`` POD64s.
 
-    Inside a POD64, a ring over IPU-Links: reduce-scatter then all-gather, each moving (r - 1) / r of
-    the gradients through every IPU. Across POD64s, hierarchically: after the reduce-scatter each IPU
-    holds 1 / r_pod of the gradients, which are all-reduced between POD64s over the GW-Links of its
-    machine (two 100 GbE links shared by its four IPUs), before the in-POD all-gather.
+    Inside a POD64 (or a server), a ring over IPU-Links: reduce-scatter then all-gather, each moving
+    (r - 1) / r of the gradients through every IPU. Across POD64s, hierarchically: after the
+    reduce-scatter each IPU holds 1 / r_pod of the gradients, which are all-reduced between POD64s
+    over the GW-Links of its machine (two 100 GbE links shared by its four IPUs), before the in-POD
+    all-gather.
     Returns (IPU-Link part, GW-Link part) in seconds.
     """
     if replicas <= 1:
@@ -217,7 +222,8 @@ def ring_allreduce_s(
     r_pod = max(1, replicas // pods)
     ipu_link_s = 0.0
     if r_pod > 1:
-        bw = machine.ipu_link_bytes_per_s_per_ipu * RING_LINK_FRACTION
+        span = r_pod * stages  # the IPUs the ring runs past: on a ladder, whether it leaves the card
+        bw = machine.neighbour_link_bytes_per_s(span, ring=True) * RING_LINK_FRACTION
         ipu_link_s = 2.0 * (r_pod - 1) / r_pod * grad_bytes / bw + 2.0 * (r_pod - 1) * IPU_LINK_HOP_S
     gw_s = 0.0
     if pods > 1:
@@ -253,7 +259,7 @@ def step_timing(
     b = dtype_bytes(precision)
     boundary_s = 0.0
     if p > 1:
-        link = machine.ipu_link_bytes_per_s_per_ipu * PIPELINE_LINK_FRACTION
+        link = machine.neighbour_link_bytes_per_s(p, ring=False) * PIPELINE_LINK_FRACTION
         crossing = max(s[0].input_elements for s in stages[1:])
         # activations forward, and their gradients back when training
         boundary_s = (2.0 if train else 1.0) * micro_batch * crossing * b / link + _ss_s(machine, c)
@@ -267,7 +273,7 @@ def step_timing(
     if train and graph.trainable:
         for layers in stages:
             params = sum(layer.params for layer in layers)
-            ipu_part, gw_part = ring_allreduce_s(params * b, replicas, pods, machine)
+            ipu_part, gw_part = ring_allreduce_s(params * b, replicas, pods, machine, p)
             if ipu_part + gw_part > allreduce_s:
                 allreduce_s, ipu_link_s, gw_s = ipu_part + gw_part, ipu_part, gw_part
             # Off-chip state is sharded over the replicas (replicated tensor sharding) and streamed from
