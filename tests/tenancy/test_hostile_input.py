@@ -313,6 +313,22 @@ def dashboard_fields() -> list[Field]:
             {"name": "text", "dims": "text", "elementwise": "text", "csrf": "token"},
         ),
         Field("dashboard", owner, "GET", "/models/{model}", "path", "model", "token"),
+        *many(
+            admin,
+            "POST",
+            "/admin/fleet/racks",
+            "form",
+            {"machine_type": "token", "layout": "token", "pods": "int"},
+        ),
+        *many(admin, "POST", "/admin/fleet/servers", "form", {"model": "token", "count": "int"}),
+        *many(
+            admin,
+            "POST",
+            "/admin/fleet/racks/{rack_id}/{action}",
+            "path",
+            {"rack_id": "token", "action": "token"},
+        ),
+        Field("dashboard", admin, "POST", "/admin/fleet/units/{unit_id}/retire", "path", "unit_id", "token"),
         Field("dashboard", owner, "POST", "/models/{model}/delete", "path", "model", "token"),
         Field("dashboard", owner, "POST", "/models/{model}/delete", "form", "csrf", "token"),
     ]
@@ -350,6 +366,10 @@ API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/admin/machines/{machine_id}/fail"): {"reason": "fan"},
     ("POST", "/api/v1/admin/machines/{machine_id}/restore"): {"reason": "fan"},
     ("POST", "/api/v1/admin/partitions"): {"id": "hp", "size": 1},
+    ("POST", "/api/v1/admin/fleet/racks"): {"machine_type": "m2000", "layout": "pod16", "pods": 1},
+    ("POST", "/api/v1/admin/fleet/servers"): {"model": "dss8440", "count": 1},
+    ("POST", "/api/v1/admin/fleet/racks/{rack_id}/drain"): {"reason": "moving"},
+    ("POST", "/api/v1/admin/fleet/racks/{rack_id}/restore"): {"reason": "moved"},
     ("POST", "/api/v1/admin/partitions/{partition_id}/reset"): {"gcds": 1},
     ("POST", "/api/v1/admin/tenants"): {"name": "hostile"},
     ("PATCH", "/api/v1/admin/tenants/{tenant_id}"): {"fairshare_weight": 2.0},
@@ -366,6 +386,8 @@ DASHBOARD_FORMS: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/login"): {"api_key": "", "next": "/"},
     ("POST", "/trial"): TRIAL,
     ("POST", "/admin/partitions"): {"id": "hp", "size": "1", "gcds": "1"},
+    ("POST", "/admin/fleet/racks"): {"machine_type": "m2000", "layout": "pod16", "pods": "1"},
+    ("POST", "/admin/fleet/servers"): {"model": "dss8440", "count": "1"},
     ("POST", "/admin/tenants"): {"name": "hostile", "plan": "trial"},
     ("POST", "/admin/trials/{application_id}/reject"): {"reason": "no"},
 }
@@ -404,6 +426,8 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         "machine_id": "pod0001-m15",
         "action": "drain",
         "model": model.id,
+        "rack_id": "rack0000",
+        "unit_id": "pod0000",
     }
     world = World(app, alpha.api_key, seeded.admin_key, paths, {})
     for who, key in (("owner", alpha.api_key), ("admin", seeded.admin_key)):

@@ -31,11 +31,12 @@ from api.dashboard import admin_pages, model_pages, routes, sessions, tenant_pag
 from scheduler.db import Database
 from scheduler.jobspec import JobSpec
 from scheduler.models import ApiKey, Job, Machine, Member, OwnModel, Partition, TrialApplication
-from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
+from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.support import onnx_files
 from tests.support.services import Seeded
+from vipu.topology import rack_id
 
 MODEL = onnx_files.mlp(hidden=32, layers=2, features=16)
 ROLES = ("read", "submit", "member", "owner", "admin", "suspended", "revoked")
@@ -146,6 +147,24 @@ class World:
             return own_models.create_model(
                 session=s, tenant_id=self.tenant, name=self.unique("model"), analysed=analysed
             ).id
+
+    def new_rack(self, *, drained: bool) -> str:
+        with self.db.write() as s:
+            index = fleet.add_rack(session=s, machine_type="m2000", layout="pod16", units=1)
+            if drained:
+                fleet.drain_rack(session=s, rack=index, health="draining", reason=None)
+        return rack_id(index)
+
+    def new_server(self) -> str:
+        with self.db.write() as s:
+            (index,) = fleet.add_servers(session=s, model="dss8440", count=1)
+            for machine in s.query(Machine).filter(Machine.pod == index):
+                fleet.set_machine_health(session=s, machine=machine.id, health="draining", reason=None)
+        return fleet.unit_name(index, "server")
+
+    def live_units(self) -> int:
+        with self.db.read() as s:
+            return sum(len(r["units"]) for r in fleet.racks(session=s))
 
     def model_count(self) -> int:
         with self.db.read() as s:
@@ -326,6 +345,28 @@ def _machine(w: World, verb: str) -> Call:
     )
 
 
+def _unit_count_is(w: World, count: int) -> Callable[[], bool]:
+    return lambda: w.live_units() == count
+
+
+def _rack_up(w: World, rack: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return all(
+                m.health == "up" for m in s.query(Machine).filter(Machine.rack == fleet.parse_rack(rack))
+            )
+
+    return check
+
+
+def _add(w: World, path: str, body: dict[str, Any]) -> Call:
+    return Call(path, body, unchanged=_unit_count_is(w, w.live_units()))
+
+
+def _retire(w: World, path: str) -> Call:
+    return Call(path, unchanged=_unit_count_is(w, w.live_units()))
+
+
 def _model_there(w: World, model_id: str) -> Callable[[], bool]:
     def check() -> bool:
         with w.db.read() as s:
@@ -346,6 +387,11 @@ def _upload(w: World) -> Call:
 def _delete_model(w: World) -> Call:
     model_id = w.new_model()
     return Call(f"/api/v1/models/{model_id}", unchanged=_model_there(w, model_id))
+
+
+def _drain_rack(w: World) -> Call:
+    rack = w.new_rack(drained=False)
+    return Call(f"/api/v1/admin/fleet/racks/{rack}/drain", {}, unchanged=_rack_up(w, rack))
 
 
 API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
@@ -449,6 +495,28 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/api/v1/models"): ("read", lambda w: Call("/api/v1/models")),
     ("GET", "/api/v1/models/{model}"): ("read", lambda w: Call(f"/api/v1/models/{w.model}")),
     ("DELETE", "/api/v1/models/{model}"): ("submit", _delete_model),
+    ("GET", "/api/v1/admin/fleet/racks"): ("admin", lambda w: Call("/api/v1/admin/fleet/racks")),
+    ("POST", "/api/v1/admin/fleet/racks"): (
+        "admin",
+        lambda w: _add(w, "/api/v1/admin/fleet/racks", {"machine_type": "m2000", "layout": "pod16"}),
+    ),
+    ("POST", "/api/v1/admin/fleet/servers"): (
+        "admin",
+        lambda w: _add(w, "/api/v1/admin/fleet/servers", {"model": "dss8440", "count": 1}),
+    ),
+    ("POST", "/api/v1/admin/fleet/racks/{rack_id}/drain"): ("admin", _drain_rack),
+    ("POST", "/api/v1/admin/fleet/racks/{rack_id}/restore"): (
+        "admin",
+        lambda w: Call(f"/api/v1/admin/fleet/racks/{w.new_rack(drained=True)}/restore", {}),
+    ),
+    ("DELETE", "/api/v1/admin/fleet/racks/{rack_id}"): (
+        "admin",
+        lambda w: _retire(w, f"/api/v1/admin/fleet/racks/{w.new_rack(drained=True)}"),
+    ),
+    ("DELETE", "/api/v1/admin/fleet/units/{unit_id}"): (
+        "admin",
+        lambda w: _retire(w, f"/api/v1/admin/fleet/units/{w.new_server()}"),
+    ),
     ("GET", "/healthz"): ("public", lambda w: Call("/healthz")),
     ("GET", "/readyz"): ("public", lambda w: Call("/readyz")),
     ("GET", "/metrics"): ("public", lambda w: Call("/metrics")),
@@ -519,6 +587,19 @@ def _dash_revoke(w: World, csrf: str) -> Form:
 def _dash_machine(w: World, csrf: str) -> Form:
     call = _machine(w, "drain")
     return Form("POST", "/admin/machines/pod0001-m15/drain", {"csrf": csrf}, unchanged=call.unchanged)
+
+
+def _dash_add(w: World, path: str, data: dict[str, str]) -> Form:
+    return Form("POST", path, data, unchanged=_unit_count_is(w, w.live_units()))
+
+
+def _dash_retire(w: World, path: str, csrf: str) -> Form:
+    return Form("POST", path, {"csrf": csrf}, unchanged=_unit_count_is(w, w.live_units()))
+
+
+def _dash_drain_rack(w: World, csrf: str) -> Form:
+    rack = w.new_rack(drained=False)
+    return Form("POST", f"/admin/fleet/racks/{rack}/drain", {"csrf": csrf}, unchanged=_rack_up(w, rack))
 
 
 def _dash_upload(w: World, csrf: str) -> Form:
@@ -633,6 +714,32 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
     ("GET", "/admin/usage.csv", ""): (
         ("GET", "/api/v1/admin/usage"),
         lambda w, c: Form("GET", "/admin/usage.csv"),
+    ),
+    ("POST", "/admin/fleet/racks", ""): (
+        ("POST", "/api/v1/admin/fleet/racks"),
+        lambda w, c: _dash_add(
+            w, "/admin/fleet/racks", {"csrf": c, "machine_type": "m2000", "layout": "pod16"}
+        ),
+    ),
+    ("POST", "/admin/fleet/servers", ""): (
+        ("POST", "/api/v1/admin/fleet/servers"),
+        lambda w, c: _dash_add(w, "/admin/fleet/servers", {"csrf": c, "model": "dss8440", "count": "1"}),
+    ),
+    ("POST", "/admin/fleet/racks/{rack_id}/{action}", "drain"): (
+        ("POST", "/api/v1/admin/fleet/racks/{rack_id}/drain"),
+        _dash_drain_rack,
+    ),
+    ("POST", "/admin/fleet/racks/{rack_id}/{action}", "restore"): (
+        ("POST", "/api/v1/admin/fleet/racks/{rack_id}/restore"),
+        lambda w, c: Form("POST", f"/admin/fleet/racks/{w.new_rack(drained=True)}/restore", {"csrf": c}),
+    ),
+    ("POST", "/admin/fleet/racks/{rack_id}/{action}", "retire"): (
+        ("DELETE", "/api/v1/admin/fleet/racks/{rack_id}"),
+        lambda w, c: _dash_retire(w, f"/admin/fleet/racks/{w.new_rack(drained=True)}/retire", c),
+    ),
+    ("POST", "/admin/fleet/units/{unit_id}/retire", ""): (
+        ("DELETE", "/api/v1/admin/fleet/units/{unit_id}"),
+        lambda w, c: _dash_retire(w, f"/admin/fleet/units/{w.new_server()}/retire", c),
     ),
     ("GET", "/models", ""): (("GET", "/api/v1/models"), lambda w, c: Form("GET", "/models")),
     ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
