@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import logging
-import re
 import time
 from collections.abc import Mapping
 from urllib.parse import unquote_plus
@@ -19,6 +18,7 @@ from api.metrics import LATENCY, REQUESTS
 from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, trials, usage
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.settings import Settings, get_settings
+from scheduler.text import has_hidden
 
 log = logging.getLogger("ipucloud.api")
 
@@ -100,14 +100,14 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
 class RefuseControlCharacters:
-    """A URL whose path or query holds a control character gets a 400 before any route reads it.
+    """A URL whose path or query holds a control or invisible character (`scheduler/text.py`: C0 and
+    C1 controls, bidirectional overrides, line separators, zero-width characters) gets a 400 before any
+    route reads it.
 
-    No identifier, cursor or parameter of this API has one, and PostgreSQL refuses a NUL in any text
-    it is given (an error that would otherwise surface as a 500 from whichever query met it)."""
+    No identifier, cursor or parameter of this API has one; PostgreSQL refuses a NUL in any text it is
+    given (an error that would surface as a 500 from whichever query met it); and a number parser that
+    trims Unicode blanks would read `\u20286` as 6."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -115,9 +115,9 @@ class RefuseControlCharacters:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             query = unquote_plus(scope.get("query_string", b"").decode("latin-1"))
-            if _CONTROL.search(scope.get("path", "")) or _CONTROL.search(query):
+            if has_hidden(scope.get("path", "")) or has_hidden(query):
                 resp = problems.problem(
-                    400, "The URL holds a control character; no path or parameter here has one."
+                    400, "The URL holds a control or invisible character; no path or parameter here has one."
                 )
                 await resp(scope, receive, send)
                 return

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import PROBLEM_TYPES, DomainError
+from scheduler.text import NO_HIDDEN
 
 log = logging.getLogger("ipucloud.api")
 
@@ -262,7 +263,7 @@ def _no_null_header(param: dict[str, Any]) -> None:
 
 
 # What `api.app.RefuseControlCharacters` enforces on every path and query string, stated in the spec.
-NO_CONTROL_CHARACTERS = "^[^\\x00-\\x1f\\x7f]*$"
+NO_CONTROL_CHARACTERS = NO_HIDDEN
 
 
 def _no_control_characters(param: dict[str, Any]) -> None:

@@ -31,6 +31,16 @@ _BLANK = r"\x20\xa0\u1680\u2000-\u200a\u202f\u205f\u3000"
 LINE = rf"^[^{_HIDDEN}{_BLANK}]([^{_HIDDEN}]*[^{_HIDDEN}{_BLANK}])?$"
 # Free text (lines and tabs allowed) that starts with something visible.
 TEXT = rf"^[^{_HIDDEN}{_BLANK}\t\n\r][^{_HIDDEN_IN_TEXT}]*$"
+# Nothing hidden at all (what a URL's path and query may hold: no identifier or parameter has one).
+NO_HIDDEN = rf"^[^{_HIDDEN}]*$"
+_ANY_HIDDEN = re.compile(rf"[{_HIDDEN}]")
+
+
+def has_hidden(value: str) -> bool:
+    """Whether `value` holds a control or invisible character (see the module's docstring)."""
+    return _ANY_HIDDEN.search(value) is not None
+
+
 # Free text that may be empty (a description).
 OPTIONAL_TEXT = rf"^([^{_HIDDEN}{_BLANK}\t\n\r][^{_HIDDEN_IN_TEXT}]*)?$"
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from scheduler.settings import ConfigError, Settings, get_settings, reset_settings_cache
 
 # `ipucloud up` is a demo of a cloud: its clock runs a minute of cluster time per second, so the
-# README's first job (bert-base, 200 steps on 4 IPUs, 831 s on real IPUs) ends in about 15 s.
+# README's first job (bert-base, 200 steps on 4 IPUs: 10 to 14 minutes on real IPUs) ends within 15 s.
 DEMO_TIME_SCALE = 60.0
 
 err = Console(stderr=True)

@@ -181,16 +181,16 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
         assert (data / "admin.key").read_text().strip() == key
         job = httpx.get(job_url, headers=tenant, timeout=10).json()
         assert job["state"] == "succeeded", "the same directory carries on with the same state"
-        # The README's first job (831 s on real IPUs) ends within a minute, and says 831 s.
+        # The README's first job (about ten minutes on real IPUs) ends within a minute, and says so.
         first_job = httpx.post(f"{url}/api/v1/jobs", headers=tenant, json=README_JOB, timeout=10).json()
-        assert 700 < first_job["predicted_runtime_s"] < 1000, first_job
+        assert 500 < first_job["predicted_runtime_s"] < 1000, first_job
         started = time.monotonic()
         while (job := httpx.get(f"{url}/api/v1/jobs/{first_job['id']}", headers=tenant, timeout=10).json())[
             "state"
         ] != "succeeded":
             assert time.monotonic() - started < 60 and job["state"] in ("queued", "running"), job
             time.sleep(0.5)
-        assert job["progress"]["cluster_s"] > 700, "what users see is cluster time"
+        assert job["progress"]["cluster_s"] > 500, "what users see is cluster time"
     finally:
         assert again.ctrl_c(timeout=90) == 0
     again.drain()
