@@ -6,17 +6,19 @@ import html
 import logging
 import time
 from collections.abc import Mapping
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import dashboard, problems
+from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
 from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, trials, usage
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.settings import Settings, get_settings
+from scheduler.text import has_hidden
 
 log = logging.getLogger("ipucloud.api")
 
@@ -24,12 +26,17 @@ MULTIPART_ALLOWANCE = 64 * 1024
 
 
 class BodyLimit:
-    """Refuse bodies over the limit before reading them (Content-Length) or while reading them.
+    """Refuse bodies over the limit with a 413: before reading them (Content-Length), or as soon as
+    a body sent without one (chunked) passes the limit.
 
     ``overrides`` gives routes (method, path) a limit of their own and what to say when it is passed: a
     model upload may be gigabytes, and its route streams it to disk and enforces its own limit on the
     file part.
-    """
+
+    When a chunked body passes the limit the 413 is sent from here at once, and the app is told the
+    client went away: FastAPI turns any error while it reads a body into a 400 ("error parsing the
+    body"), so an error raised into it would not reach the client as a 413. Whatever the app then
+    tries to send is dropped."""
 
     def __init__(
         self, app: ASGIApp, max_bytes: int, overrides: Mapping[tuple[str, str], tuple[int, str]] | None = None
@@ -56,28 +63,65 @@ class BodyLimit:
                     await self._refuse(scope, receive, send, detail)
                     return
         seen = 0
+        refused = False
+        started = False
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge()
+                    if not started:
+                        await self._refuse(scope, receive, send, detail)
+                    refused = True
+                    return {"type": "http.disconnect"}
             return message
 
         try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send, detail)
+            await self.app(scope, limited, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # The app failed on the body it was denied; the client already has its 413.
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, detail: str) -> None:
         resp = problems.problem(413, detail, slug="payload-too-large")
         await resp(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class RefuseControlCharacters:
+    """A URL whose path or query holds a control or invisible character (`scheduler/text.py`: C0 and
+    C1 controls, bidirectional overrides, line separators, zero-width characters) gets a 400 before any
+    route reads it.
+
+    No identifier, cursor or parameter of this API has one; PostgreSQL refuses a NUL in any text it is
+    given (an error that would surface as a 500 from whichever query met it); and a number parser that
+    trims Unicode blanks would read `\u20286` as 6."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = unquote_plus(scope.get("query_string", b"").decode("latin-1"))
+            if has_hidden(scope.get("path", "")) or has_hidden(query):
+                resp = problems.problem(
+                    400, "The URL holds a control or invisible character; no path or parameter here has one."
+                )
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Observe:
@@ -122,12 +166,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, metering.",
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # api/apidocs.py serves /docs without a CDN
         redoc_url=None,
     )
     problems.install(app)
 
     app.add_middleware(Observe)
+    app.add_middleware(RefuseControlCharacters)
     # The multipart envelope around a model file adds its boundaries and headers: a little more room.
     upload_limit = (
         settings.model_upload_max_bytes + MULTIPART_ALLOWANCE,
@@ -143,6 +188,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (jobs, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
 
+    app.include_router(apidocs.router)
     app.include_router(dashboard.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
 

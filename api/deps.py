@@ -77,6 +77,7 @@ async def current_principal(
     if principal is None:
         principal = await to_thread.run_sync(_authenticate, db, settings, key, failures)
     await check_rate_async(f"key:{principal.key_id}", settings.rate_limit)
+    keys.check_standing(principal)
     if principal.key_id in keys.stale_last_use:
         await to_thread.run_sync(_touch, db, principal.key_id)
     request.state.principal = principal

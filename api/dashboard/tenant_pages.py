@@ -2,38 +2,53 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from api.dashboard import charts, forms, model_pages, sessions
-from api.dashboard.web import DashboardRoute, TenantUser, User, form_data, markup, render
+from api.dashboard.web import (
+    DashboardRoute,
+    Form,
+    ReaderUser,
+    SubmitterUser,
+    TenantReader,
+    User,
+    markup,
+    render,
+)
 from api.deps import DbDep, SettingsDep
+from api.routers.jobs import LastEventId, Standing, key_denial
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
-from api.schemas import JobOut, WaitReason
-from api.views import days_left, hours, job_out
+from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
+from api.views import days_left, hours, job_out, tenant_status
 from scheduler import bus, emulation
-from scheduler.errors import DomainError
+from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import OneTenant, Scope
 from vipu import emulator
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
 JobId = Annotated[str, Path(min_length=1, max_length=64)]
+# The token the submit form carries (secrets.token_urlsafe): a resent form is the same job.
+IDEMPOTENCY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHART_DAYS = 30
 LOG_TAIL = 300
 
 
-def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
+def _job_view(s: Any, job: Job, scope: Scope, *, full: bool = False) -> JobOut:
     attempt = job_service.current_attempt(session=s, job=job)
     if not full:
         out = job_out(job, attempt=attempt)
@@ -45,7 +60,7 @@ def _job_view(s: Any, job: Job, *, full: bool = False) -> JobOut:
             history=job_service.job_events(session=s, job_id=job.id, kinds=("state",)),
             used_ipu_ms=usage_service.job_used_ipu_ms(session=s, job_id=job.id),
         )
-    wait = job_service.wait_reason(session=s, job=job)
+    wait = job_service.wait_given(session=s, job=job, attempt=attempt, scope=scope)
     if wait is not None:
         out.wait = WaitReason(**wait)
     return out
@@ -81,29 +96,30 @@ def grant(t: Any, plan: Any) -> dict[str, Any]:
     }
 
 
-def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessions.DashSession) -> Response:
+def tenant_home(request: Request, db: DbDep, user: sessions.DashSession) -> Response:
     if user.tenant_id is None:
         return RedirectResponse("/admin/fleet", status_code=303)
     today = datetime.now(UTC).date()
     since = datetime.combine(today - timedelta(days=CHART_DAYS - 1), datetime.min.time(), tzinfo=UTC)
     with db.read() as s:
         t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
+        scope = OneTenant(t.id)
         plan = tenant_service.get_plan(session=s, name=t.plan_name)
-        groups = usage_service.breakdowns(session=s, tenant_id=t.id, since=since)
+        groups = usage_service.breakdowns(session=s, scope=scope, since=since)
         running = [
-            _job_view(s, j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="running")
+            _job_view(s, j, scope)
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="running")
         ]
         queued = [
-            _job_view(s, j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=50, state="queued")
+            _job_view(s, j, scope)
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="queued")
         ]
         recent = [
             job_out(j)
-            for j in job_service.list_jobs(session=s, tenant_id=t.id, after=None, limit=20)
+            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=20)
             if j.state in FINAL_JOB_STATES
         ][:8]
-        tenant = {"id": t.id, "name": t.name, "status": t.status}
+        tenant = {"id": t.id, "name": t.name, "status": tenant_status(t)}
         info = grant(t, plan)
     series = charts.daily_series(groups["by_day"], days=CHART_DAYS, today=today)
     chart = charts.bar_chart(
@@ -131,16 +147,15 @@ def tenant_home(request: Request, db: DbDep, settings: SettingsDep, user: sessio
 def jobs_page(
     request: Request,
     db: DbDep,
-    user: User,
+    user: ReaderUser,
     state: Annotated[str | None, Query(pattern="^(queued|running|succeeded|failed|cancelled)$")] = None,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=100, pattern=CURSOR_PATTERN)] = None,
 ) -> Response:
     limit = 50
+    scope = user.principal.scope
     with db.read() as s:
-        rows = job_service.list_jobs(
-            session=s, tenant_id=user.tenant_id, after=after, limit=limit + 1, state=state
-        )
-        items = [_job_view(s, j) for j in rows[:limit]]
+        rows = job_service.list_jobs(session=s, scope=scope, after=after, limit=limit + 1, state=state)
+        items = [_job_view(s, j, scope) for j in rows[:limit]]
     more = rows[limit - 1].id if len(rows) > limit else None
     return render(
         request, "jobs.html", {"jobs": items, "state": state, "more": more, "states": _STATES}, user=user
@@ -178,18 +193,23 @@ DEFAULTS = {"model": "resnet50", "task": "train", "precision": "fp16", "ipus": "
 def submit_page(
     request: Request,
     db: DbDep,
-    user: TenantUser,
+    user: ReaderUser,
     model: Annotated[str | None, Query(max_length=100)] = None,
 ) -> Response:
     values = forms.job_values({"model": model} if model else {}, DEFAULTS)
-    own = model_pages.submit_choices(db, str(user.tenant_id))
-    return render(request, "submit.html", _submit_context(values, {}, None, own), user=user)
+    return render(request, "submit.html", _submit_context(values, {}, None, _own(db, user)), user=user)
+
+
+def _own(db: DbDep, user: sessions.DashSession) -> list[dict[str, Any]]:
+    """The tenant's own models for the form's workload list (an admin has none)."""
+    return [] if user.tenant_id is None else model_pages.submit_choices(db, user.tenant_id)
 
 
 def run_estimate(
     db: DbDep, settings: SettingsDep, user: sessions.DashSession, spec: JobSpec
-) -> dict[str, Any]:
-    """The API's dry run, with what it would leave of the grant; a refusal becomes a message."""
+) -> tuple[dict[str, Any], int]:
+    """The API's dry run, with what it would leave of the grant and whether the plan allows its
+    run time (a tenant's; an admin has neither); a refusal becomes a message."""
     try:
         with db.read() as s:
             out = estimates.estimate(
@@ -198,33 +218,58 @@ def run_estimate(
                 ipus=spec.ipus,
                 machine=spec.machine,
                 policy=settings.placement_policy,
-                tenant_id=str(user.tenant_id),
+                tenant_id=user.tenant_id,
             )
-            t = tenant_service.get_tenant(session=s, tenant_id=str(user.tenant_id))
+            if user.tenant_id is None:
+                return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200
+            t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
             remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
+            if out.get("fits") and out.get("ipus"):
+                out["runtime_limit"] = job_service.runtime_limit(
+                    session=s,
+                    tenant_id=t.id,
+                    workload=spec.workload,
+                    ipus=int(out["ipus"]),
+                    machine=out.get("machine") or spec.machine,
+                    max_runtime_s=spec.max_runtime_s,
+                )
     except DomainError as exc:
-        return {"fits": False, "error": exc.detail}
+        return {"fits": False, "error": exc.detail}, exc.status
     out["remaining_ipu_hours"] = remaining
+    out["sram_bytes_per_ipu"] = _sram_bytes(out, spec)
+    return out, 200
+
+
+def _sram_bytes(out: dict[str, Any], spec: JobSpec) -> int:
     # The type it was estimated on: the one named, or (for `any`) the one it would finish first on.
     kind = out.get("machine") or (spec.machine if spec.machine not in (None, "any") else None)
-    out["sram_bytes_per_ipu"] = emulator.MACHINES[kind or emulation.DEFAULT_MACHINE].sram_bytes
-    return out
+    return emulator.MACHINES[kind or emulation.DEFAULT_MACHINE].sram_bytes
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)
-async def submit(request: Request, db: DbDep, settings: SettingsDep, user: TenantUser) -> Response:
-    form = await form_data(request)
+def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form: Form) -> Response:
+    action = form.get("action", "submit")
+    if action not in ("preview", "submit"):
+        raise InvalidRequest("action must be preview or submit.", field="action")
+    # A preview is the API's dry run (POST /estimates, `read`); a submission POST /jobs (`submit`).
+    user.principal.require("read" if action == "preview" else "submit")
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.job_values(form)
-    values["idempotency"] = str(form.get("idempotency", ""))[:64]
+    idempotency = form.get("idempotency", "")
+    if idempotency and not IDEMPOTENCY.fullmatch(idempotency):
+        raise InvalidRequest("The form's idempotency token is not one this site made; reload the page.")
+    values["idempotency"] = idempotency
     parsed, spec = forms.parse_job(values)
-    own = model_pages.submit_choices(db, str(user.tenant_id))
+    own = _own(db, user)
     if spec is None:
         context = _submit_context(values, parsed.errors, None, own)
         return render(request, "submit.html", context, status_code=422)
-    if form.get("action") == "preview":
-        est = run_estimate(db, settings, user, spec)
-        return render(request, "submit.html", _submit_context(values, {}, est, own), user=user)
+    if action == "preview":
+        est, status = run_estimate(db, settings, user, spec)
+        context = _submit_context(values, {}, est, own)
+        return render(request, "submit.html", context, status_code=status, user=user)
+    if user.tenant_id is None:
+        raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     try:
         job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
     except DomainError as exc:
@@ -256,15 +301,15 @@ def _submit(db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | Non
 
 
 @router.post("/jobs/estimate", response_class=HTMLResponse)
-async def estimate_fragment(
+def estimate_fragment(
     request: Request,
     db: DbDep,
     settings: SettingsDep,
-    user: TenantUser,
+    user: ReaderUser,
+    form: Form,
     x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
 ) -> Response:
     """The estimate panel alone, for the page's script to swap in as the form changes."""
-    form = await form_data(request)
     sessions.check_csrf(request, x_csrf_token or form.get("csrf"), user.csrf)
     parsed, spec = forms.parse_job(forms.job_values(form))
     if spec is None:
@@ -272,16 +317,19 @@ async def estimate_fragment(
             "fits": False,
             "error": "; ".join(f"{k}: {v}" for k, v in parsed.errors.items()),
         }
+        status = 422
     else:
-        est = run_estimate(db, settings, user, spec)
-    return render(request, "_estimate.html", {"estimate": est}, user=user)
+        est, status = run_estimate(db, settings, user, spec)
+    # A refusal is still the panel the page shows (submit.js swaps in a 422's body too).
+    return render(request, "_estimate.html", {"estimate": est}, status_code=status, user=user)
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
+def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Response:
+    scope = user.principal.scope
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
-        view = _job_view(s, job, full=True)
+        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
+        view = _job_view(s, job, scope, full=True)
         events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
         tail = [
             {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
@@ -300,28 +348,54 @@ def job_page(request: Request, job_id: JobId, db: DbDep, user: User) -> Response
 def job_events(
     job_id: JobId,
     db: DbDep,
-    user: User,
+    user: ReaderUser,
     after: Annotated[int, Query(ge=0, le=2**62)] = 0,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    last_event_id: LastEventId = None,
 ) -> Response:
-    """The job's live events for the page's EventSource (the cookie session, not a bearer key)."""
+    """The job's live events for the page's EventSource (the cookie session, not a bearer key).
+
+    The stream ends within a few seconds once the session is signed out, its key revoked or its
+    tenant suspended, as the API's does."""
+    scope = user.principal.scope
     with db.read() as s:
-        job_service.get_job(session=s, job_id=job_id, tenant_id=user.tenant_id)
-    if last_event_id and last_event_id.isdigit():
+        job_service.get_job(session=s, job_id=job_id, scope=scope)
+    if last_event_id is not None:
         after = max(after, int(last_event_id))
+    stream = job_event_stream(
+        db, job_id, after, scope=scope, standing=session_standing(db, user), facts=_live_facts
+    )
     return StreamingResponse(
-        job_event_stream(db, job_id, after, facts=_live_facts),
+        stream,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
+def session_standing(db: DbDep, user: sessions.DashSession) -> Standing:
+    """A stream's reader is still signed in, with a key that still grants what it did."""
+    signed_out = {
+        "type": "/problems/unauthorized",
+        "title": "Signed out",
+        "status": 401,
+        "detail": "This session was signed out.",
+    }
+
+    def denial() -> dict[str, Any] | None:
+        if not sessions.exists(user.token):
+            return signed_out
+        return key_denial(db, user.principal.key_id)
+
+    async def check() -> dict[str, Any] | None:
+        return await to_thread.run_sync(denial)
+
+    return check
+
+
 @router.post("/jobs/{job_id}/cancel")
-async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Response:
-    form = await form_data(request)
+def cancel(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
-        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=user.tenant_id)
+        job = job_service.request_cancel(session=s, job_id=job_id, scope=user.principal.scope)
         state = job.state
     bus.publish(bus.job_channel(job_id), "cancel")
     bus.wake_scheduler("cancel")
@@ -332,9 +406,9 @@ async def cancel(request: Request, job_id: JobId, db: DbDep, user: User) -> Resp
 
 
 @router.get("/usage.csv")
-def usage_export(db: DbDep, user: TenantUser) -> Response:
+def usage_export(db: DbDep, user: TenantReader) -> Response:
     with db.read() as s:
-        groups = usage_service.breakdowns(session=s, tenant_id=user.tenant_id)
+        groups = usage_service.breakdowns(session=s, scope=user.principal.scope)
     rows = [dict(r, tenant_id=user.tenant_id) for r in groups["by_job"]]
     body = usage_csv(rows, ["tenant_id", "job_id", "name", "workload", "partition_size", "ipu_hours"])
     return Response(

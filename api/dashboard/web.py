@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+from anyio import to_thread
 from fastapi import Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -16,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from api.dashboard import sessions
-from api.deps import DbDep, SettingsDep
+from api.deps import DbDep
 from scheduler.errors import DomainError, Forbidden, Unauthorized
 from scheduler.services import keys
 from vipu.machine_types import LAYOUTS, MACHINES, SERVER_MODELS
@@ -141,6 +142,8 @@ def safe_next(path: str | None) -> str:
     """Only a path on this site: `//host` and absolute URLs would make sign-in an open redirect."""
     if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
         return "/"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):  # a header (Location) cannot carry them
+        return "/"
     return path
 
 
@@ -157,13 +160,13 @@ class DashboardRoute(APIRoute):
                 target = "/login" if exc.next_path in ("/", "") else f"/login?next={exc.next_path}"
                 response = RedirectResponse(target, status_code=303)
             except DomainError as exc:
-                response = error_page(request, exc.status, exc.title, exc.detail)
+                # Rendering reads the user's notices from Redis: not on the event loop.
+                response = await to_thread.run_sync(error_page, request, exc.status, exc.title, exc.detail)
             except RequestValidationError as exc:
                 first = exc.errors()[0] if exc.errors() else {}
                 where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
-                response = error_page(
-                    request, 422, "Invalid request", f"{where}: {first.get('msg', 'invalid')}".strip(": ")
-                )
+                detail = f"{where}: {first.get('msg', 'invalid')}".strip(": ")
+                response = await to_thread.run_sync(error_page, request, 422, "Invalid request", detail)
             security_headers(response)
             return response
 
@@ -180,25 +183,32 @@ def security_headers(response: Response) -> None:
 # Who is signed in ---------------------------------------------------------------------------------------
 
 
-def optional_user(request: Request, db: DbDep, settings: SettingsDep) -> sessions.DashSession | None:
+def optional_user(request: Request, db: DbDep) -> sessions.DashSession | None:
+    """The signed-in user, checked by key id on every request (cached as API keys are).
+
+    A revoked or expired key, or a deleted tenant, ends the session (the user is signed out); a
+    suspended tenant's session ends too, with a 403 saying why."""
     token = request.cookies.get(sessions.COOKIE)
     if not token:
         return None
-    secret = settings.secret()
-    found = sessions.read(token, secret=secret)
-    if found is None:
+    record = sessions.read(token)
+    if record is None:
         return None
-    api_key, key_id, csrf = found
     try:
-        with db.read() as s:
-            principal = keys.authenticate(session=s, secret=secret, key=api_key)
+        principal = keys.cached_principal_by_id(record.key_id)
+        if principal is None:
+            with db.read() as s:
+                principal = keys.principal_by_id(session=s, key_id=record.key_id)
     except Unauthorized:
-        # Revoked, expired, or its tenant is gone: the session ends with the key.
         sessions.destroy(token)
         return None
-    if principal.key_id != key_id:
+    if principal.tenant_id != record.tenant_id or principal.member_id != record.member_id:
+        sessions.destroy(token)
         return None
-    user = sessions.DashSession(token=token, principal=principal, csrf=csrf)
+    if principal.suspended:
+        sessions.destroy(token)
+        keys.check_standing(principal)
+    user = sessions.DashSession(token=token, principal=principal, csrf=record.csrf)
     request.state.dash_user = user
     return user
 
@@ -214,6 +224,26 @@ def required_user(request: Request, user: OptionalUser) -> sessions.DashSession:
 
 
 User = Annotated[sessions.DashSession, Depends(required_user)]
+
+
+# What the user may do: each page and action asks the same scope as its API twin (a read-only key
+# reads, a key without `submit` submits and cancels nothing, only admin keys reach /admin).
+
+
+def reader_user(user: User) -> sessions.DashSession:
+    user.principal.require("read")
+    return user
+
+
+ReaderUser = Annotated[sessions.DashSession, Depends(reader_user)]
+
+
+def submitter_user(user: User) -> sessions.DashSession:
+    user.principal.require("submit")
+    return user
+
+
+SubmitterUser = Annotated[sessions.DashSession, Depends(submitter_user)]
 
 
 def admin_user(user: User) -> sessions.DashSession:
@@ -234,10 +264,33 @@ def tenant_user(user: User) -> sessions.DashSession:
 TenantUser = Annotated[sessions.DashSession, Depends(tenant_user)]
 
 
+def tenant_reader(user: TenantUser) -> sessions.DashSession:
+    user.principal.require("read")
+    return user
+
+
+TenantReader = Annotated[sessions.DashSession, Depends(tenant_reader)]
+
+
+def tenant_submitter(user: TenantUser) -> sessions.DashSession:
+    user.principal.require("submit")
+    return user
+
+
+TenantSubmitter = Annotated[sessions.DashSession, Depends(tenant_submitter)]
+
+
 async def form_data(request: Request) -> dict[str, str]:
-    """The submitted form as plain strings (repeated fields keep their last value)."""
+    """The submitted form as plain strings (repeated fields keep their last value).
+
+    A dependency, read on the event loop before the handler runs: the handlers themselves are
+    plain functions, which FastAPI runs in worker threads, so their database and Redis calls never
+    block the loop."""
     form = await request.form(max_files=0, max_fields=100)
     return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+Form = Annotated[dict[str, str], Depends(form_data)]
 
 
 def markup(svg: str) -> Markup:

@@ -18,6 +18,9 @@ from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, dec
 from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, machines, partitions
+from scheduler.services import tenants as tenant_service
+from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
+from scheduler.text import TEXT
 from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MACHINES, SERVER_MODELS
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
@@ -55,7 +58,7 @@ def get_fleet(
 class HealthChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: Annotated[str, StringConstraints(max_length=500)] | None = None
+    reason: Annotated[str, StringConstraints(max_length=500, pattern=TEXT)] | None = None
 
 
 RackId = Annotated[str, Path(min_length=1, max_length=16, description="A rack, e.g. `rack0003`.")]
@@ -249,9 +252,10 @@ def list_partitions(
     tenant: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Page[PartitionOut]:
     with db.read() as s:
-        rows = fleet.list_partitions(
-            session=s, tenant_id=tenant, after=decode_int_cursor(cursor), limit=limit + 1
-        )
+        scope: Scope = ALL_TENANTS
+        if tenant is not None:
+            scope = OneTenant(tenant_service.get_tenant(session=s, tenant_id=tenant).id)  # 404 if none
+        rows = fleet.list_partitions(session=s, scope=scope, after=decode_int_cursor(cursor), limit=limit + 1)
         running = partitions.running_jobs(session=s, partition_pks=[p.pk for p in rows[:limit]])
         items = [partition_out(p, running.get(p.pk)) for p in rows[:limit]]
     return Page[PartitionOut](

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import DbDep, Reader
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates, rates
+from scheduler.services import jobs as job_service
 from scheduler.services.tenants import get_tenant
 from vipu import emulator
 from vipu.machine_types import MACHINE_TYPE_NAMES
@@ -27,6 +28,19 @@ class EstimateRequest(BaseModel):
         description="A machine type, or `any` (also what null means): the estimate is for the type where "
         "the job would finish first, each type's answer under `machine_options`.",
     )
+    max_runtime_s: int | None = Field(
+        None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
+    )
+
+
+class RuntimeLimit(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    max_runtime_s: int = Field(description="The longest a job may run on the plan (cluster seconds).")
+    within: bool = Field(description="Whether this job ends within it; if not, submitting it is refused.")
+    detail: str | None = Field(None, description="When not: the prediction, the limit and what would fit.")
+    fitting_steps: int | None = Field(None, description="Steps that would end in time on the same IPUs.")
+    fitting_ipus: int | None = Field(None, description="The smallest partition on which all of it would.")
 
 
 class EstimateOut(BaseModel):
@@ -48,6 +62,9 @@ class EstimateOut(BaseModel):
         None, description="Cluster seconds before it would start; null if never"
     )
     error: str | None = None
+    runtime_limit: RuntimeLimit | None = Field(
+        None, description="The tenant's run-time limit per job and whether this job ends within it."
+    )
 
 
 @router.get("/workloads", summary="The workload catalogue with each workload's parameters and limits")
@@ -75,4 +92,13 @@ def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> Esti
             rates=plan_rates,
             tenant_id=principal.tenant_id,
         )
+        if principal.tenant_id is not None and out.get("fits") and out.get("ipus"):
+            out["runtime_limit"] = job_service.runtime_limit(
+                session=s,
+                tenant_id=principal.tenant_id,
+                workload=body.workload,
+                ipus=int(out["ipus"]),
+                machine=out.get("machine") or body.machine,  # the type the estimate is for
+                max_runtime_s=body.max_runtime_s,
+            )
     return EstimateOut(**out)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -27,16 +28,21 @@ from api.schemas import (
 from api.submissions import batcher
 from api.views import job_out
 from scheduler import bus
-from scheduler.errors import Forbidden
+from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
-from scheduler.services import attempts
+from scheduler.services import attempts, keys
 from scheduler.services import jobs as job_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import Scope
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=64)]
+# An event id this API sent (ASCII digits: `str.isdigit` would also take `²`, which `int` refuses).
+LastEventId = Annotated[
+    str | None, Header(alias="Last-Event-ID", min_length=1, max_length=18, pattern=r"^[0-9]{1,18}$")
+]
 IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
@@ -74,41 +80,53 @@ def list_jobs(
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
 ) -> Page[JobOut]:
     after = decode_cursor(cursor)
+    scope = principal.scope
     with db.read() as s:
-        rows = job_service.list_jobs(
-            session=s, tenant_id=principal.tenant_id, after=after, limit=limit + 1, state=state
-        )
-        page = rows[:limit]
-        current = job_service.current_attempts(session=s, jobs=page)
-        items = []
-        for j in page:
-            attempt, partition = current.get(j.id, (None, None))
-            items.append(job_out(j, attempt=attempt, partition=partition))
+        rows = job_service.list_jobs(session=s, scope=scope, after=after, limit=limit + 1, state=state)
+        items = job_views(s, rows[:limit], scope)
     return Page[JobOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     )
 
 
+def job_views(s: Any, jobs: list[Job], scope: Scope) -> list[JobOut]:
+    """A page of jobs as `GET /jobs/{id}` shows each (history, IPU-hours, why it waits), in a few
+    queries for the whole page."""
+    current = job_service.current_attempts(session=s, jobs=jobs)
+    ids = [j.id for j in jobs]
+    histories = job_service.state_histories(session=s, job_ids=ids)
+    used = usage_service.jobs_used_ipu_ms(session=s, job_ids=ids)
+    items = []
+    for j in jobs:
+        attempt, partition = current.get(j.id, (None, None))
+        out = job_out(
+            j, attempt=attempt, partition=partition, history=histories[j.id], used_ipu_ms=used[j.id]
+        )
+        wait = job_service.wait_given(session=s, job=j, attempt=attempt, scope=scope)
+        if wait is not None:
+            out.wait = WaitReason(**wait)
+        items.append(out)
+    return items
+
+
+def job_view(s: Any, job: Job, scope: Scope) -> JobOut:
+    """One job with its history, its partition, the IPU-hours billed so far and why it waits."""
+    return job_views(s, [job], scope)[0]
+
+
 @router.get("/jobs/{job_id}", response_model=JobOut, summary="A job, its history, progress and why it waits")
 def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
+    scope = principal.scope
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
-        attempt = job_service.current_attempt(session=s, job=job)
-        partition = job_service.attempt_partition(session=s, attempt=attempt)
-        history = job_service.job_events(session=s, job_id=job.id, kinds=("state",))
-        used = usage_service.job_used_ipu_ms(session=s, job_id=job.id)
-        wait = job_service.wait_reason(session=s, job=job)
-        out = job_out(job, attempt=attempt, partition=partition, history=history, used_ipu_ms=used)
-    if wait is not None:
-        out.wait = WaitReason(**wait)
-    return out
+        return job_view(s, job_service.get_job(session=s, job_id=job_id, scope=scope), scope)
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Cancel a job")
 def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
+    scope = principal.scope
     with db.write() as s:
-        job = job_service.request_cancel(session=s, job_id=job_id, tenant_id=principal.tenant_id)
-        out = job_out(job)
+        job = job_service.request_cancel(session=s, job_id=job_id, scope=scope)
+        out = job_view(s, job, scope)
     bus.publish(bus.job_channel(job_id), "cancel")
     bus.wake_scheduler("cancel")
     return out
@@ -127,17 +145,17 @@ def job_logs(
     db: DbDep,
     cursor: IntCursorParam = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    last_event_id: LastEventId = None,
 ) -> Response:
     after = decode_int_cursor(cursor) or 0
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=principal.tenant_id)
+        job = job_service.get_job(session=s, job_id=job_id, scope=principal.scope)
         state = job.state
     if "text/event-stream" in request.headers.get("accept", ""):
-        if last_event_id and last_event_id.isdigit():
+        if last_event_id is not None:
             after = int(last_event_id)
         return StreamingResponse(
-            _stream(db, job_id, after),
+            _stream(db, job_id, after, scope=principal.scope, standing=key_standing(db, principal.key_id)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -160,15 +178,55 @@ def _sse(event: str, data: object, event_id: int | None = None) -> bytes:
 
 # Reads what a page shows of a job beside its log (partition, attempts, IPU-hours so far).
 JobFacts = Callable[[Any, Job, Any], dict[str, Any]]  # (a read session, the job, its current attempt)
+# Whether whoever opened a stream may still read it: None if so, else the problem that ends it.
+Standing = Callable[[], Awaitable[dict[str, Any] | None]]
+# How often an open stream asks: a revoked key, a signed-out session or a suspended tenant stops
+# receiving within this plus the key cache's 2 s (in the process that revoked, at once).
+STANDING_EVERY_S = 1.0
 
 
-async def _stream(db: DbDep, job_id: str, after: int, facts: JobFacts | None = None) -> AsyncIterator[bytes]:
+def _denial(exc: DomainError) -> dict[str, Any]:
+    return {"type": exc.type_uri, "title": exc.title, "status": exc.status, "detail": exc.detail}
+
+
+def key_denial(db: DbDep, key_id: str) -> dict[str, Any] | None:
+    """Whether a key still grants anything now (as authentication would judge it), read by its id."""
+    try:
+        principal = keys.cached_principal_by_id(key_id)
+        if principal is None:
+            with db.read() as s:
+                principal = keys.principal_by_id(session=s, key_id=key_id)
+        keys.check_standing(principal)
+    except DomainError as exc:
+        return _denial(exc)
+    return None
+
+
+def key_standing(db: DbDep, key_id: str) -> Standing:
+    async def check() -> dict[str, Any] | None:
+        return await to_thread.run_sync(key_denial, db, key_id)
+
+    return check
+
+
+async def _stream(
+    db: DbDep,
+    job_id: str,
+    after: int,
+    *,
+    scope: Scope,
+    standing: Standing,
+    facts: JobFacts | None = None,
+) -> AsyncIterator[bytes]:
     """Send new events as they are written; wake on the job's bus channel, poll as a fallback.
 
-    With `facts`, a `job` event carries what it reads whenever that changes (the dashboard's job
-    page); the API's own stream sends only the events its clients know.
+    Every `STANDING_EVERY_S` the stream asks `standing` whether its reader may still read; when
+    not (key revoked or expired, signed out, tenant suspended) it sends a `denied` event with the
+    problem and ends. With `facts`, a `job` event carries what it reads whenever that changes (the
+    dashboard's job page); the API's own stream sends only the events its clients know.
     """
     pubsub = None
+    checked = time.monotonic()
     try:
         try:
             pubsub = bus.get_async_redis().pubsub(ignore_subscribe_messages=True)
@@ -179,7 +237,13 @@ async def _stream(db: DbDep, job_id: str, after: int, facts: JobFacts | None = N
         last_facts: object = None
         idle = 0
         while True:
-            snapshot = await to_thread.run_sync(_read_since, db, job_id, after, facts)
+            if time.monotonic() - checked >= STANDING_EVERY_S:
+                checked = time.monotonic()
+                denied = await standing()
+                if denied is not None:
+                    yield _sse("denied", denied)
+                    return
+            snapshot = await to_thread.run_sync(_read_since, db, job_id, after, scope, facts)
             events, state, progress, job_facts = snapshot
             for e in events:
                 after = e.id
@@ -218,10 +282,10 @@ async def _stream(db: DbDep, job_id: str, after: int, facts: JobFacts | None = N
 
 
 def _read_since(
-    db: DbDep, job_id: str, after: int, facts: JobFacts | None
+    db: DbDep, job_id: str, after: int, scope: Scope, facts: JobFacts | None
 ) -> tuple[list, str, dict | None, dict[str, Any] | None]:
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, tenant_id=None)
+        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
         attempt = job_service.current_attempt(session=s, job=job)
         progress = attempts.progress_of(attempt, utcnow()) if attempt is not None else None

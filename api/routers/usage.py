@@ -25,12 +25,13 @@ from api.schemas import (
     decode_cursor,
     encode_cursor,
 )
-from api.views import days_left, hours
+from api.views import days_left, hours, tenant_status
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
 from scheduler.services import rates
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
+from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 
@@ -103,7 +104,7 @@ def _tenant_usage(t: Tenant) -> TenantUsage:
         tenant_id=t.id,
         name=t.name,
         plan=t.plan_name,
-        status=t.status,
+        status=tenant_status(t),
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),
@@ -136,7 +137,7 @@ def get_usage(
         t = tenant_service.get_tenant(session=s, tenant_id=principal.tenant_id)
         groups = usage_service.breakdowns(
             session=s,
-            tenant_id=t.id,
+            scope=OneTenant(t.id),
             since=since,
             until=until,
             limit=limit + 1,
@@ -194,12 +195,13 @@ def admin_usage(
     with db.read() as s:
         if tenant is not None:
             tenant_service.get_tenant(session=s, tenant_id=tenant)
+        scope: Scope = ALL_TENANTS if tenant is None else OneTenant(tenant)
         rows = usage_service.tenant_totals(
-            session=s, after=decode_cursor(tenants_cursor), limit=tenants_limit + 1, tenant_id=tenant
+            session=s, scope=scope, after=decode_cursor(tenants_cursor), limit=tenants_limit + 1
         )
         groups = usage_service.breakdowns(
             session=s,
-            tenant_id=tenant,
+            scope=scope,
             since=since,
             until=until,
             limit=limit + 1,

@@ -198,7 +198,7 @@ def parse_ipus(value: str | None) -> int | str | None:
         return None
     if value == "auto":
         return "auto"
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return int(value)
     fail(f"--ipus must be a power of two or `auto`, got {value!r}", Exit.USAGE)
 

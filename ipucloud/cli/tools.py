@@ -76,7 +76,7 @@ def estimate(
     size: int | Literal["auto"]
     if ipus == "auto":
         size = "auto"
-    elif ipus.isdigit():
+    elif ipus.isascii() and ipus.isdigit():
         size = int(ipus)
     else:
         err.print("[red]--ipus must be a power of two or `auto`[/]")

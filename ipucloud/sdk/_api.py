@@ -75,7 +75,10 @@ def job_spec(spec: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, 
     for key, value in fields.items():
         if value is None:
             continue
-        if key in WORKLOAD_FIELDS:
+        if key == "workload":
+            # `workload={...}` as a keyword: its fields, under any flat ones given beside it.
+            workload = {**dict(value), **{k: v for k, v in workload.items() if k in fields}}
+        elif key in WORKLOAD_FIELDS:
             workload[key] = value
         else:
             out[key] = value

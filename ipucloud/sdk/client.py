@@ -515,9 +515,8 @@ def _event(event: str, event_id: str | None, data: str) -> StreamEvent:
         parsed = {"message": data}
     if not isinstance(parsed, dict):
         parsed = {"value": parsed}
-    return StreamEvent(
-        event=event, id=int(event_id) if event_id and event_id.isdigit() else None, data=parsed
-    )
+    numeric = event_id is not None and event_id.isascii() and event_id.isdigit()
+    return StreamEvent(event=event, id=int(event_id) if numeric else None, data=parsed)
 
 
 def _drop_none(**fields: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
+from scheduler.services.scope import Scope, restrict
 from vipu.allocator import AllocationConflict, Allocator, Placement
 from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MAX_UNITS, SERVER_MODELS, get_machine
 from vipu.topology import (
@@ -572,16 +573,15 @@ def get_live_partition(*, session: Session, name: str) -> Partition | None:
 def list_partitions(
     *,
     session: Session,
-    tenant_id: str | None = None,
+    scope: Scope,
     after: int | None = None,
     limit: int = 100,
     include_released: bool = False,
 ) -> list[Partition]:
-    stmt = select(Partition).order_by(Partition.pk).limit(limit)
+    """Partitions by creation; a tenant's scope holds the partitions reserved for it."""
+    stmt = restrict(select(Partition).order_by(Partition.pk).limit(limit), Partition.tenant_id, scope)
     if not include_released:
         stmt = stmt.where(Partition.released_at.is_(None))
-    if tenant_id is not None:
-        stmt = stmt.where(Partition.tenant_id == tenant_id)
     if after is not None:
         stmt = stmt.where(Partition.pk > after)
     return list(session.execute(stmt).scalars())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +27,7 @@ from scheduler.errors import (
     TenantInactive,
 )
 from scheduler.ids import new_id
-from scheduler.jobspec import JobSpec
+from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -42,6 +43,7 @@ from scheduler.models import (
 )
 from scheduler.services import attempts, fleet, own_models, rates
 from scheduler.services.job_state import finalize_job
+from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
 
 
@@ -404,6 +406,9 @@ def _prepare(
                 fleet.check_fleet_can_ever_host(
                     session=session, size=size, machine_type=kind, pods=fleet_pods
                 )
+            # A type on which it would outlast the plan's limit is no option: there it would be
+            # stopped unfinished and billed.
+            check_runtime(spec, resolved, kind, plan, source)
         except DomainError as exc:
             refusals.append((kind, exc))
             continue
@@ -459,6 +464,64 @@ def _prepare(
     )
 
 
+def check_runtime(
+    spec: JobSpec, resolved: emulation.Resolved, machine: str | None, plan: Any, source: OnnxWorkload | None
+) -> None:
+    """Refuse a job predicted to run longer than its plan allows, unless the user asked for a
+    `max_runtime_s` within the limit (then it runs that long and stops, as asked): accepted, it
+    would be stopped unfinished at the limit and billed for the time it ran."""
+    limit = int(plan.max_runtime_s)
+    if resolved.predicted_runtime_s <= limit:
+        return
+    if spec.max_runtime_s is not None and spec.max_runtime_s <= limit:
+        return
+    advice = runtime_advice(
+        workload=spec.workload, ipus=resolved.ipus, machine=machine, plan=plan, source=source
+    )
+    if advice is not None:
+        raise LimitExceeded(advice.message(plan.name), limit="max_runtime_s", **advice.fields())
+
+
+def runtime_advice(
+    *,
+    workload: WorkloadRequest,
+    ipus: int,
+    machine: str | None,
+    plan: Any,
+    source: OnnxWorkload | None = None,
+) -> emulation.RuntimeAdvice | None:
+    """What of a workload would end within the plan's run-time limit (None: all of it does)."""
+    return emulation.runtime_advice(
+        workload, ipus, machine, int(plan.max_runtime_s), int(plan.max_partition_size), source
+    )
+
+
+def runtime_limit(
+    *,
+    session: Session,
+    tenant_id: str,
+    workload: WorkloadRequest,
+    ipus: int,
+    machine: str | None,
+    max_runtime_s: int | None = None,
+) -> dict[str, Any]:
+    """For a dry run: the tenant's run-time limit per job and whether this job ends within it, with
+    what would fit when not (what submitting it would answer, see `check_runtime`)."""
+    plan = session.execute(
+        select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
+    ).scalar_one()
+    limit = int(plan.max_runtime_s)
+    out: dict[str, Any] = {"max_runtime_s": limit, "within": True, "detail": None}
+    if max_runtime_s is not None and max_runtime_s <= limit:
+        return out
+    # The tenant's own model, when the workload names one (as admission would read it).
+    source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
+    advice = runtime_advice(workload=workload, ipus=ipus, machine=machine, plan=plan, source=source)
+    if advice is not None:
+        out.update(advice.fields(), within=False, detail=advice.message(plan.name))
+    return out
+
+
 def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
     """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
     stored = spec.model_dump(mode="json")
@@ -501,10 +564,10 @@ def _judge(
     queued_counts[tenant.id] = queued + 1
 
 
-def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
-    """A job by id; another tenant's job is indistinguishable from a missing one."""
+def get_job(*, session: Session, job_id: str, scope: Scope) -> Job:
+    """A job by id; a job outside the scope (another tenant's) is indistinguishable from a missing one."""
     job = session.get(Job, job_id)
-    if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
+    if job is None or not sees(scope, job.tenant_id):
         raise NotFound(f"No job {job_id}.")
     return job
 
@@ -512,15 +575,13 @@ def get_job(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
 def list_jobs(
     *,
     session: Session,
-    tenant_id: str | None,
+    scope: Scope,
     after: str | None,
     limit: int,
     state: str | None = None,
 ) -> list[Job]:
-    """Newest first; `after` is the id of the last job of the previous page."""
-    stmt = select(Job).order_by(Job.id.desc()).limit(limit)
-    if tenant_id is not None:
-        stmt = stmt.where(Job.tenant_id == tenant_id)
+    """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
+    stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if after is not None:
@@ -537,14 +598,75 @@ def job_events(
     return list(session.execute(stmt.order_by(JobEvent.id).limit(limit)).scalars())
 
 
-def wait_reason(*, session: Session, job: Job) -> dict[str, Any] | None:
-    """Why a queued job is not running yet, as the scheduler last explained it."""
+_JOB_ID = re.compile(r"\bjob_[0-9a-z]{26}\b")
+
+
+def state_histories(*, session: Session, job_ids: Sequence[str]) -> dict[str, list[JobEvent]]:
+    """Each job's state events, oldest first, in one query for a page of jobs."""
+    out: dict[str, list[JobEvent]] = {j: [] for j in job_ids}
+    if not job_ids:
+        return out
+    rows = session.execute(
+        select(JobEvent)
+        .where(JobEvent.job_id.in_(list(job_ids)), JobEvent.kind == "state")
+        .order_by(JobEvent.id)
+    ).scalars()
+    for event in rows:
+        out[event.job_id].append(event)
+    return out
+
+
+def wait_reason(*, session: Session, job: Job, scope: Scope) -> dict[str, Any] | None:
+    """Why a queued job is not running yet, as the scheduler last explained it, told to `scope`.
+
+    The scheduler names the jobs a job waits behind, whoever they belong to; a tenant is told only
+    its own jobs' ids, and of other tenants' jobs only how many ("behind a job of another tenant")."""
     if job.state != JobState.QUEUED:
         return None
     attempt = current_attempt(session=session, job=job)
+    return wait_given(session=session, job=job, attempt=attempt, scope=scope)
+
+
+def wait_given(
+    *, session: Session, job: Job, attempt: Attempt | None, scope: Scope
+) -> dict[str, Any] | None:
+    """`wait_reason` for a job whose current attempt the caller has read already."""
+    if job.state != JobState.QUEUED:
+        return None
     if attempt is not None and attempt.state == AttemptState.PLACED:
         return {"reason": "starting", "detail": "placed on a partition; waiting for a worker to take it"}
-    return job.wait or {"reason": "pending", "detail": "waiting for the scheduler's next pass"}
+    wait = job.wait or {"reason": "pending", "detail": "waiting for the scheduler's next pass"}
+    return redact_wait(session=session, wait=wait, scope=scope)
+
+
+def redact_wait(*, session: Session, wait: dict[str, Any], scope: Scope) -> dict[str, Any]:
+    """`wait` with every id of a job outside `scope` replaced by words (see `wait_reason`)."""
+    if isinstance(scope, AllTenants):
+        return wait
+    detail = str(wait.get("detail", ""))
+    behind = [str(j) for j in wait.get("behind") or ()]
+    named = set(behind) | set(_JOB_ID.findall(detail))
+    if not named:
+        return wait
+    own = set(
+        session.execute(
+            select(Job.id).where(Job.id.in_(sorted(named)), Job.tenant_id == scope.tenant_id)
+        ).scalars()
+    )
+    foreign = named - own
+    if not foreign:
+        return wait
+    for job_id in foreign:
+        detail = detail.replace(job_id, "a job of another tenant")
+    others = sum(1 for j in behind if j in foreign)
+    if others > 1:
+        detail += f" (behind {others} jobs of other tenants)"
+    return {
+        **wait,
+        "detail": detail,
+        "behind": [j for j in behind if j not in foreign],
+        "behind_other_tenants": others,
+    }
 
 
 def current_attempt(*, session: Session, job: Job) -> Attempt | None:
@@ -573,11 +695,11 @@ def attempt_partition(*, session: Session, attempt: Attempt | None) -> Partition
     return None if attempt is None else session.get(Partition, attempt.partition_pk)
 
 
-def request_cancel(*, session: Session, job_id: str, tenant_id: str | None) -> Job:
+def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
     """Cancel: a queued job ends now, and so does a placed or running one: the control plane ends its
     attempt itself (billed up to now) and the host agent driving it is told to stop over the bus
     (`stopped_agents`), or finds out at its next look."""
-    get_job(session=session, job_id=job_id, tenant_id=tenant_id)  # 404 before any lock
+    get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
     job = session.execute(
         select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
     ).scalar_one()

@@ -19,9 +19,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, TenantInactive, Unauthorized
 from scheduler.ids import new_id
 from scheduler.models import ApiKey, Member, Tenant, utcnow
+from scheduler.services.scope import Scope, scope_of
 
 PREFIX = "ipuc_"
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -75,7 +76,7 @@ class Principal:
 
     `role` is the role of the member the key belongs to (`admin`, `owner`, `member`, or None for a
     key whose member was removed); `expires_at` is the key's own expiry, which bounds the keys it
-    may create.
+    may create; `suspended` says its tenant is suspended (`check_standing` refuses it).
     """
 
     key_id: str
@@ -84,6 +85,7 @@ class Principal:
     scopes: frozenset[str]
     role: str | None = None
     expires_at: datetime | None = None
+    suspended: bool = False
 
     @property
     def is_admin(self) -> bool:
@@ -93,6 +95,11 @@ class Principal:
     def manages_keys(self) -> bool:
         """Owners manage their tenant's keys, admins the global ones; members only their own."""
         return self.is_admin or (self.tenant_id is not None and self.role == "owner")
+
+    @property
+    def scope(self) -> Scope:
+        """The tenants whose objects this key may see (Forbidden for a global key without `admin`)."""
+        return scope_of(self)
 
     def require(self, scope: str) -> None:
         if scope == "admin":
@@ -110,6 +117,9 @@ def normalise_scopes(scopes: list[str] | None, *, tenant_key: bool) -> str:
         raise InvalidRequest(
             f"Scopes must be a non-empty subset of {list(allowed)}; got {chosen}.", field="scopes"
         )
+    if not tenant_key and "admin" not in chosen:
+        # A key of no tenant sees every tenant's jobs: only an admin may hold one.
+        raise InvalidRequest("A global key (one of no tenant) must have the `admin` scope.", field="scopes")
     return " ".join(sorted(chosen))
 
 
@@ -162,6 +172,14 @@ def issue_key(
     """
     if not principal.manages_keys:
         raise Forbidden("Only an owner of the tenant can create API keys; ask an owner or an admin.")
+    check_standing(principal)
+    if principal.tenant_id is not None:
+        tenant = session.get(Tenant, principal.tenant_id)
+        if tenant is not None and tenant.expires_at is not None and tenant.expires_at <= utcnow():
+            raise TenantInactive(
+                f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}: its keys can read, "
+                "not create keys."
+            )
     if scopes is not None:
         extra = sorted(set(scopes) - principal.scopes)
         if extra:
@@ -195,37 +213,72 @@ def issue_key(
 class _KeyCache:
     """A short-lived cache of verified keys: most requests then need no database round trip.
 
-    Revocation in this process clears the entry at once; other processes see it within `ttl`.
+    Entries are found by the key's public lookup part (a presented key) or by its id (a dashboard
+    session, an open stream re-checking its key). Revoking a key, changing its member's role or its
+    tenant's status in this process drops its entries at once; other processes see it within `ttl`.
     """
 
     def __init__(self, ttl: float = 2.0, size: int = 10_000) -> None:
         self.ttl = ttl
         self.size = size
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, str, Principal, datetime | None]] = {}
+        self._entries: dict[str, tuple[float, str, Principal]] = {}  # lookup -> (deadline, hash, principal)
+        self._by_id: dict[str, tuple[float, Principal]] = {}
 
-    def get(self, lookup: str) -> tuple[str, Principal, datetime | None] | None:
+    def get(self, lookup: str) -> tuple[str, Principal] | None:
         with self._lock:
             entry = self._entries.get(lookup)
             if entry is None or entry[0] < time.monotonic():
                 return None
-            return entry[1], entry[2], entry[3]
+            return entry[1], entry[2]
 
-    def put(self, lookup: str, key_hash: str, principal: Principal, expires_at: datetime | None) -> None:
+    def get_id(self, key_id: str) -> Principal | None:
         with self._lock:
-            if len(self._entries) >= self.size:
-                self._entries.clear()
-            self._entries[lookup] = (time.monotonic() + self.ttl, key_hash, principal, expires_at)
+            entry = self._by_id.get(key_id)
+            if entry is None or entry[0] < time.monotonic():
+                return None
+            return entry[1]
 
-    def forget(self, lookup: str | None = None) -> None:
+    def put(self, lookup: str | None, key_hash: str | None, principal: Principal) -> None:
+        deadline = time.monotonic() + self.ttl
         with self._lock:
-            if lookup is None:
+            if len(self._entries) >= self.size or len(self._by_id) >= self.size:
                 self._entries.clear()
-            else:
-                self._entries.pop(lookup, None)
+                self._by_id.clear()
+            if lookup is not None and key_hash is not None:
+                self._entries[lookup] = (deadline, key_hash, principal)
+            self._by_id[principal.key_id] = (deadline, principal)
+
+    def forget(self, lookup: str | None = None, *, key_id: str | None = None) -> None:
+        """Drop one key's entries (by lookup, id or both); with neither, drop everything."""
+        with self._lock:
+            if lookup is None and key_id is None:
+                self._entries.clear()
+                self._by_id.clear()
+                return
+            if lookup is not None:
+                entry = self._entries.pop(lookup, None)
+                if entry is not None:
+                    self._by_id.pop(entry[2].key_id, None)
+            if key_id is not None:
+                self._by_id.pop(key_id, None)
+                for name in [n for n, e in self._entries.items() if e[2].key_id == key_id]:
+                    del self._entries[name]
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop every key of a tenant (its status changed: suspended keys stop working at once here)."""
+        with self._lock:
+            for name in [n for n, e in self._entries.items() if e[2].tenant_id == tenant_id]:
+                del self._entries[name]
+            for key_id in [k for k, e in self._by_id.items() if e[1].tenant_id == tenant_id]:
+                del self._by_id[key_id]
 
 
 key_cache = _KeyCache()
+
+
+def _live(principal: Principal) -> bool:
+    return principal.expires_at is None or principal.expires_at > utcnow()
 
 
 def cached_principal(*, secret: bytes, key: str) -> Principal | None:
@@ -235,16 +288,43 @@ def cached_principal(*, secret: bytes, key: str) -> Principal | None:
     lookup = parse_key(key)
     cached = key_cache.get(lookup)
     if cached is not None:
-        key_hash, principal, expires_at = cached
-        if hmac.compare_digest(key_hash, hash_key(key, secret)) and (
-            expires_at is None or expires_at > utcnow()
-        ):
+        key_hash, principal = cached
+        if hmac.compare_digest(key_hash, hash_key(key, secret)) and _live(principal):
             return principal
     return None
 
 
+def _principal_of(session: Session, row: ApiKey) -> Principal:
+    """The principal of a key row, or Unauthorized if the row no longer grants anything."""
+    if row.revoked_at is not None:
+        raise Unauthorized("This API key was revoked.")
+    if row.expires_at is not None and row.expires_at <= utcnow():
+        raise Unauthorized("This API key has expired.")
+    suspended = False
+    if row.tenant_id is not None:
+        status = session.execute(select(Tenant.status).where(Tenant.id == row.tenant_id)).scalar_one()
+        if status == "deleted":
+            raise Unauthorized("This API key's tenant no longer exists.")
+        suspended = status == "suspended"
+    role = None
+    if row.member_id is not None:
+        role = session.execute(select(Member.role).where(Member.id == row.member_id)).scalar_one_or_none()
+    return Principal(
+        row.id,
+        row.tenant_id,
+        row.member_id,
+        frozenset(row.scopes.split()),
+        role,
+        row.expires_at,
+        suspended,
+    )
+
+
 def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
-    """The principal of a presented key, or Unauthorized (malformed, unknown, revoked, expired)."""
+    """The principal of a presented key, or Unauthorized (malformed, unknown, revoked, expired).
+
+    A key of a suspended tenant authenticates (its principal says `suspended`); `check_standing`
+    refuses it, after the rate limit has counted the request."""
     principal = cached_principal(secret=secret, key=key)
     if principal is not None:
         return principal
@@ -253,23 +333,40 @@ def authenticate(*, session: Session, secret: bytes, key: str) -> Principal:
     row = session.execute(select(ApiKey).where(ApiKey.lookup == lookup)).scalar_one_or_none()
     if row is None or not hmac.compare_digest(row.key_hash, presented):
         raise Unauthorized("Unknown API key.")
-    if row.revoked_at is not None:
-        raise Unauthorized("This API key was revoked.")
-    if row.expires_at is not None and row.expires_at <= utcnow():
-        raise Unauthorized("This API key has expired.")
-    if row.tenant_id is not None:
-        status = session.execute(select(Tenant.status).where(Tenant.id == row.tenant_id)).scalar_one()
-        if status == "deleted":
-            raise Unauthorized("This API key's tenant no longer exists.")
-    role = None
-    if row.member_id is not None:
-        role = session.execute(select(Member.role).where(Member.id == row.member_id)).scalar_one_or_none()
-    principal = Principal(
-        row.id, row.tenant_id, row.member_id, frozenset(row.scopes.split()), role, row.expires_at
-    )
-    key_cache.put(lookup, row.key_hash, principal, row.expires_at)
+    principal = _principal_of(session, row)
+    key_cache.put(lookup, row.key_hash, principal)
     if row.last_used_at is None or row.last_used_at < utcnow() - LAST_USED_RESOLUTION:
         stale_last_use.add(row.id)
+    return principal
+
+
+def cached_principal_by_id(key_id: str) -> Principal | None:
+    """The principal of a key id checked moments ago (no database read), or None."""
+    principal = key_cache.get_id(key_id)
+    return principal if principal is not None and _live(principal) else None
+
+
+def principal_by_id(*, session: Session, key_id: str) -> Principal:
+    """The principal of a key known by its id (a dashboard session, an open stream), checked as
+    `authenticate` checks a presented key and cached as long; Unauthorized if it grants nothing now."""
+    principal = cached_principal_by_id(key_id)
+    if principal is not None:
+        return principal
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        raise Unauthorized("Unknown API key.")
+    principal = _principal_of(session, row)
+    key_cache.put(None, None, principal)
+    return principal
+
+
+def check_standing(principal: Principal) -> Principal:
+    """Refuse the keys of a suspended tenant (403 `tenant-inactive`): they may do nothing at all."""
+    if principal.suspended:
+        raise TenantInactive(
+            "This tenant is suspended: its keys and dashboard sessions do nothing until an admin "
+            "makes it active again."
+        )
     return principal
 
 
@@ -349,7 +446,7 @@ def revoke_key(
             update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=now)
         )
         row.revoked_at = now
-    key_cache.forget(row.lookup)
+    key_cache.forget(row.lookup, key_id=row.id)
     return row
 
 
@@ -393,7 +490,7 @@ def revoke_member_keys(*, session: Session, member_id: str) -> int:
     now = utcnow()
     for row in rows:
         row.revoked_at = now
-        key_cache.forget(row.lookup)
+        key_cache.forget(row.lookup, key_id=row.id)
     session.flush()
     return len(rows)
 

@@ -87,12 +87,14 @@ def parse_elementwise(raw: str | Sequence[str] | None) -> tuple[str, ...]:
     """Operators declared element-wise: a comma-separated list or a sequence (``Op`` or ``domain::Op``)."""
     if raw is None or raw == "":
         return ()
-    items = [p.strip() for p in raw.split(",")] if isinstance(raw, str) else [str(p).strip() for p in raw]
+    # ASCII blanks only: a no-break space is not "no operator" but a name no operator has.
+    parts = raw.split(",") if isinstance(raw, str) else [str(p) for p in raw]
+    items = [p.strip(" \t") for p in parts]
     items = [p for p in items if p]
     if len(items) > MAX_ELEMENTWISE:
         raise InvalidRequest(f"elementwise lists at most {MAX_ELEMENTWISE} operators.", field="elementwise")
     for op in items:
-        if not OPERATOR.match(op):
+        if not OPERATOR.fullmatch(op):  # fullmatch: `$` alone lets a trailing newline through
             raise InvalidRequest(
                 f"elementwise: {op!r} is not an operator name (Op or domain::Op).", field="elementwise"
             )
@@ -100,7 +102,7 @@ def parse_elementwise(raw: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def check_name(name: str) -> str:
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise InvalidRequest(
             "name: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.", field="name"
         )

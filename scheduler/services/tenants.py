@@ -280,6 +280,8 @@ def update_tenant(*, session: Session, tenant_id: str, changes: dict[str, object
         if status not in ("active", "suspended"):
             raise InvalidRequest("status must be `active` or `suspended`.", field="status")
         tenant.status = str(status)
+        # Keys carry their tenant's standing in the key cache: a suspension applies at once here.
+        keys.key_cache.forget_tenant(tenant.id)
     for field in ("expires_at", "fairshare_weight"):
         if field in changes:
             setattr(tenant, field, changes.pop(field))
@@ -379,8 +381,10 @@ def update_member(*, session: Session, tenant_id: str, member_id: str, changes: 
         member.name = str(changes["name"])
     session.flush()
     # Keys carry their member's role in the key cache; drop them so the change applies at once here.
-    for lookup in session.execute(select(ApiKey.lookup).where(ApiKey.member_id == member.id)).scalars():
-        keys.key_cache.forget(lookup)
+    for lookup, key_id in session.execute(
+        select(ApiKey.lookup, ApiKey.id).where(ApiKey.member_id == member.id)
+    ).tuples():
+        keys.key_cache.forget(lookup, key_id=key_id)
     return member
 
 

@@ -7,6 +7,7 @@ lost. An event counts on the UTC day it was written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,7 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.models import IPU_MS_PER_HOUR, Job, MeterEvent, Tenant
+from scheduler.services.scope import Scope, restrict
 
 GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
 
@@ -26,14 +28,28 @@ def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
     )
 
 
+def jobs_used_ipu_ms(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """IPU-milliseconds billed to each job so far, in one query for a page of jobs."""
+    out = dict.fromkeys(job_ids, 0)
+    if not job_ids:
+        return out
+    rows = session.execute(
+        select(MeterEvent.job_id, func.sum(MeterEvent.ipu_ms))
+        .where(MeterEvent.job_id.in_(list(job_ids)))
+        .group_by(MeterEvent.job_id)
+    ).tuples()
+    for job_id, ms in rows:
+        out[job_id] = int(ms or 0)
+    return out
+
+
 def _hours(ms: int | None) -> float:
     # PostgreSQL sums BIGINTs as NUMERIC (a Decimal here): back to int, so every database reports alike.
     return round(int(ms or 0) / IPU_MS_PER_HOUR, 6)
 
 
-def _scoped(stmt: Any, tenant_id: str | None, since: datetime | None, until: datetime | None) -> Any:
-    if tenant_id is not None:
-        stmt = stmt.where(MeterEvent.tenant_id == tenant_id)
+def _scoped(stmt: Any, scope: Scope, since: datetime | None, until: datetime | None) -> Any:
+    stmt = restrict(stmt, MeterEvent.tenant_id, scope)
     if since is not None:
         stmt = stmt.where(MeterEvent.at >= since)
     if until is not None:
@@ -44,7 +60,7 @@ def _scoped(stmt: Any, tenant_id: str | None, since: datetime | None, until: dat
 def by_day(
     *,
     session: Session,
-    tenant_id: str | None,
+    scope: Scope,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 366,
@@ -56,7 +72,7 @@ def by_day(
         else func.date(MeterEvent.at)
     )
     rows = session.execute(
-        _scoped(select(day.label("day"), func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        _scoped(select(day.label("day"), func.sum(MeterEvent.ipu_ms)), scope, since, until)
         .group_by(day)
         .order_by(day.desc())
         .limit(limit)
@@ -67,7 +83,7 @@ def by_day(
 def by_job(
     *,
     session: Session,
-    tenant_id: str | None,
+    scope: Scope,
     since: datetime | None = None,
     until: datetime | None = None,
     after: str | None = None,
@@ -83,7 +99,7 @@ def by_job(
             func.max(MeterEvent.partition_size),
             func.sum(MeterEvent.ipu_ms),
         ).join(Job, Job.id == MeterEvent.job_id),
-        tenant_id,
+        scope,
         since,
         until,
     )
@@ -108,10 +124,10 @@ def by_job(
 
 
 def by_workload(
-    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+    *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
 ) -> list[dict[str, Any]]:
     rows = session.execute(
-        _scoped(select(MeterEvent.workload, func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        _scoped(select(MeterEvent.workload, func.sum(MeterEvent.ipu_ms)), scope, since, until)
         .group_by(MeterEvent.workload)
         .order_by(MeterEvent.workload)
     ).all()
@@ -119,10 +135,10 @@ def by_workload(
 
 
 def by_partition_size(
-    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+    *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
 ) -> list[dict[str, Any]]:
     rows = session.execute(
-        _scoped(select(MeterEvent.partition_size, func.sum(MeterEvent.ipu_ms)), tenant_id, since, until)
+        _scoped(select(MeterEvent.partition_size, func.sum(MeterEvent.ipu_ms)), scope, since, until)
         .group_by(MeterEvent.partition_size)
         .order_by(MeterEvent.partition_size)
     ).all()
@@ -130,7 +146,7 @@ def by_partition_size(
 
 
 def by_machine_type(
-    *, session: Session, tenant_id: str | None, since: datetime | None = None, until: datetime | None = None
+    *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Per machine type: the IPU-hours run there and the grant they spent (rate x IPU-hours)."""
     rows = session.execute(
@@ -140,7 +156,7 @@ def by_machine_type(
                 func.sum(func.coalesce(MeterEvent.raw_ipu_ms, MeterEvent.ipu_ms)),
                 func.sum(MeterEvent.ipu_ms),
             ),
-            tenant_id,
+            scope,
             since,
             until,
         )
@@ -156,28 +172,28 @@ def by_machine_type(
 def breakdowns(
     *,
     session: Session,
-    tenant_id: str | None,
+    scope: Scope,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 100,
     job_after: str | None = None,
     day_limit: int = 366,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Usage grouped five ways. `tenant_id=None` reports across tenants (admins).
+    """Usage grouped five ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
 
     `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
     days. Workloads and partition sizes are few, so they are reported whole.
     """
     return {
-        "by_day": by_day(session=session, tenant_id=tenant_id, since=since, until=until, limit=day_limit),
+        "by_day": by_day(session=session, scope=scope, since=since, until=until, limit=day_limit),
         "by_job": by_job(
-            session=session, tenant_id=tenant_id, since=since, until=until, after=job_after, limit=limit
+            session=session, scope=scope, since=since, until=until, after=job_after, limit=limit
         ),
-        "by_workload": by_workload(session=session, tenant_id=tenant_id, since=since, until=until),
+        "by_workload": by_workload(session=session, scope=scope, since=since, until=until),
         "by_partition_size": by_partition_size(
-            session=session, tenant_id=tenant_id, since=since, until=until
+            session=session, scope=scope, since=since, until=until
         ),
-        "by_machine_type": by_machine_type(session=session, tenant_id=tenant_id, since=since, until=until),
+        "by_machine_type": by_machine_type(session=session, scope=scope, since=since, until=until),
     }
 
 
@@ -190,12 +206,10 @@ def ledger_total_ipu_ms(*, session: Session, tenant_id: str) -> int:
 
 
 def tenant_totals(
-    *, session: Session, after: str | None = None, limit: int | None = None, tenant_id: str | None = None
+    *, session: Session, scope: Scope, after: str | None = None, limit: int | None = None
 ) -> list[Tenant]:
-    """Tenants with their counters, by id (a page when `limit` is given; `after` is a tenant id)."""
-    stmt = select(Tenant).order_by(Tenant.id)
-    if tenant_id is not None:
-        stmt = stmt.where(Tenant.id == tenant_id)
+    """The scope's tenants with their counters, by id (a page with `limit`; `after` is a tenant id)."""
+    stmt = restrict(select(Tenant).order_by(Tenant.id), Tenant.id, scope)
     if after is not None:
         stmt = stmt.where(Tenant.id > after)
     if limit is not None:

@@ -257,6 +257,16 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
         shot(admin, "15-admin-" + path.rsplit("/", 1)[-1])
     assert "Ada Lovelace" in admin.inner_text("main")
 
+    # The API reference: Swagger UI from this server (no CDN), under the dashboard's policy.
+    docs = watch.attach(browser.new_context(viewport=DESKTOP)).new_page()
+    elsewhere: list[str] = []
+    docs.on("request", lambda r: None if r.url.startswith((url, "data:")) else elsewhere.append(r.url))
+    docs.goto(f"{url}/docs")
+    docs.locator(".opblock").first.wait_for(timeout=15_000)
+    assert docs.locator(".opblock").count() >= 30, "every operation of the spec"
+    assert elsewhere == [], f"/docs fetched from other sites: {elsewhere}"
+    shot(docs, "17-api-reference")
+
     assert watch.problems == [], watch.problems
 
     if os.environ.get("IPUCLOUD_UPDATE_DOCS_IMAGES") == "1":

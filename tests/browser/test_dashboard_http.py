@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update as sql_update
 
 from scheduler.services import fleet as fleet_service
 from scheduler.services import keys as key_service
@@ -77,7 +79,7 @@ def test_sign_in_keeps_the_key_server_side_and_sign_out_ends_the_session(
     from scheduler import bus
 
     stored = [bus.get_redis().get(k) for k in bus.get_redis().scan_iter("ipucloud:dash:session:*")]
-    assert len(stored) == 1 and key.encode() not in stored[0], "Redis holds the key only sealed"
+    assert len(stored) == 1 and key.encode() not in stored[0], "Redis never holds the key"
 
     token = client.cookies.get("ipucloud_session")
     client.post("/logout", data={"csrf": csrf_of(client, "/")}, follow_redirects=False)
@@ -85,6 +87,112 @@ def test_sign_in_keeps_the_key_server_side_and_sign_out_ends_the_session(
     client.cookies.set("ipucloud_session", token or "")
     again = client.get("/jobs", follow_redirects=False)
     assert again.status_code == 303 and again.headers["location"] == "/login?next=/jobs"
+
+
+def redis_dump() -> bytes:
+    """Everything Redis holds, as one blob: what a stolen dump or a replica would give away."""
+    from scheduler import bus
+
+    r = bus.get_redis()
+    out = []
+    for name in r.scan_iter("*"):
+        kind = r.type(name)
+        if kind == b"string":
+            out.append(r.get(name) or b"")
+        elif kind == b"list":
+            out.extend(r.lrange(name, 0, -1))
+        elif kind == b"hash":
+            out.extend(k + b"=" + v for k, v in r.hgetall(name).items())
+        elif kind in (b"set", b"zset"):
+            out.extend(r.smembers(name) if kind == b"set" else r.zrange(name, 0, -1))
+        out.append(name)
+    return b"\n".join(out)
+
+
+def test_a_live_sessions_record_holds_the_keys_id_never_the_key(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    tenant_id, key = make_tenant(db, "acme")
+    assert sign_in(client, key).status_code == 303
+    assert client.get("/jobs").status_code == 200
+    dump = redis_dump()
+    secret_part = key[len("ipuc_") + 12 : -6]  # the 43 characters of secret
+    assert key.encode() not in dump and secret_part.encode() not in dump, "no key, nor its secret"
+    with db.read() as s:
+        (row,) = key_service.list_keys(session=s, tenant_id=tenant_id)
+    from scheduler import bus
+
+    (name,) = list(bus.get_redis().scan_iter("ipucloud:dash:session:*"))
+    record = json.loads(bus.get_redis().get(name))
+    assert record["key_id"] == row.id and record["tenant_id"] == tenant_id
+    assert set(record) == {"v", "key_id", "tenant_id", "member_id", "csrf", "created"}, record
+    token = client.cookies.get("ipucloud_session") or ""
+    assert token and token.encode() not in dump, "Redis knows the session by the token's hash only"
+
+
+def _ends_within(client: TestClient, seconds: float, status: int) -> float:
+    start = time.monotonic()
+    while True:
+        r = client.get("/jobs", follow_redirects=False)
+        if r.status_code == status:
+            return time.monotonic() - start
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - start < seconds, f"the session still works {seconds} s later"
+        time.sleep(0.05)
+
+
+def test_revocation_suspension_and_sign_out_end_a_session_within_the_cache_window(
+    app: Any, seeded: Seeded, db: Any
+) -> None:
+    """Revoked and suspended as another API process would do it: in the database, with this
+    process's key cache untold, so the session ends when the cached standing lapses (2 s)."""
+    from scheduler.models import ApiKey, Tenant, utcnow
+
+    window = key_service.key_cache.ttl + 0.5
+    revoked_tenant, revoked_key = make_tenant(db, "revoked")
+    suspended_tenant, suspended_key = make_tenant(db, "suspended")
+    _, leaving_key = make_tenant(db, "leaving")
+    browsers = {}
+    for name, key in (("revoked", revoked_key), ("suspended", suspended_key), ("leaving", leaving_key)):
+        browsers[name] = TestClient(app, raise_server_exceptions=False)
+        assert sign_in(browsers[name], key).status_code == 303
+        assert browsers[name].get("/jobs").status_code == 200
+
+    with db.write() as s:
+        s.execute(sql_update(ApiKey).where(ApiKey.tenant_id == revoked_tenant).values(revoked_at=utcnow()))
+    took = _ends_within(browsers["revoked"], window, 303)
+    assert browsers["revoked"].get("/jobs", follow_redirects=False).headers["location"] == "/login?next=/jobs"
+
+    with db.write() as s:
+        s.execute(sql_update(Tenant).where(Tenant.id == suspended_tenant).values(status="suspended"))
+    took = max(took, _ends_within(browsers["suspended"], window, 403))
+    again = browsers["suspended"].get("/jobs", follow_redirects=False)
+    assert again.status_code == 303, "a suspended tenant's session is over, not only refused"
+
+    leaving = browsers["leaving"]
+    token = csrf_of(leaving, "/")
+    start = time.monotonic()
+    assert leaving.post("/logout", data={"csrf": token}, follow_redirects=False).status_code == 303
+    assert leaving.get("/jobs", follow_redirects=False).status_code == 303
+    assert time.monotonic() - start < 1.0 and took <= window
+
+
+def test_a_session_made_before_sessions_stopped_holding_keys_is_signed_out(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    from api.dashboard import sessions
+    from scheduler import bus
+
+    tenant_id, _ = make_tenant(db, "acme")
+    with db.read() as s:
+        (row,) = key_service.list_keys(session=s, tenant_id=tenant_id)
+    token = "old-session-token-" + "x" * 30
+    old = {"sealed": "00" * 40, "key_id": row.id, "csrf": "c" * 40, "created": time.time()}
+    bus.get_redis().set(sessions._redis_key(token), json.dumps(old), ex=60)
+    client.cookies.set(sessions.COOKIE, token)
+    r = client.get("/jobs", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=/jobs"
+    assert bus.get_redis().get(sessions._redis_key(token)) is None, "and its record is gone"
 
 
 def test_a_wrong_key_is_refused_and_next_never_leaves_the_site(

@@ -63,9 +63,10 @@ def test_upload_describe_choose_run_and_remove_a_model(client: TestClient, seede
     assert refused.status_code == 409 and "used by queued or running jobs" in refused.text
     job_id = submitted.headers["location"].rsplit("/", 1)[1]
     from scheduler.services import jobs as job_service
+    from scheduler.services.scope import ALL_TENANTS
 
     with db.write() as s:
-        job_service.request_cancel(session=s, job_id=job_id, tenant_id=None)
+        job_service.request_cancel(session=s, job_id=job_id, scope=ALL_TENANTS)
     removed = client.post(f"/models/{model_id}/delete", data={"csrf": csrf}, follow_redirects=False)
     assert removed.status_code == 303 and removed.headers["location"] == "/models"
     assert "No models yet." in client.get("/models").text

@@ -26,6 +26,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLI = str(Path(sys.executable).parent / "ipucloud")
 JOB = {"name": "first", "workload": {"model": "mcmc", "task": "infer", "steps": 1}, "ipus": 1}
+# The README's curl example.
+README_JOB = {
+    "name": "bert-base-pretrain",
+    "workload": {"model": "bert-base", "seq_len": 128, "steps": 200},
+    "ipus": 4,
+}
 
 
 class Up:
@@ -165,13 +171,26 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
     assert "ipucloud stopped." in first.output("err")
     assert processes_of(tmp_path) == [], "Ctrl-C leaves no process behind"
 
-    again = Up(tmp_path, env)
+    # Again, as the README says to start it: no time scale given, so the demo's.
+    again = Up(tmp_path, users_shell(IPUCLOUD_PORT=str(port)))
     try:
         again.wait_for("Press Ctrl-C to stop", timeout=120)
+        err = "\n".join(again.output("err"))
         assert any(f"Admin API key: in {data / 'admin.key'}" in line for line in again.output("err"))
+        assert "Time scale: 60 cluster seconds per wall second" in err and "in cluster time" in err, err
         assert (data / "admin.key").read_text().strip() == key
         job = httpx.get(job_url, headers=tenant, timeout=10).json()
         assert job["state"] == "succeeded", "the same directory carries on with the same state"
+        # The README's first job (about ten minutes on real IPUs) ends within a minute, and says so.
+        first_job = httpx.post(f"{url}/api/v1/jobs", headers=tenant, json=README_JOB, timeout=10).json()
+        assert 500 < first_job["predicted_runtime_s"] < 1000, first_job
+        started = time.monotonic()
+        while (job := httpx.get(f"{url}/api/v1/jobs/{first_job['id']}", headers=tenant, timeout=10).json())[
+            "state"
+        ] != "succeeded":
+            assert time.monotonic() - started < 60 and job["state"] in ("queued", "running"), job
+            time.sleep(0.5)
+        assert job["progress"]["cluster_s"] > 500, "what users see is cluster time"
     finally:
         assert again.ctrl_c(timeout=90) == 0
     again.drain()

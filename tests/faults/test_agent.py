@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from scheduler.models import Attempt, AttemptState, Job, JobEvent, MeterEvent, Tenant
 from scheduler.services import jobs
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.faults.checker import check_cloud
 from tests.faults.harness import attempt_of, leader_loop, make_tenant, place, submit
@@ -316,7 +317,7 @@ def test_a_run_that_crashes_in_the_agent_ends_alone_and_unbilled(
         run_for(agent, clock, 60)
         with db.write() as s:
             assert s.get(Job, poison).state == "queued", "it goes again, within the retry limit"
-            jobs.request_cancel(session=s, job_id=poison, tenant_id=tenant)
+            jobs.request_cancel(session=s, job_id=poison, scope=OneTenant(tenant))
         outcome = check_cloud(db, [poison, *healthy])
         assert outcome.states == {"succeeded": 3, "cancelled": 1}
         assert outcome.attempts == {"succeeded": 3, "lost": 1}

@@ -30,6 +30,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import agents, attempts, jobs, leader
+from scheduler.services.scope import OneTenant
 from scheduler.settings import reset_settings_cache
 from tests.faults.checker import check_cloud
 from tests.faults.harness import agent, attempt_of, leader_loop, make_tenant, place, submit, take
@@ -110,7 +111,7 @@ def test_cancel_racing_take_never_leaves_a_cancelled_job_running(db: Any, tenant
         def do_cancel(job_id: str, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             with db.write() as s:
-                jobs.request_cancel(session=s, job_id=job_id, tenant_id=tenant)
+                jobs.request_cancel(session=s, job_id=job_id, scope=OneTenant(tenant))
 
         with ThreadPoolExecutor(2) as pool:
             taken_f = pool.submit(do_take, attempt.id)

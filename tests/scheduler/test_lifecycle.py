@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, QuotaExceeded
+from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import (
@@ -21,6 +21,7 @@ from scheduler.models import (
     Tenant,
 )
 from scheduler.services import agents, jobs, leader, reconciler, tenants
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.support import agentkit
 
@@ -97,8 +98,18 @@ def test_bad_jobs_are_refused_and_change_nothing(db: Any, tenant: str) -> None:
                 "steps": 1,
             },
         )
+    huge = {"model": "bert-large", "seq_len": 512, "samples": 10**11}
+    # 24.9 million cluster seconds: far past the standard plan's 14 days per job. Accepted, it would
+    # be stopped unfinished and billed; refused, the user learns what would fit.
+    with pytest.raises(LimitExceeded) as refused:
+        submit(db, tenant, ipus=64, workload=huge)
+    assert refused.value.extra["max_runtime_s"] == 1_209_600
+    assert refused.value.extra["predicted_runtime_s"] > 24_000_000
+    assert 0 < refused.value.extra["fitting_samples"] < 10**11
+    assert "set max_runtime_s" in refused.value.detail and "1,209,600 s" in refused.value.detail
+    # Asked to stop at the limit, it is judged on what that costs: more than the grant.
     with pytest.raises(QuotaExceeded):
-        submit(db, tenant, ipus=64, workload={"model": "bert-large", "seq_len": 512, "samples": 10**11})
+        submit(db, tenant, ipus=64, workload=huge, max_runtime_s=1_209_600)
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
         assert s.get(Tenant, tenant).reserved_ipu_ms == 0
@@ -248,10 +259,10 @@ def test_cancel_before_start_frees_everything(db: Any, tenant: str, loop: Schedu
     queued = submit(db, tenant)
     placed = submit(db, tenant)
     with db.write() as s:
-        jobs.request_cancel(session=s, job_id=queued, tenant_id=tenant)
+        jobs.request_cancel(session=s, job_id=queued, scope=OneTenant(tenant))
     assert loop.lead() and loop.schedule_pass() == 1
     with db.write() as s:
-        jobs.request_cancel(session=s, job_id=placed, tenant_id=tenant)
+        jobs.request_cancel(session=s, job_id=placed, scope=OneTenant(tenant))
     with db.read() as s:
         assert s.get(Job, queued).state == "cancelled"
         assert s.get(Job, placed).state == "cancelled"
@@ -268,7 +279,7 @@ def test_another_tenants_job_is_not_found(db: Any, tenant: str) -> None:
             session=s, secret=get_settings().secret(), name="other", plan="standard"
         )
     with db.read() as s, pytest.raises(NotFound):
-        jobs.get_job(session=s, job_id=job_id, tenant_id=other.tenant.id)
+        jobs.get_job(session=s, job_id=job_id, scope=OneTenant(other.tenant.id))
 
 
 def test_only_the_leader_schedules(db: Any, tenant: str) -> None:
@@ -296,7 +307,7 @@ def test_a_cancel_that_commits_during_a_pass_is_not_placed(
     def decide_then_cancel(*args: Any, **kwargs: Any) -> Any:
         decision = real_decide(*args, **kwargs)
         with db.write() as s:  # another connection: the user's cancel, committed mid-pass
-            jobs.request_cancel(session=s, job_id=job_id, tenant_id=tenant)
+            jobs.request_cancel(session=s, job_id=job_id, scope=OneTenant(tenant))
         return decision
 
     monkeypatch.setattr(loop_module, "decide", decide_then_cancel)

@@ -14,6 +14,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Machine, MeterEvent, Tenant
 from scheduler.services import fleet, fleet_metrics, jobs, tenants, usage
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit, services
@@ -207,7 +208,7 @@ def test_an_any_job_runs_where_it_finishes_first_and_is_billed_at_that_types_rat
         assert sum(e.raw_ipu_ms or 0 for e in events) == size * 100 * 1000
         t_row = s.get(Tenant, t)
         assert t_row.used_ipu_ms == 4 * 100_000 + round(size * 100_000 * rate) and t_row.reserved_ipu_ms == 0
-        by_type = {row["machine_type"]: row for row in usage.by_machine_type(session=s, tenant_id=t)}
+        by_type = {row["machine_type"]: row for row in usage.by_machine_type(session=s, scope=OneTenant(t))}
     assert by_type["m2000"]["ipu_hours"] == by_type["m2000"]["charged_ipu_hours"] == round(400 / 3600, 6)
     assert by_type["c2"]["ipu_hours"] == round(size * 100 / 3600, 6)
     assert by_type["c2"]["charged_ipu_hours"] == round(size * 100 * rate / 3600, 6)

@@ -10,6 +10,7 @@ from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, Li
 from scheduler.models import Job, JobEvent, Tenant
 from scheduler.services import jobs, tenants
 from scheduler.services.jobs import SubmitRequest, Submitted
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import spec
 
@@ -101,7 +102,7 @@ def test_the_queued_job_limit_is_exact_and_frees_up_as_jobs_leave_the_queue(db: 
     first = out[0]
     assert isinstance(first, Submitted)
     with db.write() as s:
-        jobs.request_cancel(session=s, job_id=first.job.id, tenant_id=tid)
+        jobs.request_cancel(session=s, job_id=first.job.id, scope=OneTenant(tid))
     with db.write() as s:
         again = jobs.submit_jobs(
             session=s, requests=[SubmitRequest(tid, spec(name="after")), SubmitRequest(tid, spec(name="x"))]

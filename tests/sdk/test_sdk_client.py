@@ -61,11 +61,15 @@ def test_sync_client_submits_follows_pages_and_meters(cloud: RunningCloud) -> No
         assert usage.remaining_ipu_hours < usage.quota_ipu_hours
         assert "job_id" in c.usage_csv().splitlines()[0]
 
+        # The spec's own shape as keywords: `workload={...}` (it used to be dropped, a 422).
+        shaped = c.submit_job(name="shaped", workload={"model": "bert-large", "steps": 100000}, ipus=16)
+        assert shaped.workload["model"] == "bert-large" and shaped.workload["steps"] == 100000
+        assert c.cancel_job(shaped.id).cancel_requested
         more = [c.submit_job(name=f"q{i}", model="bert-large", steps=100000, ipus=16).id for i in range(4)]
         page = c.list_jobs(limit=2)
         assert len(page.items) == 2 and page.next_cursor
         every = [j.id for j in c.iter_jobs(page_size=2)]
-        assert every == [*reversed(more), job.id], "newest first, every job once, across pages"
+        assert every == [*reversed(more), shaped.id, job.id], "newest first, every job once, across pages"
         assert [j.id for j in c.iter_jobs(state="succeeded")] == [job.id]
         for jid in more:
             assert c.cancel_job(jid).cancel_requested

@@ -130,9 +130,12 @@ def test_tenants_are_created_paged_and_changed(client: Any, world: World) -> Non
     )
     assert r.status_code == 200 and r.json()["plan"] == "standard"
     assert r.json()["expires_at"].startswith("2030-12-31T22:00:00")
-    assert_problem(
-        client.post("/api/v1/jobs", json=JOB, headers=auth(world.a.owner_key)), 403, "tenant-inactive"
-    )
+    # A suspended tenant's keys do nothing at all, reading included, until it is active again.
+    for method, path in (("POST", "/api/v1/jobs"), ("GET", "/api/v1/usage"), ("POST", "/api/v1/keys")):
+        body = {"json": JOB if path.endswith("jobs") else {"name": "k"}} if method == "POST" else {}
+        r = client.request(method, path, headers=auth(world.a.owner_key), **body)
+        assert_problem(r, 403, "tenant-inactive")
+    client.patch(f"/api/v1/admin/tenants/{world.a.id}", json={"status": "active"}, headers=admin)
     assert client.get("/api/v1/usage", headers=auth(world.a.owner_key)).status_code == 200
     assert_problem(
         client.patch(f"/api/v1/admin/tenants/{world.a.id}", json={"plan": "gold"}, headers=admin), 422

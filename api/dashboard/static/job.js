@@ -112,6 +112,15 @@
     $("ipu-hours").textContent = ipuHours(facts.used_ipu_hours);
   });
 
+  // The session was signed out, its key revoked or its tenant suspended: stop following, and
+  // reload, which leads to the sign-in page (or says why not).
+  source.addEventListener("denied", function (event) {
+    const problem = JSON.parse(event.data);
+    source.close();
+    status.textContent = problem.detail + " Reloading…";
+    setTimeout(function () { window.location.reload(); }, 1200);
+  });
+
   source.addEventListener("end", function (event) {
     const end = JSON.parse(event.data);
     source.close();

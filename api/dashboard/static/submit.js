@@ -37,7 +37,8 @@
         signal: controller.signal,
       });
       if (mine !== generation) return;
-      if (response.ok) {
+      // 422: the form's values cannot be estimated; the panel says why.
+      if (response.ok || response.status === 422) {
         panel.innerHTML = await response.text();  // server-rendered, escaped by the template engine
       } else {
         panel.textContent = "No estimate (HTTP " + response.status + "): reload the page if your session ended.";
