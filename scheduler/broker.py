@@ -1,6 +1,6 @@
 """The Celery application, shared by the dispatcher (which only sends) and the workers.
 
-The broker carries only "attempt N is ready"; results are never stored or read (DESIGN.md).
+The broker carries only "attempt N is ready"; results are never stored or read (docs/architecture.md).
 """
 
 from __future__ import annotations

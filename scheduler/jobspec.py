@@ -1,4 +1,4 @@
-"""The job spec of DESIGN.md's contract, validated at the edge and stored as submitted."""
+"""The job spec of the API's contract (docs/tenancy.md), validated at the edge and stored as submitted."""
 
 from __future__ import annotations
 

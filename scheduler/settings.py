@@ -1,6 +1,6 @@
 """Settings for every component, read from `IPUCLOUD_*` environment variables.
 
-They live at the bottom of the import graph (DESIGN.md) so that api/, workers/ and the face all
+They live at the bottom of the import graph (docs/architecture.md) so that api/, workers/ and the face all
 read the same object. Secrets have no defaults outside the embedded mode: `ipucloud up` generates
 one in the data directory, production must set `IPUCLOUD_SECRET_KEY`.
 """

@@ -1,4 +1,4 @@
-"""The code stays `ruff check` clean (DESIGN.md, "Quality"), so a lint slip fails the suite, not a review."""
+"""The code stays `ruff check` clean (docs/architecture.md), so a lint slip fails the suite, not a review."""
 
 from __future__ import annotations
 
