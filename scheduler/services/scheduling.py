@@ -2,8 +2,9 @@
 besides placements (preemptions, why jobs wait, fair-share samples).
 
 Times handed to the policy are wall-clock epoch seconds, the scheduler's clock. Predicted run times
-and usage are cluster time (docs/architecture.md, "Time"), so they are divided by ``time_scale`` on the way in:
-a job predicted to take 100 cluster seconds holds its partition for 100 / time_scale wall seconds.
+and usage are cluster time (docs/architecture.md, "Time"), so they are divided by ``time_scale``
+on the way in: a job predicted to take 100 cluster seconds holds its partition for 100 / time_scale
+wall seconds.
 
 Fair share needs each tenant's decayed usage. Summing meter events at every pass would grow with the
 history; instead each tenant row keeps its decayed usage as last sampled, with the metered counter

@@ -88,7 +88,8 @@ def _dims_field(value: object) -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """What to run: a catalogue model or a tenant's own graph, a task and its sizes (docs/architecture.md, "Life of a job").
+    """What to run: a catalogue model or a tenant's own graph, a task and its sizes (the job spec's
+    `workload`, docs/tenancy.md).
 
     Omitted fields take the catalogue's (or the graph's) defaults; exactly one of ``steps`` and
     ``samples`` may be given (neither means the workload's default steps). Every violation raises
