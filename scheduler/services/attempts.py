@@ -241,16 +241,7 @@ def take_many(
     wanted = dict(deliveries)
     # Job rows first, as a cancel takes them (job, then attempt); holding them also makes the
     # "is it still wanted" check below exact.
-    jobs = {
-        j.id: j
-        for j in session.execute(
-            select(Job)
-            .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
-            .order_by(Job.id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalars()
-    }
+    jobs = _lock_jobs(session, ids)
     placed = [
         a
         for a in session.execute(
@@ -490,6 +481,7 @@ def record_tick(
 
 
 def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
+    """The jobs of these attempts, locked in id order (jobs before attempts, always)."""
     ids = sorted(attempt_ids)
     if not ids:
         return {}
