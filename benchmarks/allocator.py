@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/allocator.py [--ops N] [--pods N] [--seed S] [--trace PATH]
 
-Request sizes come from the Philly trace (``--trace``; by default ``../shared/traces/philly.csv`` next
-to the repository, else ``/work/shared/traces/philly.csv``). The stranding replay takes durations from
-it too. Each job's ``num_gpus`` is rounded up to a power of two, as IPU users size partitions.
+Request sizes come from the Philly trace (``--trace``; by default ``benchmarks/data/philly.csv.gz``).
+The stranding replay takes durations from it too. Each job's ``num_gpus`` is rounded up to a power
+of two, as IPU users size partitions.
 
 1. Speed. Fill a fleet of ``--pods`` POD64s to 75%, then run ``--ops`` random operations that keep it
    60-90% occupied: allocate a trace-sized partition, or release a random live one. Every allocate is
@@ -47,6 +47,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR  # noqa: E402
+from scheduler.simulator.trace import open_trace  # noqa: E402
 from vipu._bitmaps import FULL_POD, circular_runs, free_machines  # noqa: E402
 from vipu.allocator import Allocator, Placement  # noqa: E402
 from vipu.placement_policies import available_policies  # noqa: E402
@@ -77,13 +78,13 @@ def variants(policies: list[str], hints: bool) -> list[Variant]:
 
 
 def default_trace() -> Path:
-    beside_repo = REPO.parent / "shared" / "traces" / "philly.csv"
-    return beside_repo if beside_repo.exists() else Path("/work/shared/traces/philly.csv")
+    """The Philly trace the repository carries (benchmarks/data/philly-README.md says what it is)."""
+    return REPO / "benchmarks" / "data" / "philly.csv.gz"
 
 
 def load_jobs(trace: Path) -> list[tuple[int, float]]:
     """``(size, duration_s)`` of every trace job, sizes rounded up to powers of two."""
-    with trace.open(newline="") as handle:
+    with open_trace(trace) as handle:
         return [
             (1 << max(int(row["num_gpus"]) - 1, 0).bit_length(), float(row["duration"]))
             for row in csv.DictReader(handle)

@@ -11,7 +11,7 @@ predicted to finish first) and `type-blind` (the same, but a job takes the first
 
 It prints both policies' figures, the jobs and average JCT per type, checks the target (the default's
 average JCT at most 0.8 of the type-blind baseline's) and the command that reproduces them. The trace
-is ``../shared/traces/philly.csv`` next to the repository (else ``/work/shared/traces/philly.csv``).
+is ``benchmarks/data/philly.csv.gz``, carried in the repository.
 ``--plots DIR`` writes the JCT and wait CDFs there (docs/img holds the committed ones).
 """
 
@@ -50,8 +50,8 @@ ROWS = (
 
 
 def default_trace() -> Path:
-    beside = REPO.parent / "shared" / "traces" / "philly.csv"
-    return beside if beside.exists() else Path("/work/shared/traces/philly.csv")
+    """The Philly trace the repository carries (benchmarks/data/philly-README.md says what it is)."""
+    return REPO / "benchmarks" / "data" / "philly.csv.gz"
 
 
 def table(figures: dict[str, dict]) -> str:

@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/simulate_philly.py [--trace PATH] [--pods N] [--seed S]
         [--estimates predicted|perfect|user|none] [--workers N] [--plots DIR] [--json PATH]
 
-The trace is ``../shared/traces/philly.csv`` next to the repository (else
-``/work/shared/traces/philly.csv``): 82,247 jobs, sizes rounded up to powers of two and capped at the
-fleet. Every policy of ``scheduler.policy.POLICIES`` replays it through the live policy code and the
-real allocator (``ipucloud simulate`` does the same for the three baselines). It prints the figures,
+The trace is ``benchmarks/data/philly.csv.gz``, carried in the repository: 82,247 jobs, sizes
+rounded up to powers of two and capped at the fleet. Every policy of ``scheduler.policy.POLICIES``
+replays it through the live policy code and the real allocator (``ipucloud simulate`` does the same
+for the three baselines). It prints the figures,
 checks the default policy against its targets (average JCT at most half of ``fifo-firstfit``'s and
 at most 0.75 of ``slurm-backfill``'s, utilisation and fairness no lower than either, each replay
 under 60 s) and the command that reproduces them. ``--plots DIR`` writes the three baselines' plots
@@ -50,8 +50,8 @@ ROWS = (
 
 
 def default_trace() -> Path:
-    beside = REPO.parent / "shared" / "traces" / "philly.csv"
-    return beside if beside.exists() else Path("/work/shared/traces/philly.csv")
+    """The Philly trace the repository carries (benchmarks/data/philly-README.md says what it is)."""
+    return REPO / "benchmarks" / "data" / "philly.csv.gz"
 
 
 def table(figures: dict[str, dict]) -> str:

@@ -9,9 +9,11 @@ same second keep their order in the file.
 from __future__ import annotations
 
 import csv
+import gzip
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 
 class TraceError(ValueError):
@@ -56,6 +58,13 @@ def _parse_time(text: str) -> float:
     return stamp.timestamp()
 
 
+def open_trace(path: Path) -> TextIO:
+    """A trace file as text; ``.gz`` traces (the Philly trace the repository carries) are read in place."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return path.open(newline="")
+
+
 def load_trace(
     path: Path,
     *,
@@ -66,7 +75,7 @@ def load_trace(
 ) -> list[TraceJob]:
     """Read a trace; ``start_row``/``limit`` take a slice of the rows in submission order."""
     try:
-        handle = path.open(newline="")
+        handle = open_trace(path)
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from exc
     with handle:
