@@ -289,15 +289,19 @@ def strand_run(variant: Variant, fleet: Fleet, requests: list[Request], where: b
 
 def print_strand_table(title: str, results: list[StrandResult]) -> None:
     print(title)
-    print("| policy | avg stranded share | avg stranded share, 2+ IPU requests | avg stranded IPUs | "
-          "refused | refused with room | mean occupancy |")
+    print(
+        "| policy | avg stranded share | avg stranded share, 2+ IPU requests | avg stranded IPUs | "
+        "refused | refused with room | mean occupancy |"
+    )
     print("|---|---|---|---|---|---|---|")
     for result in results:
         measured = max(result.measured, 1)
-        print(f"| {result.policy} | {result.stranded / measured:.4f} | "
-              f"{result.stranded_multi / max(result.multi, 1):.4f} | {result.stranded_ipus / measured:.2f} | "
-              f"{result.refused / measured:.2%} | {result.refused_with_room / measured:.2%} | "
-              f"{result.occupancy / measured:.1%} |")
+        print(
+            f"| {result.policy} | {result.stranded / measured:.4f} | "
+            f"{result.stranded_multi / max(result.multi, 1):.4f} | {result.stranded_ipus / measured:.2f} | "
+            f"{result.refused / measured:.2%} | {result.refused_with_room / measured:.2%} | "
+            f"{result.occupancy / measured:.1%} |"
+        )
     by_name = {result.policy: result for result in results}
     baseline = by_name.get("first-fit")
     for label in ("default", HINTED):
@@ -313,8 +317,11 @@ def print_strand_table(title: str, results: list[StrandResult]) -> None:
         print("|---|" + "---|" * len(WHERE))
         for result in results:
             samples = max(result.where_samples, 1)
-            print(f"| {result.policy} | " + " | ".join(
-                f"{result.where.get(label, 0.0) / samples:.1f}" for label in WHERE) + " |")
+            print(
+                f"| {result.policy} | "
+                + " | ".join(f"{result.where.get(label, 0.0) / samples:.1f}" for label in WHERE)
+                + " |"
+            )
         print()
 
 
@@ -326,18 +333,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pods", type=int, default=1024, help="POD64s of the speed run (1024 = 65,536 IPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", type=Path, default=default_trace())
-    parser.add_argument("--policy", action="append", choices=available_policies(),
-                        help="a policy to run; repeat for several (default: all)")
-    parser.add_argument("--frag-pods", type=int, nargs="*", default=[32],
-                        help="fleet sizes of the stranding replay; give none to skip it")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        choices=available_policies(),
+        help="a policy to run; repeat for several (default: all)",
+    )
+    parser.add_argument(
+        "--frag-pods",
+        type=int,
+        nargs="*",
+        default=[32],
+        help="fleet sizes of the stranding replay; give none to skip it",
+    )
     parser.add_argument("--frag-requests", type=int, default=80_000, help="requests per stranding replay")
     parser.add_argument("--load", type=float, default=1.0, help="offered load of the stranding replay")
     parser.add_argument("--no-mixed", action="store_true", help="skip the mixed-type stranding replay")
-    parser.add_argument("--prediction-error", type=float, default=DEFAULT_PREDICTION_ERROR,
-                        help="sigma of the log-normal error of the expected ends given as hints")
+    parser.add_argument(
+        "--prediction-error",
+        type=float,
+        default=DEFAULT_PREDICTION_ERROR,
+        help="sigma of the log-normal error of the expected ends given as hints",
+    )
     parser.add_argument("--no-hints", action="store_true", help="skip the default policy with end hints")
-    parser.add_argument("--where", action="store_true",
-                        help="also report where the free IPUs are (slower: scans the fleet per request)")
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help="also report where the free IPUs are (slower: scans the fleet per request)",
+    )
     parser.add_argument("--skip-speed", action="store_true")
     args = parser.parse_args(argv)
     policies = args.policy or list(available_policies())
@@ -350,16 +373,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"reproduce: {command}\n")
 
     if not args.skip_speed:
-        print(f"decision time at {args.pods} POD64s = {args.pods * IPUS_PER_POD} IPUs, {args.ops} "
-              "operations, fleet kept 60-90% occupied, microseconds per call (CPython, garbage collector on)")
+        print(
+            f"decision time at {args.pods} POD64s = {args.pods * IPUS_PER_POD} IPUs, {args.ops} "
+            "operations, fleet kept 60-90% occupied, microseconds per call (CPython, garbage collector on)"
+        )
         print("| policy | operation | calls | p50 | p99 | max |")
         print("|---|---|---|---|---|---|")
         for variant in runs:
             timings, refused, occupancy = speed_run(variant, args.pods, args.ops, jobs, args.seed)
             for operation in ("allocate", "release", "find", "largest_free", "clone"):
                 values = sorted(timings.samples.get(operation, [0.0]))
-                print(f"| {variant.label} | {operation} | {len(values)} | {percentile(values, 0.5):.1f} | "
-                      f"{percentile(values, 0.99):.1f} | {values[-1]:.1f} |")
+                print(
+                    f"| {variant.label} | {operation} | {len(values)} | {percentile(values, 0.5):.1f} | "
+                    f"{percentile(values, 0.99):.1f} | {values[-1]:.1f} |"
+                )
             print(f"| {variant.label} | (refused {refused}, mean occupancy {occupancy:.1%}) | | | | |")
         print()
 
@@ -369,11 +396,13 @@ def main(argv: list[str] | None = None) -> None:
         ]
         if not args.no_mixed:
             alternating = Fleet([(MachineType.M2000, MachineType.BOW)[pod % 2] for pod in range(pods)])
-            scenarios.append((
-                f"{pods} POD64s alternating m2000/bow, 30% of requests pinned to bow and 10% to m2000",
-                alternating,
-                {MachineType.BOW: 0.3, MachineType.M2000: 0.1},
-            ))
+            scenarios.append(
+                (
+                    f"{pods} POD64s alternating m2000/bow, 30% of requests pinned to bow and 10% to m2000",
+                    alternating,
+                    {MachineType.BOW: 0.3, MachineType.M2000: 0.1},
+                )
+            )
         for label, fleet, pinned in scenarios:
             requests = request_sequence(
                 jobs, pods, args.frag_requests, args.load, args.seed, pinned, args.prediction_error

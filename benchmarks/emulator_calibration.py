@@ -50,17 +50,19 @@ def calibration_rows(c: Constants) -> tuple[list[list[str]], float]:
         p = plan_with(row, c)
         err = 100.0 * (p.throughput / row.published - 1.0)
         worst = max(worst, abs(err))
-        rows.append([
-            row.label,
-            f"{row.global_batch:,}",
-            f"{row.published:,.0f}",
-            f"{p.throughput:,.0f}",
-            f"{err:+.1f}%",
-            f"{p.ipus_per_replica}x{p.replicas}",
-            f"{p.micro_batch}",
-            f"{p.grad_accum}",
-            f"{p.memory_per_ipu_bytes / 2**20:,.0f}",
-        ])
+        rows.append(
+            [
+                row.label,
+                f"{row.global_batch:,}",
+                f"{row.published:,.0f}",
+                f"{p.throughput:,.0f}",
+                f"{err:+.1f}%",
+                f"{p.ipus_per_replica}x{p.replicas}",
+                f"{p.micro_batch}",
+                f"{p.grad_accum}",
+                f"{p.memory_per_ipu_bytes / 2**20:,.0f}",
+            ]
+        )
     return rows, worst
 
 
@@ -87,17 +89,19 @@ def beyond_rows() -> list[list[str]]:
         for ipus in sizes:
             bow = plan(spec, ipus, "bow")
             m2000 = plan(spec, ipus, "m2000")
-            rows.append([
-                f"{model}{'' if seq is None else f' seq {seq}'}",
-                task,
-                f"{batch:,}",
-                f"{ipus}",
-                f"{m2000.throughput:,.0f}",
-                f"{bow.throughput:,.0f}",
-                f"{bow.throughput / m2000.throughput:.2f}",
-                f"{bow.ipus_per_replica}x{bow.replicas}",
-                f"{bow.timing.allreduce_s * 1e3:.1f}",
-            ])
+            rows.append(
+                [
+                    f"{model}{'' if seq is None else f' seq {seq}'}",
+                    task,
+                    f"{batch:,}",
+                    f"{ipus}",
+                    f"{m2000.throughput:,.0f}",
+                    f"{bow.throughput:,.0f}",
+                    f"{bow.throughput / m2000.throughput:.2f}",
+                    f"{bow.ipus_per_replica}x{bow.replicas}",
+                    f"{bow.timing.allreduce_s * 1e3:.1f}",
+                ]
+            )
     return rows
 
 
@@ -106,12 +110,19 @@ def compile_rows() -> list[list[str]]:
     for model, ipus, published in (("bert-base", 4, "about 8 min"), ("bert-large", 64, "8 to 11 min")):
         p = plan(WorkloadSpec(model=model, batch_size=65_536), ipus, "bow")
         run = EmulatedRun(p, cached=False)
-        rows.append([f"{model} train seq 128, {ipus} IPUs", published, f"{run.compile_s / 60:.1f} min",
-                     f"{run.load_s:.0f} s"])
+        rows.append(
+            [
+                f"{model} train seq 128, {ipus} IPUs",
+                published,
+                f"{run.compile_s / 60:.1f} min",
+                f"{run.load_s:.0f} s",
+            ]
+        )
     for model, ipus in (("resnet50", 16), ("lstm", 1), ("efficientnet-b4", 16)):
         run = EmulatedRun(plan(WorkloadSpec(model=model), ipus, "bow"), cached=False)
-        rows.append([f"{model} train, {ipus} IPUs", "-", f"{run.compile_s / 60:.1f} min",
-                     f"{run.load_s:.0f} s"])
+        rows.append(
+            [f"{model} train, {ipus} IPUs", "-", f"{run.compile_s / 60:.1f} min", f"{run.load_s:.0f} s"]
+        )
     return rows
 
 
@@ -128,18 +139,40 @@ def main() -> None:
         a, b = solve_compile_constants(refit)
         print(f"refit in {time.perf_counter() - t0:.0f} s: {refit} (loss {loss(refit):.4f})")
         print(f"frozen:          {FITTED} (loss {loss(FITTED):.4f})")
-        print(f"compile: {a:.3f} s per superstep instance, {b:.1f} s per IPU per replica "
-              f"(frozen: {COMPILE_PER_SUPERSTEP_S}, {COMPILE_PER_IPU_S})\n")
+        print(
+            f"compile: {a:.3f} s per superstep instance, {b:.1f} s per IPU per replica "
+            f"(frozen: {COMPILE_PER_SUPERSTEP_S}, {COMPILE_PER_IPU_S})\n"
+        )
         c = refit
 
     rows, worst = calibration_rows(c)
     print("Calibration: Bow Pod16 (16 Bow IPUs), FP16, training, items/s at the published global batch")
-    print(_table(["workload", "global batch", "published", "predicted", "error", "PxR", "micro-batch",
-                  "grad accum", "MB/IPU"], rows, args.markdown))
+    print(
+        _table(
+            [
+                "workload",
+                "global batch",
+                "published",
+                "predicted",
+                "error",
+                "PxR",
+                "micro-batch",
+                "grad accum",
+                "MB/IPU",
+            ],
+            rows,
+            args.markdown,
+        )
+    )
     print(f"\nworst error {worst:.1f}% (the tests require <= 15%)\n")
     print("Beyond the table (nothing here was fitted): items/s, M2000 vs Bow, all-reduce ms per step on Bow")
-    print(_table(["workload", "task", "batch", "IPUs", "M2000", "Bow", "Bow/M2000", "PxR (Bow)",
-                  "all-reduce ms"], beyond_rows(), args.markdown))
+    print(
+        _table(
+            ["workload", "task", "batch", "IPUs", "M2000", "Bow", "Bow/M2000", "PxR (Bow)", "all-reduce ms"],
+            beyond_rows(),
+            args.markdown,
+        )
+    )
     print("\nCompile and load time (cluster time)")
     print(_table(["graph", "reference", "predicted compile", "load"], compile_rows(), args.markdown))
     print(f"\nreproduce: {COMMAND}{' --fit' if args.fit else ''}{' --markdown' if args.markdown else ''}")

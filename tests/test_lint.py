@@ -23,7 +23,5 @@ def test_the_layers_hold() -> None:
     """The import contracts in pyproject.toml (`[tool.importlinter]`): vipu imports none of the cloud,
     the scheduler neither the API nor the agents, nothing but the face imports the API."""
     lint = Path(sys.executable).parent / "lint-imports"
-    out = subprocess.run(
-        [str(lint), "--no-cache"], capture_output=True, text=True, cwd=ROOT
-    )
+    out = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, f"an import crosses a layer:\n{out.stdout[-4000:]}{out.stderr}"

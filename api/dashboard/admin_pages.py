@@ -427,7 +427,11 @@ def update_tenant(request: Request, tenant_id: Name, db: DbDep, user: AdminUser,
 
 @router.post("/tenants/{tenant_id}/keys", response_class=HTMLResponse)
 def create_tenant_key(
-    request: Request, tenant_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    request: Request,
+    tenant_id: Name,
+    db: DbDep,
+    settings: SettingsDep,
+    user: AdminUser,
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
@@ -452,7 +456,11 @@ def create_tenant_key(
 
 @router.post("/tenants/{tenant_id}/keys/{key_id}/revoke")
 def revoke_tenant_key(
-    request: Request, tenant_id: Name, key_id: Name, db: DbDep, user: AdminUser,
+    request: Request,
+    tenant_id: Name,
+    key_id: Name,
+    db: DbDep,
+    user: AdminUser,
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
@@ -533,7 +541,11 @@ def trials_page(
 
 @router.post("/trials/{application_id}/approve", response_class=HTMLResponse)
 def approve_trial(
-    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser,
+    request: Request,
+    application_id: Name,
+    db: DbDep,
+    settings: SettingsDep,
+    user: AdminUser,
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)

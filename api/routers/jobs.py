@@ -166,9 +166,7 @@ def job_logs(
             for e in events[:limit]
         ]
     nxt = encode_cursor(items[-1].id) if len(events) > limit else None
-    return _json(
-        LogsOut(job_id=job_id, state=state, items=items, next_cursor=nxt).model_dump(mode="json")
-    )
+    return _json(LogsOut(job_id=job_id, state=state, items=items, next_cursor=nxt).model_dump(mode="json"))
 
 
 def _sse(event: str, data: object, event_id: int | None = None) -> bytes:

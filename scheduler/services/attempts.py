@@ -183,8 +183,6 @@ def _ipu_range(ipus: list[str]) -> str:
     return ipus[0] if len(ipus) == 1 else f"{ipus[0]} .. {ipus[-1]}"
 
 
-
-
 @dataclass(frozen=True)
 class TakenAttempt:
     """An attempt a host agent now drives, with everything it needs to emulate it."""

@@ -627,9 +627,7 @@ def wait_reason(*, session: Session, job: Job, scope: Scope) -> dict[str, Any] |
     return wait_given(session=session, job=job, attempt=attempt, scope=scope)
 
 
-def wait_given(
-    *, session: Session, job: Job, attempt: Attempt | None, scope: Scope
-) -> dict[str, Any] | None:
+def wait_given(*, session: Session, job: Job, attempt: Attempt | None, scope: Scope) -> dict[str, Any] | None:
     """`wait_reason` for a job whose current attempt the caller has read already."""
     if job.state != JobState.QUEUED:
         return None
@@ -712,7 +710,8 @@ def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
     attempt = current_attempt(session=session, job=job)
     if attempt is not None and attempt.state in LIVE_ATTEMPT_STATES:
         reason = (
-            "cancelled by user" if attempt.state == AttemptState.RUNNING
+            "cancelled by user"
+            if attempt.state == AttemptState.RUNNING
             else "cancelled by user before it started"
         )
         attempts.stop_running(

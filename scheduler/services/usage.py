@@ -190,9 +190,7 @@ def breakdowns(
             session=session, scope=scope, since=since, until=until, after=job_after, limit=limit
         ),
         "by_workload": by_workload(session=session, scope=scope, since=since, until=until),
-        "by_partition_size": by_partition_size(
-            session=session, scope=scope, since=since, until=until
-        ),
+        "by_partition_size": by_partition_size(session=session, scope=scope, since=since, until=until),
         "by_machine_type": by_machine_type(session=session, scope=scope, since=since, until=until),
     }
 

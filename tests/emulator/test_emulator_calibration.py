@@ -8,8 +8,9 @@ from vipu.emulator.calibration import BOW_POD16_TABLE
 
 @pytest.mark.parametrize("row", BOW_POD16_TABLE, ids=lambda r: r.label)
 def test_bow_pod16_row_within_15_percent(row):
-    spec = WorkloadSpec(model=row.model, task="train", batch_size=row.global_batch, seq_len=row.seq_len,
-                        precision="fp16")
+    spec = WorkloadSpec(
+        model=row.model, task="train", batch_size=row.global_batch, seq_len=row.seq_len, precision="fp16"
+    )
     p = plan(spec, 16, "bow")
     assert p.global_batch == row.global_batch
     assert p.throughput == pytest.approx(row.published, rel=0.15)

@@ -8,8 +8,16 @@ from vipu.emulator import catalogue, get_workload
 from vipu.emulator.catalogue import OpKind
 
 CONTRACT_NAMES = {
-    "bert-base", "bert-large", "resnet50", "resnext101", "efficientnet-b0", "efficientnet-b4",
-    "lstm", "gru", "deep-autoencoder", "mcmc",
+    "bert-base",
+    "bert-large",
+    "resnet50",
+    "resnext101",
+    "efficientnet-b0",
+    "efficientnet-b4",
+    "lstm",
+    "gru",
+    "deep-autoencoder",
+    "mcmc",
 }
 
 
@@ -20,8 +28,20 @@ def test_catalogue_has_exactly_the_contract_names():
 def test_listing_is_json_and_says_what_a_user_may_ask_for():
     for w in catalogue():
         d = json.loads(json.dumps(w.to_dict()))
-        for key in ("name", "family", "description", "tasks", "default_batch_size", "min_batch_size",
-                    "max_batch_size", "seq_lens", "image_size", "precisions", "default_steps", "parameters"):
+        for key in (
+            "name",
+            "family",
+            "description",
+            "tasks",
+            "default_batch_size",
+            "min_batch_size",
+            "max_batch_size",
+            "seq_lens",
+            "image_size",
+            "precisions",
+            "default_steps",
+            "parameters",
+        ):
             assert key in d, (w.name, key)
         assert d["min_batch_size"] <= d["default_batch_size"] <= d["max_batch_size"]
         assert set(d["precisions"]) <= {"fp16", "fp32"}
@@ -77,8 +97,10 @@ def test_longer_sequences_and_bigger_images_cost_more():
     lstm = get_workload("lstm")
     doubled = 2 * lstm.graph("train", 128).flops_per_sample
     assert lstm.graph("train", 256).flops_per_sample == pytest.approx(doubled, rel=0.01)
-    assert get_workload("efficientnet-b4").graph("train").flops_per_sample > \
-        5 * get_workload("efficientnet-b0").graph("train").flops_per_sample
+    assert (
+        get_workload("efficientnet-b4").graph("train").flops_per_sample
+        > 5 * get_workload("efficientnet-b0").graph("train").flops_per_sample
+    )
 
 
 def test_phase_two_packs_sequences_so_a_sequence_costs_less_than_a_full_slot():

@@ -8,11 +8,21 @@ from vipu.emulator import EmulatedRun, WorkloadError, WorkloadSpec, estimate, pl
 
 
 def test_estimate_has_the_contract_fields_and_is_json():
-    est = estimate({"model": "bert-large", "task": "train", "batch_size": 4096, "seq_len": 128, "steps": 100},
-                   16, "bow")
+    est = estimate(
+        {"model": "bert-large", "task": "train", "batch_size": 4096, "seq_len": 128, "steps": 100}, 16, "bow"
+    )
     d = json.loads(json.dumps(est.to_dict()))
-    for key in ("fits", "plan", "throughput", "compile_s", "step_s", "total_s", "ipu_hours",
-                "memory_per_ipu_bytes", "error"):
+    for key in (
+        "fits",
+        "plan",
+        "throughput",
+        "compile_s",
+        "step_s",
+        "total_s",
+        "ipu_hours",
+        "memory_per_ipu_bytes",
+        "error",
+    ):
         assert key in d
     assert d["fits"] is True and d["error"] is None
     assert d["ipu_hours"] == pytest.approx(16 * d["total_s"] / 3600)

@@ -18,8 +18,14 @@ def test_throughput_grows_with_the_partition_but_never_faster_than_linearly(mode
 
 @pytest.mark.parametrize(
     ("model", "task", "batch"),
-    [("resnet50", "train", 1024), ("bert-large", "train", 4096), ("efficientnet-b0", "infer", 1024),
-     ("lstm", "train", 1024), ("mcmc", "infer", 1024), ("deep-autoencoder", "train", 512)],
+    [
+        ("resnet50", "train", 1024),
+        ("bert-large", "train", 4096),
+        ("efficientnet-b0", "infer", 1024),
+        ("lstm", "train", 1024),
+        ("mcmc", "infer", 1024),
+        ("deep-autoencoder", "train", 512),
+    ],
 )
 def test_bow_is_faster_than_m2000_by_its_clock_ratio(model, task, batch):
     spec = WorkloadSpec(model=model, task=task, batch_size=batch)
@@ -57,8 +63,12 @@ def test_crossing_gw_links_costs_more_allreduce_per_step(model):
     assert across.timing.allreduce_gw_link_s > 0
     assert across.timing.allreduce_s > inside.timing.allreduce_s
     # The same partition size with its traffic kept off the GW-Links would be cheaper.
-    pinned = dict(ipus_per_replica=across.ipus_per_replica, micro_batch=across.micro_batch,
-                  optimizer_offchip=across.optimizer_offchip, recompute=across.recompute)
+    pinned = dict(
+        ipus_per_replica=across.ipus_per_replica,
+        micro_batch=across.micro_batch,
+        optimizer_offchip=across.optimizer_offchip,
+        recompute=across.recompute,
+    )
     no_gw = plan(spec, 128, "m2000", pods=1, gw_links=False, **pinned)
     assert no_gw.timing.allreduce_s < across.timing.allreduce_s
 
@@ -67,8 +77,13 @@ def test_crossing_gw_links_costs_more_allreduce_per_step(model):
 def test_inference_is_faster_per_sample_than_training(name):
     w = next(w for w in catalogue() if w.name == name)
     train = plan(WorkloadSpec(model=name, task="train", batch_size=1024), 16, "m2000")
-    infer = plan(WorkloadSpec(model=name, task="infer", batch_size=1024,
-                              seq_len=train.spec.seq_len if w.seq_lens else None), 16, "m2000")
+    infer = plan(
+        WorkloadSpec(
+            model=name, task="infer", batch_size=1024, seq_len=train.spec.seq_len if w.seq_lens else None
+        ),
+        16,
+        "m2000",
+    )
     assert infer.throughput > train.throughput
 
 

@@ -149,8 +149,17 @@ def test_plan_dict_uses_ipuconfig_names_and_is_json():
     import json
 
     d = json.loads(json.dumps(plan(WorkloadSpec(model="bert-base", batch_size=4096), 16, "bow").to_dict()))
-    for key in ("ipus_per_replica", "replication_factor", "layers_per_ipu", "gradient_accumulation_steps",
-                "device_iterations", "optimizer_state_offchip", "global_batch", "stages", "executable_key",
-                "memory_per_ipu_bytes"):
+    for key in (
+        "ipus_per_replica",
+        "replication_factor",
+        "layers_per_ipu",
+        "gradient_accumulation_steps",
+        "device_iterations",
+        "optimizer_state_offchip",
+        "global_batch",
+        "stages",
+        "executable_key",
+        "memory_per_ipu_bytes",
+    ):
         assert key in d
     assert sum(d["layers_per_ipu"]) == 13

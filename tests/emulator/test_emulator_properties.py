@@ -19,8 +19,9 @@ def jobs(draw: st.DrawFn) -> tuple[WorkloadSpec, int, str]:
     # Up to the largest partition the type forms (whole POD64s, or one C2 server).
     largest = min(12, MACHINES[machine].max_partition.bit_length() - 1)
     ipus = 2 ** draw(st.integers(min_value=0, max_value=largest))
-    spec = WorkloadSpec(model=w.name, task=task, batch_size=batch, seq_len=seq, precision=precision,
-                        steps=steps)
+    spec = WorkloadSpec(
+        model=w.name, task=task, batch_size=batch, seq_len=seq, precision=precision, steps=steps
+    )
     return spec, ipus, machine
 
 

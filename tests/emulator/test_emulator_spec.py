@@ -48,8 +48,14 @@ def test_from_dict_rejects_unknown_keys_and_needs_a_model():
         WorkloadSpec.from_dict({"task": "train"})
     assert info.value.field == "model"
     spec = WorkloadSpec.from_dict({"model": "gru", "task": "infer", "seq_len": 64, "samples": 1000})
-    assert spec.to_dict() == {"model": "gru", "task": "infer", "batch_size": 1024, "seq_len": 64,
-                              "precision": "fp16", "samples": 1000}
+    assert spec.to_dict() == {
+        "model": "gru",
+        "task": "infer",
+        "batch_size": 1024,
+        "seq_len": 64,
+        "precision": "fp16",
+        "samples": 1000,
+    }
 
 
 def test_specs_are_hashable_values():

@@ -109,9 +109,7 @@ def take(agent: Agent, attempt_ids: list[int]) -> None:
     assert [d.outcome for d in deliveries] == ["taken"] * len(deliveries)
 
 
-def test_an_agent_that_cannot_reach_the_database_stops_when_its_lease_would_end(
-    db: Any, tenant: str
-) -> None:
+def test_an_agent_that_cannot_reach_the_database_stops_when_its_lease_would_end(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
     job_id = submit(db, tenant, steps=20000)
     attempt = place(db, loop, job_id)

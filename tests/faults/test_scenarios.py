@@ -295,8 +295,10 @@ def test_an_agent_paused_past_its_lease_comes_back_and_can_change_nothing(
         # starts with is refused, so it drops them without writing, and registers anew.
         wait_for(
             "w1's late writes to be refused",
-            lambda: "its lease lapsed; dropping" in log.read_text()
-            or "could not be reached within its lease; dropping" in log.read_text(),
+            lambda: (
+                "its lease lapsed; dropping" in log.read_text()
+                or "could not be reached within its lease; dropping" in log.read_text()
+            ),
         )
         wait_for("w1 to register again", lambda: "at epoch 2" in log.read_text())
         final = cloud.wait_jobs(key, ids, timeout=180)

@@ -35,8 +35,13 @@ class CalibrationRow:
     machine: str = "bow"
 
     def spec(self) -> WorkloadSpec:
-        return WorkloadSpec(model=self.model, task=self.task, batch_size=self.global_batch,
-                            seq_len=self.seq_len, precision=self.precision)
+        return WorkloadSpec(
+            model=self.model,
+            task=self.task,
+            batch_size=self.global_batch,
+            seq_len=self.seq_len,
+            precision=self.precision,
+        )
 
 
 BOW_POD16_TABLE: tuple[CalibrationRow, ...] = (
@@ -72,8 +77,13 @@ def loss(c: Constants, rows: Sequence[CalibrationRow] = BOW_POD16_TABLE) -> floa
     return total
 
 
-def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], step: float = 0.3,
-                 iterations: int = 300, tol: float = 1e-7) -> list[float]:
+def _nelder_mead(
+    f: Callable[[list[float]], float],
+    x0: list[float],
+    step: float = 0.3,
+    iterations: int = 300,
+    tol: float = 1e-7,
+) -> list[float]:
     n = len(x0)
     simplex = [list(x0)]
     for i in range(n):

@@ -314,30 +314,77 @@ def _bert_graph(name: str, hidden: int, num_layers: int, heads: int, task: Task,
             Op("nsp pooler", OpKind.MATMUL, m=1, k=h, n=h, params=h * h + h, saved=h),
             Op("nsp classifier", OpKind.MATMUL, m=1, k=h, n=2, params=2 * h + 2, saved=2),
         ]
-    layers: list[Layer] = [Layer("embeddings" + (" + mlm/nsp heads" if objective == "pretraining" else ""),
-                                 tuple(embedding_ops), input_elements=3 * tokens)]
+    layers: list[Layer] = [
+        Layer(
+            "embeddings" + (" + mlm/nsp heads" if objective == "pretraining" else ""),
+            tuple(embedding_ops),
+            input_elements=3 * tokens,
+        )
+    ]
     for i in range(num_layers):
         ops = (
-            Op("qkv projection", OpKind.MATMUL, m=tokens, k=h, n=3 * h, params=3 * h * h + 3 * h,
-               saved=3 * tokens * h),
-            Op("attention scores QK^T", OpKind.MATMUL, m=attn_rows, k=head_dim, n=seq_len, groups=heads,
-               saved=scores),
+            Op(
+                "qkv projection",
+                OpKind.MATMUL,
+                m=tokens,
+                k=h,
+                n=3 * h,
+                params=3 * h * h + 3 * h,
+                saved=3 * tokens * h,
+            ),
+            Op(
+                "attention scores QK^T",
+                OpKind.MATMUL,
+                m=attn_rows,
+                k=head_dim,
+                n=seq_len,
+                groups=heads,
+                saved=scores,
+            ),
             Op("attention softmax", OpKind.ELEMENTWISE, elements=scores * SOFTMAX_OPS, saved=scores),
-            Op("attention context AV", OpKind.MATMUL, m=attn_rows, k=seq_len, n=head_dim, groups=heads,
-               saved=tokens * h),
-            Op("attention output projection", OpKind.MATMUL, m=tokens, k=h, n=h, params=h * h + h,
-               saved=tokens * h),
-            Op("residual + layernorm + dropout", OpKind.ELEMENTWISE,
-               elements=tokens * h * (ADD_OPS + LAYERNORM_OPS + DROPOUT_OPS), params=2 * h,
-               saved=2 * tokens * h),
-            Op("feed-forward in", OpKind.MATMUL, m=tokens, k=h, n=ffn, params=h * ffn + ffn,
-               saved=tokens * ffn),
+            Op(
+                "attention context AV",
+                OpKind.MATMUL,
+                m=attn_rows,
+                k=seq_len,
+                n=head_dim,
+                groups=heads,
+                saved=tokens * h,
+            ),
+            Op(
+                "attention output projection",
+                OpKind.MATMUL,
+                m=tokens,
+                k=h,
+                n=h,
+                params=h * h + h,
+                saved=tokens * h,
+            ),
+            Op(
+                "residual + layernorm + dropout",
+                OpKind.ELEMENTWISE,
+                elements=tokens * h * (ADD_OPS + LAYERNORM_OPS + DROPOUT_OPS),
+                params=2 * h,
+                saved=2 * tokens * h,
+            ),
+            Op(
+                "feed-forward in",
+                OpKind.MATMUL,
+                m=tokens,
+                k=h,
+                n=ffn,
+                params=h * ffn + ffn,
+                saved=tokens * ffn,
+            ),
             Op("gelu", OpKind.ELEMENTWISE, elements=tokens * ffn * GELU_OPS, saved=tokens * ffn),
-            Op("feed-forward out", OpKind.MATMUL, m=tokens, k=ffn, n=h, params=ffn * h + h,
-               saved=tokens * h),
-            Op("residual + layernorm + dropout", OpKind.ELEMENTWISE,
-               elements=tokens * h * (ADD_OPS + LAYERNORM_OPS + DROPOUT_OPS), params=2 * h,
-               saved=2 * tokens * h),
+            Op("feed-forward out", OpKind.MATMUL, m=tokens, k=ffn, n=h, params=ffn * h + h, saved=tokens * h),
+            Op(
+                "residual + layernorm + dropout",
+                OpKind.ELEMENTWISE,
+                elements=tokens * h * (ADD_OPS + LAYERNORM_OPS + DROPOUT_OPS),
+                params=2 * h,
+                saved=2 * tokens * h,
+            ),
         )
         layers.append(Layer(f"encoder {i + 1}", ops, input_elements=tokens * h))
     if objective != "pretraining":
@@ -345,10 +392,21 @@ def _bert_graph(name: str, hidden: int, num_layers: int, heads: int, task: Task,
             Layer(
                 "squad span head",
                 (
-                    Op("span classifier", OpKind.MATMUL, m=tokens, k=h, n=2, params=2 * h + 2,
-                       saved=2 * tokens),
-                    Op("span softmax", OpKind.ELEMENTWISE, elements=2 * tokens * SOFTMAX_OPS,
-                       saved=2 * tokens),
+                    Op(
+                        "span classifier",
+                        OpKind.MATMUL,
+                        m=tokens,
+                        k=h,
+                        n=2,
+                        params=2 * h + 2,
+                        saved=2 * tokens,
+                    ),
+                    Op(
+                        "span softmax",
+                        OpKind.ELEMENTWISE,
+                        elements=2 * tokens * SOFTMAX_OPS,
+                        saved=2 * tokens,
+                    ),
                 ),
                 input_elements=tokens * h,
             )
@@ -414,8 +472,9 @@ def _conv(name: str, size: int, cin: int, cout: int, ksize: int, stride: int, gr
 
 def _norm_act(name: str, size: int, channels: int, ops_per_element: int) -> Op:
     elements = size * size * channels
-    return Op(name, OpKind.ELEMENTWISE, elements=elements * ops_per_element, params=2 * channels,
-              saved=elements)
+    return Op(
+        name, OpKind.ELEMENTWISE, elements=elements * ops_per_element, params=2 * channels, saved=elements
+    )
 
 
 IMAGE_BYTES_PER_PIXEL = 3  # 8-bit RGB streamed from the host, as Graphcore's CNN recipes do ("eight_bit_io")
@@ -427,17 +486,29 @@ def _classifier(size: int, channels: int) -> Layer:
         "classifier",
         (
             Op("global average pool", OpKind.ELEMENTWISE, elements=size * size * channels, saved=channels),
-            Op("fully connected", OpKind.MATMUL, m=1, k=channels, n=IMAGENET_CLASSES,
-               params=channels * IMAGENET_CLASSES + IMAGENET_CLASSES, saved=IMAGENET_CLASSES),
-            Op("softmax cross-entropy", OpKind.ELEMENTWISE, elements=IMAGENET_CLASSES * SOFTMAX_OPS,
-               saved=IMAGENET_CLASSES),
+            Op(
+                "fully connected",
+                OpKind.MATMUL,
+                m=1,
+                k=channels,
+                n=IMAGENET_CLASSES,
+                params=channels * IMAGENET_CLASSES + IMAGENET_CLASSES,
+                saved=IMAGENET_CLASSES,
+            ),
+            Op(
+                "softmax cross-entropy",
+                OpKind.ELEMENTWISE,
+                elements=IMAGENET_CLASSES * SOFTMAX_OPS,
+                saved=IMAGENET_CLASSES,
+            ),
         ),
         input_elements=size * size * channels,
     )
 
 
-def _resnet_graph(name: str, blocks: tuple[int, ...], widths: tuple[int, ...], groups: int,
-                  task: Task, image: int) -> ModelGraph:
+def _resnet_graph(
+    name: str, blocks: tuple[int, ...], widths: tuple[int, ...], groups: int, task: Task, image: int
+) -> ModelGraph:
     """ResNet v1.5 / ResNeXt bottlenecks: stride on the 3x3, a projection on each stage's first block."""
     layers: list[Layer] = []
     size = image
@@ -449,8 +520,12 @@ def _resnet_graph(name: str, blocks: tuple[int, ...], widths: tuple[int, ...], g
             (
                 _conv("conv 7x7/2", size, 3, 64, 7, 2),
                 _norm_act("batchnorm + relu", stem_out, 64, BATCHNORM_OPS + RELU_OPS),
-                Op("max pool 3x3/2", OpKind.ELEMENTWISE, elements=pooled * pooled * 64 * 9,
-                   saved=pooled * pooled * 64),
+                Op(
+                    "max pool 3x3/2",
+                    OpKind.ELEMENTWISE,
+                    elements=pooled * pooled * 64 * 9,
+                    saved=pooled * pooled * 64,
+                ),
             ),
             input_elements=size * size * 3,
         )
@@ -476,8 +551,9 @@ def _resnet_graph(name: str, blocks: tuple[int, ...], widths: tuple[int, ...], g
                     _norm_act("shortcut batchnorm", out, cout, BATCHNORM_OPS),
                 ]
             ops.append(_norm_act("residual add + relu", out, cout, ADD_OPS + RELU_OPS))
-            layers.append(Layer(f"stage {stage + 1} block {b + 1}", tuple(ops),
-                                input_elements=size * size * cin))
+            layers.append(
+                Layer(f"stage {stage + 1} block {b + 1}", tuple(ops), input_elements=size * size * cin)
+            )
             size = out
             cin = cout
     layers.append(_classifier(size, cin))
@@ -550,19 +626,38 @@ def _efficientnet_graph(name: str, width: float, depth: float, task: Task, image
                 _conv(f"depthwise conv {ksize}x{ksize}", size, mid, mid, ksize, s, groups=mid),
                 _norm_act("batchnorm + swish", o, mid, BATCHNORM_OPS + SWISH_OPS),
                 Op("squeeze-excite pool", OpKind.ELEMENTWISE, elements=o * o * mid, saved=mid),
-                Op("squeeze-excite reduce", OpKind.MATMUL, m=1, k=mid, n=squeeze,
-                   params=mid * squeeze + squeeze, saved=squeeze),
-                Op("squeeze-excite expand", OpKind.MATMUL, m=1, k=squeeze, n=mid,
-                   params=squeeze * mid + mid, saved=mid),
-                Op("squeeze-excite gate", OpKind.ELEMENTWISE, elements=o * o * mid + mid * SWISH_OPS,
-                   saved=o * o * mid),
+                Op(
+                    "squeeze-excite reduce",
+                    OpKind.MATMUL,
+                    m=1,
+                    k=mid,
+                    n=squeeze,
+                    params=mid * squeeze + squeeze,
+                    saved=squeeze,
+                ),
+                Op(
+                    "squeeze-excite expand",
+                    OpKind.MATMUL,
+                    m=1,
+                    k=squeeze,
+                    n=mid,
+                    params=squeeze * mid + mid,
+                    saved=mid,
+                ),
+                Op(
+                    "squeeze-excite gate",
+                    OpKind.ELEMENTWISE,
+                    elements=o * o * mid + mid * SWISH_OPS,
+                    saved=o * o * mid,
+                ),
                 _conv("project conv 1x1", o, mid, cout, 1, 1),
                 _norm_act("batchnorm", o, cout, BATCHNORM_OPS),
             ]
             if s == 1 and cin == cout:
                 ops.append(_norm_act("residual add", o, cout, ADD_OPS))
-            layers.append(Layer(f"stage {stage + 1} block {b + 1}", tuple(ops),
-                                input_elements=size * size * cin))
+            layers.append(
+                Layer(f"stage {stage + 1} block {b + 1}", tuple(ops), input_elements=size * size * cin)
+            )
             size = o
             cin = cout
     head = _round_filters(1280, width)
@@ -633,8 +728,15 @@ def _rnn_graph(name: str, cell: Literal["lstm", "gru"], task: Task, seq_len: int
         Layer(
             "forecast head",
             (
-                Op("dense forecast", OpKind.MATMUL, m=1, k=h, n=SERIES_FEATURES,
-                   params=h * SERIES_FEATURES + SERIES_FEATURES, saved=SERIES_FEATURES),
+                Op(
+                    "dense forecast",
+                    OpKind.MATMUL,
+                    m=1,
+                    k=h,
+                    n=SERIES_FEATURES,
+                    params=h * SERIES_FEATURES + SERIES_FEATURES,
+                    saved=SERIES_FEATURES,
+                ),
                 Op("mse loss", OpKind.ELEMENTWISE, elements=SERIES_FEATURES * 3, saved=SERIES_FEATURES),
             ),
             input_elements=h,
@@ -669,13 +771,21 @@ def _autoencoder_graph(name: str, task: Task, _seq_len: int | None) -> ModelGrap
         fan_in, fan_out = widths[i], widths[i + 1]
         part = "encoder" if i < len(AUTOENCODER_HIDDEN) else "decoder"
         ops = [
-            Op(f"{part} dense {fan_in}->{fan_out}", OpKind.MATMUL, m=1, k=fan_in, n=fan_out,
-               params=fan_in * fan_out + fan_out, saved=fan_out),
+            Op(
+                f"{part} dense {fan_in}->{fan_out}",
+                OpKind.MATMUL,
+                m=1,
+                k=fan_in,
+                n=fan_out,
+                params=fan_in * fan_out + fan_out,
+                saved=fan_out,
+            ),
             Op("selu", OpKind.ELEMENTWISE, elements=fan_out * SELU_OPS, saved=fan_out),
         ]
         if fan_out == AUTOENCODER_HIDDEN[-1]:
-            ops.append(Op("dropout on the code", OpKind.ELEMENTWISE, elements=fan_out * DROPOUT_OPS,
-                          saved=fan_out))
+            ops.append(
+                Op("dropout on the code", OpKind.ELEMENTWISE, elements=fan_out * DROPOUT_OPS, saved=fan_out)
+            )
         if i == len(widths) - 2:
             ops.append(Op("masked mse loss", OpKind.ELEMENTWISE, elements=fan_out * 4, saved=fan_out))
         layers.append(Layer(f"{part} layer {i + 1}", tuple(ops), input_elements=fan_in))
@@ -709,13 +819,29 @@ def _mcmc_graph(name: str, task: Task, _seq_len: int | None) -> ModelGraph:
         (
             # Each leapfrog step needs the gradient of the log posterior: logits X.theta, the residual
             # y - sigmoid(logits), then X^T.residual; chains are the batch, X is shared.
-            Op("leapfrog: logits X.theta", OpKind.RECURRENT, m=1, k=d, n=n, steps=steps,
-               elements=n * 6, params=n * d, saved=n),
-            Op("leapfrog: gradient X^T.residual", OpKind.RECURRENT, m=1, k=n, n=d, steps=steps,
-               elements=d * 6, saved=3 * d),
+            Op(
+                "leapfrog: logits X.theta",
+                OpKind.RECURRENT,
+                m=1,
+                k=d,
+                n=n,
+                steps=steps,
+                elements=n * 6,
+                params=n * d,
+                saved=n,
+            ),
+            Op(
+                "leapfrog: gradient X^T.residual",
+                OpKind.RECURRENT,
+                m=1,
+                k=n,
+                n=d,
+                steps=steps,
+                elements=d * 6,
+                saved=3 * d,
+            ),
             Op("proposal energy X.theta'", OpKind.MATMUL, m=1, k=d, n=n, saved=n),
-            Op("log-likelihood and Metropolis accept", OpKind.ELEMENTWISE, elements=n * 6 + d * 4,
-               saved=d),
+            Op("log-likelihood and Metropolis accept", OpKind.ELEMENTWISE, elements=n * 6 + d * 4, saved=d),
         ),
         input_elements=2 * d,
     )
@@ -766,8 +892,13 @@ def _make_catalogue() -> dict[str, Workload]:
             default_precision="fp16",
             default_steps=100,
             max_ipus_per_replica=8,
-            architecture={"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072,
-                          "vocab": BERT_VOCAB},
+            architecture={
+                "layers": 12,
+                "hidden": 768,
+                "heads": 12,
+                "intermediate": 3072,
+                "vocab": BERT_VOCAB,
+            },
             references=("Devlin et al., BERT, NAACL 2019 (arXiv:1810.04805)",),
             build=lambda task, seq: _bert_graph("bert-base", 768, 12, 12, task, seq or 128),
         ),
@@ -789,8 +920,13 @@ def _make_catalogue() -> dict[str, Workload]:
             default_precision="fp16",
             default_steps=100,
             max_ipus_per_replica=16,
-            architecture={"layers": 24, "hidden": 1024, "heads": 16, "intermediate": 4096,
-                          "vocab": BERT_VOCAB},
+            architecture={
+                "layers": 24,
+                "hidden": 1024,
+                "heads": 16,
+                "intermediate": 4096,
+                "vocab": BERT_VOCAB,
+            },
             references=("Devlin et al., BERT, NAACL 2019 (arXiv:1810.04805)",),
             build=lambda task, seq: _bert_graph("bert-large", 1024, 24, 16, task, seq or 128),
         ),
@@ -942,8 +1078,10 @@ def _make_catalogue() -> dict[str, Workload]:
             "encoder, mirrored decoder, SELU, 20M parameters",
             sample_unit="user rating vector",
             tasks=_BOTH,
-            task_notes={"train": "masked-MSE training on rating vectors",
-                        "infer": "predict a user's ratings"},
+            task_notes={
+                "train": "masked-MSE training on rating vectors",
+                "infer": "predict a user's ratings",
+            },
             default_batch_size=512,
             min_batch_size=1,
             max_batch_size=65_536,
@@ -955,10 +1093,15 @@ def _make_catalogue() -> dict[str, Workload]:
             default_precision="fp16",
             default_steps=100,
             max_ipus_per_replica=4,
-            architecture={"items": AUTOENCODER_ITEMS, "encoder": list(AUTOENCODER_HIDDEN),
-                          "activation": "selu"},
-            references=("Kuchaiev & Ginsburg, Training Deep AutoEncoders for Collaborative Filtering, 2017 "
-                        "(arXiv:1708.01715)",),
+            architecture={
+                "items": AUTOENCODER_ITEMS,
+                "encoder": list(AUTOENCODER_HIDDEN),
+                "activation": "selu",
+            },
+            references=(
+                "Kuchaiev & Ginsburg, Training Deep AutoEncoders for Collaborative Filtering, 2017 "
+                "(arXiv:1708.01715)",
+            ),
             build=lambda task, seq: _autoencoder_graph("deep-autoencoder", task, seq),
         ),
         Workload(
@@ -981,8 +1124,11 @@ def _make_catalogue() -> dict[str, Workload]:
             default_precision="fp32",
             default_steps=1000,
             max_ipus_per_replica=1,
-            architecture={"dimension": MCMC_DIMENSION, "observations": MCMC_OBSERVATIONS,
-                          "leapfrog_steps": MCMC_LEAPFROG_STEPS},
+            architecture={
+                "dimension": MCMC_DIMENSION,
+                "observations": MCMC_OBSERVATIONS,
+                "leapfrog_steps": MCMC_LEAPFROG_STEPS,
+            },
             references=("Neal, MCMC using Hamiltonian dynamics, Handbook of MCMC 2011 (arXiv:1206.1901)",),
             build=lambda task, seq: _mcmc_graph("mcmc", task, seq),
         ),

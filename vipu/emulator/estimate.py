@@ -94,17 +94,45 @@ def estimate(
         p = plan(s, chosen, machine)
     except CompileError as exc:
         return Estimate(
-            fits=False, model=s.model, task=s.task, machine=machine, ipus=None if auto else chosen,
-            ipus_auto=auto, plan=None, throughput=None, compile_s=None, load_s=None, step_s=None,
-            steps=None, samples=None, total_s=None, ipu_hours=None,
-            memory_per_ipu_bytes=exc.needed_bytes, cached=cached, error=str(exc),
+            fits=False,
+            model=s.model,
+            task=s.task,
+            machine=machine,
+            ipus=None if auto else chosen,
+            ipus_auto=auto,
+            plan=None,
+            throughput=None,
+            compile_s=None,
+            load_s=None,
+            step_s=None,
+            steps=None,
+            samples=None,
+            total_s=None,
+            ipu_hours=None,
+            memory_per_ipu_bytes=exc.needed_bytes,
+            cached=cached,
+            error=str(exc),
         )
     run = EmulatedRun(p, s, cached=cached)
     return Estimate(
-        fits=True, model=s.model, task=s.task, machine=machine, ipus=p.ipus, ipus_auto=auto, plan=p.to_dict(),
-        throughput=run.throughput, compile_s=run.compile_s, load_s=run.load_s, step_s=run.step_s,
-        steps=run.steps, samples=run.samples, total_s=run.total_s, ipu_hours=run.ipu_hours,
-        memory_per_ipu_bytes=p.memory_per_ipu_bytes, cached=cached, error=None,
+        fits=True,
+        model=s.model,
+        task=s.task,
+        machine=machine,
+        ipus=p.ipus,
+        ipus_auto=auto,
+        plan=p.to_dict(),
+        throughput=run.throughput,
+        compile_s=run.compile_s,
+        load_s=run.load_s,
+        step_s=run.step_s,
+        steps=run.steps,
+        samples=run.samples,
+        total_s=run.total_s,
+        ipu_hours=run.ipu_hours,
+        memory_per_ipu_bytes=p.memory_per_ipu_bytes,
+        cached=cached,
+        error=None,
     )
 
 

@@ -59,8 +59,15 @@ class StageMemory:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.gradients + self.optimizer + self.stash + self.working + self.code
-                + self.io_buffers)
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.stash
+            + self.working
+            + self.code
+            + self.io_buffers
+        )
 
     def to_dict(self) -> dict[str, int]:
         return {
@@ -78,8 +85,17 @@ class StageMemory:
 class StageAggregate:
     """Running sums over a stage's layers, so a stage can grow one layer at a time in O(1)."""
 
-    __slots__ = ("first", "input_sum", "last", "max_input", "max_live", "max_op_live", "params",
-                 "saved_sum", "supersteps")
+    __slots__ = (
+        "first",
+        "input_sum",
+        "last",
+        "max_input",
+        "max_live",
+        "max_op_live",
+        "params",
+        "saved_sum",
+        "supersteps",
+    )
 
     def __init__(self) -> None:
         self.params = 0
@@ -173,6 +189,16 @@ def stage_memory(
     agg = StageAggregate()
     for layer in layers:
         agg.add(layer)
-    return memory_of(graph, agg, stage=stage, stages=stages, micro_batch=micro_batch, precision=precision,
-                     train=train, recompute=recompute, optimizer_offchip=optimizer_offchip, first=first,
-                     last=last)
+    return memory_of(
+        graph,
+        agg,
+        stage=stage,
+        stages=stages,
+        micro_batch=micro_batch,
+        precision=precision,
+        train=train,
+        recompute=recompute,
+        optimizer_offchip=optimizer_offchip,
+        first=first,
+        last=last,
+    )

@@ -213,8 +213,19 @@ def _divisors(n: int) -> list[int]:
 class _Layout:
     """Per-configuration helper: stage memory and the contiguous split of layers into stages."""
 
-    def __init__(self, graph: ModelGraph, *, stages: int, micro_batch: int, precision: str, train: bool,
-                 recompute: bool, offchip: bool, times: list[float], limit: int) -> None:
+    def __init__(
+        self,
+        graph: ModelGraph,
+        *,
+        stages: int,
+        micro_batch: int,
+        precision: str,
+        train: bool,
+        recompute: bool,
+        offchip: bool,
+        times: list[float],
+        limit: int,
+    ) -> None:
         self.graph = graph
         self.layers = graph.layers
         self.p = stages
@@ -378,8 +389,9 @@ def plan(
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links: bool, ov: _Overrides,
-          c: Constants) -> Plan:
+def _plan(
+    spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links: bool, ov: _Overrides, c: Constants
+) -> Plan:
     m = MACHINES[machine_type]
     train = spec.task == "train"
     precision = spec.dtype
@@ -436,8 +448,17 @@ def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links:
                 # pipeline bubble) or not at all, then worsens (smaller GEMMs, more fixed costs).
                 previous: float | None = None
                 for mb in sorted(mbs, reverse=True):
-                    lay = _Layout(graph, stages=p, micro_batch=mb, precision=precision, train=train,
-                                  recompute=recompute, offchip=offchip, times=[], limit=limit)
+                    lay = _Layout(
+                        graph,
+                        stages=p,
+                        micro_batch=mb,
+                        precision=precision,
+                        train=train,
+                        recompute=recompute,
+                        offchip=offchip,
+                        times=[],
+                        limit=limit,
+                    )
                     if lay.cannot_fit(whole):
                         failed[(p, recompute, offchip)] = lay
                         continue
@@ -446,8 +467,25 @@ def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links:
                     if ends is None:
                         failed[(p, recompute, offchip)] = lay
                         continue
-                    candidate = _build(spec, graph, m, ipus, pods, gw_links, allreduce_pods, p, replicas,
-                                       mb, per_replica // mb, recompute, offchip, lay, ends, c, exact)
+                    candidate = _build(
+                        spec,
+                        graph,
+                        m,
+                        ipus,
+                        pods,
+                        gw_links,
+                        allreduce_pods,
+                        p,
+                        replicas,
+                        mb,
+                        per_replica // mb,
+                        recompute,
+                        offchip,
+                        lay,
+                        ends,
+                        c,
+                        exact,
+                    )
                     per_sample = candidate.step_s / candidate.global_batch
                     if exact:
                         if best is None or per_sample < best[0]:
@@ -478,9 +516,25 @@ def _plan(spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links:
     raise _oom_error(spec, graph, m, ipus, shortfall, ov)
 
 
-def _build(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, pods: int, gw_links: bool,
-           allreduce_pods: int, p: int, replicas: int, mb: int, micro_batches: int, recompute: bool,
-           offchip: bool, lay: _Layout, ends: list[int], c: Constants, exact: bool) -> Plan:
+def _build(
+    spec: WorkloadSpec,
+    graph: ModelGraph,
+    m: Machine,
+    ipus: int,
+    pods: int,
+    gw_links: bool,
+    allreduce_pods: int,
+    p: int,
+    replicas: int,
+    mb: int,
+    micro_batches: int,
+    recompute: bool,
+    offchip: bool,
+    lay: _Layout,
+    ends: list[int],
+    c: Constants,
+    exact: bool,
+) -> Plan:
     train = spec.task == "train"
     precision = spec.dtype
     ranges = _ranges(ends)
@@ -490,10 +544,22 @@ def _build(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, pods: i
     )
 
     def timed(device_iterations: int) -> StepTiming:
-        return step_timing(graph, stage_layers, micro_batch=mb, micro_batches=micro_batches,
-                           replicas=replicas, pods=allreduce_pods, precision=precision, machine=m,
-                           train=train, recompute=recompute, optimizer_offchip=offchip,
-                           device_iterations=device_iterations, c=c, stage_times=stage_times)
+        return step_timing(
+            graph,
+            stage_layers,
+            micro_batch=mb,
+            micro_batches=micro_batches,
+            replicas=replicas,
+            pods=allreduce_pods,
+            precision=precision,
+            machine=m,
+            train=train,
+            recompute=recompute,
+            optimizer_offchip=offchip,
+            device_iterations=device_iterations,
+            c=c,
+            stage_times=stage_times,
+        )
 
     # The host-call cost depends on the device iterations, which depend on the step without it.
     di = _device_iterations(timed(1).step_s - HOST_CALL_S)
@@ -566,8 +632,16 @@ def _explain(lay: _Layout) -> _Shortfall:
         mem = lay.memory(s, i, j)
         ratio = mem.total / lay.limit
         if worst is None or ratio > worst.over_ratio:
-            worst = _Shortfall(ratio, s, lay.p, tuple(layer.name for layer in lay.layers[i : j + 1]), mem,
-                               lay.mb, lay.offchip, lay.recompute)
+            worst = _Shortfall(
+                ratio,
+                s,
+                lay.p,
+                tuple(layer.name for layer in lay.layers[i : j + 1]),
+                mem,
+                lay.mb,
+                lay.offchip,
+                lay.recompute,
+            )
     assert worst is not None
     return worst
 
@@ -583,8 +657,9 @@ def _layer_span(names: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
 
 
-def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf: _Shortfall,
-               ov: _Overrides) -> CompileError:
+def _oom_error(
+    spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf: _Shortfall, ov: _Overrides
+) -> CompileError:
     mem = sf.memory
     needed = mem.total
     parts = ", ".join(
@@ -603,13 +678,17 @@ def _oom_error(spec: WorkloadSpec, graph: ModelGraph, m: Machine, ipus: int, sf:
         want = max(2 * ipus, 2 ** math.ceil(math.log2(max(1.0, 1.6 * state / m.sram_bytes))))
         held = "weights and gradients" if spec.task == "train" else "weights"
         if want <= m.max_partition:
-            advice.append(f"more IPUs per replica: a partition of {min(want, MAX_IPUS)} or more IPUs "
-                          f"({held} alone take {_fmt_mb(state)})")
+            advice.append(
+                f"more IPUs per replica: a partition of {min(want, MAX_IPUS)} or more IPUs "
+                f"({held} alone take {_fmt_mb(state)})"
+            )
         else:
             others = ", ".join(t for t, other in MACHINES.items() if other.max_partition >= want)
-            advice.append(f"a machine type with room for {want} or more IPUs per replica ({others}): a "
-                          f"{m.type.value} partition holds at most {m.max_partition} ({held} alone take "
-                          f"{_fmt_mb(state)})")
+            advice.append(
+                f"a machine type with room for {want} or more IPUs per replica ({others}): a "
+                f"{m.type.value} partition holds at most {m.max_partition} ({held} alone take "
+                f"{_fmt_mb(state)})"
+            )
     if sf.micro_batch > 1:
         advice.append(f"a smaller micro-batch than {sf.micro_batch}")
     if spec.task == "train" and graph.trainable and not sf.optimizer_offchip:

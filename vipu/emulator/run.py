@@ -75,7 +75,13 @@ def _duration(seconds: float) -> str:
 
 def _same_executable(a: WorkloadSpec, b: WorkloadSpec) -> bool:
     return (a.model, a.task, a.batch_size, a.seq_len, a.precision, a.dims, a.source) == (
-        b.model, b.task, b.batch_size, b.seq_len, b.precision, b.dims, b.source
+        b.model,
+        b.task,
+        b.batch_size,
+        b.seq_len,
+        b.precision,
+        b.dims,
+        b.source,
     )
 
 
@@ -116,15 +122,31 @@ class Timeline:
         # Done once every step is complete, even if rounding leaves t a hair short of total_s.
         all_steps = t >= start and (t - start) / self.step_s + _EPS >= self.steps
         if t >= total or all_steps:
-            return Progress("done", self.steps, self.steps, self.samples, 100.0, 0.0, self.throughput,
-                            self.memory_per_ipu_bytes)
+            return Progress(
+                "done",
+                self.steps,
+                self.steps,
+                self.samples,
+                100.0,
+                0.0,
+                self.throughput,
+                self.memory_per_ipu_bytes,
+            )
         if t < self.compile_s:
             return Progress("compile", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
         if t < start:
             return Progress("load", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
         step = min(self.steps, int((t - start) / self.step_s + _EPS))
-        return Progress("run", step, self.steps, step * self.samples_per_step, percent, eta, self.throughput,
-                        self.memory_per_ipu_bytes)
+        return Progress(
+            "run",
+            step,
+            self.steps,
+            step * self.samples_per_step,
+            percent,
+            eta,
+            self.throughput,
+            self.memory_per_ipu_bytes,
+        )
 
     def to_dict(self) -> dict[str, float | int]:
         return {
@@ -266,50 +288,101 @@ class EmulatedRun:
         layout = (
             f"{p.ipus} {p.machine} IPUs = {p.replicas} replica(s) x {p.ipus_per_replica} IPU(s) per replica "
             f"(layers per IPU {p.layers_per_ipu}); micro-batch {p.micro_batch}, "
-            + (f"gradient accumulation {p.grad_accum}, " if self.spec.task == "train" else
-               f"{p.micro_batches_per_step} micro-batches per step, ")
+            + (
+                f"gradient accumulation {p.grad_accum}, "
+                if self.spec.task == "train"
+                else f"{p.micro_batches_per_step} micro-batches per step, "
+            )
             + f"global batch {p.global_batch:,}, device iterations {p.device_iterations}"
             + ("; optimizer state off-chip" if p.optimizer_offchip else "")
             + ("; recomputation on" if p.recompute else "")
         )
         events = [
-            RunEvent(0.0, "plan",
-                     f"Plan for {self.spec.label} ({self.spec.task}, {self.spec.precision}): {layout}",
-                     {"plan": {k: v for k, v in p.to_dict().items() if k not in ("stages", "timing")}}),
+            RunEvent(
+                0.0,
+                "plan",
+                f"Plan for {self.spec.label} ({self.spec.task}, {self.spec.precision}): {layout}",
+                {"plan": {k: v for k, v in p.to_dict().items() if k not in ("stages", "timing")}},
+            ),
         ]
         events += [RunEvent(0.0, "note", note) for note in p.notes]
         per_stage = [s.memory_bytes for s in p.stages]
         memory = ", ".join(f"IPU {s.index}: {s.memory_bytes / 2**20:,.0f} MB" for s in p.stages)
         if self.cached:
-            events.append(RunEvent(0.0, "cache_hit",
-                                   f"Executable {key} found in the cache: skipping compilation",
-                                   {"executable_key": key}))
+            events.append(
+                RunEvent(
+                    0.0,
+                    "cache_hit",
+                    f"Executable {key} found in the cache: skipping compilation",
+                    {"executable_key": key},
+                )
+            )
         else:
-            events.append(RunEvent(0.0, "compile_start",
-                                   f"Compiling executable {key} for {p.ipus_per_replica} IPU(s) per replica",
-                                   {"executable_key": key, "expected_s": self.compile_s}))
-            events.append(RunEvent(self.compile_s, "compile_end",
-                                   f"Compiled in {_duration(self.compile_s)}; "
-                                   f"memory per IPU of {get_machine(p.machine).sram_label}: {memory}",
-                                   {"executable_key": key, "compile_s": self.compile_s,
-                                    "memory_per_stage_bytes": per_stage,
-                                    "memory_per_stage": [s.memory.to_dict() for s in p.stages]}))
-        events.append(RunEvent(self.compile_s, "load_start", f"Loading the executable onto {p.ipus} IPUs",
-                               {"ipus": p.ipus}))
-        events.append(RunEvent(self.run_start_s, "load_end", f"Loaded in {_duration(self.load_s)}",
-                               {"load_s": self.load_s}))
-        events.append(RunEvent(self.run_start_s, "run_start",
-                               f"Running {self.steps:,} steps of {self.samples_per_step:,} samples "
-                               f"(expected {self.throughput:,.0f} samples/s, {_duration(self.run_s)})",
-                               {"steps": self.steps, "samples_per_step": self.samples_per_step,
-                                "step_s": self.step_s, "memory_per_stage_bytes": per_stage}))
-        events.append(RunEvent(self.total_s, "done",
-                               f"Done: {self.steps:,} steps, {self.samples:,} samples in "
-                               f"{_duration(self.total_s)} "
-                               f"(compile {_duration(self.compile_s)}, load {_duration(self.load_s)}, run "
-                               f"{_duration(self.run_s)}); {self.throughput:,.0f} samples/s; "
-                               f"{self.ipu_hours:,.3f} IPU-hours",
-                               {"steps": self.steps, "samples": self.samples, "total_s": self.total_s,
-                                "compile_s": self.compile_s, "load_s": self.load_s, "run_s": self.run_s,
-                                "throughput": self.throughput, "ipu_hours": self.ipu_hours}))
+            events.append(
+                RunEvent(
+                    0.0,
+                    "compile_start",
+                    f"Compiling executable {key} for {p.ipus_per_replica} IPU(s) per replica",
+                    {"executable_key": key, "expected_s": self.compile_s},
+                )
+            )
+            events.append(
+                RunEvent(
+                    self.compile_s,
+                    "compile_end",
+                    f"Compiled in {_duration(self.compile_s)}; "
+                    f"memory per IPU of {get_machine(p.machine).sram_label}: {memory}",
+                    {
+                        "executable_key": key,
+                        "compile_s": self.compile_s,
+                        "memory_per_stage_bytes": per_stage,
+                        "memory_per_stage": [s.memory.to_dict() for s in p.stages],
+                    },
+                )
+            )
+        events.append(
+            RunEvent(
+                self.compile_s, "load_start", f"Loading the executable onto {p.ipus} IPUs", {"ipus": p.ipus}
+            )
+        )
+        events.append(
+            RunEvent(
+                self.run_start_s, "load_end", f"Loaded in {_duration(self.load_s)}", {"load_s": self.load_s}
+            )
+        )
+        events.append(
+            RunEvent(
+                self.run_start_s,
+                "run_start",
+                f"Running {self.steps:,} steps of {self.samples_per_step:,} samples "
+                f"(expected {self.throughput:,.0f} samples/s, {_duration(self.run_s)})",
+                {
+                    "steps": self.steps,
+                    "samples_per_step": self.samples_per_step,
+                    "step_s": self.step_s,
+                    "memory_per_stage_bytes": per_stage,
+                },
+            )
+        )
+        events.append(
+            RunEvent(
+                self.total_s,
+                "done",
+                f"Done: {self.steps:,} steps, {self.samples:,} samples in "
+                f"{_duration(self.total_s)} "
+                f"(compile {_duration(self.compile_s)}, load {_duration(self.load_s)}, run "
+                f"{_duration(self.run_s)}); {self.throughput:,.0f} samples/s; "
+                f"{self.ipu_hours:,.3f} IPU-hours",
+                {
+                    "steps": self.steps,
+                    "samples": self.samples,
+                    "total_s": self.total_s,
+                    "compile_s": self.compile_s,
+                    "load_s": self.load_s,
+                    "run_s": self.run_s,
+                    "throughput": self.throughput,
+                    "ipu_hours": self.ipu_hours,
+                },
+            )
+        )
         return events

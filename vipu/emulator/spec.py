@@ -119,8 +119,11 @@ class WorkloadSpec:
         if self.dims:
             raise WorkloadError("dims", "applies to your own ONNX models only; catalogue models take seq_len")
         if self.optimizer is not None:
-            raise WorkloadError("optimizer", "applies to your own ONNX models only; a catalogue model trains "
-                                "with its published recipe's optimizer")
+            raise WorkloadError(
+                "optimizer",
+                "applies to your own ONNX models only; a catalogue model trains "
+                "with its published recipe's optimizer",
+            )
         object.__setattr__(self, "dims", ())
         if not isinstance(self.model, str) or self.model not in WORKLOAD_NAMES:
             raise WorkloadError(
@@ -152,8 +155,9 @@ class WorkloadSpec:
                     f"{seq} is not offered for {w.name}; choose one of {', '.join(map(str, w.seq_lens))}",
                 )
         elif seq is not None:
-            what = (f"its image size is fixed at {w.image_size}" if w.image_size
-                    else "it has no sequence length")
+            what = (
+                f"its image size is fixed at {w.image_size}" if w.image_size else "it has no sequence length"
+            )
             raise WorkloadError("seq_len", f"does not apply to {w.name}: {what}")
         precision = self.precision if self.precision is not None else w.default_precision
         if precision not in w.precisions:

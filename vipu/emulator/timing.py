@@ -100,8 +100,14 @@ def _ss_s(machine: Machine, c: Constants) -> float:
     return c.superstep_cycles / machine.clock_hz
 
 
-def _gemm_s(macs: float, operand_elements: float, precision: str, machine: Machine, efficiency: float,
-            utilisation: float) -> float:
+def _gemm_s(
+    macs: float,
+    operand_elements: float,
+    precision: str,
+    machine: Machine,
+    efficiency: float,
+    utilisation: float,
+) -> float:
     tiles = machine.tiles_per_ipu
     per_tile = macs / tiles
     compute = per_tile / (machine.amp_macs_per_cycle_per_tile(precision) * utilisation * efficiency)
@@ -139,8 +145,11 @@ def op_forward_s(op: Op, batch: int, precision: str, machine: Machine, c: Consta
         m = op.m * batch
         macs = m * op.k * op.n * op.groups
         operands = op.groups * (m * op.k + op.k * op.n + m * op.n)
-        per_step = (_gemm_s(macs, operands, precision, machine, c.matmul_efficiency, 1.0)
-                    + _vector_s(batch * op.elements, precision, machine, c) + ss)
+        per_step = (
+            _gemm_s(macs, operands, precision, machine, c.matmul_efficiency, 1.0)
+            + _vector_s(batch * op.elements, precision, machine, c)
+            + ss
+        )
         return op.steps * per_step
     if kind is OpKind.DEPTHWISE_CONV:
         # Too few channels per group for the AMP: Poplar runs depthwise convolutions on the vector path,
@@ -155,8 +164,9 @@ def op_forward_s(op: Op, batch: int, precision: str, machine: Machine, c: Consta
     return _vector_s(batch * op.elements, precision, machine, c) + ss
 
 
-def op_s(op: Op, batch: int, precision: str, machine: Machine, c: Constants, train: bool,
-         recompute: bool) -> float:
+def op_s(
+    op: Op, batch: int, precision: str, machine: Machine, c: Constants, train: bool, recompute: bool
+) -> float:
     fwd = op_forward_s(op, batch, precision, machine, c)
     if not train:
         return fwd
@@ -164,14 +174,23 @@ def op_s(op: Op, batch: int, precision: str, machine: Machine, c: Constants, tra
 
 
 @lru_cache(maxsize=16_384)
-def layer_s(layer: Layer, batch: int, precision: str, machine: Machine, c: Constants, train: bool,
-            recompute: bool) -> float:
+def layer_s(
+    layer: Layer, batch: int, precision: str, machine: Machine, c: Constants, train: bool, recompute: bool
+) -> float:
     """One micro-batch through one layer: forward (and backward, and recomputation when training)."""
     return sum(op_s(op, batch, precision, machine, c, train, recompute) for op in layer.ops)
 
 
-def stage_compute_s(layers: tuple[Layer, ...], batch: int, precision: str, machine: Machine, c: Constants,
-                    train: bool, recompute: bool, trainable: bool) -> float:
+def stage_compute_s(
+    layers: tuple[Layer, ...],
+    batch: int,
+    precision: str,
+    machine: Machine,
+    c: Constants,
+    train: bool,
+    recompute: bool,
+    trainable: bool,
+) -> float:
     t = sum(layer_s(layer, batch, precision, machine, c, train, recompute) for layer in layers)
     if train and trainable:
         # Every micro-batch's weight gradients are added into the accumulators: one vector pass.
