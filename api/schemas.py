@@ -105,6 +105,18 @@ class Progress(BaseModel):
     cluster_s: float | None = None
 
 
+class CheckpointOut(BaseModel):
+    step: int
+    steps: int
+    samples: int
+    executable: str = Field(description="The executable key it ran; a resume on the same type reuses it.")
+    machine_type: str
+    attempt: int
+    run_s: float = Field(description="The job's run time (cluster s) kept by this checkpoint.")
+    reason: Literal["periodic", "preemption", "time_limit", "shutdown"]
+    at: datetime
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -135,6 +147,19 @@ class JobOut(BaseModel):
     used_ipu_hours: float | None = None
     history: list[HistoryEntry] | None = None
     wait: WaitReason | None = None
+    preemptible: bool = False
+    checkpoint_every_s: int | None = Field(
+        None, description="Training jobs: cluster seconds between checkpoints (600 unless it asked)."
+    )
+    checkpoints: list[CheckpointOut] | None = Field(
+        None, description="`GET /jobs/{id}` only: its newest checkpoints, newest first (at most 20)."
+    )
+    checkpoint_count: int | None = None
+    resumable_until: datetime | None = Field(
+        None,
+        description="A job stopped by its time limit with a checkpoint: until when its owner may resume it "
+        "(`POST /jobs/{id}/resume`), the plan's checkpoint retention after it stopped.",
+    )
 
 
 class LogEntry(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant, utcnow
 from scheduler.services import attempts
 
@@ -50,6 +51,10 @@ def job_out(
         finished_at=job.finished_at,
         progress=_progress(attempt),
         used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
+        preemptible=bool(job.preemptible),
+        checkpoint_every_s=(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
+        if job.task == "train"
+        else None,
         history=None
         if history is None
         else [

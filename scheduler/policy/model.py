@@ -61,11 +61,16 @@ class QueuedJob:
     cost_ipu_ms: int = 0
     options: tuple[MachineOption, ...] = ()
     prefer: str = "time"
+    preemptible: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime."""
+    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime.
+
+    ``preemptible`` work may be stopped for non-preemptible work of any tenant; ``at_risk_s`` is the
+    run time (the caller's clock) it has done since its last checkpoint, which a preemption without
+    warning would lose."""
 
     id: str
     tenant_id: str
@@ -75,6 +80,8 @@ class RunningJob:
     expected_end: float
     priority: int = 0
     reserved: bool = False  # runs in a reserved partition (which outlives it)
+    preemptible: bool = False
+    at_risk_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -47,7 +48,8 @@ from scheduler.policy import (
     add_sample,
     get_policy,
 )
-from scheduler.services import attempts
+from scheduler.services import attempts, checkpoints
+from scheduler.services.clock import db_now
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -104,6 +106,7 @@ def build_snapshot(
         Job.reserved_ipu_ms,
         Job.options,
         Job.prefer,
+        Job.preemptible,
     ]
     if read_waits:
         columns.append(Job.wait)
@@ -119,6 +122,7 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
+        preemptible = row[11]
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
         if len(options) == 1:
@@ -140,17 +144,32 @@ def build_snapshot(
                 ),
                 options=options,
                 prefer=prefer or "time",
+                preemptible=bool(preemptible),
             )
         )
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
-            stored[job_id] = row[11]
+            stored[job_id] = row[12]
 
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
     busy: dict[str, list[str]] = {}
-    for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority in session.execute(
+    for (
+        job_id,
+        tenant_id,
+        size,
+        name,
+        kind,
+        placed,
+        taken,
+        predicted,
+        ran,
+        priority,
+        preemptible,
+        every,
+        task,
+    ) in session.execute(
         select(
             Attempt.job_id,
             Attempt.tenant_id,
@@ -162,6 +181,9 @@ def build_snapshot(
             Job.predicted_runtime_s,
             Attempt.cluster_s,
             Job.priority,
+            Job.preemptible,
+            Job.checkpoint_every_s,
+            Job.task,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -172,10 +194,23 @@ def build_snapshot(
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
         end = started + predicted / time_scale
-        running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, kind == "reserved"))
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
             ran = max(ran, (now - taken).total_seconds() * time_scale)
+        running.append(
+            RunningJob(
+                job_id,
+                tenant_id,
+                size,
+                name,
+                started,
+                end,
+                priority,
+                kind == "reserved",
+                preemptible=bool(preemptible),
+                at_risk_s=at_risk_s(ran, every, task) / time_scale,
+            )
+        )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
         busy.setdefault(name, []).append(job_id)
@@ -235,6 +270,15 @@ def build_snapshot(
         arrivals=arrivals,
     )
     return LiveSnapshot(snapshot, stored, samples)
+
+
+def at_risk_s(ran_s: float, checkpoint_every_s: int | None, task: str) -> float:
+    """Cluster seconds of a running attempt's work since its last checkpoint: derived, not read, since
+    its agent checkpoints every `checkpoint_every_s` from the attempt's start (within a step)."""
+    if task != "train":
+        return ran_s
+    every = float(checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
+    return ran_s if ran_s < every else ran_s % every
 
 
 def machine_options(
@@ -358,20 +402,51 @@ def record_waits(
     return len(changed)
 
 
-def preempt(*, session: Session, victims: list[RunningJob], for_job: str, max_attempts: int) -> int:
-    """Stop the victims' live attempts: each is requeued and not billed (`preempted` is a platform
-    state, see attempts.end_attempt). Returns how many were stopped (one may have ended meanwhile)."""
+def preempt(
+    *,
+    session: Session,
+    victims: list[RunningJob],
+    for_job: str,
+    max_attempts: int,
+    warning_s: float = 30.0,
+    time_scale: float = 1.0,
+    grace_s: float = 1.0,
+) -> int:
+    """Preempt the victims' live attempts (`preempted` is a platform state: requeued, billed only for
+    the work up to a checkpoint, see attempts.end_attempts). Returns how many were stopped now.
+
+    A running preemptible attempt is warned first (`checkpoints.warn_preemption`): it has `warning_s`
+    cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to
+    write that; one still live after that deadline, and any other victim, is stopped at once."""
+    now = db_now(session)
     live = session.execute(
-        select(Attempt.id).where(
+        select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
             Attempt.job_id.in_([v.id for v in victims]), Attempt.state.in_(LIVE_ATTEMPT_STATES)
         )
-    ).scalars()
+    ).tuples()
+    preemptible = {v.id for v in victims if v.preemptible}
+    warn: list[int] = []
+    stop: list[int] = []
+    for attempt_id, job_id, state, deadline in live:
+        if job_id not in preemptible or state != AttemptState.RUNNING:
+            stop.append(attempt_id)
+        elif deadline is None:
+            warn.append(attempt_id)
+        elif deadline <= now:
+            stop.append(attempt_id)
+    if warn:
+        checkpoints.warn_preemption(
+            session=session,
+            attempt_ids=warn,
+            deadline=now + timedelta(seconds=warning_s / time_scale + grace_s),
+            window_s=warning_s,
+        )
     return len(
         attempts.stop_running(
             session=session,
-            attempt_ids=list(live),
+            attempt_ids=stop,
             outcome=AttemptState.PREEMPTED,
-            reason=f"preempted to make room for higher-priority {for_job}",
+            reason=f"preempted to make room for {for_job}",
             max_attempts=max_attempts,
         )
     )
