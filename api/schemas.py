@@ -470,6 +470,14 @@ class PlanOut(BaseModel):
     machine_types: list[str] = Field(description="The machine types the plan's tenants may run jobs on.")
     max_models: int = Field(description="Own ONNX models a tenant on this plan may keep.")
     max_model_bytes: int = Field(description="Bytes its stored graphs (weights stripped) may take together.")
+    preemptible_discount: float = Field(
+        0.5, description="Preemptible jobs run at the plan's rates times (1 - this): 0.5 is half price."
+    )
+    checkpoint_retention_s: int = Field(
+        7 * 86400,
+        description="How long after a job stopped at its time limit its owner may still resume it from its "
+        "checkpoint.",
+    )
     updated_at: datetime
 
     @classmethod
@@ -491,6 +499,8 @@ class PlanOut(BaseModel):
             machine_types=list(allowed_types(p.machine_types)),
             max_models=p.max_models,
             max_model_bytes=p.max_model_bytes,
+            preemptible_discount=p.preemptible_discount,
+            checkpoint_retention_s=p.checkpoint_retention_s,
             updated_at=p.updated_at,
         )
 
@@ -518,6 +528,8 @@ class PlanUpdate(BaseModel):
     ) = Field(None, description="The machine types the plan's tenants may use.")
     max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
+    preemptible_discount: Annotated[float, Field(ge=0, le=0.95), _NUMBER] | None = None
+    checkpoint_retention_s: Seconds | None = None
 
 
 # API keys ---------------------------------------------------------------------------------------------

@@ -250,7 +250,9 @@ class _Pass:
         order.charge(job)
 
     def _preempt_for(self, job: QueuedJob) -> None:
-        chosen = choose_victims(job, self.s.running, self.s.allocator, by_priority=self.config.preemption)
+        chosen = choose_victims(
+            job, self.s.running, self.s.allocator, by_priority=self.config.preemption, now=self.s.now
+        )
         if chosen is None:
             return
         victims, placement = chosen

@@ -31,13 +31,23 @@ def may_preempt(job: QueuedJob, victim: RunningJob, *, by_priority: bool) -> boo
 
 
 def choose_victims(
-    job: QueuedJob, running: Collection[RunningJob], allocator: Allocator, *, by_priority: bool = True
+    job: QueuedJob,
+    running: Collection[RunningJob],
+    allocator: Allocator,
+    *,
+    by_priority: bool = True,
+    now: float | None = None,
 ) -> tuple[list[RunningJob], Placement] | None:
     """The running jobs to stop and where ``job`` would then go, or None if stopping cannot help.
-    ``by_priority``: the operator's switch is on (lower classes may be stopped too)."""
+    ``by_priority``: the operator's switch is on (lower classes may be stopped too); ``now`` ranks
+    victims by the work they would lose (without it, by how recently they started)."""
+
+    def loss(r: RunningJob) -> float:
+        return 0.0 if now is None else r.at_risk(now) * r.size
+
     candidates = sorted(
         (r for r in running if may_preempt(job, r, by_priority=by_priority)),
-        key=lambda r: (not r.preemptible, r.priority, r.at_risk_s * r.size, r.size, -r.started_at, r.id),
+        key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id),
     )
     if not candidates:
         return None

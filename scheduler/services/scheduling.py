@@ -14,6 +14,7 @@ sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -208,7 +209,7 @@ def build_snapshot(
                 priority,
                 kind == "reserved",
                 preemptible=bool(preemptible),
-                at_risk_s=at_risk_s(ran, every, task) / time_scale,
+                checkpoint_every=checkpoint_every(every, task) / time_scale,
             )
         )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
@@ -272,13 +273,12 @@ def build_snapshot(
     return LiveSnapshot(snapshot, stored, samples)
 
 
-def at_risk_s(ran_s: float, checkpoint_every_s: int | None, task: str) -> float:
-    """Cluster seconds of a running attempt's work since its last checkpoint: derived, not read, since
-    its agent checkpoints every `checkpoint_every_s` from the attempt's start (within a step)."""
+def checkpoint_every(checkpoint_every_s: int | None, task: str) -> float:
+    """Cluster seconds between a job's checkpoints (inf: it takes none). Its agent checkpoints that
+    often from the attempt's start, so its work at risk is derived, not read (RunningJob.at_risk)."""
     if task != "train":
-        return ran_s
-    every = float(checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
-    return ran_s if ran_s < every else ran_s % every
+        return math.inf
+    return float(checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
 
 
 def machine_options(

@@ -35,6 +35,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10,
         max_model_bytes=256 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=86400,
     ),
     dict(
         name="trial-university",
@@ -51,6 +53,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=3 * 86400,
     ),
     dict(
         name="trial-business",
@@ -67,6 +71,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=3 * 86400,
     ),
     dict(
         name="standard",
@@ -83,6 +89,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=2.0,
         max_models=200,
         max_model_bytes=4_096 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=7 * 86400,
     ),
     dict(
         name="internal",
@@ -99,6 +107,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10_000,
         max_model_bytes=65_536 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=30 * 86400,
     ),
 )
 
@@ -155,6 +165,8 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "fairshare_weight",
         "max_models",
         "max_model_bytes",
+        "preemptible_discount",
+        "checkpoint_retention_s",
     }
 )
 
