@@ -12,6 +12,8 @@ from vipu.machine_types import MACHINE_TYPE_NAMES
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 
+SessionId = Annotated[str, StringConstraints(pattern=r"^ses_[0-9a-z]{26}$")]
+
 MAX_FLEET_IPUS = 65_536
 
 # A machine type from the registry, or `any`: the scheduler picks (vipu/machine_types.py).
@@ -72,14 +74,65 @@ class JobSpec(BaseModel):
         "the least of the grant (rate x IPU-hours).",
     )
     partition: PartitionName | None = Field(None, description="Run inside this reserved partition.")
+    session: SessionId | None = Field(
+        None,
+        description="Run in this active session of yours (POST /api/v1/sessions): it starts at once on the "
+        "session's partition, billed as part of the session.",
+    )
     priority: int = Field(0, ge=-100, le=100)
     max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
 
     @model_validator(mode="after")
     def _size(self) -> JobSpec:
+        if self.session is not None and self.partition is not None:
+            raise ValueError("give `session` or `partition`, not both")
         if isinstance(self.ipus, int):
             if self.ipus < 1 or self.ipus > MAX_FLEET_IPUS:
                 raise ValueError(f"ipus must be between 1 and {MAX_FLEET_IPUS}")
             if self.ipus & (self.ipus - 1):
                 raise ValueError("ipus must be a power of two (1, 2, 4, ... 65536): partitions are")
+        return self
+
+
+MAX_SESSION_S = 365 * 24 * 3600
+
+
+class SessionSpec(BaseModel):
+    """`POST /api/v1/sessions`: a partition held for the tenant's jobs (scheduler/services/sessions.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Name | None = None
+    ipus: int = Field(description="Partition size: a power of two.")
+    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+        "any", description="A machine type, or `any` (the default): wherever it can start first."
+    )
+    max_duration_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="Cluster seconds the session may hold its partition; default and ceiling: the plan's "
+        "`max_session_s` (six hours on trial plans).",
+    )
+    idle_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="Cluster seconds with no job running after which it ends; default: the plan's "
+        "`idle_timeout_s`.",
+    )
+    gcds: int = Field(
+        1,
+        ge=1,
+        le=MAX_FLEET_IPUS,
+        description="Graph compile domains to split the partition into: it runs one job in each at once.",
+    )
+
+    @model_validator(mode="after")
+    def _size(self) -> SessionSpec:
+        for name, value in (("ipus", self.ipus), ("gcds", self.gcds)):
+            if value < 1 or value > MAX_FLEET_IPUS or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two between 1 and {MAX_FLEET_IPUS}")
+        if self.gcds > self.ipus:
+            raise ValueError("gcds cannot exceed ipus: each graph compile domain holds at least one IPU")
         return self
