@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import DbDep, Reader
+from api.deps import DbDep, Reader, SettingsDep
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
@@ -78,7 +78,9 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 @router.post(
     "/estimates", response_model=EstimateOut, summary="Dry run: plan, fit, time, cost and queue wait"
 )
-def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
+def create_estimate(
+    body: EstimateRequest, principal: Reader, db: DbDep, settings: SettingsDep
+) -> EstimateOut:
     with db.read() as s:
         plan_rates = None
         if principal.tenant_id is not None:
@@ -89,6 +91,7 @@ def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> Esti
             workload=body.workload,
             ipus=body.ipus,
             machine=body.machine,
+            settings=settings,
             rates=plan_rates,
             tenant_id=principal.tenant_id,
         )
