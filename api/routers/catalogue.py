@@ -59,7 +59,12 @@ class EstimateOut(BaseModel):
         None, description="With machine `any`: each type's answer (fits, ipus, total_s, expected_wait_s, ...)"
     )
     expected_wait_s: float | None = Field(
-        None, description="Cluster seconds before it would start; null if never"
+        None,
+        description="Cluster seconds before it would start, as the scheduling policy forecasts it for "
+        "this tenant now; null if never or not within the forecast",
+    )
+    cached: bool | None = Field(
+        None, description="The executable is compiled already: time, cost and reservation leave out compiling"
     )
     error: str | None = None
     runtime_limit: RuntimeLimit | None = Field(

@@ -14,7 +14,7 @@ from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
 from scheduler.policy import QueuedJob
 from scheduler.policy.forecast import estimate_start
-from scheduler.services import fleet, own_models, scheduling
+from scheduler.services import executables, fleet, own_models, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
 from scheduler.settings import Settings, get_settings
@@ -113,6 +113,11 @@ def _estimate_on(
             raise DoesNotFit(str(exc), machine=machine)
         return {"fits": False, "machine": machine, "error": str(exc)}
     out = result.to_dict()
+    key = out["plan"].get("executable_key") if isinstance(out.get("plan"), dict) else None
+    if session is not None and key and executables.is_cached(session=session, key=str(key)):
+        # Compiled before: the run skips compilation, and so do its time, cost and reservation
+        # (what submission reserves; see jobs.submit_job).
+        out = emulator.estimate(spec, ipus if ipus == "auto" else int(ipus), machine, cached=True).to_dict()
     out["charged_ipu_hours"] = None if out.get("ipu_hours") is None else round(out["ipu_hours"] * rate, 6)
     if session is not None and out.get("fits"):
         size = int(out["plan"]["ipus"]) if isinstance(out.get("plan"), dict) else int(ipus)  # type: ignore[arg-type]

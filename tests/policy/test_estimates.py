@@ -6,7 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from scheduler import emulation
+from scheduler.jobspec import WorkloadRequest
 from scheduler.models import Job
+from scheduler.services import executables
 from scheduler.settings import get_settings
 from tests.policy.test_live_pass import new_tenant, scheduler, spec, submit
 
@@ -75,3 +78,34 @@ def test_a_queued_job_behind_another_gets_a_forecast_start(db: Any, seeded: Any)
     starts = {j: datetime.fromisoformat(w["estimated_start"]).timestamp() for j, w in waits.items()}
     # The third starts when the second ends: one more run of 20,000 steps after the second's start.
     assert starts[third] - starts[second] > 60
+
+
+BERT = {"model": "bert-base", "task": "train", "batch_size": 32, "seq_len": 128, "steps": 200}
+
+
+def test_a_compiled_executable_is_left_out_of_cost_and_reservation(db: Any, seeded: Any, client: Any) -> None:
+    """A trial grant too small for compiling bert-base, but ample for running it once compiled."""
+    _, key = new_tenant(db, "trial", quota_ipu_hours=0.2)
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"workload": BERT, "ipus": 4, "machine": "m2000"}
+    cold = client.post("/api/v1/estimates", json=body, headers=headers).json()
+    assert cold["cached"] is False and cold["ipu_hours"] > 0.5 and cold["compile_s"] > 0
+    job = {"name": "bert", **body}
+    refused = client.post("/api/v1/jobs", json=job, headers=headers)
+    assert refused.status_code in (402, 403, 409, 422), refused.text
+    assert "quota" in refused.text.lower() or "grant" in refused.text.lower()
+
+    resolved = emulation.resolve(WorkloadRequest.model_validate(BERT), 4, "m2000")
+    with db.write() as s:  # as a worker does once it has compiled it (workers/agent.py)
+        executables.record(session=s, key=resolved.executable_key, machine_type="m2000", compile_s=750.0)
+
+    warm = client.post("/api/v1/estimates", json=body, headers=headers).json()
+    assert warm["cached"] is True and warm["compile_s"] == 0
+    assert warm["ipu_hours"] < cold["ipu_hours"] / 10
+    assert abs(warm["total_s"] - (cold["total_s"] - cold["compile_s"])) < 1e-6
+    accepted = client.post("/api/v1/jobs", json=job, headers=headers)
+    assert accepted.status_code in (200, 201, 202), accepted.text
+    with db.read() as s:
+        stored = s.get(Job, accepted.json()["id"])
+        assert stored.predicted_runtime_s == resolved.cached_runtime_s
+        assert stored.reserved_ipu_ms < 0.05 * 3_600_000
