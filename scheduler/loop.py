@@ -7,7 +7,9 @@ machine change) and at least every `scheduler_tick_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -33,7 +35,8 @@ from scheduler.models import (
     OutboxMessage,
     Partition,
 )
-from scheduler.policy import Snapshot, decide
+from scheduler.policy import Snapshot, Wait, decide
+from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
 from scheduler.services import attempts, fleet, leader, reconciler, scheduling
 from scheduler.services.clock import db_now
@@ -60,6 +63,7 @@ PREEMPTED = Counter("ipucloud_attempts_preempted_total", "Attempts stopped for h
 # tens of thousands of jobs that could start stays within the leader's lease, and the next follows.
 MAX_STARTS_PER_PASS = 5000
 MAX_DISPATCH_PER_ITERATION = 10_000
+FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 
 
 @dataclass
@@ -84,6 +88,9 @@ class SchedulerLoop:
     _seen: set[str] = field(default_factory=set)
     _waits_epoch: int | None = None
     _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass
+    # Forecast starts of the queued jobs (scheduler/policy/forecast.py) and when they were made.
+    _forecast: dict[str, float] = field(default_factory=dict)
+    _forecast_at: float = -math.inf
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
@@ -197,7 +204,9 @@ class SchedulerLoop:
             QUEUED.set(len(snapshot.queue))
             if not len(snapshot.queue):
                 return 0
+            forecast = self._forecast_for(snapshot)
             decision = decide(snapshot, self._policy)
+            _date_waits(decision.waits, forecast)
             if decision.preempt:
                 assert decision.reservation is not None
                 stopped = scheduling.preempt(
@@ -280,6 +289,14 @@ class SchedulerLoop:
         """The most specific queue a live worker serves: the partition's pod, its machine type, default."""
         assert self.router is not None
         return self.router.queue_for(partition.machine_type, partition.ipu_ids)
+
+    def _forecast_for(self, snapshot: Snapshot) -> dict[str, float]:
+        """Every queued job's forecast start, made again every `FORECAST_EVERY_S`: the replay
+        costs many passes, and a wait estimate seconds old is as good as a fresh one."""
+        if snapshot.now - self._forecast_at >= FORECAST_EVERY_S or snapshot.now < self._forecast_at:
+            self._forecast = forecast_starts(snapshot, self._policy)
+            self._forecast_at = snapshot.now
+        return self._forecast
 
     def _snapshot(self, s: Session, alloc: Allocator) -> Snapshot:
         first = self._waits is None
@@ -441,3 +458,15 @@ def queue_depth(db: Database) -> int:
         return s.execute(
             select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED)
         ).scalar_one()
+
+
+def _date_waits(waits: dict[str, Wait], forecast: dict[str, float]) -> None:
+    """Give every job waiting for room its forecast start: the same estimate `POST /estimates` gives
+    before submission (a job held by quota or a limit has none: it waits for a person)."""
+    for job_id, wait in waits.items():
+        start = forecast.get(job_id)
+        if start is not None and wait.reason in ROOM_WAITS:
+            waits[job_id] = dataclasses.replace(wait, estimated_start=start)
+
+
+ROOM_WAITS = frozenset({"reserved", "behind", "no-room"})

@@ -218,7 +218,7 @@ def run_estimate(
                 workload=spec.workload,
                 ipus=spec.ipus,
                 machine=spec.machine,
-                policy=settings.placement_policy,
+                settings=settings,
                 tenant_id=user.tenant_id,
             )
             if user.tenant_id is None:

@@ -41,7 +41,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, own_models, rates
+from scheduler.services import attempts, executables, fleet, own_models, rates
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
@@ -390,6 +390,9 @@ def _prepare(
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
+        # Compiled before (by anyone: the cache is keyed by everything that shapes the graph, and a
+        # run that finds it there skips compilation and is billed so): plan and reserve without it.
+        resolved = resolved.given_cache(executables.is_cached(session=session, key=resolved.executable_key))
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:

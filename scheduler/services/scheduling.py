@@ -14,7 +14,7 @@ sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -84,12 +84,14 @@ def build_snapshot(
     half_life_s: float,
     arrivals_seen: set[str] | None = None,
     read_waits: bool = False,
+    also_tenants: Collection[str] = (),
 ) -> LiveSnapshot:
     """Everything a pass decides over, read in a handful of indexed queries.
 
     ``arrivals_seen`` holds the ids of queued jobs shown to the policy before (the caller keeps it);
     jobs not in it are this pass's arrivals, whose sizes feed the placement policy's demand model.
     ``read_waits`` also returns each queued job's stored wait, to compare new explanations with.
+    ``also_tenants`` are read with the tenants that have queued jobs (an estimate's asker).
     """
     now_s = now.timestamp()
     live = select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES)).scalar_subquery()
@@ -185,7 +187,7 @@ def build_snapshot(
     tenants = _tenant_states(
         session=session,
         samples=samples,
-        tenant_ids={q.tenant_id for q in queued},
+        tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
         now=now,
         time_scale=time_scale,
         half_life_s=half_life_s,
