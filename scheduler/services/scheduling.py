@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from scheduler import billing
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -292,7 +293,7 @@ def _tenant_states(
             id=tenant.id,
             active=tenant.status == "active",
             expires_at=None if tenant.expires_at is None else tenant.expires_at.timestamp(),
-            quota_left_ipu_ms=tenant.quota_ipu_ms - tenant.used_ipu_ms - held_by_running,
+            quota_left_ipu_ms=billing.left_ipu_ms(tenant, held=held_by_running, count_reserved=False),
             max_concurrent_jobs=plan.max_concurrent_jobs,
             max_queued_jobs=plan.max_queued_jobs,
             max_partition_size=plan.max_partition_size,
