@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from scheduler.text import LINE
 from vipu.machine_types import MACHINE_TYPE_NAMES
+from vipu.partitions import check_gcds, check_size, is_power_of_two
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -89,7 +90,7 @@ class JobSpec(BaseModel):
         if isinstance(self.ipus, int):
             if self.ipus < 1 or self.ipus > MAX_FLEET_IPUS:
                 raise ValueError(f"ipus must be between 1 and {MAX_FLEET_IPUS}")
-            if self.ipus & (self.ipus - 1):
+            if not is_power_of_two(self.ipus):
                 raise ValueError("ipus must be a power of two (1, 2, 4, ... 65536): partitions are")
         return self
 
@@ -130,9 +131,7 @@ class SessionSpec(BaseModel):
 
     @model_validator(mode="after")
     def _size(self) -> SessionSpec:
-        for name, value in (("ipus", self.ipus), ("gcds", self.gcds)):
-            if value < 1 or value > MAX_FLEET_IPUS or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two between 1 and {MAX_FLEET_IPUS}")
-        if self.gcds > self.ipus:
-            raise ValueError("gcds cannot exceed ipus: each graph compile domain holds at least one IPU")
+        # The partition rules are vipu/partitions.py's; its errors are ValueErrors pydantic reports.
+        check_size(self.ipus)
+        check_gcds(self.ipus, self.gcds)
         return self

@@ -29,8 +29,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-IPU_MS_PER_HOUR = 3_600_000
-
 # Auto-incrementing 64-bit keys: SQLite only auto-increments a column declared INTEGER.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 

@@ -29,6 +29,7 @@ from api.routers.usage import usage_csv
 from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
 from api.views import days_left, hours, job_out, tenant_status
 from scheduler import bus, emulation
+from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
@@ -78,7 +79,7 @@ def _live_facts(s: Any, job: Job, attempt: Any) -> dict[str, Any]:
 
 
 def grant(t: Any, plan: Any) -> dict[str, Any]:
-    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    remaining = remaining_ipu_ms(t)
     return {
         "plan": plan.name,
         "plan_kind": plan.kind,
@@ -217,13 +218,13 @@ def run_estimate(
                 workload=spec.workload,
                 ipus=spec.ipus,
                 machine=spec.machine,
-                policy=settings.placement_policy,
+                settings=settings,
                 tenant_id=user.tenant_id,
             )
             if user.tenant_id is None:
                 return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200
             t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
-            remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
+            remaining = hours(remaining_ipu_ms(t))
             if out.get("fits") and out.get("ipus"):
                 out["runtime_limit"] = job_service.runtime_limit(
                     session=s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -205,6 +206,14 @@ def simulate(
     workers: Annotated[
         int, typer.Option(min=0, help="Policies replayed in parallel processes (0: one per CPU).")
     ] = 0,
+    estimate_every: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="At every n-th submission, forecast the job's start as POST /estimates does and report "
+            "the error against its real start (estimate_error); 0: none. Each forecast costs passes.",
+        ),
+    ] = 0,
 ) -> None:
     """Replay a job trace on a simulated fleet through the scheduler's policies, side by side."""
     import os
@@ -257,6 +266,7 @@ def simulate(
         prediction_error=prediction_error,
         max_runtime_s=max_runtime,
         fleet=fleet,
+        estimate_every=estimate_every,
     )
     try:
         jobs = spec.load()
@@ -314,6 +324,15 @@ def simulate(
         table.add_column(name, justify="right")
     for head, key, fmt in rows:
         table.add_row(head, *(fmt(row[key]) for row in figures.values()))
+    if estimate_every:
+        for head, key, fmt in (
+            ("estimate: median error / wait", "median_abs_error_share", _share),
+            ("estimate: within 25%", "within_25pct", _share),
+            ("estimate: at once, said < 60 s", "immediate_under_60s", _share),
+        ):
+            table.add_row(
+                head, *(fmt(row.get("estimate_error", {}).get(key, math.nan)) for row in figures.values())
+            )
     out.print(table)
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler import emulation
+from scheduler import billing, emulation
 from scheduler.errors import (
     Conflict,
     DoesNotFit,
@@ -41,7 +41,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, own_models, rates, sessions
+from scheduler.services import attempts, executables, fleet, own_models, rates, sessions
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
@@ -64,10 +64,6 @@ SESSION_QUEUE = "ipucloud"
 
 def request_hash(spec: JobSpec) -> str:
     return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def cost_ipu_ms(ipus: int, seconds: float) -> int:
-    return round(ipus * seconds * 1000)
 
 
 @dataclass(frozen=True)
@@ -248,7 +244,7 @@ def _queued_event(job: Job, now: datetime) -> dict[str, Any]:
         "kind": "state",
         "message": (
             f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
-            f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
+            f"{job.reserved_ipu_ms / billing.IPU_MS_PER_HOUR:.4f} IPU-hours reserved"
         ),
         "data": {"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
         "at": now,
@@ -417,6 +413,9 @@ def _prepare(
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
+        # Compiled before (by anyone: the cache is keyed by everything that shapes the graph, and a
+        # run that finds it there skips compilation and is billed so): plan and reserve without it.
+        resolved = resolved.given_cache(executables.is_cached(session=session, key=resolved.executable_key))
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:
@@ -454,7 +453,7 @@ def _prepare(
     fastest = min(options, key=lambda kind: (options[kind]["predicted_runtime_s"], candidates.index(kind)))
     size = int(options[fastest]["ipus"])
     predicted = options[fastest]["predicted_runtime_s"]
-    reserve = max(rates.option_cost_ipu_ms(option) for option in options.values())
+    reserve = max(billing.option_cost_ipu_ms(option) for option in options.values())
     return Job(
         id=new_id("job"),
         tenant_id=r.tenant_id,
@@ -568,14 +567,15 @@ def _judge(
         raise TenantInactive(f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}.")
     cost = job.reserved_ipu_ms
     held = reserve.get(tenant.id, 0)
-    left = tenant.quota_ipu_ms - tenant.used_ipu_ms - tenant.reserved_ipu_ms - held
+    left = billing.left_ipu_ms(tenant, held=held)
     if cost > left:
         left = max(0, left)
         raise QuotaExceeded(
-            f"This job is predicted to cost {cost / 3.6e6:.3f} IPU-hours but only {left / 3.6e6:.3f} "
+            f"This job is predicted to cost {billing.ipu_hours(cost):.3f} IPU-hours but only "
+            f"{billing.ipu_hours(left):.3f} "
             "of the grant are left (after what running and queued jobs hold).",
-            cost_ipu_hours=round(cost / 3.6e6, 6),
-            remaining_ipu_hours=round(left / 3.6e6, 6),
+            cost_ipu_hours=billing.ipu_hours(cost),
+            remaining_ipu_hours=billing.ipu_hours(left),
         )
     queued = queued_counts.get(tenant.id, 0)
     if queued >= plan.max_queued_jobs:

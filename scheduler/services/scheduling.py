@@ -14,7 +14,7 @@ sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from scheduler import billing
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -63,6 +64,22 @@ def has_queued(*, session: Session) -> bool:
     return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
 
 
+def lock_startable(*, session: Session, job_ids: Collection[str]) -> dict[str, Job]:
+    """Lock the jobs a pass decided to start and keep those still queued and not being cancelled: a
+    cancel may have committed since the snapshot. The cancel locks the job too, so it either saw no
+    attempt or will find this one placed."""
+    return {
+        j.id: j
+        for j in session.execute(
+            select(Job)
+            .where(Job.id.in_(job_ids))
+            .with_for_update(key_share=True)
+            .execution_options(populate_existing=True)
+        ).scalars()
+        if j.state == JobState.QUEUED and not j.cancel_requested
+    }
+
+
 def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
     """The `default` policy with the cloud's settings (IPUCLOUD_PLACEMENT_POLICY, _PREEMPTION)."""
     return get_policy("default").with_options(placement=placement, preemption=preemption)
@@ -87,12 +104,14 @@ def build_snapshot(
     half_life_s: float,
     arrivals_seen: set[str] | None = None,
     read_waits: bool = False,
+    also_tenants: Collection[str] = (),
 ) -> LiveSnapshot:
     """Everything a pass decides over, read in a handful of indexed queries.
 
     ``arrivals_seen`` holds the ids of queued jobs shown to the policy before (the caller keeps it);
     jobs not in it are this pass's arrivals, whose sizes feed the placement policy's demand model.
     ``read_waits`` also returns each queued job's stored wait, to compare new explanations with.
+    ``also_tenants`` are read with the tenants that have queued jobs (an estimate's asker).
     """
     now_s = now.timestamp()
     live = select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES)).scalar_subquery()
@@ -193,7 +212,7 @@ def build_snapshot(
     tenants = _tenant_states(
         session=session,
         samples=samples,
-        tenant_ids={q.tenant_id for q in queued},
+        tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
         now=now,
         time_scale=time_scale,
         half_life_s=half_life_s,
@@ -299,7 +318,7 @@ def _tenant_states(
             id=tenant.id,
             active=tenant.status == "active",
             expires_at=None if tenant.expires_at is None else tenant.expires_at.timestamp(),
-            quota_left_ipu_ms=tenant.quota_ipu_ms - tenant.used_ipu_ms - held_by_running,
+            quota_left_ipu_ms=billing.left_ipu_ms(tenant, held=held_by_running, count_reserved=False),
             max_concurrent_jobs=plan.max_concurrent_jobs,
             max_queued_jobs=plan.max_queued_jobs,
             max_partition_size=plan.max_partition_size,

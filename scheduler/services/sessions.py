@@ -32,6 +32,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from scheduler import billing
 from scheduler.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, QuotaExceeded, TenantInactive
 from scheduler.ids import new_id
 from scheduler.jobspec import SessionSpec
@@ -113,7 +114,7 @@ def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> Ipu
         raise InvalidRequest(
             "No partition of this size can ever be held: " + "; ".join(refusals), field="ipus"
         )
-    reserve = max(rates.option_cost_ipu_ms(o) for o in options.values())
+    reserve = max(billing.option_cost_ipu_ms(o) for o in options.values())
     now = utcnow()
     # The tenant's row first, so the reservation is judged on exact figures (as job admission does).
     locked = session.execute(
@@ -126,13 +127,14 @@ def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> Ipu
         raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
     if locked.expires_at is not None and locked.expires_at <= now:
         raise TenantInactive(f"The trial of {tenant.name} ended on {locked.expires_at:%Y-%m-%d}.")
-    left = locked.quota_ipu_ms - locked.used_ipu_ms - locked.reserved_ipu_ms
+    left = billing.left_ipu_ms(locked)
     if reserve > left:
         raise QuotaExceeded(
-            f"Holding {spec.ipus} IPUs for {max_duration} s costs up to {reserve / 3.6e6:.3f} IPU-hours but "
-            f"only {max(0, left) / 3.6e6:.3f} of the grant are left; ask for a shorter max_duration_s.",
-            cost_ipu_hours=round(reserve / 3.6e6, 6),
-            remaining_ipu_hours=round(max(0, left) / 3.6e6, 6),
+            f"Holding {spec.ipus} IPUs for {max_duration} s costs up to {billing.ipu_hours(reserve):.3f} "
+            f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left; ask for a "
+            "shorter max_duration_s.",
+            cost_ipu_hours=billing.ipu_hours(reserve),
+            remaining_ipu_hours=billing.ipu_hours(max(0, left)),
         )
     locked.reserved_ipu_ms += reserve
     sid = new_id("ses")
@@ -181,7 +183,7 @@ def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> Ipu
         job.id,
         "state",
         f"session starting: waiting for {spec.ipus} IPUs ({spec.machine or 'any'}); up to {max_duration} s, "
-        f"ends after {idle} s idle; {reserve / 3.6e6:.4f} IPU-hours reserved",
+        f"ends after {idle} s idle; {billing.ipu_hours(reserve):.4f} IPU-hours reserved",
         data={"state": SessionState.STARTING},
         at=now,
     )
@@ -700,7 +702,7 @@ def session_json(v: SessionView) -> dict[str, Any]:
         "idle_left_s": None if v.idle_left_s is None else round(v.idle_left_s, 3),
         "ends_at": v.ends_at,
         "busy_gcds": v.busy_gcds,
-        "billed_ipu_hours": round(v.billed_ipu_ms / 3.6e6, 6),
+        "billed_ipu_hours": billing.ipu_hours(v.billed_ipu_ms),
         "jobs": [{"id": j.id, "name": j.name, "state": j.state, "ipus": j.ipus} for j in v.jobs],
         "events": [{"at": e.at, "kind": e.kind, "message": e.message, "data": e.data} for e in v.events],
     }

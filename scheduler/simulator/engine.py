@@ -26,6 +26,7 @@ from scheduler.policy import (
     accrue,
     decide,
 )
+from scheduler.policy.forecast import estimate_start
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator
@@ -47,6 +48,9 @@ class JobOutcome:
     ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
     preempted: int = 0
     machine_type: str = ""
+    # The wait estimate at submission (scheduler.policy.forecast, the code POST /estimates runs):
+    # when the policy said the job would start. NaN: not estimated; inf: no forecast start.
+    estimated_start_s: float = math.nan
 
 
 @dataclass
@@ -105,6 +109,8 @@ class Simulation:
         bins: int = 400,
         fleet: Fleet | None = None,
         runs: Sequence[tuple[TypeRun, ...]] | None = None,
+        estimate_every: int = 0,
+        estimate_passes: int = 2000,
     ) -> None:
         if len(estimates) != len(jobs):
             raise ValueError("one estimate per job")
@@ -119,6 +125,10 @@ class Simulation:
         self.estimate_model = estimate_model
         self.record_placements = record_placements
         self.bins = bins
+        # Forecast the start of every n-th submission (0: none). Each forecast replays passes ahead,
+        # so a full trace samples rather than asks at every one of its submissions.
+        self.estimate_every = estimate_every
+        self.estimate_passes = estimate_passes
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         jobs, config, est = self.jobs, self.policy, self.estimates
@@ -197,9 +207,23 @@ class Simulation:
                     est[next_arrival],
                     options=self._options(next_arrival),
                 )
+                tenants.setdefault(job.tenant, _Tenant(at=now))
+                if self.estimate_every and next_arrival % self.estimate_every == 0:
+                    view = Snapshot(
+                        now=now,
+                        queue=queue,
+                        running=running.values(),
+                        tenants=self._tenant_states(tenants, now, half_life) if fair else {},
+                        allocator=alloc,
+                        arrivals=arrivals,
+                        timetable=table,
+                    )
+                    start = estimate_start(
+                        view, queued, config, max_passes=self.estimate_passes, name_for=_own_name
+                    )
+                    outcomes[next_arrival].estimated_start_s = math.inf if start is None else start
                 queue.add(queued)
                 arrivals.append(queued)
-                tenants.setdefault(job.tenant, _Tenant(at=now))
                 next_arrival += 1
 
             head_size = None

@@ -44,6 +44,8 @@ class ReplaySpec:
     max_runtime_s: float | None = None
     # A fleet description (e.g. "4xm2000,2xbow,32xdss8440"), replacing `pods` x `machine`.
     fleet: str | None = None
+    # Forecast the wait of every n-th submission and report its error (0: none); see engine.Simulation.
+    estimate_every: int = 0
 
     def build_fleet(self) -> Fleet | None:
         return None if self.fleet is None else Fleet.build(self.fleet)
@@ -73,10 +75,26 @@ def replay_policy(
     told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)
     fleet = spec.build_fleet()
     if fleet is None:
-        sim = Simulation(jobs, config, told, pods=spec.pods, machine=spec.machine, estimate_model=model)
+        sim = Simulation(
+            jobs,
+            config,
+            told,
+            pods=spec.pods,
+            machine=spec.machine,
+            estimate_model=model,
+            estimate_every=spec.estimate_every,
+        )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
-        sim = Simulation(jobs, config, told, fleet=fleet, runs=runs, estimate_model=model)
+        sim = Simulation(
+            jobs,
+            config,
+            told,
+            fleet=fleet,
+            runs=runs,
+            estimate_model=model,
+            estimate_every=spec.estimate_every,
+        )
     pending = 0
 
     def step(done: int) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler.billing import ipu_ms
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -39,7 +40,6 @@ from scheduler.models import (
     ReconcilerAction,
     Tenant,
 )
-from scheduler.services.metering import ipu_ms
 
 
 @dataclass
