@@ -24,6 +24,8 @@ from scheduler.services.keys import key_state
 from scheduler.services.rates import allowed_types, plan_rates
 from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
+from vipu.partitions import is_power_of_two
+from vipu.topology import MAX_IPUS
 
 T = TypeVar("T")
 
@@ -205,7 +207,7 @@ POWERS_OF_TWO = [2**i for i in range(17)]
 
 
 def _power_of_two(value: int | None) -> int | None:
-    if value is not None and value not in POWERS_OF_TWO:
+    if value is not None and (not is_power_of_two(value) or value > MAX_IPUS):
         raise ValueError("must be a power of two from 1 to 65536")
     return value
 

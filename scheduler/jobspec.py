@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from scheduler.text import LINE
 from vipu.machine_types import MACHINE_TYPE_NAMES
+from vipu.partitions import is_power_of_two
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
@@ -80,6 +81,6 @@ class JobSpec(BaseModel):
         if isinstance(self.ipus, int):
             if self.ipus < 1 or self.ipus > MAX_FLEET_IPUS:
                 raise ValueError(f"ipus must be between 1 and {MAX_FLEET_IPUS}")
-            if self.ipus & (self.ipus - 1):
+            if not is_power_of_two(self.ipus):
                 raise ValueError("ipus must be a power of two (1, 2, 4, ... 65536): partitions are")
         return self

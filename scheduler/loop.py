@@ -21,7 +21,6 @@ from typing import Any
 import redis
 from celery import Celery
 from prometheus_client import Counter, Gauge, Histogram
-from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import bus
@@ -29,16 +28,12 @@ from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
 from scheduler.models import (
-    Attempt,
     Job,
-    JobState,
-    OutboxMessage,
-    Partition,
 )
 from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader, reconciler, scheduling
+from scheduler.services import attempts, fleet, leader, outbox, reconciler, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -226,18 +221,7 @@ class SchedulerLoop:
                     if not isinstance(where, str) and where.partition_id in held:
                         alloc.release(where.partition_id)
                 self.more = True
-            # Lock the jobs and look again: a cancel may have committed since the snapshot. The
-            # cancel locks the job too, so it either saw no attempt or will find this one placed.
-            jobs = {
-                j.id: j
-                for j in s.execute(
-                    select(Job)
-                    .where(Job.id.in_([q.id for q, _ in decision.starts]))
-                    .with_for_update(key_share=True)
-                    .execution_options(populate_existing=True)
-                ).scalars()
-                if j.state == JobState.QUEUED and not j.cancel_requested
-            }
+            jobs = scheduling.lock_startable(session=s, job_ids=[q.id for q, _ in decision.starts])
             dropped = [w for q, w in decision.starts if q.id not in jobs and not isinstance(w, str)]
             if dropped:
                 held = alloc.partitions()
@@ -324,21 +308,7 @@ class SchedulerLoop:
         the queue last used."""
         assert self.celery is not None and self.router is not None
         with self.db.read() as s:
-            pending = s.execute(
-                select(
-                    OutboxMessage.id,
-                    OutboxMessage.queue,
-                    OutboxMessage.payload,
-                    OutboxMessage.publish_count,
-                    Partition.machine_type,
-                    Partition.ipu_ids,
-                )
-                .join(Attempt, Attempt.id == OutboxMessage.attempt_id)
-                .join(Partition, Partition.pk == Attempt.partition_pk)
-                .where(OutboxMessage.published_at.is_(None), OutboxMessage.acked_at.is_(None))
-                .order_by(OutboxMessage.id)
-                .limit(limit)
-            ).all()
+            pending = outbox.unpublished(session=s, limit=limit)
         if not pending:
             return 0
         sent: dict[str, list[int]] = {}
@@ -359,14 +329,7 @@ class SchedulerLoop:
         if sent:
             with self.db.write() as s:
                 self._fence(s)
-                # The reconciler judges "published too long ago" on the database's clock too.
-                now = db_now(s)
-                for queue, ids in sent.items():
-                    s.execute(
-                        update(OutboxMessage)
-                        .where(OutboxMessage.id.in_(ids))
-                        .values(queue=queue, published_at=now, publish_count=OutboxMessage.publish_count + 1)
-                    )
+                outbox.mark_published(session=s, sent=sent, now=db_now(s))
             PUBLISHED.inc(sum(len(ids) for ids in sent.values()))
         return sum(len(ids) for ids in sent.values())
 
@@ -451,13 +414,6 @@ class SchedulerLoop:
             self.stop_event.wait(self.settings.scheduler_tick_s)
             return False
         return True
-
-
-def queue_depth(db: Database) -> int:
-    with db.read() as s:
-        return s.execute(
-            select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED)
-        ).scalar_one()
 
 
 def _date_waits(waits: dict[str, Wait], forecast: dict[str, float]) -> None:

@@ -60,6 +60,22 @@ def has_queued(*, session: Session) -> bool:
     return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
 
 
+def lock_startable(*, session: Session, job_ids: Collection[str]) -> dict[str, Job]:
+    """Lock the jobs a pass decided to start and keep those still queued and not being cancelled: a
+    cancel may have committed since the snapshot. The cancel locks the job too, so it either saw no
+    attempt or will find this one placed."""
+    return {
+        j.id: j
+        for j in session.execute(
+            select(Job)
+            .where(Job.id.in_(job_ids))
+            .with_for_update(key_share=True)
+            .execution_options(populate_existing=True)
+        ).scalars()
+        if j.state == JobState.QUEUED and not j.cancel_requested
+    }
+
+
 def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
     """The `default` policy with the cloud's settings (IPUCLOUD_PLACEMENT_POLICY, _PREEMPTION)."""
     return get_policy("default").with_options(placement=placement, preemption=preemption)
