@@ -24,6 +24,8 @@ from scheduler.services.keys import key_state
 from scheduler.services.rates import allowed_types, plan_rates
 from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
+from vipu.partitions import is_power_of_two
+from vipu.topology import MAX_IPUS
 
 T = TypeVar("T")
 
@@ -134,6 +136,7 @@ class JobOut(BaseModel):
         "per IPU-hour).",
     )
     partition: str | None = None
+    session: str | None = Field(None, description="The session it runs in (POST /api/v1/sessions), if any.")
     priority: int
     workload: dict[str, Any]
     max_runtime_s: int | None = None
@@ -230,7 +233,7 @@ POWERS_OF_TWO = [2**i for i in range(17)]
 
 
 def _power_of_two(value: int | None) -> int | None:
-    if value is not None and value not in POWERS_OF_TWO:
+    if value is not None and (not is_power_of_two(value) or value > MAX_IPUS):
         raise ValueError("must be a power of two from 1 to 65536")
     return value
 
@@ -700,3 +703,57 @@ class TrialDecision(BaseModel):
     application: TrialApplicationOut
     tenant: TenantOut
     api_key: str = Field(description="The new tenant's first API key. Shown once: store it now.")
+
+
+class SessionPartition(BaseModel):
+    id: str
+    size: int
+    ipus: list[str]
+    tenant: str | None = None
+    machine: str
+
+
+class SessionJob(BaseModel):
+    id: str
+    name: str
+    state: str
+    ipus: int
+
+
+class SessionEvent(BaseModel):
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class SessionOut(BaseModel):
+    """A session: a partition held for the tenant's jobs. Durations are cluster seconds."""
+
+    id: str
+    name: str | None = None
+    state: Literal["starting", "active", "ended"]
+    ended_reason: str | None = Field(
+        None, description="`owner`, `max_duration`, `idle_timeout`, `quota` or `fault` once ended."
+    )
+    ended_detail: str | None = None
+    ipus: int
+    machine: str
+    gcds: int
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: SessionPartition | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    held_s: float = Field(description="Cluster seconds it has held its partition (what it is billed for).")
+    time_left_s: float | None = Field(None, description="Until its maximum duration (while active).")
+    idle_s: float | None = Field(None, description="With no job running (null while one runs).")
+    idle_left_s: float | None = Field(
+        None, description="Until it is ended for idling (null while a job runs)."
+    )
+    ends_at: datetime | None = Field(None, description="When it ends if nothing changes (wall clock).")
+    busy_gcds: int
+    billed_ipu_hours: float
+    jobs: list[SessionJob] = []
+    events: list[SessionEvent] = []

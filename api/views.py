@@ -5,13 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
+from scheduler.billing import ipu_hours as hours
+from scheduler.billing import remaining_ipu_ms
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
-from scheduler.models import IPU_MS_PER_HOUR, Attempt, Job, JobEvent, Partition, Tenant, utcnow
+from scheduler.models import Attempt, Job, JobEvent, Partition, Tenant, utcnow
 from scheduler.services import attempts
-
-
-def hours(ipu_ms: int) -> float:
-    return round(ipu_ms / IPU_MS_PER_HOUR, 6)
 
 
 def job_out(
@@ -40,6 +38,7 @@ def job_out(
         prefer=job.prefer or "time",
         machine_options=job.options,
         partition=live_partition,
+        session=job.spec.get("session") if job.task != "session" else None,
         priority=job.priority,
         workload=job.spec.get("workload", {}),
         max_runtime_s=job.max_runtime_s,
@@ -77,7 +76,7 @@ def _progress(attempt: Attempt | None) -> Progress | None:
 
 
 def tenant_out(t: Tenant) -> TenantOut:
-    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    remaining = remaining_ipu_ms(t)
     return TenantOut(
         id=t.id,
         name=t.name,

@@ -9,7 +9,8 @@ replays it through the live policy code and the real allocator (``ipucloud simul
 for the three baselines). It prints the figures,
 checks the default policy against its targets (average JCT at most half of ``fifo-firstfit``'s and
 at most 0.75 of ``slurm-backfill``'s, utilisation and fairness no lower than either, each replay
-under 60 s) and the command that reproduces them. ``--plots DIR`` writes the three baselines' plots
+under 60 s; with ``--estimate-every N``, the wait estimate's error) and the command that
+reproduces them. ``--plots DIR`` writes the three baselines' plots
 there (docs/img holds the committed ones).
 """
 
@@ -47,6 +48,13 @@ ROWS = (
     ("launch failures", "launch_failures", None),
     ("replay (s)", "replay_wall_s", None),
 )
+# The wait estimate made at submission against the start that came (scheduler/simulator/metrics.py).
+ESTIMATE_ROWS = (
+    ("est. median err/wait", "median_abs_error_share"),
+    ("est. within 25%", "within_25pct"),
+    ("est. at once, <60 s", "immediate_under_60s"),
+    ("est. jobs asked", "estimated_jobs"),
+)
 
 
 def default_trace() -> Path:
@@ -68,6 +76,15 @@ def table(figures: dict[str, dict]) -> str:
                 else (f"{value:,}" if isinstance(value, int) else f"{value:.4f}")
             )
             cells.append(text.rjust(width + 2))
+        lines.append(label.ljust(20) + "".join(cells))
+    for label, key in ESTIMATE_ROWS:
+        values = [figures[name].get("estimate_error", {}).get(key) for name in names]
+        if all(v is None for v in values):
+            continue
+        cells = [
+            ("-" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:.4f}").rjust(width + 2)
+            for v in values
+        ]
         lines.append(label.ljust(20) + "".join(cells))
     return "\n".join(lines)
 
@@ -101,6 +118,20 @@ def targets(figures: dict[str, dict]) -> list[tuple[str, bool, str]]:
             f"{d['fairness_jobs']:.4f} vs {fifo['fairness_jobs']:.4f}, {slurm['fairness_jobs']:.4f}",
         ),
     ]
+    errors = d.get("estimate_error")
+    if errors:
+        checks += [
+            (
+                "wait estimate: median absolute error <= 25% of the actual wait",
+                errors["median_abs_error_share"] <= 0.25,
+                f"{errors['median_abs_error_share']:.4f} over {errors['waited_jobs']:,} jobs that waited",
+            ),
+            (
+                "wait estimate: >= 95% of immediate starts estimated under 60 s",
+                errors["immediate_under_60s"] >= 0.95,
+                f"{errors['immediate_under_60s']:.4f} of {errors['immediate_jobs']:,}",
+            ),
+        ]
     slowest = max(figures.values(), key=lambda f: f["replay_wall_s"])
     checks.append(
         (
@@ -126,11 +157,25 @@ def main() -> None:
     )
     parser.add_argument("--plots", type=Path, help="write the baselines' SVG plots here")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
+    parser.add_argument(
+        "--estimate-every",
+        type=int,
+        default=0,
+        help="forecast the wait of every n-th submission, as POST /estimates does, and report its error "
+        "(0: none; each forecast replays passes ahead, so replays take longer)",
+    )
+    parser.add_argument("--limit", type=int, help="replay only the first N jobs (a slice, for development)")
     args = parser.parse_args()
 
     names = tuple(args.policy or POLICIES)
     spec = ReplaySpec(
-        trace=args.trace, pods=args.pods, policies=names, estimates=args.estimates, seed=args.seed
+        trace=args.trace,
+        pods=args.pods,
+        policies=names,
+        estimates=args.estimates,
+        seed=args.seed,
+        estimate_every=args.estimate_every,
+        limit=args.limit,
     )
     jobs = spec.load()
     started = time.perf_counter()
@@ -164,6 +209,10 @@ def main() -> None:
     ]
     if args.estimates != "predicted":
         command += ["--estimates", args.estimates]
+    if args.estimate_every:
+        command += ["--estimate-every", str(args.estimate_every)]
+    if args.limit:
+        command += ["--limit", str(args.limit)]
     for name in args.policy or ():
         command += ["--policy", name]
     print("\nreproduce: " + shlex.join(command))

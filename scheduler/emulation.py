@@ -6,6 +6,7 @@ on every submission.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,15 @@ DEFAULT_MACHINE = "m2000"
 class Resolved:
     ipus: int
     machine: str
-    predicted_runtime_s: float
+    predicted_runtime_s: float  # compile included
+    executable_key: str = ""
+    cached_runtime_s: float | None = None  # when the executable is in the cache: no compile
+
+    def given_cache(self, cached: bool) -> Resolved:
+        """This answer with the run time the job will have: without compile when ``cached``."""
+        if not cached or self.cached_runtime_s is None:
+            return self
+        return dataclasses.replace(self, predicted_runtime_s=self.cached_runtime_s)
 
 
 def to_workload_spec(req: WorkloadRequest, source: GraphSource | None = None) -> emulator.WorkloadSpec:
@@ -68,7 +77,7 @@ def _resolve_cached(req_json: str, ipus: str, machine: str | None, source: Graph
     m = machine or DEFAULT_MACHINE
     try:
         size = emulator.choose_ipus_auto(spec, m) if ipus == "auto" else int(ipus)
-        emulator.plan(spec, size, m)
+        planned = emulator.plan(spec, size, m)
     except emulator.CompileError as exc:
         raise DoesNotFit(str(exc), ipus=None if ipus == "auto" else int(ipus), machine=m)
     except emulator.WorkloadError as exc:
@@ -76,7 +85,13 @@ def _resolve_cached(req_json: str, ipus: str, machine: str | None, source: Graph
     except ValueError as exc:
         # A partition this type can never form (larger than one C2 server, say).
         raise DoesNotFit(str(exc), ipus=None if ipus == "auto" else int(ipus), machine=m)
-    return Resolved(ipus=size, machine=m, predicted_runtime_s=emulator.predicted_runtime_s(spec, size, m))
+    return Resolved(
+        ipus=size,
+        machine=m,
+        predicted_runtime_s=emulator.predicted_runtime_s(spec, size, m),
+        executable_key=planned.executable_key,
+        cached_runtime_s=emulator.predicted_runtime_s(spec, size, m, cached=True),
+    )
 
 
 def stored_workload_spec(workload: Mapping[str, Any], *, session: Session | None) -> emulator.WorkloadSpec:

@@ -7,7 +7,9 @@ machine change) and at least every `scheduler_tick_s`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -19,7 +21,6 @@ from typing import Any
 import redis
 from celery import Celery
 from prometheus_client import Counter, Gauge, Histogram
-from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import bus
@@ -27,15 +28,13 @@ from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
 from scheduler.models import (
-    Attempt,
     Job,
-    JobState,
-    OutboxMessage,
-    Partition,
+    utcnow,
 )
-from scheduler.policy import Snapshot, decide
+from scheduler.policy import Snapshot, Wait, decide
+from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader, reconciler, scheduling
+from scheduler.services import attempts, fleet, leader, outbox, reconciler, scheduling, sessions
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -60,6 +59,7 @@ PREEMPTED = Counter("ipucloud_attempts_preempted_total", "Attempts stopped for h
 # tens of thousands of jobs that could start stays within the leader's lease, and the next follows.
 MAX_STARTS_PER_PASS = 5000
 MAX_DISPATCH_PER_ITERATION = 10_000
+FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 
 
 @dataclass
@@ -84,6 +84,9 @@ class SchedulerLoop:
     _seen: set[str] = field(default_factory=set)
     _waits_epoch: int | None = None
     _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass
+    # Forecast starts of the queued jobs (scheduler/policy/forecast.py) and when they were made.
+    _forecast: dict[str, float] = field(default_factory=dict)
+    _forecast_at: float = -math.inf
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
@@ -142,6 +145,7 @@ class SchedulerLoop:
                 self.reconcile()
                 self.last_reconcile = now
             self.schedule_pass()
+            self.sweep_sessions()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
                 n = self.dispatch()
@@ -197,7 +201,9 @@ class SchedulerLoop:
             QUEUED.set(len(snapshot.queue))
             if not len(snapshot.queue):
                 return 0
+            forecast = self._forecast_for(snapshot)
             decision = decide(snapshot, self._policy)
+            _date_waits(decision.waits, forecast)
             if decision.preempt:
                 assert decision.reservation is not None
                 stopped = scheduling.preempt(
@@ -220,18 +226,7 @@ class SchedulerLoop:
                     if not isinstance(where, str) and where.partition_id in held:
                         alloc.release(where.partition_id)
                 self.more = True
-            # Lock the jobs and look again: a cancel may have committed since the snapshot. The
-            # cancel locks the job too, so it either saw no attempt or will find this one placed.
-            jobs = {
-                j.id: j
-                for j in s.execute(
-                    select(Job)
-                    .where(Job.id.in_([q.id for q, _ in decision.starts]))
-                    .with_for_update(key_share=True)
-                    .execution_options(populate_existing=True)
-                ).scalars()
-                if j.state == JobState.QUEUED and not j.cancel_requested
-            }
+            jobs = scheduling.lock_startable(session=s, job_ids=[q.id for q, _ in decision.starts])
             dropped = [w for q, w in decision.starts if q.id not in jobs and not isinstance(w, str)]
             if dropped:
                 held = alloc.partitions()
@@ -254,6 +249,7 @@ class SchedulerLoop:
                 log.warning("placements refused by the database: %s", exc)
                 self.sync.invalidate()
             batch: list[tuple[Job, attempts.PlacedPartition, str]] = []
+            holds: list[tuple[Job, attempts.PlacedPartition]] = []
             for queued, where in starts:
                 job = jobs[queued.id]
                 partition: attempts.PlacedPartition | None = (
@@ -261,11 +257,17 @@ class SchedulerLoop:
                     if isinstance(where, str)
                     else made.get(job.id)
                 )
-                if partition is not None:
+                if partition is None:
+                    continue
+                if job.task == sessions.SESSION_TASK:
+                    # A session's holder: nothing for an agent to run; the session holds the partition.
+                    holds.append((job, partition))
+                else:
                     batch.append((job, partition, self.queue_for(partition)))
             attempts.place_many(session=s, placements=batch)
+            sessions.activate_many(session=s, starts=holds, now=utcnow())
             started: set[str] = set()
-            for job, _, _ in batch:
+            for job in [j for j, _, _ in batch] + [j for j, _ in holds]:
                 job.wait = None
                 started.add(job.id)
             placed = len(batch)
@@ -279,10 +281,36 @@ class SchedulerLoop:
             self._renew(s)
             return placed
 
+    def sweep_sessions(self) -> sessions.SweepResult | None:
+        """Bill, warn and end active sessions (services.sessions.sweep), in one fenced transaction."""
+        with self.db.read() as s:
+            if not sessions.has_active(session=s):
+                return None
+        with self.db.write() as s:
+            self._fence(s)
+            result = sessions.sweep(
+                session=s,
+                now=db_now(s),
+                time_scale=self.settings.time_scale,
+                warning_s=self.settings.session_warning_s,
+                meter_interval_s=self.settings.meter_interval_s,
+            )
+        for session_id, reason in result.ended:
+            log.info("session %s ended: %s", session_id, reason)
+        return result
+
     def queue_for(self, partition: attempts.PlacedPartition) -> str:
         """The most specific queue a live worker serves: the partition's pod, its machine type, default."""
         assert self.router is not None
         return self.router.queue_for(partition.machine_type, partition.ipu_ids)
+
+    def _forecast_for(self, snapshot: Snapshot) -> dict[str, float]:
+        """Every queued job's forecast start, made again every `FORECAST_EVERY_S`: the replay
+        costs many passes, and a wait estimate seconds old is as good as a fresh one."""
+        if snapshot.now - self._forecast_at >= FORECAST_EVERY_S or snapshot.now < self._forecast_at:
+            self._forecast = forecast_starts(snapshot, self._policy)
+            self._forecast_at = snapshot.now
+        return self._forecast
 
     def _snapshot(self, s: Session, alloc: Allocator) -> Snapshot:
         first = self._waits is None
@@ -310,21 +338,7 @@ class SchedulerLoop:
         the queue last used."""
         assert self.celery is not None and self.router is not None
         with self.db.read() as s:
-            pending = s.execute(
-                select(
-                    OutboxMessage.id,
-                    OutboxMessage.queue,
-                    OutboxMessage.payload,
-                    OutboxMessage.publish_count,
-                    Partition.machine_type,
-                    Partition.ipu_ids,
-                )
-                .join(Attempt, Attempt.id == OutboxMessage.attempt_id)
-                .join(Partition, Partition.pk == Attempt.partition_pk)
-                .where(OutboxMessage.published_at.is_(None), OutboxMessage.acked_at.is_(None))
-                .order_by(OutboxMessage.id)
-                .limit(limit)
-            ).all()
+            pending = outbox.unpublished(session=s, limit=limit)
         if not pending:
             return 0
         sent: dict[str, list[int]] = {}
@@ -345,14 +359,7 @@ class SchedulerLoop:
         if sent:
             with self.db.write() as s:
                 self._fence(s)
-                # The reconciler judges "published too long ago" on the database's clock too.
-                now = db_now(s)
-                for queue, ids in sent.items():
-                    s.execute(
-                        update(OutboxMessage)
-                        .where(OutboxMessage.id.in_(ids))
-                        .values(queue=queue, published_at=now, publish_count=OutboxMessage.publish_count + 1)
-                    )
+                outbox.mark_published(session=s, sent=sent, now=db_now(s))
             PUBLISHED.inc(sum(len(ids) for ids in sent.values()))
         return sum(len(ids) for ids in sent.values())
 
@@ -439,8 +446,13 @@ class SchedulerLoop:
         return True
 
 
-def queue_depth(db: Database) -> int:
-    with db.read() as s:
-        return s.execute(
-            select(func.count()).select_from(Job).where(Job.state == JobState.QUEUED)
-        ).scalar_one()
+def _date_waits(waits: dict[str, Wait], forecast: dict[str, float]) -> None:
+    """Give every job waiting for room its forecast start: the same estimate `POST /estimates` gives
+    before submission (a job held by quota or a limit has none: it waits for a person)."""
+    for job_id, wait in waits.items():
+        start = forecast.get(job_id)
+        if start is not None and wait.reason in ROOM_WAITS:
+            waits[job_id] = dataclasses.replace(wait, estimated_start=start)
+
+
+ROOM_WAITS = frozenset({"reserved", "behind", "no-room"})

@@ -1,4 +1,5 @@
-"""The code stays `ruff check` clean (docs/architecture.md), so a lint slip fails the suite, not a review."""
+"""The code stays `ruff check` and `ruff format` clean and keeps its layers (docs/architecture.md), so a slip
+fails the suite, not a review."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def test_the_layers_hold() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
     out = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, f"an import crosses a layer:\n{out.stdout[-4000:]}{out.stderr}"
+
+
+def test_ruff_format_is_clean() -> None:
+    """One layout for the whole tree, so diffs show changes and not reflowed lines."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", str(ROOT)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, f"ruff format would change:\n{out.stdout}{out.stderr}"

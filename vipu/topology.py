@@ -122,18 +122,16 @@ def rack_id(rack: int) -> str:
 
 
 def machine_id(pod: int, machine: int) -> str:
-    _check_pod(pod)
     _check_machine(machine)
-    return f"pod{pod:04d}-m{machine:02d}"
+    return f"{pod_id(pod)}-m{machine:02d}"
 
 
 @lru_cache(maxsize=1024)
 def pod_ipu_ids(pod: int) -> tuple[str, ...]:
     """The 64 IPU ids of a POD64 in ring order (a POD16 has the first 16); cached because placements
     slice it constantly."""
-    _check_pod(pod)
     return tuple(
-        f"pod{pod:04d}-m{machine:02d}-i{ipu}"
+        f"{machine_id(pod, machine)}-i{ipu}"
         for machine in range(MACHINES_PER_POD)
         for ipu in range(IPUS_PER_MACHINE)
     )

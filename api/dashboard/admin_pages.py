@@ -16,6 +16,7 @@ from api.routers.usage import usage_csv
 from api.schemas import Email, KeyName, PlanName, TenantName
 from api.views import hours, partition_out, tenant_out, tenant_status
 from scheduler import bus
+from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
 from scheduler.services import fleet, machines, partitions, trials
@@ -630,7 +631,7 @@ def usage_export(db: DbDep, user: AdminUser) -> Response:
                 "quota_ipu_hours": hours(t.quota_ipu_ms),
                 "used_ipu_hours": hours(t.used_ipu_ms),
                 "reserved_ipu_hours": hours(t.reserved_ipu_ms),
-                "remaining_ipu_hours": hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)),
+                "remaining_ipu_hours": hours(remaining_ipu_ms(t)),
                 "expires_at": t.expires_at.isoformat() if t.expires_at else "",
             }
             for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)

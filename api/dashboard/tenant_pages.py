@@ -23,15 +23,17 @@ from api.dashboard.web import (
     render,
 )
 from api.deps import DbDep, SettingsDep
-from api.routers.jobs import LastEventId, Standing, key_denial
+from api.routers.jobs import LastEventId, Standing, key_denial, with_checkpoints
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
 from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
 from api.views import days_left, hours, job_out, tenant_status
 from scheduler import bus, emulation
+from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
+from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import tenants as tenant_service
@@ -78,7 +80,7 @@ def _live_facts(s: Any, job: Job, attempt: Any) -> dict[str, Any]:
 
 
 def grant(t: Any, plan: Any) -> dict[str, Any]:
-    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    remaining = remaining_ipu_ms(t)
     return {
         "plan": plan.name,
         "plan_kind": plan.kind,
@@ -217,13 +219,13 @@ def run_estimate(
                 workload=spec.workload,
                 ipus=spec.ipus,
                 machine=spec.machine,
-                policy=settings.placement_policy,
+                settings=settings,
                 tenant_id=user.tenant_id,
             )
             if user.tenant_id is None:
                 return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200
             t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
-            remaining = hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms))
+            remaining = hours(remaining_ipu_ms(t))
             if out.get("fits") and out.get("ipus"):
                 out["runtime_limit"] = job_service.runtime_limit(
                     session=s,
@@ -330,6 +332,7 @@ def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Re
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         view = _job_view(s, job, scope, full=True)
+        with_checkpoints(s, job, view)
         events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
         tail = [
             {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
@@ -402,6 +405,17 @@ def cancel(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form
     sessions.flash(
         user, "Job cancelled." if state == "cancelled" else "Cancel requested; the job stops shortly."
     )
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+@router.post("/jobs/{job_id}/resume")
+def resume(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
+    """Resume a job its time limit stopped, from its last checkpoint (POST /api/v1/jobs/{id}/resume)."""
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    with db.write() as s:
+        checkpoint_service.resume_job(session=s, job_id=job_id, scope=user.principal.scope)
+    bus.wake_scheduler("resume")
+    sessions.flash(user, "Job resumed from its last checkpoint; it is queued.")
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import DbDep, Reader
+from api.deps import DbDep, Reader, SettingsDep
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
@@ -59,7 +59,12 @@ class EstimateOut(BaseModel):
         None, description="With machine `any`: each type's answer (fits, ipus, total_s, expected_wait_s, ...)"
     )
     expected_wait_s: float | None = Field(
-        None, description="Cluster seconds before it would start; null if never"
+        None,
+        description="Cluster seconds before it would start, as the scheduling policy forecasts it for "
+        "this tenant now; null if never or not within the forecast",
+    )
+    cached: bool | None = Field(
+        None, description="The executable is compiled already: time, cost and reservation leave out compiling"
     )
     error: str | None = None
     runtime_limit: RuntimeLimit | None = Field(
@@ -78,7 +83,9 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 @router.post(
     "/estimates", response_model=EstimateOut, summary="Dry run: plan, fit, time, cost and queue wait"
 )
-def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> EstimateOut:
+def create_estimate(
+    body: EstimateRequest, principal: Reader, db: DbDep, settings: SettingsDep
+) -> EstimateOut:
     with db.read() as s:
         plan_rates = None
         if principal.tenant_id is not None:
@@ -89,6 +96,7 @@ def create_estimate(body: EstimateRequest, principal: Reader, db: DbDep) -> Esti
             workload=body.workload,
             ipus=body.ipus,
             machine=body.machine,
+            settings=settings,
             rates=plan_rates,
             tenant_id=principal.tenant_id,
         )

@@ -26,6 +26,7 @@ from api.schemas import (
     encode_cursor,
 )
 from api.views import days_left, hours, tenant_status
+from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
 from scheduler.services import rates
@@ -108,7 +109,7 @@ def _tenant_usage(t: Tenant) -> TenantUsage:
         quota_ipu_hours=hours(t.quota_ipu_ms),
         used_ipu_hours=hours(t.used_ipu_ms),
         reserved_ipu_hours=hours(t.reserved_ipu_ms),
-        remaining_ipu_hours=hours(max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)),
+        remaining_ipu_hours=hours(remaining_ipu_ms(t)),
         expires_at=t.expires_at,
     )
 
@@ -152,7 +153,7 @@ def get_usage(
         more = next_cursor is not None and group == "job"
         url = request.url.include_query_params(cursor=next_cursor) if more else None
         return _csv_response(groups[f"by_{group}"], group, "usage", url)
-    remaining = max(0, t.quota_ipu_ms - t.used_ipu_ms - t.reserved_ipu_ms)
+    remaining = remaining_ipu_ms(t)
     return UsageOut(
         tenant_id=t.id,
         plan=t.plan_name,

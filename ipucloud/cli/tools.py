@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -220,6 +221,14 @@ def simulate(
     preemption_warning: Annotated[
         float, typer.Option(min=0.0, help="Seconds of warning a preempted job gets (0: none).")
     ] = 30.0,
+    estimate_every: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="At every n-th submission, forecast the job's start as POST /estimates does and report "
+            "the error against its real start (estimate_error); 0: none. Each forecast costs passes.",
+        ),
+    ] = 0,
 ) -> None:
     """Replay a job trace on a simulated fleet through the scheduler's policies, side by side."""
     import os
@@ -275,6 +284,7 @@ def simulate(
         preemptible_fraction=preemptible_fraction,
         checkpoint_every_s=checkpoint_every,
         warning_s=preemption_warning,
+        estimate_every=estimate_every,
     )
     try:
         jobs = spec.load()
@@ -342,6 +352,15 @@ def simulate(
             table.add_row(
                 head,
                 *(fmt(get(row["preemptible"])) if "preemptible" in row else "-" for row in figures.values()),
+            )
+    if estimate_every:
+        for head, key, fmt in (
+            ("estimate: median error / wait", "median_abs_error_share", _share),
+            ("estimate: within 25%", "within_25pct", _share),
+            ("estimate: at once, said < 60 s", "immediate_under_60s", _share),
+        ):
+            table.add_row(
+                head, *(fmt(row.get("estimate_error", {}).get(key, math.nan)) for row in figures.values())
             )
     out.print(table)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from scheduler.billing import IPU_MS_PER_HOUR
 from scheduler.policy.model import QueuedJob, TenantState, Wait
-
-IPU_MS_PER_HOUR = 3_600_000
 
 
 class Admission:

@@ -58,7 +58,13 @@ class _Pass:
         # Preemptible work may be preempted for any job that is not, with or without the switch.
         self._preemptible_running = any(r.preemptible for r in snapshot.running)
         self.planner: TopologyPlanner | CountPlanner = (
-            TopologyPlanner(snapshot.allocator, snapshot.running, snapshot.now, snapshot.timetable)
+            TopologyPlanner(
+                snapshot.allocator,
+                snapshot.running,
+                snapshot.now,
+                snapshot.timetable,
+                hints=config.runtime_hints,
+            )
             if config.planner == "topology"
             else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
         )
@@ -276,6 +282,10 @@ class _Pass:
     def _reserve(self) -> Reservation:
         if self.reservation is None:
             assert self.head is not None
+            if not self.config.reserve:
+                # Work-conserving: nothing is held for the first job in line, so whatever fits starts.
+                self.reservation = Reservation(self.head.id, self.head.size, math.inf)
+                return self.reservation
             self.reservation = self.planner.reserve(self.head)
             self._check_exhausted()
         return self.reservation

@@ -26,9 +26,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from scheduler import billing
 from scheduler.errors import Conflict, QuotaExceeded
 from scheduler.models import Attempt, AttemptState, Checkpoint, Job, JobState, Plan, Tenant, utcnow
-from scheduler.services import rates
 from scheduler.services.job_state import add_event
 from scheduler.services.scope import Scope
 
@@ -207,8 +207,8 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     job.options = options or None
     job.predicted_runtime_s = predicted
     reserve = max(
-        (rates.option_cost_ipu_ms(o) for o in options.values()),
-        default=rates.charged_ipu_ms(job.ipus, predicted, 1.0),
+        (billing.option_cost_ipu_ms(o) for o in options.values()),
+        default=billing.charged_ipu_ms(job.ipus, predicted, 1.0),
     )
     if tenant.status != "active":
         raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)

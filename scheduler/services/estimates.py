@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler import emulation
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
-from scheduler.models import Attempt, AttemptState, Job, JobState, Partition
-from scheduler.services import fleet, own_models
+from scheduler.policy import QueuedJob
+from scheduler.policy.forecast import estimate_start
+from scheduler.services import executables, fleet, own_models, scheduling
+from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
+from scheduler.settings import Settings, get_settings
 from vipu import emulator
 from vipu.emulator.spec import GraphSource
 from vipu.machine_types import MACHINE_TYPE_NAMES
@@ -27,7 +29,7 @@ def estimate(
     workload: WorkloadRequest,
     ipus: int | str,
     machine: str | None,
-    policy: str = "default",
+    settings: Settings | None = None,
     rates: Mapping[str, float] | None = None,
     tenant_id: str | None = None,
     source: GraphSource | None = None,
@@ -36,6 +38,8 @@ def estimate(
     type there is, offline), answering for the one where it would finish first (the expected wait
     plus its run time), with each type's answer under `machine_options`.
 
+    The expected wait is the scheduling policy's own forecast for this tenant (`expected_wait_s`),
+    under the cloud's `settings` (its placement policy and preemption; the process's by default).
     `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`.
     ``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
     directly (``ipucloud estimate --model-file`` plans a local file)."""
@@ -43,14 +47,15 @@ def estimate(
         source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
     spec = emulation.to_workload_spec(workload, source)
     rate_of = plan_rates(rates)
+    ctx = _Context(tenant_id, settings or get_settings())
     if machine not in (None, "any"):
-        return _estimate_on(session, spec, ipus, machine, policy, rate_of[machine], strict=True)
+        return _estimate_on(session, spec, ipus, machine, ctx, rate_of[machine], strict=True)
     kinds = list(MACHINE_TYPE_NAMES)
     if session is not None:
         present = fleet.largest_by_type(session=session)
         kinds = [kind for kind in kinds if present.get(kind, 0) > 0] or kinds
     answers = {
-        kind: _estimate_on(session, spec, ipus, kind, policy, rate_of[kind], strict=False) for kind in kinds
+        kind: _estimate_on(session, spec, ipus, kind, ctx, rate_of[kind], strict=False) for kind in kinds
     }
 
     def finish(kind: str) -> float:
@@ -81,12 +86,18 @@ def estimate(
     return chosen
 
 
+@dataclass(frozen=True)
+class _Context:
+    tenant_id: str | None
+    settings: Settings
+
+
 def _estimate_on(
     session: Session | None,
     spec: emulator.WorkloadSpec,
     ipus: int | str,
     machine: str,
-    policy: str,
+    ctx: _Context,
     rate: float,
     *,
     strict: bool,
@@ -102,6 +113,11 @@ def _estimate_on(
             raise DoesNotFit(str(exc), machine=machine)
         return {"fits": False, "machine": machine, "error": str(exc)}
     out = result.to_dict()
+    key = out["plan"].get("executable_key") if isinstance(out.get("plan"), dict) else None
+    if session is not None and key and executables.is_cached(session=session, key=str(key)):
+        # Compiled before: the run skips compilation, and so do its time, cost and reservation
+        # (what submission reserves; see jobs.submit_job).
+        out = emulator.estimate(spec, ipus if ipus == "auto" else int(ipus), machine, cached=True).to_dict()
     out["charged_ipu_hours"] = None if out.get("ipu_hours") is None else round(out["ipu_hours"] * rate, 6)
     if session is not None and out.get("fits"):
         size = int(out["plan"]["ipus"]) if isinstance(out.get("plan"), dict) else int(ipus)  # type: ignore[arg-type]
@@ -111,49 +127,60 @@ def _estimate_on(
             if strict:
                 raise
             return {**out, "fits": False, "error": exc.detail}
-        out["expected_wait_s"] = expected_wait_s(session=session, size=size, machine=machine, policy=policy)
+        out["expected_wait_s"] = expected_wait_s(
+            session=session,
+            size=size,
+            machine=machine,
+            predicted_runtime_s=float(out["total_s"]),
+            tenant_id=ctx.tenant_id,
+            settings=ctx.settings,
+        )
     return out
 
 
 def expected_wait_s(
-    *, session: Session, size: int, machine: str | None, policy: str = "default"
+    *,
+    session: Session,
+    size: int,
+    machine: str | None,
+    predicted_runtime_s: float,
+    tenant_id: str | None = None,
+    settings: Settings | None = None,
 ) -> float | None:
-    """Cluster seconds until a partition of `size` would start if the queue ahead ran as predicted.
-
-    Replays the running jobs' predicted ends and the queued jobs' starts on the allocator, first
-    come first served: an estimate, stated as such, not a reservation.
-    """
-    alloc = fleet.load_allocator(session=session, policy=policy)
-    if alloc.find(size, machine_type=machine) is not None and not _queued_ahead(session):
-        return 0.0
-    ends: list[tuple[float, str]] = []
-    rows = session.execute(
-        select(Partition.name, Job.predicted_runtime_s, Attempt.cluster_s)
-        .join(Attempt, Attempt.partition_pk == Partition.pk)
-        .join(Job, Job.id == Attempt.job_id)
-        .where(Attempt.state.in_([AttemptState.PLACED, AttemptState.RUNNING]), Partition.kind == "job")
-    ).all()
-    for name, predicted, ran in rows:
-        heapq.heappush(ends, (max(0.0, predicted - ran), name))
-    queued = session.execute(
-        select(Job.ipus, Job.machine_type, Job.predicted_runtime_s)
-        .where(Job.state == JobState.QUEUED, Job.partition_name.is_(None))
-        .order_by(Job.priority.desc(), Job.id)
-        .limit(2000)
-    ).all()
-    clock = 0.0
-    for n, (q_size, q_machine, q_runtime) in enumerate([*queued, (size, machine, None)]):
-        while (placement := alloc.allocate(f"estimate-{n}", q_size, machine_type=q_machine)) is None:
-            if not ends:
-                return None  # no healthy room of that size even after everything ends
-            clock, name = heapq.heappop(ends)
-            if name in alloc.partitions():
-                alloc.release(name)
-        if q_runtime is None:
-            return round(clock, 3)
-        heapq.heappush(ends, (clock + q_runtime, placement.partition_id))
-    return round(clock, 3)
+    """Cluster seconds until a job of `size` IPUs and this predicted run time would start if submitted
+    now by `tenant_id`: the scheduling policy's own forecast (`scheduler.policy.forecast`), run over the
+    same snapshot the live pass decides on, with the cloud's policy settings. None when the replay
+    does not reach its start (a very long queue, or no room of that size ever)."""
+    settings = settings or get_settings()
+    scale = settings.time_scale
+    policy = scheduling.live_policy(placement=settings.placement_policy, preemption=settings.preemption)
+    alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
+    if alloc.find(size, machine_type=machine) is not None and not scheduling.has_queued(session=session):
+        return 0.0  # free room and nobody waiting: it starts at the next pass
+    now = db_now(session)
+    live = scheduling.build_snapshot(
+        session=session,
+        allocator=alloc,
+        now=now,
+        time_scale=scale,
+        half_life_s=policy.half_life_s,
+        also_tenants={tenant_id} if tenant_id is not None else (),
+    )
+    snapshot = live.snapshot
+    target = QueuedJob(
+        id=ESTIMATE_JOB_ID,
+        tenant_id=tenant_id or ESTIMATE_TENANT,
+        size=size,
+        submitted_at=snapshot.now,
+        predicted_runtime_s=predicted_runtime_s / scale,
+        machine_type=machine,
+    )
+    start = estimate_start(snapshot, target, policy)
+    if start is None:
+        return None
+    return round(max(0.0, start - snapshot.now) * scale, 3)
 
 
-def _queued_ahead(session: Session) -> bool:
-    return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
+# What the forecast calls the job asked about: an id no real job has (real ids are job_ + 26 chars).
+ESTIMATE_JOB_ID = "job_estimate"
+ESTIMATE_TENANT = "tenant_estimate"  # an admin's estimate: a tenant with no usage yet

@@ -14,7 +14,7 @@ from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler import emulation
+from scheduler import billing, emulation
 from scheduler.errors import (
     Conflict,
     DoesNotFit,
@@ -41,7 +41,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, own_models, rates
+from scheduler.services import attempts, executables, fleet, own_models, rates, sessions
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
@@ -57,12 +57,13 @@ class Submitted:
     replayed: bool
 
 
+# The queue a session job's dispatch message is first written with; the dispatcher picks the most
+# specific served queue at every publish anyway (scheduler/routing.py).
+SESSION_QUEUE = "ipucloud"
+
+
 def request_hash(spec: JobSpec) -> str:
     return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def cost_ipu_ms(ipus: int, seconds: float) -> int:
-    return round(ipus * seconds * 1000)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,16 @@ def submit_jobs(
     if refused:
         conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
         conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+    # A session's jobs start now, in this transaction, on a free GCD of the session's partition.
+    sessions.place_session_jobs(
+        session=session,
+        jobs=[
+            o.job
+            for o in outcomes
+            if isinstance(o, Submitted) and not o.replayed and o.job.spec.get("session")
+        ],
+        queue=SESSION_QUEUE,
+    )
     for tenant_id, amount in reserve.items():
         done = conn.execute(
             _RESERVE, {"t": tenant_id, "amount": amount, "bound": queued_counts[tenant_id]}
@@ -233,7 +244,7 @@ def _queued_event(job: Job, now: datetime) -> dict[str, Any]:
         "kind": "state",
         "message": (
             f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
-            f"{job.reserved_ipu_ms / 3.6e6:.4f} IPU-hours reserved"
+            f"{job.reserved_ipu_ms / billing.IPU_MS_PER_HOUR:.4f} IPU-hours reserved"
         ),
         "data": {"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
         "at": now,
@@ -341,7 +352,15 @@ def _prepare(
     """Everything about one request that needs no lock: the job it would be, or why it cannot."""
     spec = r.spec
     reserved_partition = None
-    if spec.partition is not None:
+    in_session = False
+    if spec.session is not None:
+        # A session's job runs on the session's partition like a job in a reserved partition, and
+        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions.py).
+        _, reserved_partition = sessions.session_for_job(
+            session=session, tenant_id=r.tenant_id, session_id=spec.session
+        )
+        in_session = True
+    elif spec.partition is not None:
         reserved_partition = fleet.get_live_partition(session=session, name=spec.partition)
         if (
             reserved_partition is None
@@ -399,6 +418,9 @@ def _prepare(
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
+        # Compiled before (by anyone: the cache is keyed by everything that shapes the graph, and a
+        # run that finds it there skips compilation and is billed so): plan and reserve without it.
+        resolved = resolved.given_cache(executables.is_cached(session=session, key=resolved.executable_key))
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:
@@ -420,7 +442,7 @@ def _prepare(
         options[kind] = {
             "ipus": size,
             "predicted_runtime_s": min(resolved.predicted_runtime_s, float(max_runtime)),
-            "rate": plan_rates[kind],
+            "rate": 0.0 if in_session else plan_rates[kind],
         }
     if not options:
         if len(refusals) == 1:
@@ -436,7 +458,7 @@ def _prepare(
     fastest = min(options, key=lambda kind: (options[kind]["predicted_runtime_s"], candidates.index(kind)))
     size = int(options[fastest]["ipus"])
     predicted = options[fastest]["predicted_runtime_s"]
-    reserve = max(rates.option_cost_ipu_ms(option) for option in options.values())
+    reserve = max(billing.option_cost_ipu_ms(option) for option in options.values())
     return Job(
         id=new_id("job"),
         tenant_id=r.tenant_id,
@@ -449,7 +471,7 @@ def _prepare(
         machine_type=named,
         options=options,
         prefer=spec.prefer,
-        partition_name=spec.partition,
+        partition_name=reserved_partition.name if reserved_partition is not None else None,
         priority=spec.priority + plan.priority * 1000,
         max_runtime_s=max_runtime,
         preemptible=spec.preemptible,
@@ -553,14 +575,15 @@ def _judge(
         raise TenantInactive(f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}.")
     cost = job.reserved_ipu_ms
     held = reserve.get(tenant.id, 0)
-    left = tenant.quota_ipu_ms - tenant.used_ipu_ms - tenant.reserved_ipu_ms - held
+    left = billing.left_ipu_ms(tenant, held=held)
     if cost > left:
         left = max(0, left)
         raise QuotaExceeded(
-            f"This job is predicted to cost {cost / 3.6e6:.3f} IPU-hours but only {left / 3.6e6:.3f} "
+            f"This job is predicted to cost {billing.ipu_hours(cost):.3f} IPU-hours but only "
+            f"{billing.ipu_hours(left):.3f} "
             "of the grant are left (after what running and queued jobs hold).",
-            cost_ipu_hours=round(cost / 3.6e6, 6),
-            remaining_ipu_hours=round(left / 3.6e6, 6),
+            cost_ipu_hours=billing.ipu_hours(cost),
+            remaining_ipu_hours=billing.ipu_hours(left),
         )
     queued = queued_counts.get(tenant.id, 0)
     if queued >= plan.max_queued_jobs:
@@ -590,6 +613,8 @@ def list_jobs(
 ) -> list[Job]:
     """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
     stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
+    # A session's holder job is the session (GET /sessions), not one of the tenant's jobs.
+    stmt = stmt.where(Job.task != sessions.SESSION_TASK)
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if after is not None:

@@ -19,8 +19,8 @@ from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from scheduler.billing import charged_ipu_ms, raw_ipu_ms
 from scheduler.models import Attempt, Job, MeterEvent, Tenant, utcnow
-from scheduler.services.rates import charged_ipu_ms, raw_ipu_ms
 
 
 def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
@@ -53,10 +53,6 @@ def _insert_new(session: Session, rows: list[dict[str, Any]]) -> set[str]:
         ins = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
         session.execute(ins.on_conflict_do_nothing(index_elements=["id"]), new)
     return {r["id"] for r in new}
-
-
-def ipu_ms(size: int, cluster_s: float) -> int:
-    return round(size * cluster_s * 1000)
 
 
 def _rate(attempt: Attempt | Metered) -> float:

@@ -18,7 +18,7 @@ from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
 from scheduler.services import attempts as attempt_service
 from scheduler.services import fleet
 from vipu.machine_types import LAYOUTS
-from vipu.partitions import PartitionRuleError, check_gcds
+from vipu.partitions import PartitionRuleError, check_gcds, check_size
 from vipu.topology import rack_id
 
 _sync_lock = threading.Lock()
@@ -43,9 +43,8 @@ def create_partition(
     policy: str = "default",
 ) -> Partition:
     """Carve a partition now (reserved for `tenant_id` when given), or raise NoCapacity (409)."""
-    if size < 1 or size & (size - 1):
-        raise InvalidRequest("size must be a power of two (1, 2, 4, ... 65536).")
     try:
+        check_size(size)
         check_gcds(size, gcds)
     except PartitionRuleError as exc:
         raise InvalidRequest(str(exc))

@@ -6,7 +6,7 @@ plan sets it (`plans.rates`), else the registry's default (`vipu.machine_types`)
 fixed when it is admitted (its quota reservation was made with them) and its attempt keeps the rate
 of the type it was placed on, so a plan edited later changes only what is admitted later.
 
-Metering calls `charged_ipu_ms` and `raw_ipu_ms`; placement calls `bind_machine`, which settles an
+What a rate costs is `scheduler/billing.py`'s arithmetic; placement calls `bind_machine`, which settles an
 `any` job on the type it was placed on, and `attempt_fields`, what the attempt row records.
 """
 
@@ -40,20 +40,6 @@ def allowed_types(machine_types: Sequence[str] | None) -> tuple[str, ...]:
     if not machine_types:
         return MACHINE_TYPE_NAMES
     return tuple(kind for kind in MACHINE_TYPE_NAMES if kind in machine_types)
-
-
-def charged_ipu_ms(size: int, cluster_s: float, rate: float) -> int:
-    """What `size` IPUs for `cluster_s` cluster seconds cost at `rate`, in grant IPU-milliseconds."""
-    return round(size * cluster_s * 1000 * rate)
-
-
-def raw_ipu_ms(charged: int, rate: float) -> int:
-    """The IPU-milliseconds behind an amount charged at `rate`."""
-    return round(charged / rate) if rate > 0 else 0
-
-
-def option_cost_ipu_ms(option: Mapping[str, float]) -> int:
-    return charged_ipu_ms(int(option["ipus"]), float(option["predicted_runtime_s"]), float(option["rate"]))
 
 
 def bind_machine(job: Any, machine_type: str) -> float:

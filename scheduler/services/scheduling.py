@@ -15,7 +15,7 @@ sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from scheduler import billing
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
@@ -54,12 +55,32 @@ from scheduler.services.clock import db_now
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
+# Partitions that host jobs they outlive: reserved ones, and sessions' (a session job waiting for a
+# free graph compile domain is placed like a job in a reserved partition).
+_HOSTING = ("reserved", "session")
+
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
 
 
 def has_queued(*, session: Session) -> bool:
     """Whether any job waits (one indexed probe)."""
     return session.execute(select(Job.id).where(Job.state == JobState.QUEUED).limit(1)).first() is not None
+
+
+def lock_startable(*, session: Session, job_ids: Collection[str]) -> dict[str, Job]:
+    """Lock the jobs a pass decided to start and keep those still queued and not being cancelled: a
+    cancel may have committed since the snapshot. The cancel locks the job too, so it either saw no
+    attempt or will find this one placed."""
+    return {
+        j.id: j
+        for j in session.execute(
+            select(Job)
+            .where(Job.id.in_(job_ids))
+            .with_for_update(key_share=True)
+            .execution_options(populate_existing=True)
+        ).scalars()
+        if j.state == JobState.QUEUED and not j.cancel_requested
+    }
 
 
 def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
@@ -86,12 +107,14 @@ def build_snapshot(
     half_life_s: float,
     arrivals_seen: set[str] | None = None,
     read_waits: bool = False,
+    also_tenants: Collection[str] = (),
 ) -> LiveSnapshot:
     """Everything a pass decides over, read in a handful of indexed queries.
 
     ``arrivals_seen`` holds the ids of queued jobs shown to the policy before (the caller keeps it);
     jobs not in it are this pass's arrivals, whose sizes feed the placement policy's demand model.
     ``read_waits`` also returns each queued job's stored wait, to compare new explanations with.
+    ``also_tenants`` are read with the tenants that have queued jobs (an estimate's asker).
     """
     now_s = now.timestamp()
     live = select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES)).scalar_subquery()
@@ -170,6 +193,7 @@ def build_snapshot(
         preemptible,
         every,
         task,
+        gcd,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -185,6 +209,7 @@ def build_snapshot(
             Job.preemptible,
             Job.checkpoint_every_s,
             Job.task,
+            Attempt.gcd,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -195,6 +220,9 @@ def build_snapshot(
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
         end = started + predicted / time_scale
+        # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
+        # hold (GCD -1, scheduler/services/sessions.py) frees it at its end.
+        inside = kind == "reserved" or (kind == "session" and gcd >= 0)
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
             ran = max(ran, (now - taken).total_seconds() * time_scale)
@@ -207,20 +235,21 @@ def build_snapshot(
                 started,
                 end,
                 priority,
-                kind == "reserved",
+                inside,
                 preemptible=bool(preemptible),
                 checkpoint_every=checkpoint_every(every, task) / time_scale,
             )
         )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
-        busy.setdefault(name, []).append(job_id)
+        if gcd >= 0:
+            busy.setdefault(name, []).append(job_id)
 
     samples: list[dict[str, Any]] = []
     tenants = _tenant_states(
         session=session,
         samples=samples,
-        tenant_ids={q.tenant_id for q in queued},
+        tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
         now=now,
         time_scale=time_scale,
         half_life_s=half_life_s,
@@ -233,7 +262,7 @@ def build_snapshot(
             select(Partition.name)
             .join(IpuAssignment, IpuAssignment.partition_pk == Partition.pk)
             .join(Ipu, Ipu.id == IpuAssignment.ipu_id)
-            .where(Partition.kind == "reserved", Partition.released_at.is_(None), Ipu.health != "up")
+            .where(Partition.kind.in_(_HOSTING), Partition.released_at.is_(None), Ipu.health != "up")
             .distinct()
         ).scalars()
     )
@@ -249,7 +278,7 @@ def build_snapshot(
         )
         for name, tenant_id, size, gcds in session.execute(
             select(Partition.name, Partition.tenant_id, Partition.size, Partition.gcds).where(
-                Partition.kind == "reserved", Partition.released_at.is_(None)
+                Partition.kind.in_(_HOSTING), Partition.released_at.is_(None)
             )
         ).tuples()
     }
@@ -334,7 +363,7 @@ def _tenant_states(
             id=tenant.id,
             active=tenant.status == "active",
             expires_at=None if tenant.expires_at is None else tenant.expires_at.timestamp(),
-            quota_left_ipu_ms=tenant.quota_ipu_ms - tenant.used_ipu_ms - held_by_running,
+            quota_left_ipu_ms=billing.left_ipu_ms(tenant, held=held_by_running, count_reserved=False),
             max_concurrent_jobs=plan.max_concurrent_jobs,
             max_queued_jobs=plan.max_queued_jobs,
             max_partition_size=plan.max_partition_size,
@@ -421,7 +450,9 @@ def preempt(
     now = db_now(session)
     live = session.execute(
         select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
-            Attempt.job_id.in_([v.id for v in victims]), Attempt.state.in_(LIVE_ATTEMPT_STATES)
+            Attempt.job_id.in_([v.id for v in victims]),
+            Attempt.state.in_(LIVE_ATTEMPT_STATES),
+            Attempt.gcd >= 0,  # a session's hold is ended by the session, never preempted
         )
     ).tuples()
     preemptible = {v.id for v in victims if v.preemptible}

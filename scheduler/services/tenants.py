@@ -11,9 +11,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from scheduler.billing import ipu_ms_of_hours
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.ids import new_id
-from scheduler.models import IPU_MS_PER_HOUR, ApiKey, Member, Plan, Tenant, utcnow
+from scheduler.models import ApiKey, Member, Plan, Tenant, utcnow
 from scheduler.services import keys
 
 MIB = 2**20
@@ -37,6 +38,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_model_bytes=256 * MIB,
         preemptible_discount=0.5,
         checkpoint_retention_s=86400,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="trial-university",
@@ -55,6 +57,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_model_bytes=1_024 * MIB,
         preemptible_discount=0.5,
         checkpoint_retention_s=3 * 86400,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="trial-business",
@@ -73,6 +76,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_model_bytes=1_024 * MIB,
         preemptible_discount=0.5,
         checkpoint_retention_s=3 * 86400,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="standard",
@@ -91,6 +95,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_model_bytes=4_096 * MIB,
         preemptible_discount=0.5,
         checkpoint_retention_s=7 * 86400,
+        max_session_s=24 * 3600,
     ),
     dict(
         name="internal",
@@ -109,6 +114,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_model_bytes=65_536 * MIB,
         preemptible_discount=0.5,
         checkpoint_retention_s=30 * 86400,
+        max_session_s=7 * 24 * 3600,
     ),
 )
 
@@ -229,7 +235,7 @@ def create_tenant(
         id=new_id("ten"),
         name=name,
         plan_name=plan_row.name,
-        quota_ipu_ms=round(hours * IPU_MS_PER_HOUR),
+        quota_ipu_ms=ipu_ms_of_hours(hours),
         used_ipu_ms=0,
         reserved_ipu_ms=0,
         expires_at=expires_at,
@@ -286,7 +292,7 @@ def update_tenant(*, session: Session, tenant_id: str, changes: dict[str, object
         hours = changes.pop("quota_ipu_hours")
         if not isinstance(hours, int | float) or hours < 0:
             raise InvalidRequest("quota_ipu_hours must be a non-negative number.", field="quota_ipu_hours")
-        tenant.quota_ipu_ms = round(hours * IPU_MS_PER_HOUR)
+        tenant.quota_ipu_ms = ipu_ms_of_hours(hours)
     if "status" in changes:
         status = changes.pop("status")
         if status not in ("active", "suspended"):

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
-from scheduler.models import IPU_MS_PER_HOUR, Job, MeterEvent, Tenant
+from scheduler.billing import ipu_hours as _hours
+from scheduler.models import Job, MeterEvent, Tenant
 from scheduler.services.scope import Scope, restrict
 
 GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
@@ -41,11 +42,6 @@ def jobs_used_ipu_ms(*, session: Session, job_ids: Sequence[str]) -> dict[str, i
     for job_id, ms in rows:
         out[job_id] = int(ms or 0)
     return out
-
-
-def _hours(ms: int | None) -> float:
-    # PostgreSQL sums BIGINTs as NUMERIC (a Decimal here): back to int, so every database reports alike.
-    return round(int(ms or 0) / IPU_MS_PER_HOUR, 6)
 
 
 def _scoped(stmt: Any, scope: Scope, since: datetime | None, until: datetime | None) -> Any:

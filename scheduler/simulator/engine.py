@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler.policy import (
     JobQueue,
@@ -35,6 +35,7 @@ from scheduler.policy import (
     accrue,
     decide,
 )
+from scheduler.policy.forecast import estimate_start
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator
@@ -57,6 +58,9 @@ class JobOutcome:
     preempted: int = 0
     machine_type: str = ""
     lost_s: float = 0.0  # run time lost to preemptions (work redone)
+    # The wait estimate at submission (scheduler.policy.forecast, the code POST /estimates runs):
+    # when the policy said the job would start. NaN: not estimated; inf: no forecast start.
+    estimated_start_s: float = math.nan
 
 
 @dataclass
@@ -121,6 +125,8 @@ class Simulation:
         preemptible: Sequence[bool] | None = None,
         checkpoint_every_s: float = 600.0,
         warning_s: float = 30.0,
+        estimate_every: int = 0,
+        estimate_passes: int = 2000,
     ) -> None:
         if len(estimates) != len(jobs):
             raise ValueError("one estimate per job")
@@ -140,6 +146,11 @@ class Simulation:
             raise ValueError("one preemptible flag per job")
         self.checkpoint_every_s = checkpoint_every_s
         self.warning_s = warning_s
+        # Forecast the start of every n-th submission (0: none). Each forecast replays passes ahead,
+        # so a full trace samples rather than asks at every one of its submissions.
+        self.estimate_every = estimate_every
+        self.estimate_passes = estimate_passes
+        self._placed_on: dict[int, float] = {}  # run-time factor of the type a job last started on
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         jobs, config, est = self.jobs, self.policy, self.estimates
@@ -161,9 +172,6 @@ class Simulation:
             preemptible=self.preemptible,
         )
         flags = self.preemptible
-        # Of each job: the share of its run kept in checkpoints, and its current run's start and length.
-        kept = [0.0] * len(jobs)
-        runs_of: dict[int, tuple[float, float]] = {}
         # Warned victims stop when their warning ends: (at, job index, attempt).
         stops: list[tuple[float, int, int]] = []
         warned: set[str] = set()
@@ -177,6 +185,13 @@ class Simulation:
         completions: list[tuple[float, int, int]] = []
         attempt = [0] * len(jobs)
         submitted: list[QueuedJob | None] = [None] * len(jobs)
+        # Reference policies (tiresias, srtf-oracle) rank by service had or time left and resume
+        # preempted jobs from their checkpoint; the others rank as asked and lose preempted work.
+        ranked = config.priority_from != "plan"
+        left = [j.duration_s for j in jobs]  # true run time still to go, on the recorded machine
+        told_left = list(est)  # what the policy believes is still to go
+        attained = [0.0] * len(jobs)  # IPU-seconds run so far (Tiresias' service)
+        run_from = [0.0] * len(jobs)
         now = 0.0
         busy = 0
         head_size: int | None = None
@@ -185,7 +200,8 @@ class Simulation:
         done = 0
 
         def stop(i: int, lost: float) -> None:
-            """Take job `i` off its partition and queue it again, `lost` of its run redone."""
+            """Take job `i` off its partition and queue it again; `lost` of the run time it had
+            (since its last start) is redone, the rest it resumes from (a checkpoint)."""
             job = jobs[i]
             victim = running.pop(job.id)
             alloc.release(victim.partition)
@@ -197,10 +213,16 @@ class Simulation:
             ledger.advance(now, half_life)
             ledger.ipus -= victim.size
             ledger.end_weighted -= victim.size * victim.expected_end
-            start, length = runs_of.pop(i)
-            ran = min(now - start, length)
-            if length > 0:
-                kept[i] = min(1.0, kept[i] + max(0.0, ran - lost) / (length / max(1e-12, 1.0 - kept[i])))
+            factor = self._placed_on[i]
+            ran = now - run_from[i]
+            if self.runs is not None:
+                # It was counted as running all it had left; it ran `ran` of it.
+                result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
+            kept_s = max(0.0, ran - lost) / factor
+            if kept_s > 0 or ranked:
+                left[i] = max(0.0, left[i] - kept_s)
+                told_left[i] = max(1.0, told_left[i] - kept_s)
+            attained[i] += victim.size * ran
             outcomes[i].preempted += 1
             outcomes[i].lost_s += lost
             outcomes[i].start_s = math.nan
@@ -208,6 +230,11 @@ class Simulation:
             warned.discard(job.id)
             again = submitted[i]
             assert again is not None
+            if kept_s > 0 or ranked:
+                again = replace(again, predicted_runtime_s=told_left[i])
+            if ranked:
+                again = replace(again, priority=self._rank(attained[i], left[i]))
+            submitted[i] = again
             queue.add(again)
 
         while next_arrival < len(jobs) or completions or stops:
@@ -242,14 +269,13 @@ class Simulation:
                 ledger.ipus -= job.size
                 ledger.end_weighted -= job.size * ended.expected_end
                 outcomes[i].end_s = now
-                runs_of.pop(i, None)
                 warned.discard(job.id)
                 done += 1
             while stops and stops[0][0] <= now:
                 _, i, number = heapq.heappop(stops)
                 if number == attempt[i] and jobs[i].id in running:
                     # Checkpointed at its warning; what it ran in the window is lost.
-                    stop(i, min(self.warning_s, now - runs_of[i][0]))
+                    stop(i, min(self.warning_s, now - run_from[i]))
             arrivals: list[QueuedJob] = []
             while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
                 job = jobs[next_arrival]
@@ -259,16 +285,39 @@ class Simulation:
                     job.size,
                     job.submit_s,
                     est[next_arrival],
+                    priority=self._rank(0.0, job.duration_s) if ranked else 0,
                     options=self._options(next_arrival),
                     preemptible=flags[next_arrival],
                 )
+                tenants.setdefault(job.tenant, _Tenant(at=now))
+                if self.estimate_every and next_arrival % self.estimate_every == 0:
+                    view = Snapshot(
+                        now=now,
+                        queue=queue,
+                        running=running.values(),
+                        tenants=self._tenant_states(tenants, now, half_life) if fair else {},
+                        allocator=alloc,
+                        arrivals=arrivals,
+                        timetable=table,
+                    )
+                    start = estimate_start(
+                        view, queued, config, max_passes=self.estimate_passes, name_for=_own_name
+                    )
+                    outcomes[next_arrival].estimated_start_s = math.inf if start is None else start
                 queue.add(queued)
                 arrivals.append(queued)
-                tenants.setdefault(job.tenant, _Tenant(at=now))
                 next_arrival += 1
 
             head_size = None
             head_refused = False
+            if ranked and queue:
+                # Service grows and time left shrinks while jobs run: their classes move with them.
+                for job_id, r in running.items():
+                    i = index[job_id]
+                    ran = now - run_from[i]
+                    klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i])
+                    if klass != r.priority:
+                        running[job_id] = replace(r, priority=klass)
             while queue:
                 snapshot = Snapshot(
                     now=now,
@@ -290,8 +339,7 @@ class Simulation:
                     job = jobs[i]
                     queue.remove(queued.id)
                     factor = self._factor(i, placement.machine_type)
-                    left = 1.0 - kept[i]  # a job resumed from a checkpoint runs what it had not kept
-                    end = now + est[i] * factor * left
+                    end = now + told_left[i] * factor
                     started = RunningJob(
                         job.id,
                         job.tenant,
@@ -299,16 +347,18 @@ class Simulation:
                         placement.partition_id,
                         now,
                         end,
+                        queued.priority,
                         preemptible=flags[i],
                         checkpoint_every=self.checkpoint_every_s if flags[i] else math.inf,
                     )
                     running[job.id] = started
                     table.add(placement.partition_id, placement, started)
-                    runs_of[i] = (now, job.duration_s * factor * left)
-                    heapq.heappush(completions, (now + job.duration_s * factor * left, i, attempt[i]))
+                    run_from[i] = now
+                    self._placed_on[i] = factor
+                    heapq.heappush(completions, (now + left[i] * factor, i, attempt[i]))
                     if self.runs is not None:
                         result.extra["work_ipu_s"] = (
-                            result.extra.get("work_ipu_s", 0.0) + job.size * job.duration_s * factor
+                            result.extra.get("work_ipu_s", 0.0) + job.size * left[i] * factor
                         )
                     busy += job.size
                     ledger = tenants[job.tenant]
@@ -332,8 +382,10 @@ class Simulation:
                         heapq.heappush(stops, (now + self.warning_s, i, attempt[i]))
                     elif victim.preemptible:
                         stop(i, victim.at_risk(now))  # no warning: back to its last checkpoint
+                    elif ranked:
+                        stop(i, 0.0)  # the reference policies resume from the moment of preemption
                     else:
-                        stop(i, now - runs_of[i][0])  # priority preemption: all of its run is lost
+                        stop(i, now - run_from[i])  # priority preemption: all of its run is lost
                 result.preemptions += len(fresh)
                 if all(v.id in warned for v in fresh):
                     break
@@ -343,6 +395,14 @@ class Simulation:
         if queue:
             raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
         return result
+
+    def _rank(self, attained_ipu_s: float, left_s: float) -> int:
+        """A reference policy's priority class (higher first): minus the Tiresias queue of the
+        service had, or minus the time left on a log scale (classes 19% apart; FIFO within one)."""
+        config = self.policy
+        if config.priority_from == "las":
+            return -sum(1 for limit in config.las_thresholds_ipu_s if attained_ipu_s >= limit)
+        return -math.ceil(4 * math.log2(max(left_s, 1.0)))
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
         if self.runs is None:

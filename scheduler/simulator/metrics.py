@@ -96,6 +96,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "launch_failures": result.launch_failures,
         "preemptions": result.preemptions,
         "replay_wall_s": _r(result.wall_s, 2),
+        **({"estimate_error": errors} if (errors := estimate_error(result)) else {}),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
         "tenant_job_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant_jobs.items())},
         **_preemptible(result),
@@ -135,6 +136,50 @@ def _preemptible(result: SimResult) -> dict[str, Any]:
                 "max": _r(losses[-1] if losses else 0.0, 2),
             },
         }
+    }
+
+
+IMMEDIATE_S = 1.0  # a job that started within this of its submission started at once
+PROMPT_S = 60.0  # an estimate under this says "at once" to a user
+
+
+def estimate_error(result: SimResult) -> dict[str, Any]:
+    """How the wait estimate made at submission (``JobOutcome.estimated_start_s``) compares with the
+    start that happened, over the jobs that got one.
+
+    For jobs that waited (actual wait > ``IMMEDIATE_S``): the median absolute error as a share of
+    the actual wait, and the share of them estimated within 25% of it. For jobs that started at once:
+    the share estimated to wait under ``PROMPT_S``. A job the forecast gave no start (inf) counts as
+    an error of 100% or more. Empty when nothing was estimated."""
+    waited: list[float] = []
+    absolute: list[float] = []
+    immediate = prompt = missing = 0
+    for job, o in zip(result.jobs, result.outcomes, strict=True):
+        if math.isnan(o.estimated_start_s):
+            continue
+        if math.isinf(o.estimated_start_s):
+            missing += 1
+        wait = o.start_s - job.submit_s
+        guess = o.estimated_start_s - job.submit_s
+        absolute.append(abs(guess - wait))
+        if wait <= IMMEDIATE_S:
+            immediate += 1
+            prompt += guess < PROMPT_S
+        else:
+            waited.append(abs(guess - wait) / wait)
+    if not absolute:
+        return {}
+    waited.sort()
+    absolute.sort()
+    return {
+        "estimated_jobs": len(absolute),
+        "no_forecast": missing,
+        "median_abs_error_s": _r(percentile(absolute, 0.5)),
+        "waited_jobs": len(waited),
+        "median_abs_error_share": _r(percentile(waited, 0.5), 4),
+        "within_25pct": _r(sum(1 for e in waited if e <= 0.25) / len(waited), 4) if waited else math.nan,
+        "immediate_jobs": immediate,
+        "immediate_under_60s": _r(prompt / immediate, 4) if immediate else math.nan,
     }
 
 

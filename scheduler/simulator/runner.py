@@ -50,6 +50,8 @@ class ReplaySpec:
     preemptible_fraction: float = 0.0
     checkpoint_every_s: float = 600.0
     warning_s: float = 30.0
+    # Forecast the wait of every n-th submission and report its error (0: none); see engine.Simulation.
+    estimate_every: int = 0
 
     def preemptible(self, jobs: Sequence[TraceJob]) -> list[bool]:
         """Which jobs are preemptible: each with probability `preemptible_fraction`, from the seed."""
@@ -92,11 +94,27 @@ def replay_policy(
     )
     if fleet is None:
         sim = Simulation(
-            jobs, config, told, pods=spec.pods, machine=spec.machine, estimate_model=model, **work
+            jobs,
+            config,
+            told,
+            pods=spec.pods,
+            machine=spec.machine,
+            estimate_model=model,
+            estimate_every=spec.estimate_every,
+            **work,
         )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
-        sim = Simulation(jobs, config, told, fleet=fleet, runs=runs, estimate_model=model, **work)
+        sim = Simulation(
+            jobs,
+            config,
+            told,
+            fleet=fleet,
+            runs=runs,
+            estimate_model=model,
+            estimate_every=spec.estimate_every,
+            **work,
+        )
     pending = 0
 
     def step(done: int) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler.billing import charged_ipu_ms
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -41,7 +42,6 @@ from scheduler.models import (
     ReconcilerAction,
     Tenant,
 )
-from scheduler.services.rates import charged_ipu_ms
 
 
 @dataclass

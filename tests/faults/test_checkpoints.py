@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from scheduler.billing import charged_ipu_ms
 from scheduler.models import Attempt, Checkpoint, MeterEvent
-from scheduler.services.rates import charged_ipu_ms
 from scheduler.settings import get_settings
 from tests.faults.checker import check_cloud
 from tests.faults.cloudkit import fault_cloud, job_body, wait_for, wait_running_on

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from scheduler.billing import charged_ipu_ms
 from scheduler.models import Attempt, AttemptState, Checkpoint, Job, MeterEvent, Tenant
 from scheduler.services import checkpoints
-from scheduler.services.rates import charged_ipu_ms
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.faults.harness import leader_loop, make_tenant, place, submit
 from tests.faults.test_agent import FakeClock, make_agent, run_for, take

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from scheduler.billing import ipu_ms
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.models import Attempt, JobEvent, utcnow
-from scheduler.services.metering import ipu_ms
 from scheduler.settings import get_settings
 from tests.faults.checker import check_cloud
 from tests.faults.cloudkit import fault_cloud, job_body, submit_batch, wait_for, wait_running_on

@@ -44,8 +44,9 @@ def _attempts(cloud: MultiHostCloud) -> list[Any]:
 
 
 def _host_of(worker: str | None, hosts: dict[str, str]) -> str | None:
+    # An attempt records the host agent that ran it, named by its Celery node name.
     for role, ns in hosts.items():
-        if worker and worker.startswith(f"worker@{ns}/"):
+        if worker == f"worker@{ns}":
             return role
     return None
 

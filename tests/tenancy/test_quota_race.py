@@ -15,10 +15,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from scheduler import emulation
+from scheduler import billing, emulation
 from scheduler.jobspec import JobSpec
 from scheduler.models import Job, MeterEvent, Tenant
-from scheduler.services import jobs
 from tests.support.cloud import FAST, RunningCloud, free_port
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +31,7 @@ def job_cost_ipu_ms(max_runtime_s: int) -> int:
     """What admission reserves for JOB: the same emulator prediction the API makes."""
     spec = JobSpec.model_validate(JOB)
     resolved = emulation.resolve(spec.workload, spec.ipus, None)
-    return jobs.cost_ipu_ms(resolved.ipus, min(resolved.predicted_runtime_s, float(max_runtime_s)))
+    return billing.ipu_ms(resolved.ipus, min(resolved.predicted_runtime_s, float(max_runtime_s)))
 
 
 def test_concurrent_submissions_never_overspend_the_grant(

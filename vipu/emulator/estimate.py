@@ -136,10 +136,13 @@ def estimate(
     )
 
 
-def predicted_runtime_s(spec: WorkloadSpec | Mapping[str, Any], ipus: int, machine: str = "m2000") -> float:
-    """Cluster seconds the job would hold its partition, compile included (no cache): for backfill.
+def predicted_runtime_s(
+    spec: WorkloadSpec | Mapping[str, Any], ipus: int, machine: str = "m2000", cached: bool = False
+) -> float:
+    """Cluster seconds the job would hold its partition, compile included unless ``cached`` (its
+    executable is in the cache): for backfill and the quota it reserves.
 
     Raises ``CompileError`` when the job cannot run on that partition.
     """
     s = _as_spec(spec)
-    return EmulatedRun(plan(s, ipus, machine), s, cached=False).total_s
+    return EmulatedRun(plan(s, ipus, machine), s, cached=cached).total_s

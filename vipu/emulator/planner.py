@@ -36,6 +36,7 @@ from vipu.emulator.timing import (
     stage_compute_s,
     step_timing,
 )
+from vipu.partitions import is_power_of_two
 
 MAX_DEVICE_ITERATIONS = 1024
 MB = 2**20  # Graphcore's "900 MB" is 1,472 x 624 KiB: binary megabytes
@@ -201,10 +202,6 @@ class _Shortfall:
     recompute: bool
 
 
-def _is_power_of_two(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
-
-
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -348,7 +345,7 @@ def _check_partition(ipus: int, machine: str) -> Machine:
     if machine not in MACHINES:
         raise ValueError(f"machine must be one of {', '.join(MACHINES)}, got {machine!r}")
     m = get_machine(machine)
-    if isinstance(ipus, bool) or not isinstance(ipus, int) or not _is_power_of_two(ipus) or ipus > MAX_IPUS:
+    if isinstance(ipus, bool) or not isinstance(ipus, int) or not is_power_of_two(ipus) or ipus > MAX_IPUS:
         raise ValueError(f"ipus must be a power of two from 1 to {MAX_IPUS:,}, got {ipus!r}")
     if ipus > m.max_partition:
         raise ValueError(

@@ -3,14 +3,14 @@
 preemptible discount and checkpoint retention (docs/checkpoints.md).
 
 Revision ID: 0008_checkpoints
-Revises: 0006_gcds
+Revises: 0007_sessions
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0008_checkpoints"
-down_revision = "0006_gcds"
+down_revision = "0007_sessions"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,73 @@
+"""The simulator measures the wait estimate: at a submission it asks the forecast `POST /estimates`
+runs (scheduler/policy/forecast.py) and compares its answer with the start that came."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ipucloud.cli import app
+from scheduler.policy import get_policy
+from scheduler.simulator import ReplaySpec, replay, report
+from scheduler.simulator.engine import Simulation
+from scheduler.simulator.trace import TraceJob
+
+SLICE = Path(__file__).parent / "data" / "philly-slice.csv"
+
+
+def job(i: int, submit: float, size: int, duration: float, tenant: str = "t") -> TraceJob:
+    return TraceJob(f"j{i}", submit, duration, size, tenant, size)
+
+
+def test_with_exact_run_times_the_estimate_is_the_start_the_scheduler_makes() -> None:
+    jobs = [
+        job(0, 0, 32, 1000),  # half the POD64 for a while
+        job(1, 5, 1, 50),  # room now: starts at once
+        job(2, 10, 64, 300),  # the whole POD64: waits for job 0, with IPUs reserved
+        job(3, 20, 16, 5000),  # would outlast that reservation: not backfilled, waits for job 2
+        job(4, 30, 4, 100),  # ends before the reservation: backfilled at once
+    ]
+    result = Simulation(
+        jobs, get_policy("default"), [j.duration_s for j in jobs], pods=1, estimate_every=1
+    ).run()
+    starts = [o.start_s for o in result.outcomes]
+    assert starts == [0, 5, 1000, 1300, 30]
+    estimated = [o.estimated_start_s for o in result.outcomes]
+    assert all(math.isclose(e, s, abs_tol=1e-6) for e, s in zip(estimated, starts, strict=True)), estimated
+    errors = report({"default": result})["default"]["estimate_error"]
+    assert errors["median_abs_error_share"] == 0 and errors["within_25pct"] == 1
+    assert errors["immediate_jobs"] == 3 and errors["immediate_under_60s"] == 1
+
+
+def test_on_a_philly_slice_immediate_starts_are_estimated_under_a_minute() -> None:
+    spec = ReplaySpec(trace=SLICE, pods=1, policies=("default", "fifo-firstfit"), estimate_every=1)
+    out = report(replay(spec, spec.load()))
+    for name, row in out.items():
+        errors = row["estimate_error"]
+        assert errors["estimated_jobs"] == row["jobs"]
+        assert errors["immediate_jobs"] > 0 and errors["immediate_under_60s"] >= 0.95, (name, errors)
+        assert 0 <= errors["median_abs_error_share"] < 1, (name, errors)
+
+
+def test_simulate_json_reports_the_estimate_error() -> None:
+    run = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            str(SLICE),
+            "--pods",
+            "1",
+            "--limit",
+            "150",
+            "--json",
+            "--estimate-every",
+            "2",
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.stdout)
+    assert out["default"]["estimate_error"]["estimated_jobs"] == 75
