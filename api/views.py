@@ -37,6 +37,7 @@ def job_out(
         prefer=job.prefer or "time",
         machine_options=job.options,
         partition=live_partition,
+        session=job.spec.get("session") if job.task != "session" else None,
         priority=job.priority,
         workload=job.spec.get("workload", {}),
         max_runtime_s=job.max_runtime_s,

@@ -4,7 +4,7 @@
 `Decision`: what starts where, what is preempted, and why every other queued job waits.
 """
 
-from scheduler.policy.config import BASELINES, POLICIES, PolicyConfig, get_policy
+from scheduler.policy.config import BASELINES, POLICIES, REFERENCES, PolicyConfig, get_policy
 from scheduler.policy.fairshare import DEFAULT_HALF_LIFE_S, accrue, add_sample, decay, standing
 from scheduler.policy.model import (
     Decision,
@@ -26,6 +26,7 @@ __all__ = [
     "BASELINES",
     "DEFAULT_HALF_LIFE_S",
     "POLICIES",
+    "REFERENCES",
     "Decision",
     "JobQueue",
     "MachineOption",

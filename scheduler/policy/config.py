@@ -10,6 +10,13 @@
   The partition itself is then created by V-IPU (``first-fit``); when the IPUs the count promised are
   not a valid partition, the launch fails and the job goes back to the queue.
 
+Two reference policies run only in the simulator, as the research anchors to measure ``default``
+against: ``tiresias`` (Gu et al., NSDI 2019: discretised two-dimensional least attained service,
+priority queues by IPUs x time already received, preemptive, no run-time knowledge; a job is demoted
+as its service crosses a threshold and resumes from its checkpoint when preempted) and
+``srtf-oracle`` (shortest remaining time first on perfect run times, preemptive: a line no real
+scheduler reaches). Both start whatever fits in priority order, without reservations.
+
 The other names are ablations of ``default`` for the simulator's report: each turns one of its
 ingredients off, so the figures say what each is worth. ``type-blind`` is ``default`` without
 heterogeneity-aware placement: a job that may run on several machine types takes the first type with
@@ -22,6 +29,11 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from scheduler.policy.fairshare import DEFAULT_HALF_LIFE_S
+
+# Tiresias' queues: under 1 IPU-hour of attained service, under 10, and the rest. The paper finds two
+# or three queues enough and sets thresholds from the trace; these split Philly's jobs (8 GPUs x
+# 10 minutes is 1.3 GPU-hours) into small, medium and large as its 2D-LAS intends.
+TIRESIAS_THRESHOLDS_IPU_S = (3600.0, 36000.0)
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,17 @@ class PolicyConfig:
     # Where a job that may run on several machine types goes: where it finishes first, or (the
     # type-blind baseline) the first type with room (scheduler.policy.machine_choice).
     machine_choice: Literal["finish", "first-fit"] = "finish"
+    # Reserve IPUs for the first job in line that cannot start (EASY); without, a pass starts
+    # whatever fits, in order (work-conserving, as Tiresias does).
+    reserve: bool = True
+    # Where a job's priority class comes from: what was asked (``plan``, as live), or, for the
+    # simulator's reference policies, the service it has had (``las``: Tiresias' discretised
+    # least-attained-service queues, thresholds in IPU-seconds) or the time it has left (``srtf``).
+    # With ``las`` or ``srtf`` a preempted job resumes where it stopped (from its checkpoint).
+    priority_from: Literal["plan", "las", "srtf"] = "plan"
+    las_thresholds_ipu_s: tuple[float, ...] = ()
+    # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
+    runtime_hints: bool = True
     description: str = ""
 
     def with_options(self, **changes: object) -> PolicyConfig:
@@ -108,10 +131,38 @@ POLICIES: dict[str, PolicyConfig] = {
             placement="first-fit",
             description="ablation: default with V-IPU's first-fit placement",
         ),
+        PolicyConfig(
+            "tiresias",
+            ordering="fifo",
+            backfill=True,
+            planner="topology",
+            placement="default",
+            preemption=True,
+            reserve=False,
+            priority_from="las",
+            las_thresholds_ipu_s=TIRESIAS_THRESHOLDS_IPU_S,
+            runtime_hints=False,
+            description="reference: Tiresias 2D-LAS (Gu et al., NSDI 2019), preemptive, no run times",
+        ),
+        PolicyConfig(
+            "srtf-oracle",
+            ordering="fifo",
+            backfill=True,
+            planner="topology",
+            placement="default",
+            estimates="perfect",
+            preemption=True,
+            reserve=False,
+            priority_from="srtf",
+            description="reference: shortest remaining time first, perfect run times, preemptive",
+        ),
     )
 }
 
 BASELINES = ("default", "fifo-firstfit", "slurm-backfill")
+# The research anchors the simulator reports beside the baselines (simulator only: they need to
+# know what each job has run, or has left, and to checkpoint and resume preempted jobs).
+REFERENCES = ("tiresias", "srtf-oracle")
 
 
 def get_policy(name: str) -> PolicyConfig:

@@ -56,7 +56,13 @@ class _Pass:
         self.name_for = name_for
         self.decision = Decision()
         self.planner: TopologyPlanner | CountPlanner = (
-            TopologyPlanner(snapshot.allocator, snapshot.running, snapshot.now, snapshot.timetable)
+            TopologyPlanner(
+                snapshot.allocator,
+                snapshot.running,
+                snapshot.now,
+                snapshot.timetable,
+                hints=config.runtime_hints,
+            )
             if config.planner == "topology"
             else CountPlanner(snapshot.allocator, snapshot.running, snapshot.now)
         )
@@ -271,6 +277,10 @@ class _Pass:
     def _reserve(self) -> Reservation:
         if self.reservation is None:
             assert self.head is not None
+            if not self.config.reserve:
+                # Work-conserving: nothing is held for the first job in line, so whatever fits starts.
+                self.reservation = Reservation(self.head.id, self.head.size, math.inf)
+                return self.reservation
             self.reservation = self.planner.reserve(self.head)
             self._check_exhausted()
         return self.reservation

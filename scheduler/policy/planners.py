@@ -52,8 +52,11 @@ class TopologyPlanner:
         running: Collection[RunningJob],
         now: float,
         timetable: TimeTable | None = None,
+        *,
+        hints: bool = True,
     ) -> None:
         self.allocator = allocator
+        self._hints = hints  # tell the placement policy predicted ends (a run-time-blind policy: not)
         self._running = running
         self._now = now
         self._table = timetable  # kept up to date by the caller, or None: built when needed
@@ -72,7 +75,7 @@ class TopologyPlanner:
     def _hint(self, job: QueuedJob) -> _Hint:
         """When the partition should be free again, for the placement policy to pack ends together."""
         end = self._now + job.predicted_runtime_s
-        return {"expected_end": end, "now": self._now} if math.isfinite(end) else {}
+        return {"expected_end": end, "now": self._now} if self._hints and math.isfinite(end) else {}
 
     def start(self, job: QueuedJob, name: str) -> Start:
         placement = self.allocator.allocate(name, job.size, machine_type=job.machine_type, **self._hint(job))

@@ -215,7 +215,8 @@ def unheld_running_attempts(*, session: Session, limit: int = 500) -> list[int]:
     return list(
         session.execute(
             select(Attempt.id)
-            .where(Attempt.state == AttemptState.RUNNING, ~live)
+            # A session's hold (GCD -1) is driven by the scheduler (scheduler/services/sessions.py).
+            .where(Attempt.state == AttemptState.RUNNING, Attempt.gcd >= 0, ~live)
             .order_by(Attempt.id)
             .limit(limit)
         ).scalars()

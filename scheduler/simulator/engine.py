@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler.policy import (
     JobQueue,
@@ -129,6 +129,7 @@ class Simulation:
         # so a full trace samples rather than asks at every one of its submissions.
         self.estimate_every = estimate_every
         self.estimate_passes = estimate_passes
+        self._placed_on: dict[int, float] = {}  # run-time factor of the type a job last started on
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         jobs, config, est = self.jobs, self.policy, self.estimates
@@ -158,6 +159,13 @@ class Simulation:
         completions: list[tuple[float, int, int]] = []
         attempt = [0] * len(jobs)
         submitted: list[QueuedJob | None] = [None] * len(jobs)
+        # Reference policies (tiresias, srtf-oracle) rank by service had or time left and resume
+        # preempted jobs from their checkpoint; the others rank as asked and lose preempted work.
+        ranked = config.priority_from != "plan"
+        left = [j.duration_s for j in jobs]  # true run time still to go, on the recorded machine
+        told_left = list(est)  # what the policy believes is still to go
+        attained = [0.0] * len(jobs)  # IPU-seconds run so far (Tiresias' service)
+        run_from = [0.0] * len(jobs)
         now = 0.0
         busy = 0
         head_size: int | None = None
@@ -205,6 +213,7 @@ class Simulation:
                     job.size,
                     job.submit_s,
                     est[next_arrival],
+                    priority=self._rank(0.0, job.duration_s) if ranked else 0,
                     options=self._options(next_arrival),
                 )
                 tenants.setdefault(job.tenant, _Tenant(at=now))
@@ -228,6 +237,14 @@ class Simulation:
 
             head_size = None
             head_refused = False
+            if ranked and queue:
+                # Service grows and time left shrinks while jobs run: their classes move with them.
+                for job_id, r in running.items():
+                    i = index[job_id]
+                    ran = now - run_from[i]
+                    klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i])
+                    if klass != r.priority:
+                        running[job_id] = replace(r, priority=klass)
             while queue:
                 snapshot = Snapshot(
                     now=now,
@@ -249,14 +266,18 @@ class Simulation:
                     job = jobs[i]
                     queue.remove(queued.id)
                     factor = self._factor(i, placement.machine_type)
-                    end = now + est[i] * factor
-                    started = RunningJob(job.id, job.tenant, job.size, placement.partition_id, now, end)
+                    end = now + told_left[i] * factor
+                    started = RunningJob(
+                        job.id, job.tenant, job.size, placement.partition_id, now, end, queued.priority
+                    )
                     running[job.id] = started
                     table.add(placement.partition_id, placement, started)
-                    heapq.heappush(completions, (now + job.duration_s * factor, i, attempt[i]))
+                    run_from[i] = now
+                    self._placed_on[i] = factor
+                    heapq.heappush(completions, (now + left[i] * factor, i, attempt[i]))
                     if self.runs is not None:
                         result.extra["work_ipu_s"] = (
-                            result.extra.get("work_ipu_s", 0.0) + job.size * job.duration_s * factor
+                            result.extra.get("work_ipu_s", 0.0) + job.size * left[i] * factor
                         )
                     busy += job.size
                     ledger = tenants[job.tenant]
@@ -288,6 +309,21 @@ class Simulation:
                     outcomes[i].start_s = math.nan
                     again = submitted[i]
                     assert again is not None
+                    if ranked:
+                        # Resumed later from where it stopped: its service so far counts, and so
+                        # does the work it did (a checkpoint at the moment of preemption).
+                        factor = self._placed_on[i]
+                        ran = (now - run_from[i]) / factor
+                        left[i] = max(0.0, left[i] - ran)
+                        told_left[i] = max(1.0, told_left[i] - ran)
+                        attained[i] += victim.size * (now - run_from[i])
+                        again = replace(
+                            again,
+                            predicted_runtime_s=told_left[i],
+                            priority=self._rank(attained[i], left[i]),
+                        )
+                        if self.runs is not None:
+                            result.extra["work_ipu_s"] -= victim.size * (left[i] * factor)
                     queue.add(again)
                 result.preemptions += len(decision.preempt)
             if progress is not None and done:
@@ -296,6 +332,14 @@ class Simulation:
         if queue:
             raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
         return result
+
+    def _rank(self, attained_ipu_s: float, left_s: float) -> int:
+        """A reference policy's priority class (higher first): minus the Tiresias queue of the
+        service had, or minus the time left on a log scale (classes 19% apart; FIFO within one)."""
+        config = self.policy
+        if config.priority_from == "las":
+            return -sum(1 for limit in config.las_thresholds_ipu_s if attained_ipu_s >= limit)
+        return -math.ceil(4 * math.log2(max(left_s, 1.0)))
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
         if self.runs is None:
