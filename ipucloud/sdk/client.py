@@ -37,6 +37,7 @@ from ipucloud.sdk.models import (
     Racks,
     Retired,
     ServersAdded,
+    Session,
     StreamEvent,
     Tenant,
     TenantCreated,
@@ -191,6 +192,46 @@ class Client:
     def delete_model(self, ref: str) -> OnnxModel:
         """Remove a model (refused while queued or running jobs use it)."""
         return self.call(_api.delete_model(ref))
+
+    # Sessions ----------------------------------------------------------------------------------------
+
+    def start_session(
+        self,
+        *,
+        ipus: int,
+        machine: str | None = None,
+        max_duration_s: int | None = None,
+        idle_timeout_s: int | None = None,
+        gcds: int | None = None,
+        name: str | None = None,
+    ) -> Session:
+        """Hold a partition: the session queues like a job, then its jobs (`submit_job(session=id)`)
+        start at once. Durations in cluster seconds; the plan sets the defaults and the ceiling."""
+        body = {
+            "ipus": ipus,
+            "machine": machine,
+            "max_duration_s": max_duration_s,
+            "idle_timeout_s": idle_timeout_s,
+            "gcds": gcds,
+            "name": name,
+        }
+        return self.call(_api.start_session(body))
+
+    def get_session(self, session_id: str) -> Session:
+        return self.call(_api.get_session(session_id))
+
+    def list_sessions(
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page[Session]:
+        """One page of the caller's sessions, newest first."""
+        return self.call(_api.list_sessions(state, limit, cursor))
+
+    def iter_sessions(self, *, state: str | None = None, page_size: int = 50) -> Iterator[Session]:
+        return self._pages(lambda c: self.list_sessions(state=state, limit=page_size, cursor=c))
+
+    def end_session(self, session_id: str) -> Session:
+        """End a session: its running jobs stop, its hold is billed up to now."""
+        return self.call(_api.end_session(session_id))
 
     # Jobs --------------------------------------------------------------------------------------------
 

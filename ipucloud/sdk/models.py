@@ -76,6 +76,7 @@ class Job(Model):
     ipus_requested: str | None = None
     machine: str | None = None
     partition: str | None = None
+    session: str | None = None
     priority: int = 0
     workload: dict[str, Any] = Field(default_factory=dict)
     max_runtime_s: int | None = None
@@ -408,3 +409,45 @@ class Machine(Model):
     machine_type: str | None = None
     health: str
     reason: str | None = None
+
+
+SESSION_FINAL = "ended"
+
+
+class SessionEvent(Model):
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class Session(Model):
+    """A held partition (``POST /sessions``): its jobs start at once. Durations are cluster seconds."""
+
+    id: str
+    name: str | None = None
+    state: str  # starting | active | ended
+    ended_reason: str | None = None
+    ended_detail: str | None = None
+    ipus: int
+    machine: str
+    gcds: int = 1
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    held_s: float = 0.0
+    time_left_s: float | None = None
+    idle_s: float | None = None
+    idle_left_s: float | None = None
+    ends_at: datetime | None = None
+    busy_gcds: int = 0
+    billed_ipu_hours: float = 0.0
+    jobs: list[dict[str, Any]] = Field(default_factory=list)
+    events: list[SessionEvent] = Field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.state == SESSION_FINAL
