@@ -64,7 +64,7 @@ class JobSpec(BaseModel):
     ipus: int | Literal["auto"] = Field(
         description="Partition size: a power of two, or `auto` for the smallest that fits."
     )
-    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+    machine: MachineChoice | None = Field(
         "any",
         description="A machine type, or `any` (the default, also what null means): the scheduler runs the "
         "job where it is predicted to finish first, counting the wait and the run time on each type.",

@@ -231,7 +231,7 @@ def submit(
                 pass
             done = client.get_job(job.id)
             print_json(done)
-            final = done.state
+            final: str | None = done.state
         else:
             console(stderr=True).print(f"submitted [bold]{job.id}[/] ({job.name}), {job.ipus} IPUs")
             final = follow(client, job, as_json=False)

@@ -124,7 +124,7 @@ def stripped_graph(path: str | os.PathLike[str]) -> tuple[str, bytes]:
     export travels as a few hundred kilobytes. External weight files are never read."""
     from vipu.emulator.onnxgraph.strip import strip_file
 
-    return Path(path).name, strip_file(path).data
+    return Path(path).name, strip_file(Path(path)).data
 
 
 def push_model(

@@ -29,6 +29,7 @@ from ipucloud.sdk.models import (
     Machine,
     OnnxModel,
     Page,
+    Paged,
     Partition,
     PartitionReset,
     Plan,
@@ -131,7 +132,7 @@ class AsyncClient:
                 raise ApiError.from_response(response)
             return call.parse(response)
 
-    async def _pages(self, fetch: Callable[[str | None], Awaitable[Page[I]]]) -> AsyncIterator[I]:
+    async def _pages(self, fetch: Callable[[str | None], Awaitable[Paged[I]]]) -> AsyncIterator[I]:
         cursor: str | None = None
         while True:
             page = await fetch(cursor)

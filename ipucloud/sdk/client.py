@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from ipucloud.sdk.models import (
     Machine,
     OnnxModel,
     Page,
+    Paged,
     Partition,
     PartitionReset,
     Plan,
@@ -46,6 +47,7 @@ from ipucloud.sdk.models import (
 )
 
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
 
 USER_AGENT = "ipucloud-python/0.1.0"
 
@@ -142,7 +144,7 @@ class Client:
                 raise ApiError.from_response(response)
             return call.parse(response)
 
-    def _pages(self, fetch: Any) -> Iterator[Any]:
+    def _pages(self, fetch: Callable[[str | None], Paged[I]]) -> Iterator[I]:
         cursor: str | None = None
         while True:
             page = fetch(cursor)
@@ -557,7 +559,9 @@ def _event(event: str, event_id: str | None, data: str) -> StreamEvent:
     if not isinstance(parsed, dict):
         parsed = {"value": parsed}
     numeric = event_id is not None and event_id.isascii() and event_id.isdigit()
-    return StreamEvent(event=event, id=int(event_id) if numeric else None, data=parsed)
+    return StreamEvent(
+        event=event, id=int(event_id) if event_id is not None and numeric else None, data=parsed
+    )
 
 
 def _drop_none(**fields: Any) -> dict[str, Any]:

@@ -6,12 +6,14 @@ older client; known fields are typed and validated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -22,6 +24,16 @@ class Model(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=False)
+
+
+class Paged(Protocol[T_co]):
+    """Anything listed a page at a time: a `Page`, or a job's `Logs`."""
+
+    @property
+    def items(self) -> Sequence[T_co]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
 
 
 class Page(Model, Generic[T]):
