@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
-from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, trials, usage
+from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, sessions, trials, usage
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.settings import Settings, get_settings
 from scheduler.text import has_hidden
@@ -185,7 +185,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         overrides={("POST", "/api/v1/models"): upload_limit, ("POST", "/models/upload"): upload_limit},
     )
 
-    for module in (jobs, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
+    for module in (jobs, sessions, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
 
     app.include_router(apidocs.router)

@@ -124,6 +124,7 @@ class JobOut(BaseModel):
         "per IPU-hour).",
     )
     partition: str | None = None
+    session: str | None = Field(None, description="The session it runs in (POST /api/v1/sessions), if any.")
     priority: int
     workload: dict[str, Any]
     max_runtime_s: int | None = None
@@ -453,7 +454,7 @@ class PlanOut(BaseModel):
     def of(cls, p: Plan) -> PlanOut:
         return cls(
             name=p.name,
-            kind=p.kind,  # type: ignore[arg-type]
+            kind=p.kind,
             description=p.description,
             quota_ipu_hours=p.quota_ipu_hours,
             trial_days=p.trial_days,
@@ -487,11 +488,11 @@ class PlanUpdate(BaseModel):
     idle_timeout_s: Seconds | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
-    rates: dict[MachineTypeName, Rate] | None = Field(  # type: ignore[valid-type]
+    rates: dict[MachineTypeName, Rate] | None = Field(
         None, description="Rates to change, by machine type (types not named keep theirs)."
     )
     machine_types: (
-        Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None  # type: ignore[valid-type]
+        Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None
     ) = Field(None, description="The machine types the plan's tenants may use.")
     max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
@@ -665,3 +666,57 @@ class TrialDecision(BaseModel):
     application: TrialApplicationOut
     tenant: TenantOut
     api_key: str = Field(description="The new tenant's first API key. Shown once: store it now.")
+
+
+class SessionPartition(BaseModel):
+    id: str
+    size: int
+    ipus: list[str]
+    tenant: str | None = None
+    machine: str
+
+
+class SessionJob(BaseModel):
+    id: str
+    name: str
+    state: str
+    ipus: int
+
+
+class SessionEvent(BaseModel):
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class SessionOut(BaseModel):
+    """A session: a partition held for the tenant's jobs. Durations are cluster seconds."""
+
+    id: str
+    name: str | None = None
+    state: Literal["starting", "active", "ended"]
+    ended_reason: str | None = Field(
+        None, description="`owner`, `max_duration`, `idle_timeout`, `quota` or `fault` once ended."
+    )
+    ended_detail: str | None = None
+    ipus: int
+    machine: str
+    gcds: int
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: SessionPartition | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    held_s: float = Field(description="Cluster seconds it has held its partition (what it is billed for).")
+    time_left_s: float | None = Field(None, description="Until its maximum duration (while active).")
+    idle_s: float | None = Field(None, description="With no job running (null while one runs).")
+    idle_left_s: float | None = Field(
+        None, description="Until it is ended for idling (null while a job runs)."
+    )
+    ends_at: datetime | None = Field(None, description="When it ends if nothing changes (wall clock).")
+    busy_gcds: int
+    billed_ipu_hours: float
+    jobs: list[SessionJob] = []
+    events: list[SessionEvent] = []

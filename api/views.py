@@ -23,7 +23,7 @@ def job_out(
     return JobOut(
         id=job.id,
         name=job.name,
-        state=job.state,  # type: ignore[arg-type]
+        state=job.state,
         reason=job.reason,
         ipus=job.ipus,
         ipus_requested=job.ipus_requested,
@@ -37,6 +37,7 @@ def job_out(
         prefer=job.prefer or "time",
         machine_options=job.options,
         partition=live_partition,
+        session=job.spec.get("session") if job.task != "session" else None,
         priority=job.priority,
         workload=job.spec.get("workload", {}),
         max_runtime_s=job.max_runtime_s,

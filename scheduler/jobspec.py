@@ -8,10 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from scheduler.text import LINE
 from vipu.machine_types import MACHINE_TYPE_NAMES
-from vipu.partitions import is_power_of_two
+from vipu.partitions import check_gcds, check_size, is_power_of_two
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 PartitionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+SessionId = Annotated[str, StringConstraints(pattern=r"^ses_[0-9a-z]{26}$")]
 
 MAX_FLEET_IPUS = 65_536
 
@@ -62,7 +64,7 @@ class JobSpec(BaseModel):
     ipus: int | Literal["auto"] = Field(
         description="Partition size: a power of two, or `auto` for the smallest that fits."
     )
-    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+    machine: MachineChoice | None = Field(
         "any",
         description="A machine type, or `any` (the default, also what null means): the scheduler runs the "
         "job where it is predicted to finish first, counting the wait and the run time on each type.",
@@ -73,14 +75,63 @@ class JobSpec(BaseModel):
         "the least of the grant (rate x IPU-hours).",
     )
     partition: PartitionName | None = Field(None, description="Run inside this reserved partition.")
+    session: SessionId | None = Field(
+        None,
+        description="Run in this active session of yours (POST /api/v1/sessions): it starts at once on the "
+        "session's partition, billed as part of the session.",
+    )
     priority: int = Field(0, ge=-100, le=100)
     max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
 
     @model_validator(mode="after")
     def _size(self) -> JobSpec:
+        if self.session is not None and self.partition is not None:
+            raise ValueError("give `session` or `partition`, not both")
         if isinstance(self.ipus, int):
             if self.ipus < 1 or self.ipus > MAX_FLEET_IPUS:
                 raise ValueError(f"ipus must be between 1 and {MAX_FLEET_IPUS}")
             if not is_power_of_two(self.ipus):
                 raise ValueError("ipus must be a power of two (1, 2, 4, ... 65536): partitions are")
+        return self
+
+
+MAX_SESSION_S = 365 * 24 * 3600
+
+
+class SessionSpec(BaseModel):
+    """`POST /api/v1/sessions`: a partition held for the tenant's jobs (scheduler/services/sessions.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Name | None = None
+    ipus: int = Field(description="Partition size: a power of two.")
+    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+        "any", description="A machine type, or `any` (the default): wherever it can start first."
+    )
+    max_duration_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="Cluster seconds the session may hold its partition; default and ceiling: the plan's "
+        "`max_session_s` (six hours on trial plans).",
+    )
+    idle_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="Cluster seconds with no job running after which it ends; default: the plan's "
+        "`idle_timeout_s`.",
+    )
+    gcds: int = Field(
+        1,
+        ge=1,
+        le=MAX_FLEET_IPUS,
+        description="Graph compile domains to split the partition into: it runs one job in each at once.",
+    )
+
+    @model_validator(mode="after")
+    def _size(self) -> SessionSpec:
+        # The partition rules are vipu/partitions.py's; its errors are ValueErrors pydantic reports.
+        check_size(self.ipus)
+        check_gcds(self.ipus, self.gcds)
         return self

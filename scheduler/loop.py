@@ -29,11 +29,12 @@ from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
 from scheduler.models import (
     Job,
+    utcnow,
 )
 from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader, outbox, reconciler, scheduling
+from scheduler.services import attempts, fleet, leader, outbox, reconciler, scheduling, sessions
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -144,6 +145,7 @@ class SchedulerLoop:
                 self.reconcile()
                 self.last_reconcile = now
             self.schedule_pass()
+            self.sweep_sessions()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
                 n = self.dispatch()
@@ -244,6 +246,7 @@ class SchedulerLoop:
                 log.warning("placements refused by the database: %s", exc)
                 self.sync.invalidate()
             batch: list[tuple[Job, attempts.PlacedPartition, str]] = []
+            holds: list[tuple[Job, attempts.PlacedPartition]] = []
             for queued, where in starts:
                 job = jobs[queued.id]
                 partition: attempts.PlacedPartition | None = (
@@ -251,11 +254,17 @@ class SchedulerLoop:
                     if isinstance(where, str)
                     else made.get(job.id)
                 )
-                if partition is not None:
+                if partition is None:
+                    continue
+                if job.task == sessions.SESSION_TASK:
+                    # A session's holder: nothing for an agent to run; the session holds the partition.
+                    holds.append((job, partition))
+                else:
                     batch.append((job, partition, self.queue_for(partition)))
             attempts.place_many(session=s, placements=batch)
+            sessions.activate_many(session=s, starts=holds, now=utcnow())
             started: set[str] = set()
-            for job, _, _ in batch:
+            for job in [j for j, _, _ in batch] + [j for j, _ in holds]:
                 job.wait = None
                 started.add(job.id)
             placed = len(batch)
@@ -268,6 +277,24 @@ class SchedulerLoop:
             scheduling.record_waits(session=s, waits=waits, known=self._waits)
             self._renew(s)
             return placed
+
+    def sweep_sessions(self) -> sessions.SweepResult | None:
+        """Bill, warn and end active sessions (services.sessions.sweep), in one fenced transaction."""
+        with self.db.read() as s:
+            if not sessions.has_active(session=s):
+                return None
+        with self.db.write() as s:
+            self._fence(s)
+            result = sessions.sweep(
+                session=s,
+                now=db_now(s),
+                time_scale=self.settings.time_scale,
+                warning_s=self.settings.session_warning_s,
+                meter_interval_s=self.settings.meter_interval_s,
+            )
+        for session_id, reason in result.ended:
+            log.info("session %s ended: %s", session_id, reason)
+        return result
 
     def queue_for(self, partition: attempts.PlacedPartition) -> str:
         """The most specific queue a live worker serves: the partition's pod, its machine type, default."""

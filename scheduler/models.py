@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -65,6 +66,9 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+    # Every model here is mapped to one Table (no joined or selectable mappings), which the batched
+    # Core statements of the services use directly.
+    __table__: ClassVar[Table]
 
 
 class JobState(enum.StrEnum):
@@ -121,6 +125,8 @@ class Plan(Base):
     max_model_bytes: Mapped[int] = mapped_column(
         BigInteger, default=256 * 2**20, server_default=str(256 * 2**20)
     )
+    # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
+    max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -520,3 +526,43 @@ class ReconcilerAction(Base):
     partition_pk: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     leader_epoch: Mapped[int] = mapped_column(BigInteger)
     detail: Mapped[str] = mapped_column(String(500), default="")
+
+
+class SessionState(enum.StrEnum):
+    STARTING = "starting"  # queued for a partition like a job
+    ACTIVE = "active"  # holds its partition; its jobs start on it at once
+    ENDED = "ended"
+
+
+class IpuSession(Base):
+    """A held partition (scheduler/services/sessions.py). It queues as its holder job (`job_id`,
+    task `session`), whose attempt on graph compile domain -1 holds the partition and is metered
+    per held IPU-second; the session's own jobs run on GCDs 0.. of that partition."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index("ix_sessions_tenant_id", "tenant_id", "id"),
+        Index("ix_sessions_state", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100), default="")
+    state: Mapped[str] = mapped_column(String(16), default=SessionState.STARTING)
+    ended_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    ended_detail: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    ipus: Mapped[int] = mapped_column(Integer)
+    machine: Mapped[str] = mapped_column(String(16))  # as asked: a type or `any`
+    gcds: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    max_duration_s: Mapped[int] = mapped_column(BigInteger)  # cluster seconds
+    idle_timeout_s: Mapped[int] = mapped_column(BigInteger)  # cluster seconds
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)  # the holder job
+    attempt_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the holding attempt
+    partition_pk: Mapped[int | None] = mapped_column(ForeignKey("partitions.pk"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Since when no job of the session has run (its start, then each job's end), for idle culling.
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The deadline the last warning was about (wall time), so each is announced once.
+    warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -76,6 +76,13 @@ class Settings(BaseSettings):
         description="Wall seconds between a host agent's looks at which attempts the database says it runs "
         "(stop notices come over Redis at once; this catches any it missed).",
     )
+    session_warning_s: float = Field(
+        60.0,
+        ge=0,
+        le=24 * 3600,
+        description="Cluster seconds before a session is ended for idling or for its maximum duration at "
+        "which a warning event is written to it.",
+    )
     leader_lease_s: float = Field(5.0, gt=0, description="Wall seconds a scheduler leader's lease lasts.")
     scheduler_tick_s: float = Field(
         0.5, gt=0, description="Longest wait of the scheduler loop between passes."

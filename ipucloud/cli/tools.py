@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -302,7 +303,7 @@ def simulate(
         print(json.dumps(figures, indent=2))
         return
     table = Table(title=f"{trace.name}: {len(jobs):,} jobs on {where}")
-    rows = [
+    rows: list[tuple[str, str, Callable[[Any], str]]] = [
         ("avg JCT", "avg_jct_s", _duration),
         ("p50 JCT", "p50_jct_s", _duration),
         ("p99 JCT", "p99_jct_s", _duration),

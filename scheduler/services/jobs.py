@@ -41,7 +41,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, executables, fleet, own_models, rates
+from scheduler.services import attempts, executables, fleet, own_models, rates, sessions
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from vipu.emulator.onnxgraph import OnnxWorkload
@@ -213,6 +213,15 @@ def submit_jobs(
     if refused:
         conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
         conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+    # A session's jobs start now, in this transaction, on a free GCD of the session's partition.
+    sessions.place_session_jobs(
+        session=session,
+        jobs=[
+            o.job
+            for o in outcomes
+            if isinstance(o, Submitted) and not o.replayed and o.job.spec.get("session")
+        ],
+    )
     for tenant_id, amount in reserve.items():
         done = conn.execute(
             _RESERVE, {"t": tenant_id, "amount": amount, "bound": queued_counts[tenant_id]}
@@ -336,7 +345,15 @@ def _prepare(
     """Everything about one request that needs no lock: the job it would be, or why it cannot."""
     spec = r.spec
     reserved_partition = None
-    if spec.partition is not None:
+    in_session = False
+    if spec.session is not None:
+        # A session's job runs on the session's partition like a job in a reserved partition, and
+        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions.py).
+        _, reserved_partition = sessions.session_for_job(
+            session=session, tenant_id=r.tenant_id, session_id=spec.session
+        )
+        in_session = True
+    elif spec.partition is not None:
         reserved_partition = fleet.get_live_partition(session=session, name=spec.partition)
         if (
             reserved_partition is None
@@ -414,7 +431,7 @@ def _prepare(
         options[kind] = {
             "ipus": size,
             "predicted_runtime_s": min(resolved.predicted_runtime_s, float(max_runtime)),
-            "rate": plan_rates[kind],
+            "rate": 0.0 if in_session else plan_rates[kind],
         }
     if not options:
         if len(refusals) == 1:
@@ -443,7 +460,7 @@ def _prepare(
         machine_type=named,
         options=options,
         prefer=spec.prefer,
-        partition_name=spec.partition,
+        partition_name=reserved_partition.name if reserved_partition is not None else None,
         priority=spec.priority + plan.priority * 1000,
         max_runtime_s=max_runtime,
         predicted_runtime_s=predicted,
@@ -582,6 +599,8 @@ def list_jobs(
 ) -> list[Job]:
     """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
     stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
+    # A session's holder job is the session (GET /sessions), not one of the tenant's jobs.
+    stmt = stmt.where(Job.task != sessions.SESSION_TASK)
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if after is not None:

@@ -52,6 +52,10 @@ from scheduler.services import attempts
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
+# Partitions that host jobs they outlive: reserved ones, and sessions' (a session job waiting for a
+# free graph compile domain is placed like a job in a reserved partition).
+_HOSTING = ("reserved", "session")
+
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
 
 
@@ -169,7 +173,7 @@ def build_snapshot(
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
     busy: dict[str, list[str]] = {}
-    for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority in session.execute(
+    for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority, gcd in session.execute(
         select(
             Attempt.job_id,
             Attempt.tenant_id,
@@ -181,6 +185,7 @@ def build_snapshot(
             Job.predicted_runtime_s,
             Attempt.cluster_s,
             Job.priority,
+            Attempt.gcd,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -191,13 +196,17 @@ def build_snapshot(
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
         end = started + predicted / time_scale
-        running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, kind == "reserved"))
+        # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
+        # hold (GCD -1, scheduler/services/sessions.py) frees it at its end.
+        inside = kind == "reserved" or (kind == "session" and gcd >= 0)
+        running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, inside))
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
             ran = max(ran, (now - taken).total_seconds() * time_scale)
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
-        busy.setdefault(name, []).append(job_id)
+        if gcd >= 0:
+            busy.setdefault(name, []).append(job_id)
 
     samples: list[dict[str, Any]] = []
     tenants = _tenant_states(
@@ -216,7 +225,7 @@ def build_snapshot(
             select(Partition.name)
             .join(IpuAssignment, IpuAssignment.partition_pk == Partition.pk)
             .join(Ipu, Ipu.id == IpuAssignment.ipu_id)
-            .where(Partition.kind == "reserved", Partition.released_at.is_(None), Ipu.health != "up")
+            .where(Partition.kind.in_(_HOSTING), Partition.released_at.is_(None), Ipu.health != "up")
             .distinct()
         ).scalars()
     )
@@ -225,14 +234,14 @@ def build_snapshot(
             name,
             tenant_id,
             size,
-            (busy.get(name) or [None])[0],
+            next(iter(busy.get(name, ())), None),
             gcds=gcds,
             running_jobs=tuple(busy.get(name, ())),
             healthy=name not in unhealthy,
         )
         for name, tenant_id, size, gcds in session.execute(
             select(Partition.name, Partition.tenant_id, Partition.size, Partition.gcds).where(
-                Partition.kind == "reserved", Partition.released_at.is_(None)
+                Partition.kind.in_(_HOSTING), Partition.released_at.is_(None)
             )
         ).tuples()
     }
@@ -382,7 +391,9 @@ def preempt(*, session: Session, victims: list[RunningJob], for_job: str, max_at
     state, see attempts.end_attempt). Returns how many were stopped (one may have ended meanwhile)."""
     live = session.execute(
         select(Attempt.id).where(
-            Attempt.job_id.in_([v.id for v in victims]), Attempt.state.in_(LIVE_ATTEMPT_STATES)
+            Attempt.job_id.in_([v.id for v in victims]),
+            Attempt.state.in_(LIVE_ATTEMPT_STATES),
+            Attempt.gcd >= 0,  # a session's hold is ended by the session, never preempted
         )
     ).scalars()
     return len(

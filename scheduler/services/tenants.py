@@ -36,6 +36,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10,
         max_model_bytes=256 * MIB,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="trial-university",
@@ -52,6 +53,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="trial-business",
@@ -68,6 +70,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        max_session_s=6 * 3600,
     ),
     dict(
         name="standard",
@@ -84,6 +87,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=2.0,
         max_models=200,
         max_model_bytes=4_096 * MIB,
+        max_session_s=24 * 3600,
     ),
     dict(
         name="internal",
@@ -100,6 +104,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10_000,
         max_model_bytes=65_536 * MIB,
+        max_session_s=7 * 24 * 3600,
     ),
 )
 

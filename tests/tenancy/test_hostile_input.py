@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from api.dashboard import routes, sessions
-from scheduler.jobspec import JobSpec
+from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import Base
 from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
+from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.support import onnx_files
@@ -359,6 +360,7 @@ JOB = {"name": "h", "workload": {"model": "resnet50", "batch_size": 64, "steps":
 # A valid body per operation: each hostile value replaces one of its fields.
 API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/jobs"): JOB,
+    ("POST", "/api/v1/sessions"): {"ipus": 1},
     ("POST", "/api/v1/estimates"): {"workload": JOB["workload"], "ipus": 4},
     ("POST", "/api/v1/keys"): {"name": "k"},
     ("POST", "/api/v1/trials"): TRIAL,
@@ -414,7 +416,11 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         jobs.request_cancel(session=s, job_id=ended.id, scope=OneTenant(tid))
         analysed = own_models.analyse(data=MODEL_FILE[1], dims={}, elementwise=(), max_graph_bytes=10**8)
         model = own_models.create_model(session=s, tenant_id=tid, name="kept-model", analysed=analysed)
+        held = session_service.start_session(
+            session=s, tenant_id=tid, spec=SessionSpec.model_validate({"ipus": 1})
+        )
     paths = {
+        "session_id": held.id,
         "job_id": job.id,
         "ended_job_id": ended.id,
         "key_id": key_row.id,

@@ -10,8 +10,9 @@ import re
 from typing import Any
 
 from api.app import create_app
+from scheduler.jobspec import SessionSpec
 from scheduler.models import ApiKey, Job
-from scheduler.services import keys, own_models, trials
+from scheduler.services import keys, own_models, sessions, trials
 from scheduler.settings import Settings
 from tests.support import onnx_files
 from tests.tenancy.conftest import World, assert_problem, auth
@@ -40,7 +41,11 @@ def samples(world: World, db: Any) -> dict[str, str]:
         )
         analysed = own_models.analyse(data=onnx_files.mlp(), dims={}, elementwise=(), max_graph_bytes=2**20)
         model = own_models.create_model(session=s, tenant_id=world.a.id, name="mlp", analysed=analysed)
+        held = sessions.start_session(
+            session=s, tenant_id=world.a.id, spec=SessionSpec.model_validate({"ipus": 1})
+        )
     return {
+        "session_id": held.id,
         "job_id": world.a.job_id,
         "key_id": world.a.member_key_id,
         "tenant_id": world.a.id,

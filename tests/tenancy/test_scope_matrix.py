@@ -29,9 +29,10 @@ from fastapi.testclient import TestClient
 
 from api.dashboard import admin_pages, model_pages, routes, sessions, tenant_pages
 from scheduler.db import Database
-from scheduler.jobspec import JobSpec
-from scheduler.models import ApiKey, Job, Machine, Member, OwnModel, Partition, TrialApplication
+from scheduler.jobspec import JobSpec, SessionSpec
+from scheduler.models import ApiKey, IpuSession, Job, Machine, Member, OwnModel, Partition, TrialApplication
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
+from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.support import onnx_files
@@ -84,6 +85,7 @@ class World:
     other_member: str = ""
     suspended_tenant: str = ""
     job: str = ""
+    session: str = ""
     ended_job_id: str = ""
     partition: str = "matrix-kept"
     application: str = ""
@@ -102,6 +104,11 @@ class World:
     def new_job(self) -> str:
         with self.db.write() as s:
             return jobs.submit_job(session=s, tenant_id=self.tenant, spec=JobSpec.model_validate(JOB)).job.id
+
+    def new_session(self) -> str:
+        with self.db.write() as s:
+            spec = SessionSpec.model_validate({"ipus": 1})
+            return session_service.start_session(session=s, tenant_id=self.tenant, spec=spec).id
 
     def ended_job(self) -> str:
         job_id = self.new_job()
@@ -211,6 +218,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
         partitions.create_partition(session=s, name=w.partition, size=1, machine_type=None, tenant_id=None)
     w.keys["admin"] = seeded.admin_key
     w.job = w.new_job()
+    w.session = w.new_session()
     w.ended_job_id = w.ended_job()
     w.application = w.new_application()
     w.model_file = model_file
@@ -309,6 +317,19 @@ def _cancel(w: World) -> Call:
     return Call(f"/api/v1/jobs/{job_id}/cancel", unchanged=_job_untouched(w, job_id))
 
 
+def _session_live(w: World, session_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return s.get(IpuSession, session_id).state != "ended"
+
+    return check
+
+
+def _end_session(w: World) -> Call:
+    session_id = w.new_session()
+    return Call(f"/api/v1/sessions/{session_id}", unchanged=_session_live(w, session_id))
+
+
 def _delete_key(w: World) -> Call:
     key_id = w.new_key()
     return Call(f"/api/v1/keys/{key_id}", unchanged=_key_live(w, key_id))
@@ -400,6 +421,10 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/api/v1/jobs/{job_id}"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}")),
     ("POST", "/api/v1/jobs/{job_id}/cancel"): ("submit", _cancel),
     ("GET", "/api/v1/jobs/{job_id}/logs"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}/logs")),
+    ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
+    ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
+    ("GET", "/api/v1/sessions/{session_id}"): ("read", lambda w: Call(f"/api/v1/sessions/{w.session}")),
+    ("DELETE", "/api/v1/sessions/{session_id}"): ("submit", _end_session),
     ("GET", "/api/v1/workloads"): ("read", lambda w: Call("/api/v1/workloads")),
     ("POST", "/api/v1/estimates"): (
         "read",
@@ -526,6 +551,7 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
 API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
+    ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},
     ("GET", "/api/v1/usage"): {"admin": FORBIDDEN},
     # Models belong to a tenant.
     ("POST", "/api/v1/models"): {"admin": FORBIDDEN},

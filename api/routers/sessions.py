@@ -1,0 +1,77 @@
+"""Sessions: hold a partition, run jobs in it at once, end it (scheduler/services/sessions.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+
+from api.deps import DbDep, Reader, SettingsDep, Submitter
+from api.schemas import CursorParam, Page, SessionOut, decode_cursor, encode_cursor
+from scheduler import bus
+from scheduler.errors import Forbidden
+from scheduler.jobspec import SessionSpec
+from scheduler.models import IpuSession
+from scheduler.services import sessions as session_service
+from scheduler.services.clock import db_now
+
+router = APIRouter(prefix="/api/v1", tags=["sessions"])
+
+SessionId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+def _out(s: object, row: IpuSession, time_scale: float) -> SessionOut:
+    view = session_service.view(session=s, row=row, time_scale=time_scale, now=db_now(s))  # type: ignore[arg-type]
+    return SessionOut.model_validate(session_service.session_json(view))
+
+
+@router.post("/sessions", status_code=202, response_model=SessionOut, summary="Start a session")
+def start_session(
+    spec: SessionSpec, principal: Submitter, db: DbDep, settings: SettingsDep, response: Response
+) -> SessionOut:
+    if principal.tenant_id is None:
+        raise Forbidden("Admin keys have no tenant; start a session with a tenant's key.")
+    with db.write() as s:
+        row = session_service.start_session(session=s, tenant_id=principal.tenant_id, spec=spec)
+        out = _out(s, row, settings.time_scale)
+    bus.wake_scheduler("session")
+    response.headers["Location"] = f"/api/v1/sessions/{out.id}"
+    return out
+
+
+@router.get("/sessions", response_model=Page[SessionOut], summary="List the caller's sessions, newest first")
+def list_sessions(
+    principal: Reader,
+    db: DbDep,
+    settings: SettingsDep,
+    cursor: CursorParam = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    state: Literal["starting", "active", "ended"] | None = None,
+) -> Page[SessionOut]:
+    after = decode_cursor(cursor)
+    with db.read() as s:
+        rows = session_service.list_sessions(
+            session=s, scope=principal.scope, after=after, limit=limit + 1, state=state
+        )
+        items = [_out(s, r, settings.time_scale) for r in rows[:limit]]
+    return Page[SessionOut](
+        items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    )
+
+
+@router.get("/sessions/{session_id}", response_model=SessionOut, summary="A session, its jobs and time left")
+def get_session(session_id: SessionId, principal: Reader, db: DbDep, settings: SettingsDep) -> SessionOut:
+    with db.read() as s:
+        row = session_service.get_session(session=s, session_id=session_id, scope=principal.scope)
+        return _out(s, row, settings.time_scale)
+
+
+@router.delete("/sessions/{session_id}", response_model=SessionOut, summary="End a session")
+def end_session(session_id: SessionId, principal: Submitter, db: DbDep, settings: SettingsDep) -> SessionOut:
+    with db.write() as s:
+        row = session_service.end_session(
+            session=s, session_id=session_id, scope=principal.scope, time_scale=settings.time_scale
+        )
+        out = _out(s, row, settings.time_scale)
+    bus.wake_scheduler("session")
+    return out

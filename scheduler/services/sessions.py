@@ -1,0 +1,720 @@
+"""Sessions: a partition held for one tenant, on which its jobs start at once (docs/sessions.md).
+
+A session queues like a job because it is one: its *holder job* (task `session`, hidden from the
+job list) goes through admission (its whole `max_duration_s` reserved from the grant at the plan's
+rate, as a job's predicted cost is) and the same scheduling passes, fair share and limits as any job.
+When the scheduler places it (`activate_many`, in the pass's transaction), no host agent is asked to
+run anything: the partition becomes kind `session`, and a *holding attempt* on graph compile
+domain -1 is written `running`. That attempt is metered like any other (`att:<id>:tick:<n>`, then
+one settle), so the session is billed per held IPU-second, busy or idle, with the ledger's exactness.
+
+The session's own jobs (`"session": id`) are admitted at the session's GCD size with rate 0 (the
+session pays for the partition) and placed in the submission's own transaction on a free GCD
+(0 .. gcds-1), so they never wait for a scheduling pass or behind anyone's queue; a job that finds
+every GCD busy waits for one like a job in a reserved partition (same partition name), and only
+behind the session's own jobs.
+
+`sweep` runs in every scheduler iteration (the leader's, fenced): it bills the holding attempts,
+warns `warning_s` cluster seconds before an idle timeout or the maximum duration, and ends sessions
+whose time is up. Ending stops the session's running jobs, settles the holding attempt and frees the
+partition. All durations are cluster seconds; the wall clock runs `time_scale` times slower.
+
+Locks are taken in the order sessions, jobs, attempts, tenants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from scheduler import billing, dispatch_now
+from scheduler.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, QuotaExceeded, TenantInactive
+from scheduler.ids import new_id
+from scheduler.jobspec import SessionSpec
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    LIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    IpuSession,
+    Job,
+    JobEvent,
+    JobState,
+    OutboxMessage,
+    Partition,
+    Plan,
+    SessionState,
+    Tenant,
+    utcnow,
+)
+from scheduler.services import attempts, fleet, metering, rates
+from scheduler.services.job_state import add_event, finalize_job
+from scheduler.services.scope import Scope, restrict, sees
+
+SESSION_TASK = "session"  # the holder job's task: not a workload, never handed to an agent
+HOLD_GCD = -1  # the holding attempt's GCD: beside the session's jobs' 0.., under the same unique index
+
+# Why a session ended (`ended_reason`).
+OWNER = "owner"
+MAX_DURATION = "max_duration"
+IDLE_TIMEOUT = "idle_timeout"
+QUOTA = "quota"
+FAULT = "fault"
+
+
+# Starting ------------------------------------------------------------------------------------------
+
+
+def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> IpuSession:
+    """Admit a session: its holder job queued with its whole duration reserved, and its row."""
+    plan, tenant = session.execute(
+        select(Plan, Tenant).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
+    ).one()
+    max_duration = spec.max_duration_s or int(plan.max_session_s)
+    if max_duration > plan.max_session_s:
+        raise LimitExceeded(
+            f"The {plan.name} plan holds a session for at most {plan.max_session_s} s; "
+            f"this one asks for {max_duration} s.",
+            limit="max_session_s",
+        )
+    idle = spec.idle_timeout_s or int(plan.idle_timeout_s)
+    if spec.ipus > plan.max_partition_size:
+        raise LimitExceeded(
+            f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
+            f"this session asks for {spec.ipus}.",
+            limit="max_partition_size",
+        )
+    allowed = rates.allowed_types(plan.machine_types)
+    named = spec.machine if spec.machine not in (None, "any") else None
+    if named is not None and named not in allowed:
+        raise LimitExceeded(
+            f"The {plan.name} plan runs on {', '.join(allowed)}, not {named}.", limit="machine_types"
+        )
+    pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
+    candidates = (named,) if named else tuple(k for k in allowed if pods.get(k, 0) > 0) or allowed
+    plan_rates = rates.plan_rates(plan.rates)
+    options: dict[str, dict[str, float]] = {}
+    refusals: list[str] = []
+    for kind in candidates:
+        try:
+            fleet.check_fleet_can_ever_host(session=session, size=spec.ipus, machine_type=kind, pods=pods)
+        except Exception as exc:  # a DomainError saying why this type cannot
+            refusals.append(f"{kind}: {getattr(exc, 'detail', exc)}")
+            continue
+        options[kind] = {
+            "ipus": spec.ipus,
+            "predicted_runtime_s": float(max_duration),
+            "rate": plan_rates[kind],
+        }
+    if not options:
+        raise InvalidRequest(
+            "No partition of this size can ever be held: " + "; ".join(refusals), field="ipus"
+        )
+    reserve = max(billing.option_cost_ipu_ms(o) for o in options.values())
+    now = utcnow()
+    # The tenant's row first, so the reservation is judged on exact figures (as job admission does).
+    locked = session.execute(
+        select(Tenant)
+        .where(Tenant.id == tenant_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if locked.status != "active":
+        raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
+    if locked.expires_at is not None and locked.expires_at <= now:
+        raise TenantInactive(f"The trial of {tenant.name} ended on {locked.expires_at:%Y-%m-%d}.")
+    left = billing.left_ipu_ms(locked)
+    if reserve > left:
+        raise QuotaExceeded(
+            f"Holding {spec.ipus} IPUs for {max_duration} s costs up to {billing.ipu_hours(reserve):.3f} "
+            f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left; ask for a "
+            "shorter max_duration_s.",
+            cost_ipu_hours=billing.ipu_hours(reserve),
+            remaining_ipu_hours=billing.ipu_hours(max(0, left)),
+        )
+    locked.reserved_ipu_ms += reserve
+    sid = new_id("ses")
+    fastest = next(iter(options))
+    job = Job(
+        id=new_id("job"),
+        tenant_id=tenant_id,
+        name=f"session {sid}",
+        spec={"session": sid, "ipus": spec.ipus, "machine": spec.machine or "any"},
+        model=SESSION_TASK,
+        task=SESSION_TASK,
+        ipus=spec.ipus,
+        ipus_requested=str(spec.ipus),
+        machine_type=named,
+        options=options,
+        prefer="time",
+        partition_name=None,
+        priority=plan.priority * 1000,
+        max_runtime_s=max_duration,
+        predicted_runtime_s=options[fastest]["predicted_runtime_s"],
+        reserved_ipu_ms=reserve,
+        state=JobState.QUEUED,
+        attempts=0,
+        cancel_requested=False,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(job)
+    session.flush()
+    row = IpuSession(
+        id=sid,
+        tenant_id=tenant_id,
+        name=spec.name or "",
+        state=SessionState.STARTING,
+        ipus=spec.ipus,
+        machine=spec.machine or "any",
+        gcds=spec.gcds,
+        max_duration_s=max_duration,
+        idle_timeout_s=idle,
+        job_id=job.id,
+        created_at=now,
+    )
+    session.add(row)
+    add_event(
+        session,
+        job.id,
+        "state",
+        f"session starting: waiting for {spec.ipus} IPUs ({spec.machine or 'any'}); up to {max_duration} s, "
+        f"ends after {idle} s idle; {billing.ipu_hours(reserve):.4f} IPU-hours reserved",
+        data={"state": SessionState.STARTING},
+        at=now,
+    )
+    session.flush()
+    return row
+
+
+def activate_many(
+    *, session: Session, starts: Sequence[tuple[Job, attempts.PlacedPartition]], now: datetime
+) -> list[str]:
+    """The scheduler placed these holder jobs: hold their partitions. Called in the pass's
+    transaction with the jobs locked; returns the sessions made active."""
+    if not starts:
+        return []
+    by_job = {
+        s.job_id: s
+        for s in session.execute(
+            select(IpuSession)
+            .where(IpuSession.job_id.in_([j.id for j, _ in starts]))
+            .order_by(IpuSession.id)
+            .with_for_update()
+        ).scalars()
+    }
+    active: list[str] = []
+    for job, partition in starts:
+        row = by_job.get(job.id)
+        if row is None or row.state != SessionState.STARTING:
+            continue
+        # A session partition is not a job's (released by the session's end, not its jobs' ends),
+        # nor an orphan, and runs one job per GCD.
+        session.execute(
+            update(Partition).where(Partition.pk == partition.pk).values(kind="session", gcds=row.gcds)
+        )
+        job.attempts += 1
+        job.state = JobState.RUNNING
+        job.started_at = now
+        job.updated_at = now
+        job.wait = None
+        fields = rates.attempt_fields(job, partition.machine_type, now)
+        attempt = Attempt(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            number=job.attempts,
+            state=AttemptState.RUNNING,
+            epoch=1,
+            partition_pk=partition.pk,
+            gcd=HOLD_GCD,
+            size=partition.size,
+            machine_type=partition.machine_type,
+            placed_at=now,
+            started_at=now,
+            worker=None,
+            **fields,
+        )
+        session.add(attempt)
+        session.flush()
+        row.state = SessionState.ACTIVE
+        row.started_at = now
+        row.idle_since = now
+        row.partition_pk = partition.pk
+        row.attempt_id = attempt.id
+        add_event(
+            session,
+            job.id,
+            "state",
+            f"session active on partition {partition.name} ({partition.size} x {partition.machine_type}"
+            + (f", {row.gcds} graph compile domains" if row.gcds > 1 else "")
+            + ")",
+            attempt=attempt.number,
+            data={"state": SessionState.ACTIVE, "partition": partition.name, "ipus": list(partition.ipu_ids)},
+            at=now,
+        )
+        active.append(row.id)
+    return active
+
+
+# Reading -------------------------------------------------------------------------------------------
+
+
+def get_session(*, session: Session, session_id: str, scope: Scope) -> IpuSession:
+    """A session by id; another tenant's is indistinguishable from a missing one."""
+    row = session.get(IpuSession, session_id)
+    if row is None or not sees(scope, row.tenant_id):
+        raise NotFound(f"No session {session_id}.")
+    return row
+
+
+def list_sessions(
+    *, session: Session, scope: Scope, after: str | None, limit: int, state: str | None = None
+) -> list[IpuSession]:
+    """The scope's sessions, newest first; `after` is the id of the last one of the previous page."""
+    stmt = restrict(
+        select(IpuSession).order_by(IpuSession.id.desc()).limit(limit), IpuSession.tenant_id, scope
+    )
+    if state is not None:
+        stmt = stmt.where(IpuSession.state == state)
+    if after is not None:
+        stmt = stmt.where(IpuSession.id < after)
+    return list(session.execute(stmt).scalars())
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What `GET /sessions/{id}` shows beyond the row: all cluster seconds, as of `now`."""
+
+    row: IpuSession
+    partition: Partition | None
+    held_s: float  # cluster seconds held so far
+    time_left_s: float | None  # until the maximum duration
+    idle_s: float | None  # cluster seconds with no job (None: a job runs)
+    idle_left_s: float | None  # until the idle timeout (None: a job runs)
+    ends_at: datetime | None  # wall clock of the earliest end, if nothing changes
+    busy_gcds: int
+    billed_ipu_ms: int
+    jobs: list[Job]
+    events: list[JobEvent]
+
+
+def view(
+    *, session: Session, row: IpuSession, time_scale: float, now: datetime, jobs: int = 50
+) -> SessionView:
+    partition = session.get(Partition, row.partition_pk) if row.partition_pk is not None else None
+    holding = session.get(Attempt, row.attempt_id) if row.attempt_id is not None else None
+    session_jobs = list(
+        session.execute(
+            select(Job)
+            .where(
+                Job.tenant_id == row.tenant_id,
+                Job.spec["session"].as_string() == row.id,
+                Job.task != SESSION_TASK,
+            )
+            .order_by(Job.id.desc())
+            .limit(jobs)
+        ).scalars()
+    )
+    events = list(
+        session.execute(
+            select(JobEvent).where(JobEvent.job_id == row.job_id).order_by(JobEvent.id).limit(200)
+        ).scalars()
+    )
+    billed = int(holding.metered_ipu_ms) if holding is not None else 0
+    if row.state != SessionState.ACTIVE or row.started_at is None:
+        held = holding.cluster_s if holding is not None else 0.0
+        return SessionView(row, partition, held, None, None, None, None, 0, billed, session_jobs, events)
+    busy, idle_since = _activity(session, [row]).get(row.partition_pk or 0, (0, row.started_at))
+    held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+    left = max(0.0, row.max_duration_s - held)
+    max_end = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    if busy:
+        return SessionView(
+            row, partition, held, left, None, None, max_end, busy, billed, session_jobs, events
+        )
+    idle = max(0.0, (now - idle_since).total_seconds() * time_scale)
+    idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+    return SessionView(
+        row,
+        partition,
+        held,
+        left,
+        idle,
+        max(0.0, row.idle_timeout_s - idle),
+        min(max_end, idle_end),
+        0,
+        billed,
+        session_jobs,
+        events,
+    )
+
+
+def _activity(session: Session, rows: Sequence[IpuSession]) -> dict[int, tuple[int, datetime]]:
+    """Per session partition: its live jobs' attempts, and since when it has had none (its start,
+    or its last job's end)."""
+    pks = [r.partition_pk for r in rows if r.partition_pk is not None]
+    if not pks:
+        return {}
+    live = dict(
+        session.execute(
+            select(Attempt.partition_pk, func.count())
+            .where(Attempt.partition_pk.in_(pks), Attempt.gcd >= 0, Attempt.state.in_(LIVE_ATTEMPT_STATES))
+            .group_by(Attempt.partition_pk)
+        )
+        .tuples()
+        .all()
+    )
+    last_end = dict(
+        session.execute(
+            select(Attempt.partition_pk, func.max(Attempt.ended_at))
+            .where(Attempt.partition_pk.in_(pks), Attempt.gcd >= 0, Attempt.ended_at.is_not(None))
+            .group_by(Attempt.partition_pk)
+        )
+        .tuples()
+        .all()
+    )
+    out: dict[int, tuple[int, datetime]] = {}
+    for r in rows:
+        if r.partition_pk is None or r.started_at is None:
+            continue
+        since = max(r.started_at, last_end.get(r.partition_pk) or r.started_at)
+        out[r.partition_pk] = (int(live.get(r.partition_pk, 0)), since)
+    return out
+
+
+# Jobs in a session -------------------------------------------------------------------------------------
+
+
+def session_for_job(*, session: Session, tenant_id: str, session_id: str) -> tuple[IpuSession, Partition]:
+    """The active session a job names and its partition, the session's row locked until commit (its
+    jobs take its GCDs one at a time). Another tenant's session is not found."""
+    row = session.execute(
+        select(IpuSession)
+        .where(IpuSession.id == session_id, IpuSession.tenant_id == tenant_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"No session {session_id}.")
+    if row.state != SessionState.ACTIVE or row.partition_pk is None:
+        raise Conflict(
+            f"Session {session_id} is {row.state}"
+            + (f" ({row.ended_reason})" if row.ended_reason else "")
+            + ": jobs run only in an active session.",
+            state=row.state,
+        )
+    partition = session.get(Partition, row.partition_pk)
+    assert partition is not None
+    return row, partition
+
+
+def place_session_jobs(*, session: Session, jobs: Sequence[Job]) -> list[int]:
+    """Place admitted session jobs on free GCDs of their sessions' partitions at once (the
+    submission's transaction); a job that finds none free stays queued for the next. Returns the
+    attempts placed."""
+    by_partition: dict[str, list[Job]] = {}
+    for job in jobs:
+        if job.partition_name is not None:
+            by_partition.setdefault(job.partition_name, []).append(job)
+    placements: list[tuple[Job, attempts.PlacedPartition, str]] = []
+    for name, waiting in by_partition.items():
+        partition = fleet.get_live_partition(session=session, name=name)
+        if partition is None or partition.kind != "session":
+            continue
+        free = attempts.free_gcds(session=session, partition_pk=partition.pk, gcds=partition.gcds)
+        queue = dispatch_now.queue_for(partition.machine_type, partition.ipu_ids)
+        placements.extend((job, partition, queue) for job in waiting[: len(free)])
+    if not placements:
+        return []
+    ids = attempts.place_many(session=session, placements=placements)
+    table = Job.__table__
+    session.execute(
+        update(table)
+        .where(table.c.id.in_([j.id for j, _, _ in placements]))
+        .values(attempts=table.c.attempts + 1)
+    )
+    # Sent by this process as it commits, not by the scheduler's next iteration: written published.
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.attempt_id.in_(ids))
+        .values(published_at=utcnow(), publish_count=1)
+        .execution_options(synchronize_session=False)
+    )
+    dispatch_now.publish_after_commit(
+        session, [(attempt_id, 0, q) for attempt_id, (_, _, q) in zip(ids, placements, strict=True)]
+    )
+    return ids
+
+
+# Ending ------------------------------------------------------------------------------------------------
+
+
+def end_session(*, session: Session, session_id: str, scope: Scope, time_scale: float) -> IpuSession:
+    """The owner ends a session: its running jobs are stopped, its hold billed up to now."""
+    get_session(session=session, session_id=session_id, scope=scope)  # 404 before any lock
+    row = session.execute(
+        select(IpuSession)
+        .where(IpuSession.id == session_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if row.state == SessionState.ENDED:
+        raise Conflict(f"Session {session_id} already ended ({row.ended_reason}).", state=row.state)
+    end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=utcnow(), time_scale=time_scale)
+    return row
+
+
+def end_many(
+    *, session: Session, ends: Sequence[tuple[IpuSession, str, str]], now: datetime, time_scale: float
+) -> None:
+    """End sessions (rows locked by the caller): `(session, reason, detail)` each."""
+    for row, reason, detail in ends:
+        job = session.execute(
+            select(Job)
+            .where(Job.id == row.job_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalar_one()
+        if row.partition_pk is not None:
+            # Its jobs first: stopped like a cancel, billed nothing (their rate is 0; the hold pays).
+            live = list(
+                session.execute(
+                    select(Attempt.id).where(
+                        Attempt.partition_pk == row.partition_pk,
+                        Attempt.gcd >= 0,
+                        Attempt.state.in_(LIVE_ATTEMPT_STATES),
+                    )
+                ).scalars()
+            )
+            attempts.stop_running(
+                session=session,
+                attempt_ids=live,
+                outcome=AttemptState.CANCELLED,
+                reason=f"session {row.id} ended: {detail}",
+                max_attempts=1,
+            )
+            _fail_waiting_jobs(session, row, detail)
+        holding = None
+        if row.attempt_id is not None:
+            holding = session.execute(
+                select(Attempt)
+                .where(Attempt.id == row.attempt_id)
+                .with_for_update()
+                .execution_options(populate_existing=True)
+            ).scalar_one()
+        if holding is not None and holding.state == AttemptState.RUNNING:
+            assert row.started_at is not None
+            held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+            holding.cluster_s = max(holding.cluster_s, held)
+            # Back to a job partition for the moment of the end, so the attempt's end frees it as usual.
+            session.execute(update(Partition).where(Partition.pk == row.partition_pk).values(kind="job"))
+            attempts.end_attempts(
+                session=session,
+                endings=[attempts.Ending(holding, job, AttemptState.SUCCEEDED, f"session ended: {detail}")],
+                max_attempts=1,
+            )
+        else:
+            if row.partition_pk is not None:
+                partition = session.get(Partition, row.partition_pk)
+                if partition is not None:
+                    fleet.release_partition(session=session, partition=partition)
+            if job.state not in FINAL_JOB_STATES:
+                job.cancel_requested = True
+                finalize_job(
+                    session=session, job=job, state=JobState.CANCELLED, reason=f"session ended: {detail}"
+                )
+        row.state = SessionState.ENDED
+        row.ended_reason = reason
+        row.ended_detail = detail[:1000]
+        row.ended_at = now
+        add_event(
+            session,
+            row.job_id,
+            "state",
+            f"session ended: {detail}",
+            data={"state": "ended", "reason": reason},
+        )
+
+
+def _fail_waiting_jobs(session: Session, row: IpuSession, detail: str) -> None:
+    """Session jobs still queued for one of its GCDs will never run: cancel them."""
+    partition = session.get(Partition, row.partition_pk)
+    if partition is None:
+        return
+    waiting = list(
+        session.execute(
+            select(Job)
+            .where(
+                Job.partition_name == partition.name,
+                Job.state == JobState.QUEUED,
+                Job.tenant_id == row.tenant_id,
+            )
+            .with_for_update()
+        ).scalars()
+    )
+    for job in waiting:
+        job.cancel_requested = True
+        finalize_job(
+            session=session, job=job, state=JobState.CANCELLED, reason=f"session {row.id} ended: {detail}"
+        )
+
+
+# The scheduler's sweep ------------------------------------------------------------------------------------
+
+
+@dataclass
+class SweepResult:
+    warned: list[str]
+    ended: list[tuple[str, str]]
+    billed: int
+
+
+def sweep(
+    *,
+    session: Session,
+    now: datetime,
+    time_scale: float,
+    warning_s: float,
+    meter_interval_s: float,
+) -> SweepResult:
+    """Bill, warn and end the active sessions (the scheduler leader's transaction)."""
+    result = SweepResult([], [], 0)
+    rows = list(
+        session.execute(
+            select(IpuSession)
+            .where(IpuSession.state == SessionState.ACTIVE)
+            .order_by(IpuSession.id)
+            .with_for_update()
+        ).scalars()
+    )
+    if not rows:
+        return result
+    activity = _activity(session, rows)
+    holding = {
+        a.id: a
+        for a in session.execute(
+            select(Attempt)
+            .where(Attempt.id.in_([r.attempt_id for r in rows if r.attempt_id is not None]))
+            .order_by(Attempt.id)
+            .with_for_update()
+        ).scalars()
+    }
+    reserved = dict(
+        session.execute(select(Job.id, Job.reserved_ipu_ms).where(Job.id.in_([r.job_id for r in rows])))
+        .tuples()
+        .all()
+    )
+    ends: list[tuple[IpuSession, str, str]] = []
+    ticks: list[metering.TickDue] = []
+    by_attempt: dict[int, IpuSession] = {}
+    for row in rows:
+        assert row.started_at is not None and row.partition_pk is not None
+        hold = holding.get(row.attempt_id or 0)
+        if hold is None or hold.state != AttemptState.RUNNING:
+            # The platform ended the hold (a machine under it failed): nothing is left to hold.
+            ends.append((row, FAULT, f"its partition was lost ({hold.end_reason if hold else 'no hold'})"))
+            continue
+        scale_s = 1.0 / time_scale
+        max_end = row.started_at + timedelta(seconds=row.max_duration_s * scale_s)
+        busy, idle_since = activity.get(row.partition_pk, (0, row.started_at))
+        deadline, reason = max_end, MAX_DURATION
+        if not busy:
+            idle_end = idle_since + timedelta(seconds=row.idle_timeout_s * scale_s)
+            if idle_end < deadline:
+                deadline, reason = idle_end, IDLE_TIMEOUT
+        if now >= deadline:
+            what = (
+                f"idle for {row.idle_timeout_s} s with no job"
+                if reason == IDLE_TIMEOUT
+                else f"reached its maximum duration of {row.max_duration_s} s"
+            )
+            ends.append((row, reason, what))
+            continue
+        if now >= deadline - timedelta(seconds=warning_s * scale_s) and row.warned_for != deadline:
+            row.warned_for = deadline
+            left = (deadline - now).total_seconds() * time_scale
+            why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
+            add_event(
+                session,
+                row.job_id,
+                "warning",
+                f"session ends in {left:.0f} s ({why})"
+                + ("; submit a job to keep it" if reason == IDLE_TIMEOUT else ""),
+                data={"warning": reason, "ends_in_s": round(left, 3), "ends_at": deadline.isoformat()},
+                at=now,
+            )
+            result.warned.append(row.id)
+        elapsed = (now - row.started_at).total_seconds()
+        seq = int(elapsed // meter_interval_s)
+        if seq > hold.ticks:
+            held = min(float(row.max_duration_s), elapsed * time_scale)
+            ticks.append(metering.TickDue(hold, seq, held, int(reserved.get(row.job_id, 0)), SESSION_TASK))
+            by_attempt[hold.id] = row
+    if ticks:
+        exhausted = metering.meter_ticks(session=session, ticks=ticks)
+        result.billed = len(ticks)
+        for attempt_id in sorted(exhausted):
+            ends.append((by_attempt[attempt_id], QUOTA, "the tenant's grant ran out"))
+    if ends:
+        end_many(session=session, ends=ends, now=now, time_scale=time_scale)
+        result.ended = [(r.id, reason) for r, reason, _ in ends]
+    return result
+
+
+def has_active(*, session: Session) -> bool:
+    return (
+        session.execute(select(IpuSession.id).where(IpuSession.state == SessionState.ACTIVE).limit(1)).first()
+        is not None
+    )
+
+
+def holder_job_ids(*, session: Session, job_ids: Sequence[str]) -> set[str]:
+    """Those of these jobs that hold sessions."""
+    if not job_ids:
+        return set()
+    return set(
+        session.execute(select(Job.id).where(Job.id.in_(list(job_ids)), Job.task == SESSION_TASK)).scalars()
+    )
+
+
+def session_json(v: SessionView) -> dict[str, Any]:
+    """A session as the API shows it."""
+    r, p = v.row, v.partition
+    return {
+        "id": r.id,
+        "name": r.name or None,
+        "state": r.state,
+        "ended_reason": r.ended_reason,
+        "ended_detail": r.ended_detail,
+        "ipus": r.ipus,
+        "machine": r.machine,
+        "gcds": r.gcds,
+        "max_duration_s": r.max_duration_s,
+        "idle_timeout_s": r.idle_timeout_s,
+        "partition": None
+        if p is None
+        else {
+            "id": p.name,
+            "size": p.size,
+            "ipus": list(p.ipu_ids),
+            "tenant": p.tenant_id,
+            "machine": p.machine_type,
+        },
+        "created_at": r.created_at,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "held_s": round(v.held_s, 3),
+        "time_left_s": None if v.time_left_s is None else round(v.time_left_s, 3),
+        "idle_s": None if v.idle_s is None else round(v.idle_s, 3),
+        "idle_left_s": None if v.idle_left_s is None else round(v.idle_left_s, 3),
+        "ends_at": v.ends_at,
+        "busy_gcds": v.busy_gcds,
+        "billed_ipu_hours": billing.ipu_hours(v.billed_ipu_ms),
+        "jobs": [{"id": j.id, "name": j.name, "state": j.state, "ipus": j.ipus} for j in v.jobs],
+        "events": [{"at": e.at, "kind": e.kind, "message": e.message, "data": e.data} for e in v.events],
+    }

@@ -1,0 +1,198 @@
+"""Sessions on real processes (API, scheduler, a Celery host agent, Redis): a held partition that
+runs its owner's jobs at once, billed per held IPU-second, culled when idle or at its maximum."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from scheduler.models import Attempt, IpuSession, Job, MeterEvent, Partition, Tenant
+from tests.support import services
+from tests.support.cloud import RunningCloud
+
+pytestmark = pytest.mark.e2e
+
+# 100 cluster seconds per wall second: a 200 s idle timeout is two seconds of the test, long enough
+# for the scheduler (a pass every 0.2 s) to see the warning window of 100 s before it.
+SCALE = 100.0
+WARNING_S = 100
+JOB = {"name": "r50", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
+
+
+@pytest.fixture
+def slow_cloud(env: dict[str, str], db: object, tmp_path: Path) -> Iterator[RunningCloud]:
+    seeded = services.seed(db, pods=2)
+    extra = {"IPUCLOUD_TIME_SCALE": str(SCALE), "IPUCLOUD_SESSION_WARNING_S": str(WARNING_S)}
+    with RunningCloud.start(env, tmp_path, admin_key=seeded.admin_key, extra_env=extra) as running:
+        yield running
+
+
+def wait_session(c: httpx.Client, sid: str, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        r = c.get(f"/api/v1/sessions/{sid}")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        if body["state"] in states:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"session {sid} is {body.get('state')}, not {states}: {body}")
+
+
+def wait_job(c: httpx.Client, jid: str, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = c.get(f"/api/v1/jobs/{jid}").json()
+        if body["state"] in states:
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"job {jid} is {body.get('state')}, not {states}")
+
+
+def assert_problem(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    return dict(r.json())
+
+
+def test_session_lifecycle_jobs_billing_and_isolation(slow_cloud: RunningCloud, db: Any) -> None:
+    _, key = slow_cloud.create_tenant("holder")
+    _, other_key = slow_cloud.create_tenant("neighbour")
+    with slow_cloud.http(key) as c:
+        r = c.post(
+            "/api/v1/sessions",
+            json={"ipus": 4, "machine": "m2000", "max_duration_s": 20_000, "idle_timeout_s": 5_000},
+        )
+        assert r.status_code == 202, r.text
+        sid = r.json()["id"]
+        assert r.json()["state"] in ("starting", "active")
+        active = wait_session(c, sid, ("active",))
+        assert active["partition"]["size"] == 4 and len(active["partition"]["ipus"]) == 4
+        assert active["idle_left_s"] is not None and active["time_left_s"] <= 20_000
+
+        # Two jobs back to back: each starts at once; the second finds its executable compiled.
+        ran = []
+        for n in range(2):
+            r = c.post("/api/v1/jobs", json={**JOB, "name": f"in-session-{n}", "session": sid})
+            assert r.status_code == 202, r.text
+            job = r.json()
+            assert job["session"] == sid
+            done = wait_job(c, job["id"], ("succeeded", "failed", "cancelled"))
+            assert done["state"] == "succeeded", done
+            assert done["partition"] == active["partition"]["id"]
+            ran.append(job["id"])
+        busy = c.get(f"/api/v1/sessions/{sid}").json()
+        assert {j["id"] for j in busy["jobs"]} == set(ran)
+        # The session is not one of the tenant's jobs.
+        assert {j["id"] for j in c.get("/api/v1/jobs").json()["items"]} == set(ran)
+
+        # Another tenant sees nothing of it and cannot run in it.
+        with slow_cloud.http(other_key) as o:
+            assert_problem(o.get(f"/api/v1/sessions/{sid}"), 404)
+            assert_problem(o.delete(f"/api/v1/sessions/{sid}"), 404)
+            assert_problem(o.post("/api/v1/jobs", json={**JOB, "session": sid}), 404)
+            assert o.get("/api/v1/sessions").json()["items"] == []
+
+        # A job larger than the session is refused, and so is a job in a session that is not active.
+        assert_problem(c.post("/api/v1/jobs", json={**JOB, "ipus": 8, "session": sid}), 409)
+
+        r = c.delete(f"/api/v1/sessions/{sid}")
+        assert r.status_code == 200, r.text
+        ended = r.json()
+        assert ended["state"] == "ended" and ended["ended_reason"] == "owner"
+        assert_problem(c.post("/api/v1/jobs", json={**JOB, "session": sid}), 409)
+        assert_problem(c.delete(f"/api/v1/sessions/{sid}"), 409)
+
+    with db.read() as s:
+        row = s.get(IpuSession, sid)
+        hold = s.get(Attempt, row.attempt_id)
+        assert hold.state == "succeeded" and hold.gcd == -1
+        held_wall = (row.ended_at - row.started_at).total_seconds()
+        assert hold.cluster_s == pytest.approx(held_wall * SCALE, rel=0.05, abs=2 * SCALE * 0.3)
+        # Billed per held IPU-second at the plan's rate, exactly, and the jobs inside not again.
+        billed = s.execute(
+            select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.attempt_id == hold.id)
+        ).scalar_one()
+        assert billed == round(hold.size * hold.cluster_s * 1000 * hold.rate)
+        inside = s.execute(select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.job_id.in_(ran))).scalar_one()
+        assert not inside
+        tenant = s.get(Tenant, row.tenant_id)
+        assert (
+            tenant.used_ipu_ms
+            == s.execute(
+                select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == row.tenant_id)
+            ).scalar_one()
+        )
+        assert tenant.reserved_ipu_ms == 0
+        # The partition is free again; the second job's executable came from the cache.
+        assert s.get(Partition, row.partition_pk).released_at is not None
+        second = s.execute(select(Attempt).where(Attempt.job_id == ran[1])).scalar_one()
+        assert second.timeline and second.timeline["cached"] is True
+
+
+def test_idle_session_is_warned_then_culled_and_a_busy_one_ends_at_its_maximum(
+    slow_cloud: RunningCloud, db: Any
+) -> None:
+    _, key = slow_cloud.create_tenant("idler")
+    with slow_cloud.http(key) as c:
+        idle = c.post("/api/v1/sessions", json={"ipus": 1, "idle_timeout_s": 300}).json()["id"]
+        spec = {"ipus": 2, "max_duration_s": 600, "idle_timeout_s": 100_000}
+        short = c.post("/api/v1/sessions", json=spec).json()["id"]
+        culled = wait_session(c, idle, ("ended",))
+        assert culled["ended_reason"] == "idle_timeout", culled
+        kinds = [(e["kind"], (e["data"] or {}).get("warning")) for e in culled["events"]]
+        warning = kinds.index(("warning", "idle_timeout"))
+        end = next(i for i, e in enumerate(culled["events"]) if (e["data"] or {}).get("state") == "ended")
+        assert warning < end, culled["events"]
+        maxed = wait_session(c, short, ("ended",))
+        assert maxed["ended_reason"] == "max_duration", maxed
+        assert any((e["data"] or {}).get("warning") == "max_duration" for e in maxed["events"])
+    with db.read() as s:
+        row = s.get(IpuSession, short)
+        hold = s.get(Attempt, row.attempt_id)
+        # Held, and billed, for exactly its maximum duration, not a tick longer.
+        assert hold.cluster_s == 600
+        billed = s.execute(
+            select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.attempt_id == hold.id)
+        ).scalar_one()
+        assert billed == round(2 * 600 * 1000 * hold.rate)
+
+
+def test_session_jobs_never_queue_behind_other_tenants(slow_cloud: RunningCloud, db: Any) -> None:
+    _, key = slow_cloud.create_tenant("in-session")
+    _, crowd_key = slow_cloud.create_tenant("crowd")
+    with slow_cloud.http(key) as c:
+        sid = c.post("/api/v1/sessions", json={"ipus": 4, "machine": "m2000"}).json()["id"]
+        wait_session(c, sid, ("active",))
+    long_job = {**JOB, "workload": {"model": "resnet50", "batch_size": 64, "steps": 1_000_000}, "ipus": 16}
+    with slow_cloud.http(crowd_key) as o:
+        crowd = []
+        for n in range(12):  # 124 IPUs free: seven run, the rest queue
+            r = o.post("/api/v1/jobs", json={**long_job, "name": f"crowd-{n}"})
+            assert r.status_code == 202, r.text
+            crowd.append(r.json()["id"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [o.get(f"/api/v1/jobs/{j}").json()["state"] for j in crowd]
+            if states.count("running") >= 7:
+                break
+            time.sleep(0.2)
+        assert states.count("queued") >= 5, states
+    with slow_cloud.http(key) as c:
+        r = c.post("/api/v1/jobs", json={**JOB, "name": "jumps-nothing", "session": sid})
+        assert r.status_code == 202, r.text
+        job = wait_job(c, r.json()["id"], ("running", "succeeded"), timeout=10)
+        assert job["wait"] is None
+    with slow_cloud.http(crowd_key) as o:
+        assert [o.get(f"/api/v1/jobs/{j}").json()["state"] for j in crowd].count("queued") >= 5
+    with db.read() as s:
+        queued = s.execute(select(func.count()).select_from(Job).where(Job.state == "queued")).scalar_one()
+        assert queued >= 5
