@@ -179,7 +179,8 @@ def simulate(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            help="Scheduling policy; repeat for several side by side. Default: the three baselines."
+            help="Scheduling policy; repeat for several side by side. Default: the three baselines and the "
+            "two research anchors (tiresias, srtf-oracle)."
         ),
     ] = None,
     estimates: Annotated[
@@ -221,7 +222,7 @@ def simulate(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scheduler.policy import BASELINES, POLICIES
+    from scheduler.policy import BASELINES, POLICIES, REFERENCES
     from scheduler.simulator import (
         ESTIMATE_MODELS,
         Columns,
@@ -232,7 +233,7 @@ def simulate(
         write_outputs,
     )
 
-    names = tuple(policy) if policy else BASELINES
+    names = tuple(policy) if policy else (*BASELINES, *REFERENCES)
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         err.print(f"[red]unknown policy {', '.join(unknown)}; available: {', '.join(POLICIES)}[/]")
