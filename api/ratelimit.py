@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 import time
+from typing import cast
 
 from limits import RateLimitItem, parse
 from limits.aio.storage import MemoryStorage as AsyncMemoryStorage
@@ -42,7 +43,8 @@ def limiter() -> FixedWindowRateLimiter:
         if _limiter is None:
             storage: Storage
             try:
-                storage = storage_from_string(_storage_uri(get_settings().broker_url))
+                # A redis:// URI gives the synchronous storage this limiter needs.
+                storage = cast(Storage, storage_from_string(_storage_uri(get_settings().broker_url)))
             except Exception as exc:  # no Redis configured at all: limit per process
                 log.warning("rate limits kept in memory: %s", exc)
                 storage = MemoryStorage()

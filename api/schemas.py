@@ -487,7 +487,7 @@ class PlanOut(BaseModel):
     def of(cls, p: Plan) -> PlanOut:
         return cls(
             name=p.name,
-            kind=p.kind,  # type: ignore[arg-type]
+            kind=p.kind,
             description=p.description,
             quota_ipu_hours=p.quota_ipu_hours,
             trial_days=p.trial_days,
@@ -523,11 +523,11 @@ class PlanUpdate(BaseModel):
     idle_timeout_s: Seconds | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
-    rates: dict[MachineTypeName, Rate] | None = Field(  # type: ignore[valid-type]
+    rates: dict[MachineTypeName, Rate] | None = Field(
         None, description="Rates to change, by machine type (types not named keep theirs)."
     )
     machine_types: (
-        Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None  # type: ignore[valid-type]
+        Annotated[list[MachineTypeName], Field(min_length=1, max_length=len(MACHINE_TYPE_NAMES))] | None
     ) = Field(None, description="The machine types the plan's tenants may use.")
     max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None

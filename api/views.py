@@ -24,7 +24,7 @@ def job_out(
     return JobOut(
         id=job.id,
         name=job.name,
-        state=job.state,  # type: ignore[arg-type]
+        state=job.state,
         reason=job.reason,
         ipus=job.ipus,
         ipus_requested=job.ipus_requested,

@@ -33,7 +33,7 @@ def job_channel(job_id: str) -> str:
 
 
 def redis_from_url(url: str, **kwargs: object) -> redis.Redis:
-    return redis.Redis.from_url(url, **kwargs)  # type: ignore[arg-type]
+    return redis.Redis.from_url(url, **kwargs)
 
 
 _client: redis.Redis | None = None

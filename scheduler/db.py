@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, Table, create_engine, event, func, insert, select
+from sqlalchemy import CursorResult, Engine, Executable, Table, create_engine, event, func, insert, select
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -190,3 +190,8 @@ def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, A
     ]
     session.execute(insert(table), [{**row, key.name: k} for row, k in zip(rows, keys, strict=True)])
     return keys
+
+
+def changed(session: Session, statement: Executable) -> int:
+    """Run an UPDATE or DELETE and return how many rows it changed (a compare-and-set reads this)."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount

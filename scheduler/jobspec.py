@@ -70,7 +70,7 @@ class JobSpec(BaseModel):
     ipus: int | Literal["auto"] = Field(
         description="Partition size: a power of two, or `auto` for the smallest that fits."
     )
-    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+    machine: MachineChoice | None = Field(
         "any",
         description="A machine type, or `any` (the default, also what null means): the scheduler runs the "
         "job where it is predicted to finish first, counting the wait and the run time on each type.",
@@ -123,7 +123,7 @@ class SessionSpec(BaseModel):
 
     name: Name | None = None
     ipus: int = Field(description="Partition size: a power of two.")
-    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+    machine: MachineChoice | None = Field(
         "any", description="A machine type, or `any` (the default): wherever it can start first."
     )
     max_duration_s: int | None = Field(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -65,6 +66,9 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+    # Every model here is mapped to one Table (no joined or selectable mappings), which the batched
+    # Core statements of the services use directly.
+    __table__: ClassVar[Table]
 
 
 class JobState(enum.StrEnum):

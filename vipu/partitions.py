@@ -163,10 +163,10 @@ def _window_start(fleet: Fleet, pod: int, mask: int, size: int) -> int:
         return low
     machines = 0
     for machine in range(MACHINES_PER_POD):
-        held = (mask >> (machine * IPUS_PER_MACHINE)) & 0b1111
-        if held == 0b1111:
+        taken = (mask >> (machine * IPUS_PER_MACHINE)) & 0b1111
+        if taken == 0b1111:
             machines |= 1 << machine
-        elif held:
+        elif taken:
             raise PartitionRuleError(
                 f"a {size}-IPU partition takes whole machines, but it holds only some IPUs of "
                 f"{machine_id(pod, machine)}"

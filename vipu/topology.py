@@ -344,7 +344,7 @@ class Fleet:
                     kind = MachineType(unit)
                     entries.append((kind, MACHINES[kind].layouts[0], None))
             built = list(_assign_racks(entries))
-        object.__setattr__(self, "units", tuple(built))  # type: ignore[arg-type]
+        object.__setattr__(self, "units", tuple(built))
         types = tuple(None if unit is None else unit.machine_type for unit in self.units)
         object.__setattr__(self, "_types", types)
         object.__setattr__(self, "_present", tuple(kind for kind in MachineType if kind in set(types)))

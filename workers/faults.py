@@ -53,7 +53,7 @@ def warn_if_enabled() -> None:
 def crash_armed(job_name: str) -> bool:
     """Whether an attempt of this job will crash its agent (only ever when the setting names it)."""
     pattern = fault_settings().crash_jobs
-    return bool(pattern) and fnmatch.fnmatchcase(job_name, pattern)
+    return pattern is not None and pattern != "" and fnmatch.fnmatchcase(job_name, pattern)
 
 
 class InjectedCrash(RuntimeError):

@@ -40,6 +40,7 @@ from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import OneTenant, Scope
 from vipu import emulator
+from vipu.machine_types import MachineType
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
@@ -245,7 +246,7 @@ def run_estimate(
 def _sram_bytes(out: dict[str, Any], spec: JobSpec) -> int:
     # The type it was estimated on: the one named, or (for `any`) the one it would finish first on.
     kind = out.get("machine") or (spec.machine if spec.machine not in (None, "any") else None)
-    return emulator.MACHINES[kind or emulation.DEFAULT_MACHINE].sram_bytes
+    return emulator.MACHINES[MachineType(kind or emulation.DEFAULT_MACHINE)].sram_bytes
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
@@ -46,7 +47,7 @@ ApplicationId = Annotated[str, Path(min_length=1, max_length=40)]
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
-def _next(rows: list[object], limit: int, key: str) -> str | None:
+def _next(rows: Sequence[object], limit: int, key: str) -> str | None:
     return encode_cursor(getattr(rows[limit - 1], key)) if len(rows) > limit else None
 
 

@@ -545,7 +545,7 @@ def fleet_map(fleet: Fleet) -> tuple[list[str], list[tuple[str, str, str, str]]]
     legend: list[tuple[str, str, str, str]] = []
     lines = []
     for pod in fleet.pods:
-        cells = []
+        cells: list[str] = []
         for m in pod.machines:
             chars = []
             for ipu in m.ipus:

@@ -161,6 +161,12 @@ def submit(
         str | None, typer.Option(help="With machine any: time (default) or cost (the least grant spent).")
     ] = None,
     partition: Annotated[str | None, typer.Option(help="Run inside this reserved partition.")] = None,
+    session: Annotated[
+        str | None,
+        typer.Option(
+            help="Run in this active session of yours (`ipucloud sessions start`): it starts at once."
+        ),
+    ] = None,
     priority: Annotated[int | None, typer.Option(help="-100..100 within your tenant.")] = None,
     max_runtime: Annotated[
         int | None, typer.Option("--max-runtime", help="Stop after this many cluster seconds.")
@@ -209,6 +215,7 @@ def submit(
         machine=machine,
         prefer=prefer,
         partition=partition,
+        session=session,
         priority=priority,
         max_runtime_s=max_runtime,
         preemptible=preemptible,
@@ -240,7 +247,7 @@ def submit(
                 pass
             done = client.get_job(job.id)
             print_json(done)
-            final = done.state
+            final: str | None = done.state
         else:
             console(stderr=True).print(f"submitted [bold]{job.id}[/] ({job.name}), {job.ipus} IPUs")
             final = follow(client, job, as_json=False)

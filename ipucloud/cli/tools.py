@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -178,7 +179,8 @@ def simulate(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            help="Scheduling policy; repeat for several side by side. Default: the three baselines."
+            help="Scheduling policy; repeat for several side by side. Default: the three baselines and the "
+            "two research anchors (tiresias, srtf-oracle)."
         ),
     ] = None,
     estimates: Annotated[
@@ -235,7 +237,7 @@ def simulate(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from scheduler.policy import BASELINES, POLICIES
+    from scheduler.policy import BASELINES, POLICIES, REFERENCES
     from scheduler.simulator import (
         ESTIMATE_MODELS,
         Columns,
@@ -246,7 +248,7 @@ def simulate(
         write_outputs,
     )
 
-    names = tuple(policy) if policy else BASELINES
+    names = tuple(policy) if policy else (*BASELINES, *REFERENCES)
     unknown = [n for n in names if n not in POLICIES]
     if unknown:
         err.print(f"[red]unknown policy {', '.join(unknown)}; available: {', '.join(POLICIES)}[/]")
@@ -319,7 +321,7 @@ def simulate(
         print(json.dumps(figures, indent=2))
         return
     table = Table(title=f"{trace.name}: {len(jobs):,} jobs on {where}")
-    rows = [
+    rows: list[tuple[str, str, Callable[[Any], str]]] = [
         ("avg JCT", "avg_jct_s", _duration),
         ("p50 JCT", "p50_jct_s", _duration),
         ("p99 JCT", "p99_jct_s", _duration),

@@ -33,6 +33,7 @@ from ipucloud.sdk.models import (
     Racks,
     Retired,
     ServersAdded,
+    Session,
     Tenant,
     TenantCreated,
     TrialApplication,
@@ -59,6 +60,7 @@ JOB_FIELDS = (
     "machine",
     "prefer",
     "partition",
+    "session",
     "priority",
     "max_runtime_s",
     "preemptible",
@@ -133,7 +135,7 @@ def stripped_graph(path: str | os.PathLike[str]) -> tuple[str, bytes]:
     export travels as a few hundred kilobytes. External weight files are never read."""
     from vipu.emulator.onnxgraph.strip import strip_file
 
-    return Path(path).name, strip_file(path).data
+    return Path(path).name, strip_file(Path(path)).data
 
 
 def push_model(
@@ -165,6 +167,29 @@ def get_model(ref: str) -> Call[OnnxModel]:
 
 def delete_model(ref: str) -> Call[OnnxModel]:
     return Call("DELETE", f"{V1}/models/{seg(ref)}", model(OnnxModel))
+
+
+# Sessions ----------------------------------------------------------------------------------------------
+
+
+def start_session(body: dict[str, Any]) -> Call[Session]:
+    return Call(
+        "POST", f"{V1}/sessions", model(Session), json={k: v for k, v in body.items() if v is not None}
+    )
+
+
+def list_sessions(state: str | None, limit: int, cursor: str | None) -> Call[Page[Session]]:
+    return Call(
+        "GET", f"{V1}/sessions", _page(Session), params={"state": state, "limit": limit, "cursor": cursor}
+    )
+
+
+def get_session(session_id: str) -> Call[Session]:
+    return Call("GET", f"{V1}/sessions/{seg(session_id)}", model(Session))
+
+
+def end_session(session_id: str) -> Call[Session]:
+    return Call("DELETE", f"{V1}/sessions/{seg(session_id)}", model(Session))
 
 
 # Jobs --------------------------------------------------------------------------------------------------

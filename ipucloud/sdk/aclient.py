@@ -29,6 +29,7 @@ from ipucloud.sdk.models import (
     Machine,
     OnnxModel,
     Page,
+    Paged,
     Partition,
     PartitionReset,
     Plan,
@@ -37,6 +38,7 @@ from ipucloud.sdk.models import (
     Racks,
     Retired,
     ServersAdded,
+    Session,
     StreamEvent,
     Tenant,
     TenantCreated,
@@ -130,7 +132,7 @@ class AsyncClient:
                 raise ApiError.from_response(response)
             return call.parse(response)
 
-    async def _pages(self, fetch: Callable[[str | None], Awaitable[Page[I]]]) -> AsyncIterator[I]:
+    async def _pages(self, fetch: Callable[[str | None], Awaitable[Paged[I]]]) -> AsyncIterator[I]:
         cursor: str | None = None
         while True:
             page = await fetch(cursor)
@@ -147,6 +149,46 @@ class AsyncClient:
 
     async def estimate(self, spec: Mapping[str, Any] | None = None, **fields: Any) -> Estimate:
         return await self.call(_api.estimate(_api.job_spec(spec, **fields)))
+
+    # Sessions ----------------------------------------------------------------------------------------
+
+    async def start_session(
+        self,
+        *,
+        ipus: int,
+        machine: str | None = None,
+        max_duration_s: int | None = None,
+        idle_timeout_s: int | None = None,
+        gcds: int | None = None,
+        name: str | None = None,
+    ) -> Session:
+        """Hold a partition: the session queues like a job, then its jobs (`submit_job(session=id)`)
+        start at once. Durations in cluster seconds; the plan sets the defaults and the ceiling."""
+        body = {
+            "ipus": ipus,
+            "machine": machine,
+            "max_duration_s": max_duration_s,
+            "idle_timeout_s": idle_timeout_s,
+            "gcds": gcds,
+            "name": name,
+        }
+        return await self.call(_api.start_session(body))
+
+    async def get_session(self, session_id: str) -> Session:
+        return await self.call(_api.get_session(session_id))
+
+    async def list_sessions(
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page[Session]:
+        """One page of the caller's sessions, newest first."""
+        return await self.call(_api.list_sessions(state, limit, cursor))
+
+    def iter_sessions(self, *, state: str | None = None, page_size: int = 50) -> AsyncIterator[Session]:
+        return self._pages(lambda c: self.list_sessions(state=state, limit=page_size, cursor=c))
+
+    async def end_session(self, session_id: str) -> Session:
+        """End a session: its running jobs stop, its hold is billed up to now."""
+        return await self.call(_api.end_session(session_id))
 
     # Jobs --------------------------------------------------------------------------------------------
 

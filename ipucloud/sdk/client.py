@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from ipucloud.sdk.models import (
     Machine,
     OnnxModel,
     Page,
+    Paged,
     Partition,
     PartitionReset,
     Plan,
@@ -36,6 +37,7 @@ from ipucloud.sdk.models import (
     Racks,
     Retired,
     ServersAdded,
+    Session,
     StreamEvent,
     Tenant,
     TenantCreated,
@@ -45,6 +47,7 @@ from ipucloud.sdk.models import (
 )
 
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741
 
 USER_AGENT = "ipucloud-python/0.1.0"
 
@@ -141,7 +144,7 @@ class Client:
                 raise ApiError.from_response(response)
             return call.parse(response)
 
-    def _pages(self, fetch: Any) -> Iterator[Any]:
+    def _pages(self, fetch: Callable[[str | None], Paged[I]]) -> Iterator[I]:
         cursor: str | None = None
         while True:
             page = fetch(cursor)
@@ -189,6 +192,46 @@ class Client:
     def delete_model(self, ref: str) -> OnnxModel:
         """Remove a model (refused while queued or running jobs use it)."""
         return self.call(_api.delete_model(ref))
+
+    # Sessions ----------------------------------------------------------------------------------------
+
+    def start_session(
+        self,
+        *,
+        ipus: int,
+        machine: str | None = None,
+        max_duration_s: int | None = None,
+        idle_timeout_s: int | None = None,
+        gcds: int | None = None,
+        name: str | None = None,
+    ) -> Session:
+        """Hold a partition: the session queues like a job, then its jobs (`submit_job(session=id)`)
+        start at once. Durations in cluster seconds; the plan sets the defaults and the ceiling."""
+        body = {
+            "ipus": ipus,
+            "machine": machine,
+            "max_duration_s": max_duration_s,
+            "idle_timeout_s": idle_timeout_s,
+            "gcds": gcds,
+            "name": name,
+        }
+        return self.call(_api.start_session(body))
+
+    def get_session(self, session_id: str) -> Session:
+        return self.call(_api.get_session(session_id))
+
+    def list_sessions(
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page[Session]:
+        """One page of the caller's sessions, newest first."""
+        return self.call(_api.list_sessions(state, limit, cursor))
+
+    def iter_sessions(self, *, state: str | None = None, page_size: int = 50) -> Iterator[Session]:
+        return self._pages(lambda c: self.list_sessions(state=state, limit=page_size, cursor=c))
+
+    def end_session(self, session_id: str) -> Session:
+        """End a session: its running jobs stop, its hold is billed up to now."""
+        return self.call(_api.end_session(session_id))
 
     # Jobs --------------------------------------------------------------------------------------------
 
@@ -520,7 +563,9 @@ def _event(event: str, event_id: str | None, data: str) -> StreamEvent:
     if not isinstance(parsed, dict):
         parsed = {"value": parsed}
     numeric = event_id is not None and event_id.isascii() and event_id.isdigit()
-    return StreamEvent(event=event, id=int(event_id) if numeric else None, data=parsed)
+    return StreamEvent(
+        event=event, id=int(event_id) if event_id is not None and numeric else None, data=parsed
+    )
 
 
 def _drop_none(**fields: Any) -> dict[str, Any]:

@@ -6,12 +6,14 @@ older client; known fields are typed and validated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -22,6 +24,16 @@ class Model(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=False)
+
+
+class Paged(Protocol[T_co]):
+    """Anything listed a page at a time: a `Page`, or a job's `Logs`."""
+
+    @property
+    def items(self) -> Sequence[T_co]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
 
 
 class Page(Model, Generic[T]):
@@ -76,6 +88,7 @@ class Job(Model):
     ipus_requested: str | None = None
     machine: str | None = None
     partition: str | None = None
+    session: str | None = None
     priority: int = 0
     workload: dict[str, Any] = Field(default_factory=dict)
     max_runtime_s: int | None = None
@@ -413,3 +426,45 @@ class Machine(Model):
     machine_type: str | None = None
     health: str
     reason: str | None = None
+
+
+SESSION_FINAL = "ended"
+
+
+class SessionEvent(Model):
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class Session(Model):
+    """A held partition (``POST /sessions``): its jobs start at once. Durations are cluster seconds."""
+
+    id: str
+    name: str | None = None
+    state: str  # starting | active | ended
+    ended_reason: str | None = None
+    ended_detail: str | None = None
+    ipus: int
+    machine: str
+    gcds: int = 1
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    held_s: float = 0.0
+    time_left_s: float | None = None
+    idle_s: float | None = None
+    idle_left_s: float | None = None
+    ends_at: datetime | None = None
+    busy_gcds: int = 0
+    billed_ipu_hours: float = 0.0
+    jobs: list[dict[str, Any]] = Field(default_factory=list)
+    events: list[SessionEvent] = Field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.state == SESSION_FINAL

@@ -110,7 +110,7 @@ class Order:
             cursor = iter(group.jobs.values())
             first = next(cursor, None)
             if first is not None:
-                key = (-group_key[0], rank(group_key[1], first), first.submitted_at, first.id)
+                key: _Key = (-group_key[0], rank(group_key[1], first), first.submitted_at, first.id)
                 heap.append((key, seq, group_key, 0, cursor, first))
         heapq.heapify(heap)
         while heap:

@@ -208,14 +208,14 @@ class _Pass:
     def _failed(self, job: QueuedJob, started: Start) -> None:
         kind = job.machine_type
         if started.failure == "held":
-            self.held[kind] = min(self.held.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+            self.held[kind] = min(self.held.get(kind, job.size), job.size)
             self._check_exhausted()
             return
-        self.dead[kind] = min(self.dead.get(kind, math.inf), job.size)  # type: ignore[arg-type]
+        self.dead[kind] = min(self.dead.get(kind, job.size), job.size)
         if kind is not None and all(t in self.dead for t in self.types):
             # Every type has failed some size: from the largest of those up, nothing starts anywhere.
             bound = max(self.dead[t] for t in self.types)
-            self.dead[None] = min(self.dead.get(None, math.inf), bound)  # type: ignore[arg-type]
+            self.dead[None] = min(self.dead.get(None, bound), bound)
             if bound == 1:
                 self.stop = self.can_stop
         if kind is None and job.size == 1:

@@ -20,12 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 from scheduler.policy.model import QueuedJob, Reservation, RunningJob
 from scheduler.policy.timetable import Inconsistent, TimeTable, expected_end
 from vipu.allocator import Allocator, Placement
 from vipu.topology import Health, machine_of_ipu
+
+
+class _Hint(TypedDict, total=False):
+    expected_end: float
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,7 @@ class TopologyPlanner:
         self._free -= job.size
         self._started.append((self._now + job.predicted_runtime_s, name))
 
-    def _hint(self, job: QueuedJob) -> dict[str, float]:
+    def _hint(self, job: QueuedJob) -> _Hint:
         """When the partition should be free again, for the placement policy to pack ends together."""
         end = self._now + job.predicted_runtime_s
         return {"expected_end": end, "now": self._now} if self._hints and math.isfinite(end) else {}

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from scheduler.db import changed
 from scheduler.models import Agent, AgentState, Attempt, AttemptState
 from scheduler.services.clock import db_now
 
@@ -95,7 +96,8 @@ def renew(
 ) -> bool:
     """The heartbeat: extend this incarnation's lease if it is still current. False: fenced."""
     now = db_now(session)
-    done = session.execute(
+    done = changed(
+        session,
         update(Agent)
         .where(
             Agent.name == lease.name,
@@ -109,20 +111,21 @@ def renew(
             running=running,
             ipus_busy=ipus_busy,
         )
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     return bool(done == 1)
 
 
 def release(*, session: Session, lease: AgentLease) -> bool:
     """A clean shutdown, once the agent has handed back or finished everything it ran."""
     now = db_now(session)
-    done = session.execute(
+    done = changed(
+        session,
         update(Agent)
         .where(Agent.name == lease.name, Agent.epoch == lease.epoch, Agent.state == AgentState.ACTIVE)
         .values(state=AgentState.STOPPED, lease_expires_at=now, running=0, ipus_busy=0)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     return bool(done == 1)
 
 

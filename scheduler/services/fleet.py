@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler.db import insert_returning_keys
+from scheduler.db import changed, insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
 from scheduler.services.scope import Scope, restrict
@@ -471,7 +471,7 @@ def insert_job_partitions(
     """`insert_partition` for many job partitions ((placement, tenant, job) each) in one savepoint
     and a few batched statements. Raises PlacementConflict, inserting none, if any IPU is taken."""
     now = utcnow()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": placement.partition_id,
             "kind": "job",
@@ -523,11 +523,12 @@ class NewPartition:
 
 def release_partition(*, session: Session, partition: Partition) -> bool:
     """Free a partition's IPUs. Returns False if it was already released (safe to call twice)."""
-    done = session.execute(
+    done = changed(
+        session,
         update(Partition)
         .where(Partition.pk == partition.pk, Partition.released_at.is_(None))
-        .values(released_at=utcnow())
-    ).rowcount
+        .values(released_at=utcnow()),
+    )
     session.execute(delete(IpuAssignment).where(IpuAssignment.partition_pk == partition.pk))
     if done != 1:
         # Released by someone else: what this session holds of it may be out of date. (When this

@@ -57,11 +57,6 @@ class Submitted:
     replayed: bool
 
 
-# The queue a session job's dispatch message is first written with; the dispatcher picks the most
-# specific served queue at every publish anyway (scheduler/routing.py).
-SESSION_QUEUE = "ipucloud"
-
-
 def request_hash(spec: JobSpec) -> str:
     return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -226,7 +221,6 @@ def submit_jobs(
             for o in outcomes
             if isinstance(o, Submitted) and not o.replayed and o.job.spec.get("session")
         ],
-        queue=SESSION_QUEUE,
     )
     for tenant_id, amount in reserve.items():
         done = conn.execute(

@@ -26,6 +26,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from scheduler.db import changed
 from scheduler.models import LeaderLease
 from scheduler.services.clock import db_now
 
@@ -62,21 +63,23 @@ def try_acquire(*, session: Session, holder: str, ttl_s: float, name: str = SCHE
     if row.holder == holder:
         # Ours still (the holder is this process): renewed at the same epoch even if it ran out
         # meanwhile, since nobody took it over (a takeover replaces the holder and bumps the epoch).
-        renewed = session.execute(
+        renewed = changed(
+            session,
             update(LeaderLease)
             .where(LeaderLease.name == name, LeaderLease.holder == holder, LeaderLease.epoch == row.epoch)
-            .values(expires_at=expires)
-        ).rowcount
+            .values(expires_at=expires),
+        )
         return Fence(name, holder, row.epoch) if renewed == 1 else None
     if row.expires_at > now:
         return None
     # Read before the UPDATE: the ORM writes the new epoch back into `row` when it matches.
     seen, epoch = row.epoch, row.epoch + 1
-    taken = session.execute(
+    taken = changed(
+        session,
         update(LeaderLease)
         .where(LeaderLease.name == name, LeaderLease.epoch == seen, LeaderLease.expires_at <= now)
-        .values(holder=holder, epoch=epoch, expires_at=expires)
-    ).rowcount
+        .values(holder=holder, epoch=epoch, expires_at=expires),
+    )
     return Fence(name, holder, epoch) if taken == 1 else None
 
 
@@ -84,15 +87,16 @@ def fence(*, session: Session, fence: Fence, ttl_s: float) -> None:
     """Renew the lease inside the caller's transaction, or raise NotLeader if another replica has
     taken it over (its epoch moved on)."""
     now = db_now(session)
-    renewed = session.execute(
+    renewed = changed(
+        session,
         update(LeaderLease)
         .where(
             LeaderLease.name == fence.name,
             LeaderLease.holder == fence.holder,
             LeaderLease.epoch == fence.epoch,
         )
-        .values(expires_at=now + timedelta(seconds=ttl_s))
-    ).rowcount
+        .values(expires_at=now + timedelta(seconds=ttl_s)),
+    )
     if renewed != 1:
         raise NotLeader(f"{fence.holder} no longer holds the {fence.name} lease at epoch {fence.epoch}")
 

@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler.billing import charged_ipu_ms, raw_ipu_ms
+from scheduler.db import changed
 from scheduler.models import Attempt, Job, MeterEvent, Tenant, utcnow
 
 
@@ -83,7 +84,7 @@ def _move_counters(session: Session, tenant_id: str, used: int, reserved: int, *
         used_ipu_ms=Tenant.used_ipu_ms + used, reserved_ipu_ms=Tenant.reserved_ipu_ms + reserved
     )
     # Nothing of the row is read back: a Tenant object in this session keeps what it had loaded.
-    done = session.execute(stmt.execution_options(synchronize_session=False)).rowcount
+    done = changed(session, stmt.execution_options(synchronize_session=False))
     return bool(done == 1)
 
 
@@ -248,8 +249,8 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
             consumed += consume(t_billed, billed)
             used += billed
         _move_counters(session, tenant_id, used, -consumed, guard=False)
-    billed = [t.attempt for items in by_tenant.values() for t, _ in items if isinstance(t.attempt, Metered)]
-    if billed:
+    settled = [t.attempt for items in by_tenant.values() for t, _ in items if isinstance(t.attempt, Metered)]
+    if settled:
         table = Attempt.__table__
         session.execute(
             update(table)
@@ -268,7 +269,7 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
                     "a_cluster_s": a.cluster_s,
                     "a_ticks": a.ticks,
                 }
-                for a in billed
+                for a in settled
             ],
         )
     return exhausted

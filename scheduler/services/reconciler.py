@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from scheduler.db import changed
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -328,11 +329,12 @@ def _republish_outbox(
                     # only wait behind it. It goes again once the queue is empty or stops moving
                     # without it having been taken, or after the longest backoff all the same.
                     continue
-        reset = session.execute(
+        reset = changed(
+            session,
             update(OutboxMessage)
             .where(OutboxMessage.id == oid, OutboxMessage.published_at == published_at)
-            .values(published_at=None)
-        ).rowcount
+            .values(published_at=None),
+        )
         if reset != 1:
             continue
         _record(

@@ -271,7 +271,7 @@ def build_snapshot(
             name,
             tenant_id,
             size,
-            (busy.get(name) or [None])[0],
+            next(iter(busy.get(name, ())), None),
             gcds=gcds,
             running_jobs=tuple(busy.get(name, ())),
             healthy=name not in unhealthy,

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from scheduler import billing
+from scheduler import billing, dispatch_now
 from scheduler.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, QuotaExceeded, TenantInactive
 from scheduler.ids import new_id
 from scheduler.jobspec import SessionSpec
@@ -45,6 +45,7 @@ from scheduler.models import (
     Job,
     JobEvent,
     JobState,
+    OutboxMessage,
     Partition,
     Plan,
     SessionState,
@@ -412,7 +413,7 @@ def session_for_job(*, session: Session, tenant_id: str, session_id: str) -> tup
     return row, partition
 
 
-def place_session_jobs(*, session: Session, jobs: Sequence[Job], queue: str) -> list[int]:
+def place_session_jobs(*, session: Session, jobs: Sequence[Job]) -> list[int]:
     """Place admitted session jobs on free GCDs of their sessions' partitions at once (the
     submission's transaction); a job that finds none free stays queued for the next. Returns the
     attempts placed."""
@@ -426,6 +427,7 @@ def place_session_jobs(*, session: Session, jobs: Sequence[Job], queue: str) -> 
         if partition is None or partition.kind != "session":
             continue
         free = attempts.free_gcds(session=session, partition_pk=partition.pk, gcds=partition.gcds)
+        queue = dispatch_now.queue_for(partition.machine_type, partition.ipu_ids)
         placements.extend((job, partition, queue) for job in waiting[: len(free)])
     if not placements:
         return []
@@ -435,6 +437,16 @@ def place_session_jobs(*, session: Session, jobs: Sequence[Job], queue: str) -> 
         update(table)
         .where(table.c.id.in_([j.id for j, _, _ in placements]))
         .values(attempts=table.c.attempts + 1)
+    )
+    # Sent by this process as it commits, not by the scheduler's next iteration: written published.
+    session.execute(
+        update(OutboxMessage)
+        .where(OutboxMessage.attempt_id.in_(ids))
+        .values(published_at=utcnow(), publish_count=1)
+        .execution_options(synchronize_session=False)
+    )
+    dispatch_now.publish_after_commit(
+        session, [(attempt_id, 0, q) for attempt_id, (_, _, q) in zip(ids, placements, strict=True)]
     )
     return ids
 

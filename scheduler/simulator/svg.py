@@ -109,8 +109,8 @@ def cdf_chart(series: Mapping[str, Sequence[float]], *, title: str, x_label: str
         line = []
         for k in range(points + 1):
             share = k / points
-            value = values[min(n - 1, max(0, math.ceil(share * n) - 1))]
-            line.append((x_of(value), TOP + plot_h - plot_h * share))
+            sample = values[min(n - 1, max(0, math.ceil(share * n) - 1))]
+            line.append((x_of(sample), TOP + plot_h - plot_h * share))
         parts.append(_polyline(line, i))
     parts += _legend(list(ordered))
     parts.append("</svg>")

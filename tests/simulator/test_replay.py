@@ -125,14 +125,16 @@ def test_cli_json_and_outputs(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert set(body) == {"default", "fifo-firstfit", "slurm-backfill"}
+    assert set(body) == {"default", "fifo-firstfit", "slurm-backfill", "tiresias", "srtf-oracle"}
     assert all(row.keys() >= CONTRACT_KEYS for row in body.values())
     with (out_dir / "jobs.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 3 * 200 and {r["policy"] for r in rows} == set(body)
+    assert len(rows) == 5 * 200 and {r["policy"] for r in rows} == set(body)
     for plot in ("sched-jct-cdf.svg", "sched-wait-cdf.svg", "sched-utilization.svg"):
         root = ElementTree.parse(out_dir / plot).getroot()
-        assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}polyline")) == 3
+        assert root.tag.endswith("svg") and len(
+            root.findall(".//{http://www.w3.org/2000/svg}polyline")
+        ) == len(body)
     # Several policies by name, one of them an ablation; a bad one is refused before any work.
     two = runner.invoke(
         app,

@@ -36,6 +36,7 @@ from vipu.emulator.timing import (
     stage_compute_s,
     step_timing,
 )
+from vipu.machine_types import MachineType
 from vipu.partitions import is_power_of_two
 
 MAX_DEVICE_ITERATIONS = 1024
@@ -389,7 +390,7 @@ def plan(
 def _plan(
     spec: WorkloadSpec, ipus: int, machine_type: str, pods: int, gw_links: bool, ov: _Overrides, c: Constants
 ) -> Plan:
-    m = MACHINES[machine_type]
+    m = MACHINES[MachineType(machine_type)]
     train = spec.task == "train"
     precision = spec.dtype
     graph = spec.graph()

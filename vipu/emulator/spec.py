@@ -37,6 +37,9 @@ class GraphSource(Protocol):
 
     label: str
     """What messages call it (the model's name)."""
+
+    def __hash__(self) -> int: ...
+
     executable_identity: str
     """Goes into the executable key in place of a catalogue name: the graph's content digest and scope."""
     tasks: tuple[Task, ...]

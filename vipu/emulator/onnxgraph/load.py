@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 
 from vipu.emulator.onnxgraph.errors import GraphError

@@ -295,7 +295,7 @@ class _Lowering:
         for name in inputs:
             self.roots[name] = frozenset({name})
         for i, node in enumerate(self.g.node):
-            role = role_of(node.domain, node.op_type, self.graph.declared_elementwise)
+            role: str | None = role_of(node.domain, node.op_type, self.graph.declared_elementwise)
             assert role is not None and role != "control", "load_graph refuses these"
             ins = [t for t in node.input if t]
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
@@ -382,11 +382,11 @@ class _Lowering:
         if role == "conv":
             return [self._conv(i, node, label, out_n)]
         if op == "Gemm":
-            a = self.shape(node.input[0], node, i)
-            b = self.shape(node.input[1], node, i)
+            ga = self.shape(node.input[0], node, i)
+            gb = self.shape(node.input[1], node, i)
             attrs = {a_.name: a_.i for a_ in node.attribute}
-            m, k = (a[1], a[0]) if attrs.get("transA") else (a[0], a[1])
-            n = b[0] if attrs.get("transB") else b[1]
+            m, k = (ga[1], ga[0]) if attrs.get("transA") else (ga[0], ga[1])
+            n = gb[0] if attrs.get("transB") else gb[1]
             return [Op(label, OpKind.MATMUL, m=m * s, k=k, n=n, saved=out_n)]
         if op == "Einsum":
             return [self._einsum(i, node, label, out_n)]
@@ -518,16 +518,16 @@ class _Lowering:
         only_a = [c for c in out if c in a and c not in b]
         only_b = [c for c in out if c in b and c not in a]
 
-        def size(letters: Iterable[str]) -> int:
+        def extent(letters: Iterable[str]) -> int:
             return math.prod(sizes[c] for c in letters)
 
         return Op(
             label,
             OpKind.MATMUL,
-            m=size(only_a) * self.scale,
-            k=size(contracted),
-            n=size(only_b),
-            groups=size(batch),
+            m=extent(only_a) * self.scale,
+            k=extent(contracted),
+            n=extent(only_b),
+            groups=extent(batch),
             saved=out_n,
         )
 
@@ -694,15 +694,15 @@ class _Lowering:
         last_use: dict[str, int] = {}
         users: dict[str, set[int]] = {}
         for i, node in enumerate(self.g.node):
-            p = node_unit.get(i)
-            if p is None:
+            unit = node_unit.get(i)
+            if unit is None:
                 continue
             for t in node.input:
                 if t and t not in self.const:
                     for r in self.roots.get(t, ()):
-                        if where.get(r, -1) != p:
-                            last_use[r] = max(last_use.get(r, -1), p)
-                            users.setdefault(r, set()).add(p)
+                        if where.get(r, -1) != unit:
+                            last_use[r] = max(last_use.get(r, -1), unit)
+                            users.setdefault(r, set()).add(unit)
         # cut_total[p]: activation elements crossing the cut after unit p.
         diff = [0.0] * (n + 1)
         for r, end in last_use.items():

@@ -21,11 +21,13 @@ import itertools
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
 
 import vipu.emulator.catalogue  # noqa: F401  (the module, not the package's catalogue() function)
+from vipu.emulator.catalogue import Task
 from vipu.emulator.onnxgraph.strip import STRIPPED_LOCATION
 
 cat = sys.modules["vipu.emulator.catalogue"]
@@ -77,7 +79,7 @@ class _Builder:
     def ints(self, values: list[int]) -> str:
         return self.const("shape", values, TensorProto.INT64)
 
-    def node(self, op: str, inputs: list[str], n_out: int = 1, **attrs: object) -> list[str]:
+    def node(self, op: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
         outs = [self.name(op.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op, inputs, outs, name=self.name(op), **attrs))
         return outs
@@ -133,11 +135,11 @@ def _dropout(b: _Builder, x: str) -> str:
 # -------------------------------------------------------------------------------------------------- BERT
 
 
-def bert(name: str, task: cat.Task = "infer", seq_len: int = 128, fused: bool = True) -> onnx.ModelProto:
+def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True) -> onnx.ModelProto:
     """BERT with the catalogue's heads: MLM + NSP when training at 128 or 512, SQuAD's span head otherwise."""
     w = cat.get_workload(name)
     arch = w.architecture
-    hidden, layers, heads = int(arch["hidden"]), int(arch["layers"]), int(arch["heads"])  # type: ignore[call-overload]
+    hidden, layers, heads = int(arch["hidden"]), int(arch["layers"]), int(arch["heads"])
     ffn, head_dim = 4 * hidden, hidden // heads
     pretraining = task == "train" and seq_len in (128, 512)
     b = _Builder()
@@ -362,7 +364,7 @@ def autoencoder(name: str = "deep-autoencoder") -> onnx.ModelProto:
 
 
 def render(
-    name: str, task: cat.Task = "infer", seq_len: int | None = None, fused: bool = True
+    name: str, task: Task = "infer", seq_len: int | None = None, fused: bool = True
 ) -> onnx.ModelProto:
     """The ONNX rendering of catalogue workload ``name`` (see ``RENDERED``)."""
     if name.startswith("bert"):
@@ -378,7 +380,5 @@ def render(
     raise ValueError(f"no ONNX rendering of {name!r}; rendered: {', '.join(RENDERED)}")
 
 
-def render_bytes(
-    name: str, task: cat.Task = "infer", seq_len: int | None = None, fused: bool = True
-) -> bytes:
+def render_bytes(name: str, task: Task = "infer", seq_len: int | None = None, fused: bool = True) -> bytes:
     return render(name, task, seq_len, fused).SerializeToString()
