@@ -105,7 +105,7 @@ class SessionSpec(BaseModel):
 
     name: Name | None = None
     ipus: int = Field(description="Partition size: a power of two.")
-    machine: MachineChoice | None = Field(  # type: ignore[valid-type]
+    machine: MachineChoice | None = Field(
         "any", description="A machine type, or `any` (the default): wherever it can start first."
     )
     max_duration_s: int | None = Field(

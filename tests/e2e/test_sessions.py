@@ -3,6 +3,7 @@ runs its owner's jobs at once, billed per held IPU-second, culled when idle or a
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,6 +101,21 @@ def test_session_lifecycle_jobs_billing_and_isolation(slow_cloud: RunningCloud, 
             assert_problem(o.delete(f"/api/v1/sessions/{sid}"), 404)
             assert_problem(o.post("/api/v1/jobs", json={**JOB, "session": sid}), 404)
             assert o.get("/api/v1/sessions").json()["items"] == []
+
+        # The dashboard: the session in the tenant's list (linked from its nav) and its page with its
+        # jobs, time left and idle countdown.
+        with httpx.Client(base_url=slow_cloud.url, timeout=30) as browser:
+            page = browser.get("/login")
+            token = re.search(r'name="form_token" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+            signed = browser.post("/login", data={"api_key": key, "form_token": token})
+            assert signed.status_code in (200, 303), signed.text
+            listing = browser.get("/sessions")
+            assert listing.status_code == 200 and f'href="/sessions/{sid}"' in listing.text
+            assert 'href="/sessions"' in listing.text
+            shown = browser.get(f"/sessions/{sid}")
+            assert shown.status_code == 200
+            assert all(j in shown.text for j in ran) and "Idle countdown" in shown.text
+            assert "Time left" in shown.text and active["partition"]["id"] in shown.text
 
         # A job larger than the session is refused, and so is a job in a session that is not active.
         assert_problem(c.post("/api/v1/jobs", json={**JOB, "ipus": 8, "session": sid}), 409)

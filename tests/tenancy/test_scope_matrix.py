@@ -27,7 +27,7 @@ import redis
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from api.dashboard import admin_pages, model_pages, routes, sessions, tenant_pages
+from api.dashboard import admin_pages, model_pages, routes, session_pages, sessions, tenant_pages
 from scheduler.db import Database
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import ApiKey, IpuSession, Job, Machine, Member, OwnModel, Partition, TrialApplication
@@ -644,6 +644,11 @@ def _dash_delete_model(w: World, csrf: str) -> Form:
     return Form("POST", f"/models/{model_id}/delete", {"csrf": csrf}, unchanged=_model_there(w, model_id))
 
 
+def _dash_end_session(w: World, csrf: str) -> Form:
+    session_id = w.new_session()
+    return Form("POST", f"/sessions/{session_id}/end", {"csrf": csrf}, unchanged=_session_live(w, session_id))
+
+
 DashPrep = Callable[[World, str], Form]
 # (route path, a name when one route has several actions) -> (API twin or own answers, call)
 DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], DashPrep]] = {
@@ -768,6 +773,19 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         lambda w, c: _dash_retire(w, f"/admin/fleet/units/{w.new_server()}/retire", c),
     ),
     ("GET", "/models", ""): (("GET", "/api/v1/models"), lambda w, c: Form("GET", "/models")),
+    ("GET", "/sessions", ""): (("GET", "/api/v1/sessions"), lambda w, c: Form("GET", "/sessions")),
+    ("POST", "/sessions", ""): (
+        ("POST", "/api/v1/sessions"),
+        lambda w, c: Form("POST", "/sessions", {"csrf": c, "ipus": "1"}),
+    ),
+    ("GET", "/sessions/{session_id}", ""): (
+        ("GET", "/api/v1/sessions/{session_id}"),
+        lambda w, c: Form("GET", f"/sessions/{w.session}"),
+    ),
+    ("POST", "/sessions/{session_id}/end", ""): (
+        ("DELETE", "/api/v1/sessions/{session_id}"),
+        _dash_end_session,
+    ),
     ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
     ("GET", "/models/{model}", ""): (
         ("GET", "/api/v1/models/{model}"),
@@ -794,7 +812,13 @@ ANONYMOUS_FORMS = {("POST", "/login"), ("POST", "/trial")}
 
 def dashboard_routes() -> set[tuple[str, str]]:
     found = set()
-    for router in (routes.router, tenant_pages.router, admin_pages.router, model_pages.router):
+    for router in (
+        routes.router,
+        tenant_pages.router,
+        admin_pages.router,
+        model_pages.router,
+        session_pages.router,
+    ):
         for route in router.routes:
             if isinstance(route, APIRoute):
                 found |= {(m, route.path) for m in route.methods}

@@ -1,0 +1,131 @@
+"""A tenant's sessions in the dashboard: the list with a form to start one, a session's page (its
+partition, jobs, time left and idle countdown), and ending it. The countdowns are drawn on the server
+in cluster seconds; `static/session.js` counts them down between reloads at the cloud's time scale."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from api.dashboard import sessions
+from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, TenantSubmitter, render
+from api.deps import DbDep, SettingsDep
+from api.routers.jobs import job_views
+from scheduler import bus
+from scheduler.errors import DomainError, Forbidden, Unauthorized
+from scheduler.jobspec import SessionSpec
+from scheduler.services import sessions as session_service
+from scheduler.services.clock import db_now
+from vipu.machine_types import MACHINE_TYPE_NAMES
+
+router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
+
+SessionRef = Annotated[str, Path(min_length=1, max_length=64)]
+START_FIELDS = ("ipus", "machine", "max_duration_s", "idle_timeout_s", "gcds", "name")
+
+
+def _list(
+    request: Request,
+    db: DbDep,
+    user: sessions.DashSession,
+    time_scale: float,
+    *,
+    values: dict[str, str] | None = None,
+    error: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    scope = user.principal.scope
+    with db.read() as s:
+        now = db_now(s)
+        rows = session_service.list_sessions(session=s, scope=scope, after=None, limit=100)
+        views = [
+            session_service.session_json(
+                session_service.view(session=s, row=r, time_scale=time_scale, now=now)
+            )
+            for r in rows
+        ]
+    context = {
+        "sessions": views,
+        "values": values or {},
+        "error": error,
+        "machines": MACHINE_TYPE_NAMES,
+        "scale": time_scale,
+    }
+    return render(request, "sessions.html", context, status_code=status_code, user=user)
+
+
+@router.get("/sessions", response_class=HTMLResponse)
+def sessions_page(request: Request, db: DbDep, settings: SettingsDep, user: ReaderUser) -> Response:
+    return _list(request, db, user, settings.time_scale)
+
+
+def _spec(form: dict[str, str]) -> SessionSpec:
+    body: dict[str, Any] = {}
+    for name in START_FIELDS:
+        raw = (form.get(name) or "").strip()
+        if not raw or (name == "machine" and raw == "any"):
+            continue
+        body[name] = raw if name in ("machine", "name") else int(raw) if raw.isdigit() else raw
+    return SessionSpec.model_validate(body)
+
+
+@router.post("/sessions", response_class=HTMLResponse)
+def start(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmitter, form: Form) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    values = {k: form.get(k, "") for k in START_FIELDS}
+    try:
+        spec = _spec(form)
+        with db.write() as s:
+            row = session_service.start_session(session=s, tenant_id=str(user.tenant_id), spec=spec)
+            sid = row.id
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'session'}: {e['msg']}" for e in exc.errors())
+        return _list(request, db, user, settings.time_scale, values=values, error=detail, status_code=422)
+    except DomainError as exc:
+        if isinstance(exc, Unauthorized | Forbidden):
+            raise
+        return _list(
+            request, db, user, settings.time_scale, values=values, error=exc.detail, status_code=exc.status
+        )
+    bus.wake_scheduler("session")
+    sessions.flash(user, f"Session {sid} started: it holds its IPUs as soon as the scheduler places it.")
+    return RedirectResponse(f"/sessions/{sid}", status_code=303)
+
+
+@router.get("/sessions/{session_id}", response_class=HTMLResponse)
+def session_page(
+    request: Request, session_id: SessionRef, db: DbDep, settings: SettingsDep, user: ReaderUser
+) -> Response:
+    scope = user.principal.scope
+    with db.read() as s:
+        row = session_service.get_session(session=s, session_id=session_id, scope=scope)
+        view = session_service.view(session=s, row=row, time_scale=settings.time_scale, now=db_now(s))
+        jobs = job_views(s, view.jobs, scope)
+        out = session_service.session_json(view)
+    context = {"s": out, "jobs": jobs, "scale": settings.time_scale}
+    return render(request, "session.html", context, user=user)
+
+
+@router.post("/sessions/{session_id}/end", response_class=HTMLResponse)
+def end(
+    request: Request,
+    session_id: SessionRef,
+    db: DbDep,
+    settings: SettingsDep,
+    user: SubmitterUser,
+    form: Form,
+) -> Response:
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    with db.write() as s:
+        session_service.end_session(
+            session=s,
+            session_id=session_id,
+            scope=user.principal.scope,
+            time_scale=settings.time_scale,
+        )
+    bus.wake_scheduler("session")
+    sessions.flash(user, f"Session {session_id} ended.")
+    return RedirectResponse(f"/sessions/{session_id}", status_code=303)
