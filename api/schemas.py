@@ -107,6 +107,18 @@ class Progress(BaseModel):
     cluster_s: float | None = None
 
 
+class CheckpointOut(BaseModel):
+    step: int
+    steps: int
+    samples: int
+    executable: str = Field(description="The executable key it ran; a resume on the same type reuses it.")
+    machine_type: str
+    attempt: int
+    run_s: float = Field(description="The job's run time (cluster s) kept by this checkpoint.")
+    reason: Literal["periodic", "preemption", "time_limit", "shutdown"]
+    at: datetime
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -138,6 +150,19 @@ class JobOut(BaseModel):
     used_ipu_hours: float | None = None
     history: list[HistoryEntry] | None = None
     wait: WaitReason | None = None
+    preemptible: bool = False
+    checkpoint_every_s: int | None = Field(
+        None, description="Training jobs: cluster seconds between checkpoints (600 unless it asked)."
+    )
+    checkpoints: list[CheckpointOut] | None = Field(
+        None, description="`GET /jobs/{id}` only: its newest checkpoints, newest first (at most 20)."
+    )
+    checkpoint_count: int | None = None
+    resumable_until: datetime | None = Field(
+        None,
+        description="A job stopped by its time limit with a checkpoint: until when its owner may resume it "
+        "(`POST /jobs/{id}/resume`), the plan's checkpoint retention after it stopped.",
+    )
 
 
 class LogEntry(BaseModel):
@@ -449,6 +474,14 @@ class PlanOut(BaseModel):
     machine_types: list[str] = Field(description="The machine types the plan's tenants may run jobs on.")
     max_models: int = Field(description="Own ONNX models a tenant on this plan may keep.")
     max_model_bytes: int = Field(description="Bytes its stored graphs (weights stripped) may take together.")
+    preemptible_discount: float = Field(
+        0.5, description="Preemptible jobs run at the plan's rates times (1 - this): 0.5 is half price."
+    )
+    checkpoint_retention_s: int = Field(
+        7 * 86400,
+        description="How long after a job stopped at its time limit its owner may still resume it from its "
+        "checkpoint.",
+    )
     updated_at: datetime
 
     @classmethod
@@ -471,6 +504,8 @@ class PlanOut(BaseModel):
             machine_types=list(allowed_types(p.machine_types)),
             max_models=p.max_models,
             max_model_bytes=p.max_model_bytes,
+            preemptible_discount=p.preemptible_discount,
+            checkpoint_retention_s=p.checkpoint_retention_s,
             updated_at=p.updated_at,
         )
 
@@ -499,6 +534,8 @@ class PlanUpdate(BaseModel):
     ) = Field(None, description="The machine types the plan's tenants may use.")
     max_models: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = None
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
+    preemptible_discount: Annotated[float, Field(ge=0, le=0.95), _NUMBER] | None = None
+    checkpoint_retention_s: Seconds | None = None
 
 
 # API keys ---------------------------------------------------------------------------------------------

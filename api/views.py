@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
 from scheduler.billing import ipu_hours as hours
 from scheduler.billing import remaining_ipu_ms
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import Attempt, Job, JobEvent, Partition, Tenant, utcnow
 from scheduler.services import attempts
 
@@ -49,6 +50,10 @@ def job_out(
         finished_at=job.finished_at,
         progress=_progress(attempt),
         used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
+        preemptible=bool(job.preemptible),
+        checkpoint_every_s=(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
+        if job.task == "train"
+        else None,
         history=None
         if history is None
         else [

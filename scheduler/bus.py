@@ -23,6 +23,9 @@ WAKE_CHANNEL = "ipucloud:wake"
 # preemption, a failed machine). Every agent listens and keeps what names it; one that misses a
 # message finds out at its next look at the database.
 STOP_CHANNEL = "ipucloud:agents:stop"
+# "<agent name> <attempt id> <warning s>": the attempt is preempted; it checkpoints within that many
+# cluster seconds and ends itself, else the scheduler stops it (scheduler.services.checkpoints).
+PREEMPT_CHANNEL = "ipucloud:agents:preempt"
 
 
 def job_channel(job_id: str) -> str:

@@ -130,15 +130,18 @@ _RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
 _RUNS_MAX = 1024
 
 
-def emulated_run(plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool) -> emulator.EmulatedRun:
+def emulated_run(
+    plan: emulator.Plan, spec: emulator.WorkloadSpec, *, cached: bool, first_step: int = 0
+) -> emulator.EmulatedRun:
     """The run's timeline and events; immutable, so one object serves every attempt of the same
-    configuration (a host agent may drive thousands of them)."""
-    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}", cached)
+    configuration (a host agent may drive thousands of them). `first_step`: resumed from a
+    checkpoint after that step."""
+    key = (f"{plan.executable_key}|{plan.ipus}|{plan.timing.step_s!r}|{spec!r}|{first_step}", cached)
     run = _RUNS.get(key)
     if run is None:
         if len(_RUNS) >= _RUNS_MAX:
             _RUNS.clear()
-        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached)
+        run = _RUNS[key] = emulator.EmulatedRun(plan, spec, cached=cached, first_step=first_step)
     return run
 
 

@@ -17,6 +17,12 @@ SessionId = Annotated[str, StringConstraints(pattern=r"^ses_[0-9a-z]{26}$")]
 
 MAX_FLEET_IPUS = 65_536
 
+# Checkpoint intervals a job may ask for, in cluster seconds: often enough to lose little, not so often
+# that checkpoint rows become the write load of the cloud (docs/checkpoints.md).
+MIN_CHECKPOINT_EVERY_S = 60
+MAX_CHECKPOINT_EVERY_S = 7 * 24 * 3600
+DEFAULT_CHECKPOINT_EVERY_S = 600
+
 # A machine type from the registry, or `any`: the scheduler picks (vipu/machine_types.py).
 MachineChoice = Literal[(*MACHINE_TYPE_NAMES, "any")]  # type: ignore[valid-type]
 
@@ -82,6 +88,18 @@ class JobSpec(BaseModel):
     )
     priority: int = Field(0, ge=-100, le=100)
     max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
+    preemptible: bool = Field(
+        False,
+        description="Run at the plan's discounted rate; non-preemptible work of any tenant may then stop "
+        "it, after a warning in which it checkpoints, and it requeues by itself (docs/checkpoints.md).",
+    )
+    checkpoint_every_s: int | None = Field(
+        None,
+        ge=MIN_CHECKPOINT_EVERY_S,
+        le=MAX_CHECKPOINT_EVERY_S,
+        description="Training jobs: cluster seconds between checkpoints (default 600). A new attempt "
+        "after a platform fault or a preemption resumes from the last one.",
+    )
 
     @model_validator(mode="after")
     def _size(self) -> JobSpec:

@@ -211,6 +211,9 @@ class SchedulerLoop:
                     victims=decision.preempt,
                     for_job=decision.reservation.job_id,
                     max_attempts=self.settings.max_attempts,
+                    warning_s=self.settings.preemption_warning_s,
+                    time_scale=self.settings.time_scale,
+                    grace_s=2 * self.settings.heartbeat_s + 0.5,
                 )
                 PREEMPTED.inc(stopped)
             if len(decision.starts) > MAX_STARTS_PER_PASS:

@@ -125,6 +125,12 @@ class Plan(Base):
     max_model_bytes: Mapped[int] = mapped_column(
         BigInteger, default=256 * 2**20, server_default=str(256 * 2**20)
     )
+    # Preemptible work runs at its rates times (1 - discount) (docs/checkpoints.md).
+    preemptible_discount: Mapped[float] = mapped_column(Float, default=0.5, server_default="0.5")
+    # How long after a job stopped at its time limit its owner may still resume it from its checkpoint.
+    checkpoint_retention_s: Mapped[int] = mapped_column(
+        BigInteger, default=7 * 86400, server_default=str(7 * 86400)
+    )
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -310,6 +316,12 @@ class Job(Base):
     partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Preemptible work (cheaper; non-preemptible work of any tenant may stop it after a warning) and
+    # how often a training job checkpoints, in cluster seconds (docs/checkpoints.md).
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    checkpoint_every_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Run time (cluster s) its time limit no longer counts: what it had run when its owner resumed it.
+    runtime_base_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     predicted_runtime_s: Mapped[float] = mapped_column(Float)
     reserved_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # quota held for this job
     state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED)
@@ -390,8 +402,41 @@ class Attempt(Base):
     # How much of the job's quota reservation those ticks consumed, to restore it if not billed.
     reservation_used_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
     ticks: Mapped[int] = mapped_column(Integer, default=0)
+    # Cluster seconds at its start that are not billed: restoring a checkpoint (compile and load of a
+    # resumed run) is the platform's cost, so the tenant pays for every step once.
+    unbilled_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # A preemption warning: the attempt checkpoints and ends itself by then, or is stopped.
+    preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # as it ended
     end_reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+
+
+class Checkpoint(Base):
+    """A training job's saved state: the step it had completed, its samples and the executable that
+    ran it. Written by the host agent in its tick's transaction; a new attempt resumes from the last."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (
+        # A replayed tick writes nothing twice.
+        UniqueConstraint("attempt_id", "step", name="uq_checkpoints_attempt_step"),
+        Index("ix_checkpoints_job_id_id", "job_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    attempt: Mapped[int] = mapped_column(Integer)  # the attempt's number
+    step: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(BigInteger)
+    executable_key: Mapped[str] = mapped_column(String(80))
+    machine_type: Mapped[str] = mapped_column(String(16))
+    # Where in the attempt's run (its own cluster time), and the job's run time kept by it: the
+    # billed cluster time of every attempt up to this checkpoint.
+    cluster_s: Mapped[float] = mapped_column(Float)
+    run_s: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(String(16))  # periodic | preemption | time_limit | shutdown
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class AgentState(enum.StrEnum):

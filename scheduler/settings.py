@@ -99,7 +99,18 @@ class Settings(BaseSettings):
         description="On shutdown a host agent finishes what ends within this and hands back the rest.",
     )
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
-    preemption: bool = Field(False, description="Let higher-priority work preempt lower (off by default).")
+    preemption: bool = Field(
+        False,
+        description="Let higher-priority work preempt lower (off by default). Work submitted "
+        "`preemptible` may be preempted by non-preemptible work whatever this says.",
+    )
+    preemption_warning_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Cluster seconds a preempted job is warned ahead: it checkpoints in them, ends and "
+        "requeues by itself, or is stopped when they are over (docs/checkpoints.md).",
+    )
 
     worker_queues: str = Field(
         "ipucloud",

@@ -23,7 +23,13 @@ Faults:
   on the bus says so at once, and a look at the database every `IPUCLOUD_AGENT_SYNC_S` catches any
   notice that was lost. Either way the agent forgets the attempt; it never writes for it again.
 - Shutdown: attempts that end within `IPUCLOUD_WORKER_GRACE_S` finish, the rest are handed back at
-  once (ended unbilled and queued again), and the lease is released.
+  once (ended unbilled and queued again, from a checkpoint taken then), and the lease is released.
+
+Checkpoints (docs/checkpoints.md): a training attempt notes one every `checkpoint_every_s` of cluster
+time, at its time limit, on shutdown and when warned of a preemption (a notice on the bus: it then
+checkpoints at its next step boundary within the warning and ends itself, to be queued again). The
+tick writes the latest noted per attempt, so they add no transaction and at most a row per attempt
+per tick.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from scheduler.models import AttemptState
 from scheduler.services import agents, attempts
 from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
+from scheduler.services.checkpoints import CheckpointDue
 from scheduler.settings import Settings
 from workers import faults, ipuof
 
@@ -120,6 +127,8 @@ class _Running:
     next_bill: float = 0.0  # the agent's clock at its next meter tick
     seq: int = 0  # meter ticks written
     version: int = 0  # its entry in the timer heap; older entries are stale
+    next_checkpoint: float = float("inf")  # cluster time of its next periodic checkpoint
+    preempt_at: float | None = None  # cluster time at which it checkpoints and ends, once warned
 
 
 class Agent:
@@ -149,6 +158,7 @@ class Agent:
         self._timer_seq = 0
         self._takes: queue.SimpleQueue[_Take] = queue.SimpleQueue()
         self._stop_notices: deque[int] = deque()
+        self._preempt_notices: deque[tuple[int, float]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._stop_deadline = 0.0
@@ -162,6 +172,7 @@ class Agent:
         self._bills: list[Bill] = []
         self._finishes: list[Finish] = []
         self._compiled: list[tuple[str, str, float]] = []
+        self._saved: dict[int, CheckpointDue] = {}  # the latest checkpoint noted per attempt
         self._first_finish_at: float | None = None
         self._next_tick = 0.0
         self._next_sync = 0.0
@@ -378,6 +389,8 @@ class Agent:
 
     def _begin(self, taken: TakenAttempt, t0: float) -> None:
         r = _Running(taken=taken, t0=t0, next_bill=t0 + self.settings.meter_interval_s)
+        if taken.checkpoint_every_s is not None:
+            r.next_checkpoint = taken.checkpoint_every_s
         self.running[taken.attempt_id] = r
         env = ipuof.environment(self.settings, taken.partition, taken.gcd)
         self._logs.append(
@@ -429,6 +442,9 @@ class Agent:
         """Bring one attempt up to `now`: its events, its meter tick if due, its end."""
         taken, run, scale = r.taken, r.taken.run, self.settings.time_scale
         t = self._cluster_t(r, now)
+        preempted = r.preempt_at is not None and t >= r.preempt_at and r.preempt_at < taken.end_s
+        if preempted:
+            t = max(r.last_t, r.preempt_at or t)  # it stopped there, however late the loop looks
         for ev in run.events_between(r.last_t, t):
             self._logs.append(
                 LogLine(
@@ -443,22 +459,60 @@ class Agent:
             if ev.kind == "compile_end":
                 self._compiled.append((run.plan.executable_key, taken.machine_type, run.compile_s))
         r.last_t = t
+        if preempted:
+            saved = self._save(r, t, "preemption")
+            at = f"checkpointed after step {saved.step:,}" if saved else "no step to checkpoint"
+            self._end(r, AttemptState.PREEMPTED, t, f"preempted for non-preemptible work ({at}); requeued")
+            return
         if t >= taken.end_s:
             if taken.timed_out:
+                self._save(r, t, "time_limit")
                 self._end(r, AttemptState.TIMED_OUT, t, f"exceeded max_runtime_s={taken.max_runtime_s:g}")
             else:
                 self._end(r, AttemptState.SUCCEEDED, t, None)
             return
+        if t >= r.next_checkpoint:
+            self._save(r, t, "periodic")
+            r.next_checkpoint = t + (taken.checkpoint_every_s or float("inf"))
         if now >= r.next_bill:
             r.seq += 1
             self._bills.append(Bill(taken.attempt_id, r.seq, t))
             r.next_bill = max(r.next_bill + self.settings.meter_interval_s, now)
         after = run.next_event_at(t)
-        wake = r.t0 + taken.end_s / scale
+        wake = r.t0 + min(taken.end_s, r.next_checkpoint, r.preempt_at or taken.end_s) / scale
         if after is not None:
             wake = min(wake, r.t0 + after / scale)
         # An event at exactly `t` is written once time has moved past it ([last_t, t) is half-open).
         self._schedule(r, max(min(wake, r.next_bill), now + _MIN_WAIT_S))
+
+    def _save(self, r: _Running, t: float, reason: str) -> CheckpointDue | None:
+        """Note the attempt's checkpoint at `t` (its last completed step) for the next tick."""
+        checkpoint = r.taken.checkpoint_at(t, reason)
+        if checkpoint is not None:
+            previous = self._saved.get(r.taken.attempt_id)
+            if previous is None or previous.step <= checkpoint.step:
+                self._saved[r.taken.attempt_id] = checkpoint
+        return checkpoint
+
+    def _warn(self, attempt_id: int, window_s: float) -> None:
+        """A preemption warning: checkpoint at the next step boundary within `window_s` cluster
+        seconds (or at its end, at the last step completed), then end."""
+        r = self.running.get(attempt_id)
+        if r is None or r.preempt_at is not None:
+            return
+        t = self._cluster_t(r, self.clock())
+        timeline = r.taken.run.timeline
+        at = t  # compiling or loading: nothing to save, and the IPUs are wanted now
+        if t >= timeline.run_start_s:
+            step = timeline.step_at(t)
+            boundary = timeline.step_time(step)
+            if boundary < t - _END_EPS:
+                boundary = timeline.step_time(step + 1)
+            at = min(boundary, t + window_s)
+        r.preempt_at = at
+        log.info("agent %s: attempt %d preempted; checkpoints and ends at cluster time %.1f",
+                 self.name, attempt_id, at)  # fmt: skip
+        self._schedule(r, r.t0 + at / self.settings.time_scale)
 
     def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
         progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
@@ -482,7 +536,7 @@ class Agent:
     # Ticks -------------------------------------------------------------------------------------------------
 
     def _has_writes(self) -> bool:
-        return bool(self._logs or self._bills or self._finishes or self._compiled)
+        return bool(self._logs or self._bills or self._finishes or self._compiled or self._saved)
 
     def _tick_due(self, now: float) -> bool:
         if now >= self._next_tick:
@@ -495,6 +549,7 @@ class Agent:
         lease = self.lease
         logs, bills, finishes, compiled = self._logs, self._bills, self._finishes, self._compiled
         self._logs, self._bills, self._finishes, self._compiled = [], [], [], []
+        saved, self._saved = self._saved, {}
         first_finish = self._first_finish_at
         self._first_finish_at = None
         started = self.clock()
@@ -511,6 +566,7 @@ class Agent:
                     finishes=finishes,
                     compiled=compiled,
                     max_attempts=self.settings.max_attempts,
+                    saved=list(saved.values()),
                 )
         except Exception as exc:
             if self.clock() >= self._lease_deadline:
@@ -522,6 +578,10 @@ class Agent:
             self._logs[:0], self._bills[:0], self._finishes[:0], self._compiled[:0] = (
                 logs, bills, finishes, compiled
             )  # fmt: skip
+            for attempt_id, checkpoint in saved.items():
+                newer = self._saved.get(attempt_id)
+                if newer is None or newer.step < checkpoint.step:
+                    self._saved[attempt_id] = checkpoint
             self._first_finish_at = first_finish
             self._retry_delay = min(max(self._retry_delay * 2, 0.1), 2.0)
             self._next_tick = self.clock() + self._retry_delay
@@ -560,6 +620,7 @@ class Agent:
         self.running.clear()
         self._timers.clear()
         self._logs, self._bills, self._finishes, self._compiled = [], [], [], []
+        self._saved = {}
         self._first_finish_at = None
         self._crash_armed.clear()
         self._crash_now.clear()
@@ -574,14 +635,23 @@ class Agent:
         while not self._done.is_set():
             try:
                 pubsub = self._redis().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(bus.STOP_CHANNEL)
+                pubsub.subscribe(bus.STOP_CHANNEL, bus.PREEMPT_CHANNEL)
                 while not self._done.is_set():
                     msg = pubsub.get_message(timeout=1.0)
                     if msg is None:
                         continue
                     data = msg.get("data")
                     text = data.decode() if isinstance(data, bytes) else str(data)
-                    if text.startswith(prefix):
+                    channel = msg.get("channel")
+                    channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+                    if channel == bus.PREEMPT_CHANNEL and text.startswith(prefix):
+                        try:
+                            attempt_id, window = text[len(prefix) :].split()
+                            self._preempt_notices.append((int(attempt_id), float(window)))
+                        except ValueError:
+                            continue
+                        self._wake.set()
+                    elif text.startswith(prefix):
                         try:
                             self._stop_notices.append(int(text[len(prefix) :]))
                         except ValueError:
@@ -595,6 +665,8 @@ class Agent:
     def _apply_stop_notices(self) -> None:
         while self._stop_notices:
             self._forget(self._stop_notices.popleft())
+        while self._preempt_notices:
+            self._warn(*self._preempt_notices.popleft())
 
     def _sync(self) -> None:
         """Compare what it drives with what the database says it runs."""
@@ -636,6 +708,7 @@ class Agent:
                     for ev in r.taken.run.events_between(r.last_t, t)
                 )  # fmt: skip
                 r.last_t = t
+                self._save(r, t, "shutdown")
                 self._end(r, AttemptState.HANDED_BACK, t, "its host agent is shutting down")
         self._handed_back_at_stop = True
 

@@ -27,6 +27,8 @@ JOB_FIELDS = (
     "ipus",
     "machine",
     "max_runtime_s",
+    "preemptible",
+    "checkpoint_every_s",
 )
 INT_FIELDS = ("batch_size", "seq_len", "steps", "samples")
 IPU_CHOICES = ("auto", "1", "2", "4", "8", "16", "32", "64", "128", "256")
@@ -101,6 +103,13 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
         max_runtime = whole_number(values["max_runtime_s"])
         if max_runtime is None:
             parsed.errors["max_runtime_s"] = "Enter a whole number of seconds."
+    checkpoint_every: int | None = None
+    if values.get("checkpoint_every_s"):
+        checkpoint_every = whole_number(values["checkpoint_every_s"])
+        if checkpoint_every is None:
+            parsed.errors["checkpoint_every_s"] = "Enter a whole number of seconds."
+    if values.get("preemptible") not in ("", "on"):
+        parsed.errors["preemptible"] = "Tick the box or leave it."
     if not values.get("model"):
         parsed.errors["model"] = "Choose a workload."
     if numbers.get("steps") is not None and numbers.get("samples") is not None:
@@ -121,6 +130,8 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
                 "ipus": ipus,
                 "machine": values.get("machine") or None,
                 "max_runtime_s": max_runtime,
+                "preemptible": values.get("preemptible") == "on",
+                "checkpoint_every_s": checkpoint_every,
             }
         )
     except ValidationError as exc:

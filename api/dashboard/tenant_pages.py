@@ -23,7 +23,7 @@ from api.dashboard.web import (
     render,
 )
 from api.deps import DbDep, SettingsDep
-from api.routers.jobs import LastEventId, Standing, key_denial
+from api.routers.jobs import LastEventId, Standing, key_denial, with_checkpoints
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
 from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
@@ -33,6 +33,7 @@ from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
+from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import tenants as tenant_service
@@ -332,6 +333,7 @@ def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Re
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         view = _job_view(s, job, scope, full=True)
+        with_checkpoints(s, job, view)
         events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
         tail = [
             {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
@@ -404,6 +406,17 @@ def cancel(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form
     sessions.flash(
         user, "Job cancelled." if state == "cancelled" else "Cancel requested; the job stops shortly."
     )
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+@router.post("/jobs/{job_id}/resume")
+def resume(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
+    """Resume a job its time limit stopped, from its last checkpoint (POST /api/v1/jobs/{id}/resume)."""
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    with db.write() as s:
+        checkpoint_service.resume_job(session=s, job_id=job_id, scope=user.principal.scope)
+    bus.wake_scheduler("resume")
+    sessions.flash(user, "Job resumed from its last checkpoint; it is queued.")
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 

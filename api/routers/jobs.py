@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import DbDep, Reader, Submitter
 from api.schemas import (
+    CheckpointOut,
     CursorParam,
     IntCursorParam,
     JobOut,
@@ -32,6 +33,7 @@ from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
 from scheduler.services import attempts, keys
+from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import jobs as job_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import Scope
@@ -118,7 +120,35 @@ def job_view(s: Any, job: Job, scope: Scope) -> JobOut:
 def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.read() as s:
-        return job_view(s, job_service.get_job(session=s, job_id=job_id, scope=scope), scope)
+        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
+        out = job_view(s, job, scope)
+        with_checkpoints(s, job, out)
+        return out
+
+
+def with_checkpoints(s: Any, job: Job, out: JobOut) -> None:
+    """Add the job's newest checkpoints, and until when it may be resumed, to its view."""
+    rows, total = checkpoint_service.list_for_job(session=s, job_id=job.id)
+    out.checkpoints = [CheckpointOut(**checkpoint_service.checkpoint_json(c)) for c in rows]
+    out.checkpoint_count = total
+    if rows:
+        out.resumable_until = checkpoint_service.resumable_until_of(session=s, job=job)
+
+
+@router.post(
+    "/jobs/{job_id}/resume",
+    status_code=202,
+    response_model=JobOut,
+    summary="Resume a job stopped by its time limit from its last checkpoint",
+)
+def resume_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
+    scope = principal.scope
+    with db.write() as s:
+        job = checkpoint_service.resume_job(session=s, job_id=job_id, scope=scope)
+        out = job_view(s, job, scope)
+        with_checkpoints(s, job, out)
+    bus.wake_scheduler("resume")
+    return out
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Cancel a job")

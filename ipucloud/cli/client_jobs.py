@@ -171,6 +171,20 @@ def submit(
     max_runtime: Annotated[
         int | None, typer.Option("--max-runtime", help="Stop after this many cluster seconds.")
     ] = None,
+    preemptible: Annotated[
+        bool | None,
+        typer.Option(
+            "--preemptible/--no-preemptible",
+            help="Run at the plan's discounted rate; other work may preempt it after a warning, and it "
+            "resumes from its checkpoint.",
+        ),
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(
+            "--checkpoint-every", help="Training: cluster seconds between checkpoints (default 600)."
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Submitting again with the same key returns the same job.")
     ] = None,
@@ -204,6 +218,8 @@ def submit(
         session=session,
         priority=priority,
         max_runtime_s=max_runtime,
+        preemptible=preemptible,
+        checkpoint_every_s=checkpoint_every,
     )
     if not base and model is None:
         fail("give --model (or a spec with --file)", Exit.USAGE)
@@ -335,7 +351,22 @@ def show_(
     ]
     if job.wait is not None:
         rows.append(("waiting", f"{job.wait.reason}: {job.wait.detail}"))
+    if job.preemptible:
+        rows.append(("preemptible", "yes (discounted; may be preempted after a warning)"))
+    if job.resumable_until is not None:
+        rows.append(("resumable until", f"{when(job.resumable_until)} (`ipucloud jobs resume {job.id}`)"))
     show(kv_table(rows))
+    if job.checkpoints:
+        show(
+            table(
+                f"checkpoints ({job.checkpoint_count or len(job.checkpoints)}, newest first)",
+                ["AT", "STEP", "SAMPLES", "WHY", "ATTEMPT"],
+                [
+                    (when(c.at), f"{c.step:,}/{c.steps:,}", f"{c.samples:,}", c.reason, c.attempt)
+                    for c in job.checkpoints
+                ],
+            )
+        )
     if job.history:
         show(
             table(
@@ -370,6 +401,23 @@ def logs(
     out = console()
     for e in entries:
         out.print(f"{when(e.at)}  {e.kind:<5}  {e.message}", markup=False)
+
+
+@app.command()
+def resume(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Resume a job its time limit stopped, from its last checkpoint (within the plan's retention)."""
+    with connect(url, key, as_json) as client:
+        job = client.resume_job(job_id)
+    if as_json:
+        print_json(job)
+        return
+    step = f" from step {job.checkpoints[0].step:,}" if job.checkpoints else ""
+    show(f"{job.id} resumed{step}: {job.state}")
 
 
 @app.command()

@@ -208,6 +208,21 @@ def simulate(
     workers: Annotated[
         int, typer.Option(min=0, help="Policies replayed in parallel processes (0: one per CPU).")
     ] = 0,
+    preemptible_fraction: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Share of the jobs submitted preemptible (drawn from --seed): any job that is not may "
+            "preempt them; reports the work each preemption lost (docs/checkpoints.md).",
+        ),
+    ] = 0.0,
+    checkpoint_every: Annotated[
+        float, typer.Option(min=1.0, help="Seconds between a preemptible job's checkpoints.")
+    ] = 600.0,
+    preemption_warning: Annotated[
+        float, typer.Option(min=0.0, help="Seconds of warning a preempted job gets (0: none).")
+    ] = 30.0,
     estimate_every: Annotated[
         int,
         typer.Option(
@@ -268,6 +283,9 @@ def simulate(
         prediction_error=prediction_error,
         max_runtime_s=max_runtime,
         fleet=fleet,
+        preemptible_fraction=preemptible_fraction,
+        checkpoint_every_s=checkpoint_every,
+        warning_s=preemption_warning,
         estimate_every=estimate_every,
     )
     try:
@@ -326,6 +344,17 @@ def simulate(
         table.add_column(name, justify="right")
     for head, key, fmt in rows:
         table.add_row(head, *(fmt(row[key]) for row in figures.values()))
+    if preemptible_fraction > 0:
+        table.add_row("preemptions", *(f"{row['preemptions']:,}" for row in figures.values()))
+        for head, get, fmt in (
+            ("avg JCT, preemptible", lambda p: p["avg_jct_s"], _duration),
+            ("avg JCT, others", lambda p: p["avg_jct_other_s"], _duration),
+            ("lost per preemption", lambda p: p["lost_per_preemption_s"]["mean"], lambda v: f"{v:.1f} s"),
+        ):
+            table.add_row(
+                head,
+                *(fmt(get(row["preemptible"])) if "preemptible" in row else "-" for row in figures.values()),
+            )
     if estimate_every:
         for head, key, fmt in (
             ("estimate: median error / wait", "median_abs_error_share", _share),

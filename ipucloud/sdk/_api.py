@@ -54,7 +54,18 @@ WORKLOAD_FIELDS = (
     "dims",
     "optimizer",
 )
-JOB_FIELDS = ("name", "ipus", "machine", "prefer", "partition", "session", "priority", "max_runtime_s")
+JOB_FIELDS = (
+    "name",
+    "ipus",
+    "machine",
+    "prefer",
+    "partition",
+    "session",
+    "priority",
+    "max_runtime_s",
+    "preemptible",
+    "checkpoint_every_s",
+)
 
 
 def seg(value: str) -> str:
@@ -200,6 +211,10 @@ def list_jobs(state: str | None, limit: int, cursor: str | None) -> Call[Page[Jo
 
 def cancel_job(job_id: str) -> Call[Job]:
     return Call("POST", f"{V1}/jobs/{seg(job_id)}/cancel", model(Job))
+
+
+def resume_job(job_id: str) -> Call[Job]:
+    return Call("POST", f"{V1}/jobs/{seg(job_id)}/resume", model(Job))
 
 
 def job_logs(job_id: str, cursor: str | None, limit: int) -> Call[Logs]:

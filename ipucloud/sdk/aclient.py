@@ -237,6 +237,10 @@ class AsyncClient:
     async def cancel_job(self, job_id: str) -> Job:
         return await self.call(_api.cancel_job(job_id))
 
+    async def resume_job(self, job_id: str) -> Job:
+        """Queue a job its time limit stopped again, from its last checkpoint (within the retention)."""
+        return await self.call(_api.resume_job(job_id))
+
     async def job_logs(self, job_id: str, *, cursor: str | None = None, limit: int = 500) -> Logs:
         return await self.call(_api.job_logs(job_id, cursor, limit))
 

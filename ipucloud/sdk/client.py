@@ -255,6 +255,10 @@ class Client:
     def cancel_job(self, job_id: str) -> Job:
         return self.call(_api.cancel_job(job_id))
 
+    def resume_job(self, job_id: str) -> Job:
+        """Queue a job its time limit stopped again, from its last checkpoint (within the retention)."""
+        return self.call(_api.resume_job(job_id))
+
     def job_logs(self, job_id: str, *, cursor: str | None = None, limit: int = 500) -> Logs:
         return self.call(_api.job_logs(job_id, cursor, limit))
 

@@ -67,6 +67,18 @@ class WaitReason(Model):
     estimated_start: datetime | None = None
 
 
+class Checkpoint(Model):
+    step: int
+    steps: int
+    samples: int
+    executable: str
+    machine_type: str | None = None
+    attempt: int | None = None
+    run_s: float | None = None
+    reason: str
+    at: datetime
+
+
 class Job(Model):
     id: str
     name: str
@@ -90,6 +102,11 @@ class Job(Model):
     used_ipu_hours: float | None = None
     history: list[HistoryEntry] | None = None
     wait: WaitReason | None = None
+    preemptible: bool = False
+    checkpoint_every_s: int | None = None
+    checkpoints: list[Checkpoint] | None = None
+    checkpoint_count: int | None = None
+    resumable_until: datetime | None = None
 
     @property
     def done(self) -> bool:

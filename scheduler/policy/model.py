@@ -61,11 +61,16 @@ class QueuedJob:
     cost_ipu_ms: int = 0
     options: tuple[MachineOption, ...] = ()
     prefer: str = "time"
+    preemptible: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime."""
+    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime.
+
+    ``preemptible`` work may be stopped for non-preemptible work of any tenant. It checkpoints every
+    ``checkpoint_every`` (the caller's clock; inf: never) from its start, so what it has run since
+    its last checkpoint, which a stop without warning loses, follows from the time (`at_risk`)."""
 
     id: str
     tenant_id: str
@@ -75,6 +80,13 @@ class RunningJob:
     expected_end: float
     priority: int = 0
     reserved: bool = False  # runs in a reserved partition (which outlives it)
+    preemptible: bool = False
+    checkpoint_every: float = math.inf
+
+    def at_risk(self, now: float) -> float:
+        """Run time since its last checkpoint at ``now``."""
+        ran = max(0.0, now - self.started_at)
+        return ran if ran < self.checkpoint_every else ran % self.checkpoint_every
 
 
 @dataclass(frozen=True, slots=True)

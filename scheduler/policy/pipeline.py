@@ -55,6 +55,8 @@ class _Pass:
         self.explain = explain
         self.name_for = name_for
         self.decision = Decision()
+        # Preemptible work may be preempted for any job that is not, with or without the switch.
+        self._preemptible_running = any(r.preemptible for r in snapshot.running)
         self.planner: TopologyPlanner | CountPlanner = (
             TopologyPlanner(
                 snapshot.allocator,
@@ -146,7 +148,7 @@ class _Pass:
         stats.head_size = job.size
         stats.head_machine_type = job.machine_type
         stats.head_refused_with_room = self.s.allocator.free_ipus(job.machine_type) >= job.size
-        if self.config.preemption:
+        if self.config.preemption or (not job.preemptible and self._preemptible_running):
             self._preempt_for(job)
 
     def _backfill(self, job: QueuedJob, order: Order) -> None:
@@ -254,7 +256,9 @@ class _Pass:
         order.charge(job)
 
     def _preempt_for(self, job: QueuedJob) -> None:
-        chosen = choose_victims(job, self.s.running, self.s.allocator)
+        chosen = choose_victims(
+            job, self.s.running, self.s.allocator, by_priority=self.config.preemption, now=self.s.now
+        )
         if chosen is None:
             return
         victims, placement = chosen
@@ -266,7 +270,8 @@ class _Pass:
             job,
             Wait(
                 "preempting",
-                f"stopping lower-priority {names} to make room for {job.size} IPUs",
+                f"stopping {'preemptible' if all(v.preemptible for v in victims) else 'lower-priority'} "
+                f"{names} to make room for {job.size} IPUs",
                 tuple(v.id for v in victims),
                 self.s.now,
             ),

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from scheduler import bus, emulation
 from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
@@ -44,7 +45,7 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import agents, executables, fleet, metering, rates
+from scheduler.services import agents, checkpoints, executables, fleet, metering, rates
 from scheduler.services.agents import AgentLease
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
@@ -204,10 +205,39 @@ class TakenAttempt:
     end_s: float
     """Cluster time at which the agent ends it: the run's end, or `max_runtime_s` if sooner."""
     max_runtime_s: float | None
+    # Checkpoints (training only; None: it takes none): every this many cluster seconds, and the
+    # job's run time kept before this attempt and not billed at its start (a restore).
+    checkpoint_every_s: float | None = None
+    run_base_s: float = 0.0
+    unbilled_s: float = 0.0
 
     @property
     def timed_out(self) -> bool:
         return self.end_s < self.run.total_s
+
+    def checkpoint_at(self, t: float, reason: str) -> checkpoints.CheckpointDue | None:
+        """The checkpoint this attempt has at cluster time `t`: its last completed step, if it
+        completed any in this run (None otherwise, or when it takes no checkpoints)."""
+        if self.checkpoint_every_s is None:
+            return None
+        timeline = self.run.timeline
+        step = timeline.step_at(t)
+        if step <= timeline.first_step:
+            return None
+        at = timeline.step_time(step)
+        return checkpoints.CheckpointDue(
+            attempt_id=self.attempt_id,
+            job_id=self.job_id,
+            attempt=self.number,
+            step=step,
+            steps=timeline.steps,
+            samples=step * timeline.samples_per_step,
+            executable_key=self.run.plan.executable_key,
+            machine_type=self.machine_type,
+            cluster_s=at,
+            run_s=self.run_base_s + max(0.0, at - self.unbilled_s),
+            reason=reason,
+        )
 
 
 @dataclass
@@ -310,15 +340,36 @@ def take_many(
             continue
         planned.append((attempt, job, partition, plan, spec))
     cached = executables.cached_keys(session=session, keys={p.executable_key for _, _, _, p, _ in planned})
+    # A job that checkpointed resumes from its last checkpoint (docs/checkpoints.md).
+    resume_from = checkpoints.latest_by_job(
+        session=session, job_ids=[job.id for _, job, _, _, _ in planned if job.task == "train"]
+    )
     started_events: list[dict[str, Any]] = []
     for attempt, job, partition, plan, spec in planned:
-        run = emulation.emulated_run(plan, spec, cached=plan.executable_key in cached)
-        end_s = run.total_s if job.max_runtime_s is None else min(run.total_s, float(job.max_runtime_s))
+        checkpoint = resume_from.get(job.id)
+        first_step, run_base = (checkpoint.step, checkpoint.run_s) if checkpoint is not None else (0, 0.0)
+        warm = plan.executable_key in cached
+        try:
+            run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
+        except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
+            first_step, run_base = 0, 0.0
+            run = emulation.emulated_run(plan, spec, cached=warm)
+        # Restoring a checkpoint (compile if need be, load) is the platform's cost, not billed.
+        unbilled = run.run_start_s if first_step else 0.0
+        end_s = run.total_s
+        if job.max_runtime_s is not None:
+            # The time limit counts the job's run time, kept across attempts, since its owner last
+            # started or resumed it.
+            budget = max(0.0, float(job.max_runtime_s) - max(0.0, run_base - job.runtime_base_s))
+            end_s = min(run.total_s, unbilled + budget)
+        attempt.unbilled_s = unbilled
         attempt.timeline = {
             **run.timeline.to_dict(),
             "end_s": end_s,
             "scale": time_scale,
             "cached": run.cached,
+            "unbilled_s": unbilled,
+            "run_base_s": run_base,
         }
         job.state = JobState.RUNNING
         job.started_at = job.started_at or now
@@ -351,6 +402,13 @@ def take_many(
                 run=run,
                 end_s=end_s,
                 max_runtime_s=job.max_runtime_s,
+                checkpoint_every_s=(
+                    float(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
+                    if job.task == "train"
+                    else None
+                ),
+                run_base_s=run_base,
+                unbilled_s=unbilled,
             )
         )
     if started_events:
@@ -429,10 +487,12 @@ def record_tick(
     finishes: Sequence[Finish] = (),
     compiled: Iterable[tuple[str, str, float]] = (),
     max_attempts: int = 3,
+    saved: Sequence[checkpoints.CheckpointDue] = (),
 ) -> TickResult:
     """One agent tick in the caller's transaction: renew the agent's lease (its heartbeat), write the
-    log lines, record compiled executables `(key, machine type, compile_s)`, end what finished and
-    bill what is due. Nothing is written if the lease is gone."""
+    log lines, record compiled executables `(key, machine type, compile_s)`, write the checkpoints
+    `saved` of attempts it still holds, end what finished and bill what is due. Nothing is written if
+    the lease is gone."""
     if not agents.renew(session=session, lease=agent, lease_s=lease_s, running=running, ipus_busy=ipus_busy):
         return TickResult(fenced=True)
     result = TickResult()
@@ -455,12 +515,19 @@ def record_tick(
         )
     ending = {f.attempt_id: f for f in finishes}
     billing = {b.attempt_id: b for b in bills if b.attempt_id not in ending}
-    if not ending and not billing:
+    # Checkpoints of attempts neither ending nor billed this tick lock their attempts with the billed.
+    saving = {c.attempt_id for c in saved} - set(ending) - set(billing)
+    if not ending and not billing and not saving:
         return result
     jobs = _lock_jobs(session, ending)
     held = _lock_held(session, agent, ending)
-    billed = _lock_billing(session, agent, billing)
-    result.gone = (set(ending) - held.keys()) | (set(billing) - {m.id for m, _, _ in billed})
+    locked = _lock_billing(session, agent, set(billing) | saving)
+    billed = [row for row in locked if row[0].id in billing]
+    still = held.keys() | {m.id for m, _, _ in locked}
+    result.gone = (set(ending) - held.keys()) | ((set(billing) | saving) - still)
+    # Only for attempts still ours: an attempt the control plane ended was settled on the
+    # checkpoints it had then, and must not resume past what was billed.
+    checkpoints.record(session=session, items=[c for c in saved if c.attempt_id in still])
     endings: list[Ending] = []
     for attempt in held.values():
         f = ending[attempt.id]
@@ -540,6 +607,7 @@ def _lock_billing(
             Job.model,
             Attempt.machine_type,
             Attempt.rate,
+            Attempt.unbilled_s,
         )
         .join(Job, Job.id == Attempt.job_id)
         .where(
@@ -551,14 +619,19 @@ def _lock_billing(
         .order_by(Attempt.id)
         .with_for_update(of=Attempt)
     ).tuples()
-    return [
-        (
-            metering.Metered(aid, tenant, job, size, metered, used, cluster_s, ticks, kind, rate),
-            int(reserved),
-            model,
+    out = []
+    for row in rows:
+        aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model, kind, rate, unbilled = row
+        out.append(
+            (
+                metering.Metered(
+                    aid, tenant, job, size, metered, used, cluster_s, ticks, kind, rate, unbilled or 0.0
+                ),
+                int(reserved),
+                model,
+            )
         )
-        for aid, tenant, job, size, metered, used, cluster_s, ticks, reserved, model, kind, rate in rows
-    ]
+    return out
 
 
 def finish(
@@ -720,6 +793,10 @@ def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: i
                 _move_job_on(session, e, lost.get(e.job.id, 0), max_attempts, now, events)
         if events:
             session.execute(insert(JobEvent.__table__), events)
+    # A platform fault keeps (and bills) the work up to the attempt's last checkpoint.
+    kept = checkpoints.kept_by_attempt(
+        session=session, attempt_ids=[e.attempt.id for e in endings if e.outcome in PLATFORM_FAULT_STATES]
+    )
     # Last, since it moves the tenant's counters (and an ended job gives back what it reserves).
     metering.settle_many(
         session=session,
@@ -730,6 +807,7 @@ def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: i
                 billable=e.outcome not in PLATFORM_FAULT_STATES,
                 outcome=str(e.outcome),
                 job_ends=e.job.state in FINAL_JOB_STATES,
+                kept_s=kept.get(e.attempt.id) if e.outcome in PLATFORM_FAULT_STATES else None,
             )
             for e in endings
         ],

@@ -263,6 +263,7 @@ _PLANS_OF_TENANTS = (
         _plans.c.priority,
         _plans.c.rates,
         _plans.c.machine_types,
+        _plans.c.preemptible_discount,
     )
     .join(_plans, _plans.c.name == _tenants.c.plan_name)
     .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
@@ -396,6 +397,10 @@ def _prepare(
     else:
         candidates = tuple(kind for kind in allowed if fleet_pods.get(kind, 0) > 0) or allowed
     plan_rates = rates.plan_rates(plan.rates)
+    if spec.preemptible:
+        plan_rates = {
+            kind: rates.preemptible_rate(rate, plan.preemptible_discount) for kind, rate in plan_rates.items()
+        }
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
     options: dict[str, dict[str, float]] = {}
     refusals: list[tuple[str, DomainError]] = []
@@ -463,6 +468,9 @@ def _prepare(
         partition_name=reserved_partition.name if reserved_partition is not None else None,
         priority=spec.priority + plan.priority * 1000,
         max_runtime_s=max_runtime,
+        preemptible=spec.preemptible,
+        checkpoint_every_s=spec.checkpoint_every_s,
+        runtime_base_s=0.0,
         predicted_runtime_s=predicted,
         reserved_ipu_ms=reserve,
         state=JobState.QUEUED,

@@ -61,8 +61,10 @@ def _rate(attempt: Attempt | Metered) -> float:
 
 
 def _charged(attempt: Attempt | Metered, cluster_s: float) -> int:
-    """What the attempt owes for `cluster_s` of its partition: its rate x IPU-milliseconds."""
-    return charged_ipu_ms(attempt.size, cluster_s, _rate(attempt))
+    """What the attempt owes for `cluster_s` of its partition: its rate x IPU-milliseconds, less the
+    restore of a checkpoint at its start (`unbilled_s`), which is the platform's cost."""
+    billable = max(0.0, cluster_s - (attempt.unbilled_s or 0.0))
+    return charged_ipu_ms(attempt.size, billable, _rate(attempt))
 
 
 # Every attempt of a tenant bills through the tenant's row, so its lock is the one place where a
@@ -148,6 +150,7 @@ class Metered:
     # What it is billed at (scheduler.services.rates): its type's rate, fixed when it was placed.
     machine_type: str | None = None
     rate: float = 1.0
+    unbilled_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -275,13 +278,22 @@ def meter_ticks(*, session: Session, ticks: list[TickDue]) -> set[int]:
 @dataclass(frozen=True)
 class Settle:
     """An attempt's settle: bill what ran (`billable`), or refund its ticks (a platform fault).
-    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back too."""
+    `job_ends`: the job ends with this attempt, so whatever it still reserves goes back too.
+
+    `kept_s`: a platform fault after a checkpoint: the work up to that checkpoint (cluster time of the
+    attempt) is kept, since the next attempt resumes from it, and is billed, once; the rest is refunded.
+    """
 
     attempt: Attempt
     job: Job
     billable: bool
     outcome: str
     job_ends: bool = False
+    kept_s: float | None = None
+
+    @property
+    def keeps(self) -> bool:
+        return not self.billable and self.kept_s is not None
 
 
 def settle(
@@ -302,6 +314,15 @@ def _settle_bill(item: Settle, amount: int) -> int:
         job.reserved_ipu_ms -= consumed
         attempt.metered_ipu_ms += amount
         reserved = -consumed
+    elif item.keeps:
+        # As a refund of every tick followed by a bill of the work kept: the quota the ticks had
+        # consumed is held again, then the kept work consumes the job's reservation.
+        keep = attempt.metered_ipu_ms + amount
+        consumed = max(0, min(keep, job.reserved_ipu_ms))
+        job.reserved_ipu_ms -= consumed
+        reserved = attempt.reservation_used_ipu_ms - consumed
+        attempt.reservation_used_ipu_ms = 0
+        attempt.metered_ipu_ms = keep
     else:
         # The job will run again: hold the quota its lost ticks had consumed, as before they ran
         # (the job's own reservation was never lowered while the attempt ran).
@@ -326,8 +347,13 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
     prepared = []
     for item in items:
         a = item.attempt
-        due = max(0, _charged(a, a.cluster_s) - a.metered_ipu_ms)
-        amount = due if item.billable else -a.metered_ipu_ms
+        if item.keeps:
+            assert item.kept_s is not None
+            kept = _charged(a, min(item.kept_s, a.cluster_s))
+            due, amount = kept - a.metered_ipu_ms, kept - a.metered_ipu_ms
+        else:
+            due = max(0, _charged(a, a.cluster_s) - a.metered_ipu_ms)
+            amount = due if item.billable else -a.metered_ipu_ms
         prepared.append((item, due, amount))
     if not prepared:
         return {}
@@ -356,7 +382,7 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
         entries = by_tenant[tenant_id]
         used = sum(amount for _, _, amount, _, _ in entries)
         reserved = sum(r for _, _, _, _, r in entries)
-        guard = any(item.billable and amount > 0 for item, _, amount, _, _ in entries)
+        guard = any((item.billable or item.keeps) and amount > 0 for item, _, amount, _, _ in entries)
         if _move_counters(session, tenant_id, used, reserved, guard=guard):
             amounts.update({item.attempt.id: amount for item, _, amount, _, _ in entries})
             continue
@@ -365,9 +391,9 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
             item.job.reserved_ipu_ms = job_reserved
             item.attempt.metered_ipu_ms = metered
             item.attempt.reservation_used_ipu_ms = used_reservation
-        ordered = sorted(entries, key=lambda e: e[0].billable and e[2] > 0)
+        ordered = sorted(entries, key=lambda e: (e[0].billable or e[0].keeps) and e[2] > 0)
         for item, due, amount, _, _ in ordered:
-            if item.billable and amount > 0:
+            if (item.billable or item.keeps) and amount > 0:
                 amount = min(due, _left_under_lock(session, tenant_id))
                 _set_event_amount(session, f"att:{item.attempt.id}:settle", amount, _rate(item.attempt))
             _move_counters(session, tenant_id, amount, _settle_bill(item, amount), guard=False)

@@ -30,6 +30,11 @@ def plan_rates(rates: Mapping[str, float] | None) -> dict[str, float]:
     return out
 
 
+def preemptible_rate(rate: float, discount: float | None) -> float:
+    """The rate of preemptible work under a plan that gives it `discount` (0.5: half price)."""
+    return rate * (1.0 - min(1.0, max(0.0, discount if discount is not None else 0.5)))
+
+
 def allowed_types(machine_types: Sequence[str] | None) -> tuple[str, ...]:
     """The types a plan's tenants may use, in registry order (None: all of them)."""
     if not machine_types:

@@ -14,15 +14,17 @@ sample back at most every `FAIRSHARE_SAMPLE_S`, so a pass costs one row per queu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
     Attempt,
@@ -48,7 +50,8 @@ from scheduler.policy import (
     add_sample,
     get_policy,
 )
-from scheduler.services import attempts
+from scheduler.services import attempts, checkpoints
+from scheduler.services.clock import db_now
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -127,6 +130,7 @@ def build_snapshot(
         Job.reserved_ipu_ms,
         Job.options,
         Job.prefer,
+        Job.preemptible,
     ]
     if read_waits:
         columns.append(Job.wait)
@@ -142,6 +146,7 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
+        preemptible = row[11]
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
         if len(options) == 1:
@@ -163,17 +168,33 @@ def build_snapshot(
                 ),
                 options=options,
                 prefer=prefer or "time",
+                preemptible=bool(preemptible),
             )
         )
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
-            stored[job_id] = row[11]
+            stored[job_id] = row[12]
 
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
     busy: dict[str, list[str]] = {}
-    for job_id, tenant_id, size, name, kind, placed, taken, predicted, ran, priority, gcd in session.execute(
+    for (
+        job_id,
+        tenant_id,
+        size,
+        name,
+        kind,
+        placed,
+        taken,
+        predicted,
+        ran,
+        priority,
+        preemptible,
+        every,
+        task,
+        gcd,
+    ) in session.execute(
         select(
             Attempt.job_id,
             Attempt.tenant_id,
@@ -185,6 +206,9 @@ def build_snapshot(
             Job.predicted_runtime_s,
             Attempt.cluster_s,
             Job.priority,
+            Job.preemptible,
+            Job.checkpoint_every_s,
+            Job.task,
             Attempt.gcd,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
@@ -199,10 +223,23 @@ def build_snapshot(
         # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
         # hold (GCD -1, scheduler/services/sessions.py) frees it at its end.
         inside = kind == "reserved" or (kind == "session" and gcd >= 0)
-        running.append(RunningJob(job_id, tenant_id, size, name, started, end, priority, inside))
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
             ran = max(ran, (now - taken).total_seconds() * time_scale)
+        running.append(
+            RunningJob(
+                job_id,
+                tenant_id,
+                size,
+                name,
+                started,
+                end,
+                priority,
+                inside,
+                preemptible=bool(preemptible),
+                checkpoint_every=checkpoint_every(every, task) / time_scale,
+            )
+        )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
         if gcd >= 0:
@@ -263,6 +300,14 @@ def build_snapshot(
         arrivals=arrivals,
     )
     return LiveSnapshot(snapshot, stored, samples)
+
+
+def checkpoint_every(checkpoint_every_s: int | None, task: str) -> float:
+    """Cluster seconds between a job's checkpoints (inf: it takes none). Its agent checkpoints that
+    often from the attempt's start, so its work at risk is derived, not read (RunningJob.at_risk)."""
+    if task != "train":
+        return math.inf
+    return float(checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
 
 
 def machine_options(
@@ -386,22 +431,53 @@ def record_waits(
     return len(changed)
 
 
-def preempt(*, session: Session, victims: list[RunningJob], for_job: str, max_attempts: int) -> int:
-    """Stop the victims' live attempts: each is requeued and not billed (`preempted` is a platform
-    state, see attempts.end_attempt). Returns how many were stopped (one may have ended meanwhile)."""
+def preempt(
+    *,
+    session: Session,
+    victims: list[RunningJob],
+    for_job: str,
+    max_attempts: int,
+    warning_s: float = 30.0,
+    time_scale: float = 1.0,
+    grace_s: float = 1.0,
+) -> int:
+    """Preempt the victims' live attempts (`preempted` is a platform state: requeued, billed only for
+    the work up to a checkpoint, see attempts.end_attempts). Returns how many were stopped now.
+
+    A running preemptible attempt is warned first (`checkpoints.warn_preemption`): it has `warning_s`
+    cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to
+    write that; one still live after that deadline, and any other victim, is stopped at once."""
+    now = db_now(session)
     live = session.execute(
-        select(Attempt.id).where(
+        select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
             Attempt.job_id.in_([v.id for v in victims]),
             Attempt.state.in_(LIVE_ATTEMPT_STATES),
             Attempt.gcd >= 0,  # a session's hold is ended by the session, never preempted
         )
-    ).scalars()
+    ).tuples()
+    preemptible = {v.id for v in victims if v.preemptible}
+    warn: list[int] = []
+    stop: list[int] = []
+    for attempt_id, job_id, state, deadline in live:
+        if job_id not in preemptible or state != AttemptState.RUNNING:
+            stop.append(attempt_id)
+        elif deadline is None:
+            warn.append(attempt_id)
+        elif deadline <= now:
+            stop.append(attempt_id)
+    if warn:
+        checkpoints.warn_preemption(
+            session=session,
+            attempt_ids=warn,
+            deadline=now + timedelta(seconds=warning_s / time_scale + grace_s),
+            window_s=warning_s,
+        )
     return len(
         attempts.stop_running(
             session=session,
-            attempt_ids=list(live),
+            attempt_ids=stop,
             outcome=AttemptState.PREEMPTED,
-            reason=f"preempted to make room for higher-priority {for_job}",
+            reason=f"preempted to make room for {for_job}",
             max_attempts=max_attempts,
         )
     )

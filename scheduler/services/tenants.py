@@ -36,6 +36,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10,
         max_model_bytes=256 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=86400,
         max_session_s=6 * 3600,
     ),
     dict(
@@ -53,6 +55,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=3 * 86400,
         max_session_s=6 * 3600,
     ),
     dict(
@@ -70,6 +74,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=25,
         max_model_bytes=1_024 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=3 * 86400,
         max_session_s=6 * 3600,
     ),
     dict(
@@ -87,6 +93,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=2.0,
         max_models=200,
         max_model_bytes=4_096 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=7 * 86400,
         max_session_s=24 * 3600,
     ),
     dict(
@@ -104,6 +112,8 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         fairshare_weight=1.0,
         max_models=10_000,
         max_model_bytes=65_536 * MIB,
+        preemptible_discount=0.5,
+        checkpoint_retention_s=30 * 86400,
         max_session_s=7 * 24 * 3600,
     ),
 )
@@ -162,6 +172,8 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "fairshare_weight",
         "max_models",
         "max_model_bytes",
+        "preemptible_discount",
+        "checkpoint_retention_s",
     }
 )
 

@@ -5,6 +5,15 @@ the completions (freeing partitions), queues the submissions, and runs one sched
 `scheduler.policy.decide` the live loop runs, over a `Snapshot` it keeps up to date in memory, with
 the real `vipu.allocator.Allocator` placing every partition. A pass that preempts work is followed by
 another pass at the same instant, as the live loop's next pass would follow once the victims stop.
+
+Preemptible work (``preemptible``, one flag per job; docs/checkpoints.md) may be preempted by any job
+that is not. It checkpoints every ``checkpoint_every_s`` of its run, and a victim is warned
+``warning_s`` ahead: it checkpoints at the warning, runs on until the window ends (the work it does
+then is lost: the live agent's upper bound, which checkpoints at its next step boundary and ends
+sooner) and frees its IPUs then; the job that preempted it waits for them. With ``warning_s`` 0 it
+stops at once and loses the work since its last periodic checkpoint. Requeued, it runs only what
+it had not checkpointed. A victim of the operator's priority preemption loses all it had run, as
+before (the trace has no checkpoints for it).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ class JobOutcome:
     ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
     preempted: int = 0
     machine_type: str = ""
+    lost_s: float = 0.0  # run time lost to preemptions (work redone)
     # The wait estimate at submission (scheduler.policy.forecast, the code POST /estimates runs):
     # when the policy said the job would start. NaN: not estimated; inf: no forecast start.
     estimated_start_s: float = math.nan
@@ -69,6 +79,9 @@ class SimResult:
     passes: int = 0
     backfilled: int = 0
     preemptions: int = 0
+    # Run time each preemption cost its victim (seconds of the victim's run redone).
+    preemption_losses: list[float] = field(default_factory=list)
+    preemptible: Sequence[bool] = ()
     wall_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -109,6 +122,9 @@ class Simulation:
         bins: int = 400,
         fleet: Fleet | None = None,
         runs: Sequence[tuple[TypeRun, ...]] | None = None,
+        preemptible: Sequence[bool] | None = None,
+        checkpoint_every_s: float = 600.0,
+        warning_s: float = 30.0,
         estimate_every: int = 0,
         estimate_passes: int = 2000,
     ) -> None:
@@ -125,6 +141,11 @@ class Simulation:
         self.estimate_model = estimate_model
         self.record_placements = record_placements
         self.bins = bins
+        self.preemptible = list(preemptible) if preemptible is not None else [False] * len(jobs)
+        if len(self.preemptible) != len(jobs):
+            raise ValueError("one preemptible flag per job")
+        self.checkpoint_every_s = checkpoint_every_s
+        self.warning_s = warning_s
         # Forecast the start of every n-th submission (0: none). Each forecast replays passes ahead,
         # so a full trace samples rather than asks at every one of its submissions.
         self.estimate_every = estimate_every
@@ -148,7 +169,12 @@ class Simulation:
             capacity_ipus=capacity,
             busy_bins=[0.0] * (self.bins + 1),
             bin_s=bin_s,
+            preemptible=self.preemptible,
         )
+        flags = self.preemptible
+        # Warned victims stop when their warning ends: (at, job index, attempt).
+        stops: list[tuple[float, int, int]] = []
+        warned: set[str] = set()
         fair = config.ordering == "fair"
         half_life = config.half_life_s
         queue = JobQueue()
@@ -173,10 +199,50 @@ class Simulation:
         next_arrival = 0
         done = 0
 
-        while next_arrival < len(jobs) or completions:
+        def stop(i: int, lost: float) -> None:
+            """Take job `i` off its partition and queue it again; `lost` of the run time it had
+            (since its last start) is redone, the rest it resumes from (a checkpoint)."""
+            job = jobs[i]
+            victim = running.pop(job.id)
+            alloc.release(victim.partition)
+            table.remove(victim.partition)
+            attempt[i] += 1
+            nonlocal busy
+            busy -= victim.size
+            ledger = tenants[victim.tenant_id]
+            ledger.advance(now, half_life)
+            ledger.ipus -= victim.size
+            ledger.end_weighted -= victim.size * victim.expected_end
+            factor = self._placed_on[i]
+            ran = now - run_from[i]
+            if self.runs is not None:
+                # It was counted as running all it had left; it ran `ran` of it.
+                result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
+            kept_s = max(0.0, ran - lost) / factor
+            if kept_s > 0 or ranked:
+                left[i] = max(0.0, left[i] - kept_s)
+                told_left[i] = max(1.0, told_left[i] - kept_s)
+            attained[i] += victim.size * ran
+            outcomes[i].preempted += 1
+            outcomes[i].lost_s += lost
+            outcomes[i].start_s = math.nan
+            result.preemption_losses.append(lost)
+            warned.discard(job.id)
+            again = submitted[i]
+            assert again is not None
+            if kept_s > 0 or ranked:
+                again = replace(again, predicted_runtime_s=told_left[i])
+            if ranked:
+                again = replace(again, priority=self._rank(attained[i], left[i]))
+            submitted[i] = again
+            queue.add(again)
+
+        while next_arrival < len(jobs) or completions or stops:
             upcoming = jobs[next_arrival].submit_s if next_arrival < len(jobs) else math.inf
             if completions and completions[0][0] <= upcoming:
                 upcoming = completions[0][0]
+            if stops and stops[0][0] <= upcoming:
+                upcoming = stops[0][0]
             # Integrate the figures over the interval during which nothing changed.
             elapsed = upcoming - now
             if elapsed > 0:
@@ -203,7 +269,13 @@ class Simulation:
                 ledger.ipus -= job.size
                 ledger.end_weighted -= job.size * ended.expected_end
                 outcomes[i].end_s = now
+                warned.discard(job.id)
                 done += 1
+            while stops and stops[0][0] <= now:
+                _, i, number = heapq.heappop(stops)
+                if number == attempt[i] and jobs[i].id in running:
+                    # Checkpointed at its warning; what it ran in the window is lost.
+                    stop(i, min(self.warning_s, now - run_from[i]))
             arrivals: list[QueuedJob] = []
             while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
                 job = jobs[next_arrival]
@@ -215,6 +287,7 @@ class Simulation:
                     est[next_arrival],
                     priority=self._rank(0.0, job.duration_s) if ranked else 0,
                     options=self._options(next_arrival),
+                    preemptible=flags[next_arrival],
                 )
                 tenants.setdefault(job.tenant, _Tenant(at=now))
                 if self.estimate_every and next_arrival % self.estimate_every == 0:
@@ -268,7 +341,15 @@ class Simulation:
                     factor = self._factor(i, placement.machine_type)
                     end = now + told_left[i] * factor
                     started = RunningJob(
-                        job.id, job.tenant, job.size, placement.partition_id, now, end, queued.priority
+                        job.id,
+                        job.tenant,
+                        job.size,
+                        placement.partition_id,
+                        now,
+                        end,
+                        queued.priority,
+                        preemptible=flags[i],
+                        checkpoint_every=self.checkpoint_every_s if flags[i] else math.inf,
                     )
                     running[job.id] = started
                     table.add(placement.partition_id, placement, started)
@@ -291,41 +372,23 @@ class Simulation:
                         outcome.ipus = placement.ipu_ids
                 head_size = decision.stats.head_size
                 head_refused = decision.stats.head_refused_with_room
-                if not decision.preempt:
-                    break
-                for victim in decision.preempt:
-                    # The victim stops now and goes back to the queue; its work so far is lost.
+                fresh = [v for v in decision.preempt if v.id not in warned]
+                if not fresh:
+                    break  # nothing to stop now: the victims warned before free their IPUs later
+                for victim in fresh:
                     i = index[victim.id]
-                    del running[victim.id]
-                    alloc.release(victim.partition)
-                    table.remove(victim.partition)
-                    attempt[i] += 1
-                    busy -= victim.size
-                    ledger = tenants[victim.tenant_id]
-                    ledger.advance(now, half_life)
-                    ledger.ipus -= victim.size
-                    ledger.end_weighted -= victim.size * victim.expected_end
-                    outcomes[i].preempted += 1
-                    outcomes[i].start_s = math.nan
-                    again = submitted[i]
-                    assert again is not None
-                    if ranked:
-                        # Resumed later from where it stopped: its service so far counts, and so
-                        # does the work it did (a checkpoint at the moment of preemption).
-                        factor = self._placed_on[i]
-                        ran = (now - run_from[i]) / factor
-                        left[i] = max(0.0, left[i] - ran)
-                        told_left[i] = max(1.0, told_left[i] - ran)
-                        attained[i] += victim.size * (now - run_from[i])
-                        again = replace(
-                            again,
-                            predicted_runtime_s=told_left[i],
-                            priority=self._rank(attained[i], left[i]),
-                        )
-                        if self.runs is not None:
-                            result.extra["work_ipu_s"] -= victim.size * (left[i] * factor)
-                    queue.add(again)
-                result.preemptions += len(decision.preempt)
+                    if victim.preemptible and self.warning_s > 0:
+                        warned.add(victim.id)
+                        heapq.heappush(stops, (now + self.warning_s, i, attempt[i]))
+                    elif victim.preemptible:
+                        stop(i, victim.at_risk(now))  # no warning: back to its last checkpoint
+                    elif ranked:
+                        stop(i, 0.0)  # the reference policies resume from the moment of preemption
+                    else:
+                        stop(i, now - run_from[i])  # priority preemption: all of its run is lost
+                result.preemptions += len(fresh)
+                if all(v.id in warned for v in fresh):
+                    break
             if progress is not None and done:
                 progress(done)
                 done = 0

@@ -14,6 +14,9 @@
   ``max(1, JCT / max(run time, 10 s))``; it weighs a ten-second job that waited an hour like a
   360-hour delay, so a tenant with three tiny jobs can decide it (see docs/scheduling.md).
   ``worst_tenant_slowdown`` is the largest per-tenant slowdown: how the worst-off tenant fared.
+- With preemptible work (docs/checkpoints.md): ``preemptible`` gives how many jobs were, the average
+  JCT of those and of the others, and the run time each preemption cost its victim
+  (``lost_per_preemption_s``: mean, p50, max; work redone after it resumed from its checkpoint).
 - On a fleet of several machine types, ``by_machine_type`` counts the jobs each type ran and their
   average JCT there, and utilisation counts the IPU-seconds jobs actually ran (longer on a slower type).
 """
@@ -96,6 +99,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         **({"estimate_error": errors} if (errors := estimate_error(result)) else {}),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
         "tenant_job_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant_jobs.items())},
+        **_preemptible(result),
         **(
             {
                 "by_machine_type": {
@@ -106,6 +110,32 @@ def summarize(result: SimResult) -> dict[str, Any]:
             if by_type
             else {}
         ),
+    }
+
+
+def _preemptible(result: SimResult) -> dict[str, Any]:
+    flags = result.preemptible
+    if not any(flags):
+        return {}
+    mine = [o.end_s - j.submit_s for j, o, f in zip(result.jobs, result.outcomes, flags, strict=True) if f]
+    rest = [
+        o.end_s - j.submit_s for j, o, f in zip(result.jobs, result.outcomes, flags, strict=True) if not f
+    ]
+    losses = sorted(result.preemption_losses)
+    return {
+        "preemptible": {
+            "jobs": len(mine),
+            "avg_jct_s": _r(sum(mine) / len(mine)),
+            "avg_jct_other_s": _r(sum(rest) / len(rest) if rest else math.nan),
+            "preempted_jobs": sum(
+                1 for o, f in zip(result.outcomes, flags, strict=True) if f and o.preempted
+            ),
+            "lost_per_preemption_s": {
+                "mean": _r(sum(losses) / len(losses) if losses else 0.0, 2),
+                "p50": _r(percentile(losses, 0.5) if losses else 0.0, 2),
+                "max": _r(losses[-1] if losses else 0.0, 2),
+            },
+        }
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import multiprocessing
+import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -44,8 +45,20 @@ class ReplaySpec:
     max_runtime_s: float | None = None
     # A fleet description (e.g. "4xm2000,2xbow,32xdss8440"), replacing `pods` x `machine`.
     fleet: str | None = None
+    # Preemptible work (docs/checkpoints.md): the share of jobs submitted preemptible (drawn from the
+    # seed), how often they checkpoint and how long a preemption's warning is (s of the trace's time).
+    preemptible_fraction: float = 0.0
+    checkpoint_every_s: float = 600.0
+    warning_s: float = 30.0
     # Forecast the wait of every n-th submission and report its error (0: none); see engine.Simulation.
     estimate_every: int = 0
+
+    def preemptible(self, jobs: Sequence[TraceJob]) -> list[bool]:
+        """Which jobs are preemptible: each with probability `preemptible_fraction`, from the seed."""
+        if self.preemptible_fraction <= 0:
+            return [False] * len(jobs)
+        rng = random.Random(f"preemptible:{self.seed}")
+        return [rng.random() < self.preemptible_fraction for _ in jobs]
 
     def build_fleet(self) -> Fleet | None:
         return None if self.fleet is None else Fleet.build(self.fleet)
@@ -74,6 +87,11 @@ def replay_policy(
     limit = spec.max_runtime_s or default_limit(jobs)
     told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)
     fleet = spec.build_fleet()
+    work = dict(
+        preemptible=spec.preemptible(jobs),
+        checkpoint_every_s=spec.checkpoint_every_s,
+        warning_s=spec.warning_s,
+    )
     if fleet is None:
         sim = Simulation(
             jobs,
@@ -83,6 +101,7 @@ def replay_policy(
             machine=spec.machine,
             estimate_model=model,
             estimate_every=spec.estimate_every,
+            **work,
         )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
@@ -94,6 +113,7 @@ def replay_policy(
             runs=runs,
             estimate_model=model,
             estimate_every=spec.estimate_every,
+            **work,
         )
     pending = 0
 

@@ -270,3 +270,30 @@ def test_admins_change_the_fleet_and_see_servers_beside_pods(cloud: RunningCloud
     assert cli.json("admin", "racks", "retire", "rack0002", **admin)["retired"] == ["pod0004"]
     after = cli("admin", "fleet", **admin).stdout
     assert "srv0002" not in after and "pod0004" not in after and "srv0003" in after
+
+
+def test_preemptible_jobs_with_checkpoints_and_resume_after_the_time_limit(
+    cloud: RunningCloud, cli: Cli
+) -> None:
+    _, key = cloud.create_tenant("cli-ckpt", quota_ipu_hours=1000)
+    at = {"key": key, "url": cloud.url}
+    # About 1,850 cluster seconds of ResNet-50 with a limit of 1,500: stopped at about 80%.
+    args = ["--model", "resnet50", "--batch-size", "64", "--steps", "100000", "--ipus", "4"]
+    job = cli.json(
+        "jobs", "submit", *args, "--name", "cli-ckpt", "--max-runtime", "1500", "--preemptible",
+        "--checkpoint-every", "120", **at,
+    )  # fmt: skip
+    assert job["preemptible"] is True and job["checkpoint_every_s"] == 120
+    assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "failed"
+    shown = cli("jobs", "show", job["id"], **at)
+    assert shown.exit_code == 0, shown.stderr
+    assert (
+        "checkpoints" in shown.stdout and "time_limit" in shown.stdout and "resumable until" in shown.stdout
+    )
+    resumed = cli.json("jobs", "resume", job["id"], **at)
+    assert resumed["state"] == "queued" and resumed["checkpoints"][0]["reason"] == "time_limit"
+    assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "succeeded"
+    again = cli("jobs", "resume", job["id"], **at)
+    assert again.exit_code != 0 and "time limit" in (again.stdout + again.stderr)
+    too_often = cli("jobs", "submit", *args, "--checkpoint-every", "5", **at)
+    assert too_often.exit_code != 0 and "checkpoint_every_s" in (too_often.stdout + too_often.stderr)

@@ -4,10 +4,11 @@
 2. no job succeeded twice (at most one succeeded attempt; none for a job that did not succeed);
 3. no IPU is held by a finished job;
 4. no two live partitions share an IPU;
-5. the ledger has exactly one settled record per attempt, bills nothing for platform failures
-   (a lost, handed-back or preempted attempt's ticks and settle sum to 0), bills every other
-   attempt exactly partition size x the cluster time it ran, and each tenant's usage is the sum
-   of its ledger.
+5. the ledger has exactly one settled record per attempt, bills a platform failure (a lost,
+   handed-back or preempted attempt) only for the work up to its last checkpoint, which the job
+   keeps (0 without one), bills every other attempt exactly rate x partition size x the cluster
+   time it ran less the restore of a checkpoint at its start (docs/checkpoints.md), and each
+   tenant's usage is the sum of its ledger.
 
 It also measures what the scenario report needs: which jobs the fault hit (an attempt ended by a
 platform fault: lost or handed back), which of those recovered (ran again and succeeded), how long
@@ -25,13 +26,14 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler.billing import ipu_ms
+from scheduler.billing import charged_ipu_ms
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
     PLATFORM_FAULT_STATES,
     Attempt,
     AttemptState,
+    Checkpoint,
     IpuAssignment,
     Job,
     JobState,
@@ -136,6 +138,14 @@ def check_cloud(
             assert owner.get(ipu) == name, f"IPU {ipu} assigned to {name} but listed in {owner.get(ipu)}"
 
         # 5. The ledger: one settle per attempt, nothing for platform faults, exactly what ran otherwise.
+        kept: dict[int, float] = {
+            int(attempt_id): float(at)
+            for attempt_id, at in s.execute(
+                select(Checkpoint.attempt_id, func.max(Checkpoint.cluster_s))
+                .where(Checkpoint.job_id.in_(job_ids))
+                .group_by(Checkpoint.attempt_id)
+            ).all()
+        }
         events: dict[int, list[MeterEvent]] = defaultdict(list)
         for e in s.execute(select(MeterEvent).where(MeterEvent.job_id.in_(job_ids))).scalars():
             events[e.attempt_id].append(e)
@@ -146,9 +156,13 @@ def check_cloud(
                 assert settles[0].outcome == a.state, f"attempt {a.id} settled as {settles[0].outcome}"
                 billed = sum(e.ipu_ms for e in events[a.id])
                 if a.state in PLATFORM_FAULT_STATES:
-                    assert billed == 0, f"platform fault billed: attempt {a.id} ({a.state}) {billed} IPU-ms"
+                    upto = min(kept.get(a.id, 0.0), a.cluster_s)
+                    owed = charged_ipu_ms(a.size, max(0.0, upto - a.unbilled_s), a.rate) if upto else 0
+                    assert billed == owed, (
+                        f"platform fault billed: attempt {a.id} ({a.state}) {billed} IPU-ms, kept {owed}"
+                    )
                 else:
-                    ran = ipu_ms(a.size, a.cluster_s)
+                    ran = charged_ipu_ms(a.size, max(0.0, a.cluster_s - a.unbilled_s), a.rate)
                     assert billed == ran, f"attempt {a.id} ({a.state}) billed {billed} IPU-ms, ran {ran}"
         tenants = {j.tenant_id for j in jobs.values()}
         for tid in tenants:

@@ -30,9 +30,23 @@ from fastapi.testclient import TestClient
 from api.dashboard import admin_pages, model_pages, routes, session_pages, sessions, tenant_pages
 from scheduler.db import Database
 from scheduler.jobspec import JobSpec, SessionSpec
-from scheduler.models import ApiKey, IpuSession, Job, Machine, Member, OwnModel, Partition, TrialApplication
+from scheduler.models import (
+    ApiKey,
+    Attempt,
+    Checkpoint,
+    IpuSession,
+    Job,
+    JobState,
+    Machine,
+    Member,
+    OwnModel,
+    Partition,
+    TrialApplication,
+    utcnow,
+)
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
+from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.support import onnx_files
@@ -109,6 +123,33 @@ class World:
         with self.db.write() as s:
             spec = SessionSpec.model_validate({"ipus": 1})
             return session_service.start_session(session=s, tenant_id=self.tenant, spec=spec).id
+
+    def timed_out_job(self) -> str:
+        """A job its time limit stopped at a checkpoint: what `POST /jobs/{id}/resume` takes."""
+        job_id = self.new_job()
+        with self.db.write() as s:
+            job = s.get(Job, job_id)
+            part = Partition(
+                name=self.unique("to"), kind="job", size=4, machine_type="m2000", tenant_id=self.tenant,
+                job_id=job_id, ipu_ids=[], released_at=utcnow(),
+            )  # fmt: skip
+            s.add(part)
+            s.flush()
+            attempt = Attempt(
+                job_id=job_id, tenant_id=self.tenant, number=1, state="timed_out", partition_pk=part.pk,
+                size=4, machine_type="m2000", timeline={"step_s": 0.01}, ended_at=utcnow(),
+            )  # fmt: skip
+            s.add(attempt)
+            s.flush()
+            job.attempts = 1
+            finalize_job(session=s, job=job, state=JobState.FAILED, reason="exceeded max_runtime_s")
+            s.add(
+                Checkpoint(
+                    job_id=job_id, attempt_id=attempt.id, attempt=1, step=10, steps=20, samples=640,
+                    executable_key="x", machine_type="m2000", cluster_s=1.0, run_s=1.0, reason="time_limit",
+                )
+            )  # fmt: skip
+        return job_id
 
     def ended_job(self) -> str:
         job_id = self.new_job()
@@ -312,6 +353,24 @@ def _member_there(w: World, member_id: str) -> Callable[[], bool]:
     return check
 
 
+def _still_stopped(w: World, job_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return s.get(Job, job_id).state == "failed"
+
+    return check
+
+
+def _resume(w: World) -> Call:
+    job_id = w.timed_out_job()
+    return Call(f"/api/v1/jobs/{job_id}/resume", unchanged=_still_stopped(w, job_id))
+
+
+def _dash_resume(w: World, csrf: str) -> Form:
+    job_id = w.timed_out_job()
+    return Form("POST", f"/jobs/{job_id}/resume", {"csrf": csrf}, unchanged=_still_stopped(w, job_id))
+
+
 def _cancel(w: World) -> Call:
     job_id = w.new_job()
     return Call(f"/api/v1/jobs/{job_id}/cancel", unchanged=_job_untouched(w, job_id))
@@ -420,6 +479,7 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/api/v1/jobs"): ("read", lambda w: Call("/api/v1/jobs")),
     ("GET", "/api/v1/jobs/{job_id}"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}")),
     ("POST", "/api/v1/jobs/{job_id}/cancel"): ("submit", _cancel),
+    ("POST", "/api/v1/jobs/{job_id}/resume"): ("submit", _resume),
     ("GET", "/api/v1/jobs/{job_id}/logs"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}/logs")),
     ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
     ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
@@ -677,6 +737,7 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         lambda w, c: Form("GET", f"/jobs/{w.ended_job_id}/events"),
     ),
     ("POST", "/jobs/{job_id}/cancel", ""): (("POST", "/api/v1/jobs/{job_id}/cancel"), _dash_cancel),
+    ("POST", "/jobs/{job_id}/resume", ""): (("POST", "/api/v1/jobs/{job_id}/resume"), _dash_resume),
     ("GET", "/usage.csv", ""): (("GET", "/api/v1/usage"), lambda w, c: Form("GET", "/usage.csv")),
     ("GET", "/admin/fleet", ""): (("GET", "/api/v1/admin/fleet"), lambda w, c: Form("GET", "/admin/fleet")),
     ("POST", "/admin/machines/{machine_id}/{action}", ""): (

@@ -6,6 +6,9 @@ length (``events_between`` is O(events returned)), so they are cheap enough to c
 Cancelling is the caller stopping to ask.
 
 Timeline:  [compile, unless the executable is cached] [load] [steps x step_s] done
+
+A run resumed from a checkpoint (``first_step`` k > 0) loads the executable and the checkpoint, then
+runs steps k+1 .. N: its progress and step reports count the job's steps, not the attempt's.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class Timeline:
     steps: int
     samples_per_step: int
     memory_per_ipu_bytes: int
+    first_step: int = 0
+    """Steps already done when this run started (a resume from a checkpoint)."""
 
     @property
     def run_start_s(self) -> float:
@@ -103,7 +108,17 @@ class Timeline:
 
     @property
     def total_s(self) -> float:
-        return self.run_start_s + self.steps * self.step_s
+        return self.run_start_s + (self.steps - self.first_step) * self.step_s
+
+    def step_time(self, step: int) -> float:
+        """Cluster time of this run at which ``step`` of the job's steps are complete."""
+        return self.run_start_s + (step - self.first_step) * self.step_s
+
+    def step_at(self, t: float) -> int:
+        """The job's steps complete at cluster time ``t`` of this run."""
+        if t < self.run_start_s:
+            return self.first_step
+        return min(self.steps, self.first_step + int((t - self.run_start_s) / self.step_s + _EPS))
 
     @property
     def samples(self) -> int:
@@ -116,11 +131,13 @@ class Timeline:
     def progress_at(self, t: float) -> Progress:
         t = max(0.0, t)
         total = self.total_s
-        percent = 100.0 * min(1.0, t / total) if total > 0 else 100.0
+        done_before = self.first_step / self.steps if self.steps else 0.0
+        percent = 100.0 * (done_before + (1 - done_before) * (min(1.0, t / total) if total > 0 else 1.0))
         eta = max(0.0, total - t)
         start = self.run_start_s
+        first = self.first_step
         # Done once every step is complete, even if rounding leaves t a hair short of total_s.
-        all_steps = t >= start and (t - start) / self.step_s + _EPS >= self.steps
+        all_steps = t >= start and first + (t - start) / self.step_s + _EPS >= self.steps
         if t >= total or all_steps:
             return Progress(
                 "done",
@@ -132,11 +149,12 @@ class Timeline:
                 self.throughput,
                 self.memory_per_ipu_bytes,
             )
+        done = first * self.samples_per_step
         if t < self.compile_s:
-            return Progress("compile", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
+            return Progress("compile", first, self.steps, done, percent, eta, 0.0, self.memory_per_ipu_bytes)
         if t < start:
-            return Progress("load", 0, self.steps, 0, percent, eta, 0.0, self.memory_per_ipu_bytes)
-        step = min(self.steps, int((t - start) / self.step_s + _EPS))
+            return Progress("load", first, self.steps, done, percent, eta, 0.0, self.memory_per_ipu_bytes)
+        step = self.step_at(t)
         return Progress(
             "run",
             step,
@@ -156,6 +174,7 @@ class Timeline:
             "steps": self.steps,
             "samples_per_step": self.samples_per_step,
             "memory_per_ipu_bytes": self.memory_per_ipu_bytes,
+            "first_step": self.first_step,
         }
 
     @classmethod
@@ -167,13 +186,17 @@ class Timeline:
             steps=int(d["steps"]),
             samples_per_step=int(d["samples_per_step"]),
             memory_per_ipu_bytes=int(d["memory_per_ipu_bytes"]),
+            first_step=int(d.get("first_step", 0)),
         )
 
 
 class EmulatedRun:
-    """The run of ``spec`` under ``plan``; ``cached`` when the executable is already in the cache."""
+    """The run of ``spec`` under ``plan``; ``cached`` when the executable is already in the cache;
+    ``first_step`` the steps a checkpoint it resumes from had done (0: from the start)."""
 
-    def __init__(self, plan: Plan, spec: WorkloadSpec | None = None, cached: bool = False) -> None:
+    def __init__(
+        self, plan: Plan, spec: WorkloadSpec | None = None, cached: bool = False, first_step: int = 0
+    ) -> None:
         spec = spec if spec is not None else plan.spec
         if not _same_executable(spec, plan.spec):
             raise ValueError("the spec differs from the one the plan was made for; plan it again")
@@ -186,11 +209,14 @@ class EmulatedRun:
         else:
             assert spec.steps is not None
             self.steps = spec.steps
+        if not 0 <= first_step < self.steps:
+            raise ValueError(f"a run of {self.steps} steps cannot resume after step {first_step}")
+        self.first_step = first_step
         self.compile_s = 0.0 if cached else plan.compile_s
         self.load_s = plan.load_s
         self.step_s = plan.timing.step_s
         self.run_start_s = self.compile_s + self.load_s
-        self.run_s = self.steps * self.step_s
+        self.run_s = (self.steps - first_step) * self.step_s
         self.total_s = self.run_start_s + self.run_s
         self.samples = self.steps * self.samples_per_step
         self.throughput = self.samples_per_step / self.step_s
@@ -207,6 +233,7 @@ class EmulatedRun:
             steps=self.steps,
             samples_per_step=self.samples_per_step,
             memory_per_ipu_bytes=self.memory_per_ipu_bytes,
+            first_step=first_step,
         )
         self._fixed = self._fixed_events()
         self._fixed_times = [e.t for e in self._fixed]
@@ -219,8 +246,8 @@ class EmulatedRun:
         return self.timeline.progress_at(t)
 
     def step_time(self, step: int) -> float:
-        """Cluster time at which ``step`` steps are complete."""
-        return self.run_start_s + step * self.step_s
+        """Cluster time at which ``step`` of the job's steps are complete."""
+        return self.run_start_s + (step - self.first_step) * self.step_s
 
     def events_between(self, t0: float, t1: float) -> list[RunEvent]:
         """Events with t0 <= t < t1 in time order, except "done", which counts as t0 < t <= t1 so that a
@@ -238,8 +265,10 @@ class EmulatedRun:
         when none is left: what a driver of many runs sleeps until, instead of asking every run."""
         times = [e for e in self._fixed_times if (e > t if e == self.total_s else e >= t)]
         k = self.report_every
-        lo = max(0.0, (t - self.run_start_s) / self.step_s)
+        lo = max(0.0, (t - self.run_start_s) / self.step_s) + self.first_step
         step = max(k, math.ceil(lo / k - _EPS) * k)
+        if step <= self.first_step:
+            step += k
         while step < self.steps and self.step_time(step) < t:
             step += k
         if step < self.steps:
@@ -251,8 +280,10 @@ class EmulatedRun:
 
     def _step_events(self, t0: float, t1: float) -> list[RunEvent]:
         k = self.report_every
-        lo = max(0.0, (t0 - self.run_start_s) / self.step_s)
+        lo = max(0.0, (t0 - self.run_start_s) / self.step_s) + self.first_step
         first = max(k, math.ceil(lo / k - _EPS) * k)
+        if first <= self.first_step:
+            first += k
         events: list[RunEvent] = []
         step = first
         while step < self.steps:
@@ -350,14 +381,17 @@ class EmulatedRun:
                 self.run_start_s, "load_end", f"Loaded in {_duration(self.load_s)}", {"load_s": self.load_s}
             )
         )
+        resume = f"Resuming from the checkpoint after step {self.first_step:,}: " if self.first_step else ""
         events.append(
             RunEvent(
                 self.run_start_s,
                 "run_start",
-                f"Running {self.steps:,} steps of {self.samples_per_step:,} samples "
+                f"{resume}Running {self.steps - self.first_step:,} steps "
+                f"of {self.samples_per_step:,} samples "
                 f"(expected {self.throughput:,.0f} samples/s, {_duration(self.run_s)})",
                 {
                     "steps": self.steps,
+                    "first_step": self.first_step,
                     "samples_per_step": self.samples_per_step,
                     "step_s": self.step_s,
                     "memory_per_stage_bytes": per_stage,

@@ -1,0 +1,281 @@
+"""Checkpoints: a training job's saved state, and resuming from it (docs/checkpoints.md).
+
+A host agent notes a checkpoint of each training attempt every `checkpoint_every_s` of cluster time
+(at the last completed step), when it is warned of a preemption, when it hits its time limit and
+when the agent hands it back on shutdown. Checkpoints are written in the agent's tick, with its
+heartbeat and meter ticks (`attempts.record_tick`): at most one row per attempt per tick, never a
+transaction of their own.
+
+What they change:
+- a new attempt (after a platform fault or a preemption) starts from the job's last checkpoint, not
+  step 0 (`attempts.take_many`), and restoring it is not billed (`Attempt.unbilled_s`);
+- an attempt ended by a platform fault is billed for the work up to its last checkpoint, which is
+  kept, and refunded the rest (`metering.Settle.kept_s`): the tenant pays for every step once;
+- a job stopped by its time limit can be resumed by its owner (`resume_job`) within its plan's
+  `checkpoint_retention_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from scheduler import billing
+from scheduler.errors import Conflict, QuotaExceeded
+from scheduler.models import Attempt, AttemptState, Checkpoint, Job, JobState, Plan, Tenant, utcnow
+from scheduler.services.job_state import add_event
+from scheduler.services.scope import Scope
+
+# Checkpoints `GET /jobs/{id}` lists: the newest ones (a week-long job checkpointing every ten
+# minutes has a thousand).
+LISTED = 20
+
+
+@dataclass(frozen=True)
+class CheckpointDue:
+    """A checkpoint a host agent noted: attempt `attempt_id` had completed `step` at `cluster_s`."""
+
+    attempt_id: int
+    job_id: str
+    attempt: int
+    step: int
+    steps: int
+    samples: int
+    executable_key: str
+    machine_type: str
+    cluster_s: float
+    run_s: float
+    reason: str
+
+
+def record(*, session: Session, items: Sequence[CheckpointDue]) -> int:
+    """Insert checkpoints (the caller holds their attempts' row locks); a replay inserts nothing."""
+    if not items:
+        return 0
+    now = utcnow()
+    table = Checkpoint.__table__
+    ins = (
+        postgresql.insert(table) if session.get_bind().dialect.name == "postgresql" else sqlite.insert(table)
+    )
+    session.execute(
+        ins.on_conflict_do_nothing(index_elements=["attempt_id", "step"]),
+        [
+            {
+                "job_id": c.job_id,
+                "attempt_id": c.attempt_id,
+                "attempt": c.attempt,
+                "step": c.step,
+                "steps": c.steps,
+                "samples": c.samples,
+                "executable_key": c.executable_key[:80],
+                "machine_type": c.machine_type,
+                "cluster_s": c.cluster_s,
+                "run_s": c.run_s,
+                "reason": c.reason,
+                "at": now,
+            }
+            for c in items
+        ],
+    )
+    return len(items)
+
+
+def latest_by_job(*, session: Session, job_ids: Iterable[str]) -> dict[str, Checkpoint]:
+    """Each job's last checkpoint (the furthest step), for the jobs that have one."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    newest = (
+        select(Checkpoint.job_id, func.max(Checkpoint.id).label("id"))
+        .where(Checkpoint.job_id.in_(ids))
+        .group_by(Checkpoint.job_id)
+        .subquery()
+    )
+    rows = session.execute(select(Checkpoint).join(newest, newest.c.id == Checkpoint.id)).scalars()
+    return {c.job_id: c for c in rows}
+
+
+def kept_by_attempt(*, session: Session, attempt_ids: Iterable[int]) -> dict[int, float]:
+    """The cluster time of each attempt's last checkpoint: the work of it the job keeps."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(Checkpoint.attempt_id, func.max(Checkpoint.cluster_s))
+        .where(Checkpoint.attempt_id.in_(ids))
+        .group_by(Checkpoint.attempt_id)
+    ).tuples()
+    return {int(a): float(t) for a, t in rows}
+
+
+def list_for_job(*, session: Session, job_id: str, limit: int = LISTED) -> tuple[list[Checkpoint], int]:
+    """The job's newest checkpoints, newest first, and how many it has."""
+    total = session.execute(select(func.count()).where(Checkpoint.job_id == job_id)).scalar_one()
+    rows = list(
+        session.execute(
+            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.id.desc()).limit(limit)
+        ).scalars()
+    )
+    return rows, int(total)
+
+
+def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+    return {
+        "step": c.step,
+        "steps": c.steps,
+        "samples": c.samples,
+        "executable": c.executable_key,
+        "machine_type": c.machine_type,
+        "attempt": c.attempt,
+        "run_s": round(c.run_s, 3),
+        "reason": c.reason,
+        "at": c.at.isoformat(),
+    }
+
+
+def resumable_until(*, job: Job, plan: Plan) -> Any:
+    """Until when the owner may resume a job stopped by its time limit (None: it cannot be)."""
+    if job.state != JobState.FAILED or job.finished_at is None:
+        return None
+    return job.finished_at + timedelta(seconds=int(plan.checkpoint_retention_s))
+
+
+def resumable_until_of(*, session: Session, job: Job) -> Any:
+    """`resumable_until` for a job whose last attempt hit its time limit (None for any other)."""
+    if job.state != JobState.FAILED:
+        return None
+    last = session.execute(
+        select(Attempt.state).where(Attempt.job_id == job.id, Attempt.number == job.attempts)
+    ).scalar_one_or_none()
+    if last != AttemptState.TIMED_OUT:
+        return None
+    plan = session.execute(
+        select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == job.tenant_id)
+    ).scalar_one()
+    return resumable_until(job=job, plan=plan)
+
+
+def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
+    """Queue a job that its time limit stopped again, from its last checkpoint, with a new time limit.
+
+    Only the owner's tenant sees it (another tenant's job is 404), only a job that failed by its
+    time limit with a checkpoint, and only within its plan's `checkpoint_retention_s`. Its quota
+    reservation is taken again for the steps it has left, by a guarded update like admission's."""
+    from scheduler.services.jobs import current_attempt, get_job
+
+    get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
+    job = session.execute(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).scalar_one()
+    attempt = current_attempt(session=session, job=job)
+    if job.state != JobState.FAILED or attempt is None or attempt.state != AttemptState.TIMED_OUT:
+        raise Conflict(
+            f"Job {job_id} is {job.state}: only a job stopped by its time limit (max_runtime_s) can be "
+            "resumed.",
+            state=job.state,
+        )
+    checkpoint = latest_by_job(session=session, job_ids=[job.id]).get(job.id)
+    if checkpoint is None:
+        raise Conflict(f"Job {job_id} has no checkpoint to resume from.", state=job.state)
+    tenant = session.get(Tenant, job.tenant_id)
+    assert tenant is not None
+    plan = session.get(Plan, tenant.plan_name)
+    assert plan is not None
+    until = resumable_until(job=job, plan=plan)
+    now = utcnow()
+    if until is None or now > until:
+        raise Conflict(
+            f"Job {job_id}'s checkpoints were kept {int(plan.checkpoint_retention_s):,} s after it stopped "
+            f"(the {plan.name} plan's retention); it can no longer be resumed.",
+            state=job.state,
+        )
+    # What is left, timed as its last attempt ran (restoring the checkpoint is not billed).
+    step_s = float((attempt.timeline or {}).get("step_s", 0.0))
+    left_s = max(0, checkpoint.steps - checkpoint.step) * step_s
+    if left_s <= 0:
+        left_s = job.predicted_runtime_s * max(0.0, 1.0 - checkpoint.step / max(1, checkpoint.steps))
+    predicted = min(left_s, float(job.max_runtime_s or left_s))
+    options = {
+        kind: {**option, "predicted_runtime_s": predicted} for kind, option in (job.options or {}).items()
+    }
+    job.options = options or None
+    job.predicted_runtime_s = predicted
+    reserve = max(
+        (billing.option_cost_ipu_ms(o) for o in options.values()),
+        default=billing.charged_ipu_ms(job.ipus, predicted, 1.0),
+    )
+    if tenant.status != "active":
+        raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)
+    done = session.execute(
+        update(Tenant)
+        .where(
+            Tenant.id == tenant.id,
+            Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
+        )
+        .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if done != 1:
+        raise QuotaExceeded(
+            f"Resuming this job is predicted to cost {reserve / 3.6e6:.3f} IPU-hours, more than is left "
+            "of the grant.",
+            cost_ipu_hours=round(reserve / 3.6e6, 6),
+        )
+    job.reserved_ipu_ms = reserve
+    # Its time limit counts again from here: what it had run is behind it.
+    job.runtime_base_s = checkpoint.run_s
+    job.state = JobState.QUEUED
+    job.reason = None
+    job.wait = None
+    job.finished_at = None
+    job.updated_at = now
+    add_event(
+        session,
+        job.id,
+        "state",
+        f"resumed by its owner from the checkpoint after step {checkpoint.step:,} of {checkpoint.steps:,}",
+        data={"state": "queued", "resumed": True, "step": checkpoint.step},
+        at=now,
+    )
+    session.flush()
+    return job
+
+
+def warn_preemption(
+    *, session: Session, attempt_ids: Sequence[int], deadline: Any, window_s: float
+) -> list[tuple[str, int]]:
+    """Warn running attempts that they are preempted: each has until `deadline` (wall) to checkpoint
+    and end itself. Returns (agent, attempt) of the attempts newly warned, to tell over the bus;
+    one warned before keeps its first deadline."""
+    from scheduler import bus
+
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return []
+    rows = session.execute(
+        select(Attempt.id, Attempt.worker).where(
+            Attempt.id.in_(ids), Attempt.state == AttemptState.RUNNING, Attempt.preempt_deadline.is_(None)
+        )
+    ).tuples()
+    warned = [(worker, int(aid)) for aid, worker in rows if worker]
+    if not warned:
+        return []
+    session.execute(
+        update(Attempt)
+        .where(
+            Attempt.id.in_([a for _, a in warned]),
+            Attempt.state == AttemptState.RUNNING,
+            Attempt.preempt_deadline.is_(None),
+        )
+        .values(preempt_deadline=deadline)
+        .execution_options(synchronize_session=False)
+    )
+    for worker, aid in warned:
+        bus.publish_after_commit(session, bus.PREEMPT_CHANNEL, f"{worker} {aid} {window_s:g}")
+    return warned

