@@ -60,6 +60,7 @@ PREEMPTED = Counter("ipucloud_attempts_preempted_total", "Attempts stopped for h
 MAX_STARTS_PER_PASS = 5000
 MAX_DISPATCH_PER_ITERATION = 10_000
 FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
+FORECAST_BUDGET_S = 0.5  # longest a forecast may take inside a pass (it holds the pass's transaction)
 
 
 @dataclass
@@ -308,7 +309,7 @@ class SchedulerLoop:
         """Every queued job's forecast start, made again every `FORECAST_EVERY_S`: the replay
         costs many passes, and a wait estimate seconds old is as good as a fresh one."""
         if snapshot.now - self._forecast_at >= FORECAST_EVERY_S or snapshot.now < self._forecast_at:
-            self._forecast = forecast_starts(snapshot, self._policy)
+            self._forecast = forecast_starts(snapshot, self._policy, budget_s=FORECAST_BUDGET_S)
             self._forecast_at = snapshot.now
         return self._forecast
 

@@ -11,14 +11,15 @@ forecast start is the instant the replay starts it.
 What it cannot know, it holds constant: tenants' fair-share standing (usage moves with a half-life of
 hours; the forecast spans the queue ahead), jobs submitted later, and run times other than predicted.
 Jobs bound to reserved partitions wait for their own partition, not for the shared pool, so they are
-left out. The replay stops after ``max_passes`` passes; jobs it has not started by then have no
-forecast (None), which callers show as unknown rather than guess.
+left out. The replay stops after ``max_passes`` passes (or ``budget_s`` seconds); jobs it has not
+started by then have no forecast (None), which callers show as unknown rather than guess.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import time
 from collections.abc import Callable, Collection
 
 from scheduler.policy.config import PolicyConfig, get_policy
@@ -36,12 +37,15 @@ def forecast(
     target: QueuedJob | None = None,
     max_passes: int = DEFAULT_MAX_PASSES,
     name_for: Callable[[str], str] = partition_name_for,
+    budget_s: float | None = None,
 ) -> dict[str, float]:
     """Forecast start (on the snapshot's clock) of every queued job the replay starts within
     ``max_passes`` passes. With ``target`` (a job not in the queue: "what if I submitted this?") the
     target joins the queue as the newest arrival, and the replay stops once it starts.
 
-    Nothing of ``snapshot`` is changed: the replay places on a clone of its allocator."""
+    Nothing of ``snapshot`` is changed: the replay places on a clone of its allocator. ``budget_s``
+    bounds the replay's processor time too (the live loop forecasts inside its pass's transaction)."""
+    stop_at = None if budget_s is None else time.perf_counter() + budget_s
     config = get_policy(policy) if isinstance(policy, str) else policy
     alloc = snapshot.allocator.clone()
     queued = [j for j in snapshot.queue if j.partition is None]
@@ -62,6 +66,8 @@ def forecast(
     starts: dict[str, float] = {}
     passes = 0
     while queue and passes < max_passes:
+        if stop_at is not None and time.perf_counter() > stop_at:
+            break
         passes += 1
         view = Snapshot(
             now=now,
@@ -148,6 +154,9 @@ def estimate_start(
     *,
     max_passes: int = DEFAULT_MAX_PASSES,
     name_for: Callable[[str], str] = partition_name_for,
+    budget_s: float | None = None,
 ) -> float | None:
     """When ``job`` would start if submitted now (None: not within ``max_passes`` passes)."""
-    return forecast(snapshot, policy, target=job, max_passes=max_passes, name_for=name_for).get(job.id)
+    return forecast(
+        snapshot, policy, target=job, max_passes=max_passes, name_for=name_for, budget_s=budget_s
+    ).get(job.id)

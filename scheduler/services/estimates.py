@@ -175,7 +175,7 @@ def expected_wait_s(
         predicted_runtime_s=predicted_runtime_s / scale,
         machine_type=machine,
     )
-    start = estimate_start(snapshot, target, policy)
+    start = estimate_start(snapshot, target, policy, budget_s=ESTIMATE_BUDGET_S)
     if start is None:
         return None
     return round(max(0.0, start - snapshot.now) * scale, 3)
@@ -184,3 +184,4 @@ def expected_wait_s(
 # What the forecast calls the job asked about: an id no real job has (real ids are job_ + 26 chars).
 ESTIMATE_JOB_ID = "job_estimate"
 ESTIMATE_TENANT = "tenant_estimate"  # an admin's estimate: a tenant with no usage yet
+ESTIMATE_BUDGET_S = 2.0  # longest the forecast of one estimate may take (then: wait not known)
