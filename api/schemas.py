@@ -463,7 +463,8 @@ class PlanOut(BaseModel):
     max_concurrent_jobs: int
     max_queued_jobs: int
     max_runtime_s: int
-    idle_timeout_s: int
+    idle_timeout_s: int = Field(description="A session's default idle timeout (cluster seconds).")
+    max_session_s: int = Field(description="The longest a session may hold its partition (cluster seconds).")
     priority: int
     fairshare_weight: float
     rates: dict[str, float] = Field(
@@ -496,6 +497,7 @@ class PlanOut(BaseModel):
             max_queued_jobs=p.max_queued_jobs,
             max_runtime_s=p.max_runtime_s,
             idle_timeout_s=p.idle_timeout_s,
+            max_session_s=p.max_session_s,
             priority=p.priority,
             fairshare_weight=p.fairshare_weight,
             rates=plan_rates(p.rates),
@@ -521,6 +523,7 @@ class PlanUpdate(BaseModel):
     max_queued_jobs: Count | None = None
     max_runtime_s: Seconds | None = None
     idle_timeout_s: Seconds | None = None
+    max_session_s: Seconds | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
     rates: dict[MachineTypeName, Rate] | None = Field(

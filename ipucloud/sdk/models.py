@@ -249,6 +249,7 @@ class Plan(Model):
     max_queued_jobs: int | None = None
     max_runtime_s: int | None = None
     idle_timeout_s: int | None = None
+    max_session_s: int | None = None
     priority: int | None = None
     fairshare_weight: float | None = None
     max_models: int | None = None

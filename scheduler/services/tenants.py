@@ -167,6 +167,7 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "max_queued_jobs",
         "max_runtime_s",
         "idle_timeout_s",
+        "max_session_s",
         "priority",
         "fairshare_weight",
         "max_models",

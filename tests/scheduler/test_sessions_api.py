@@ -92,6 +92,12 @@ def test_plan_ceilings_quota_and_defaults(client: Any, seeded: Seeded, db: Any) 
     with db.read() as s:
         assert s.get(Tenant, row.tenant_id).reserved_ipu_ms == 0
         assert s.get(Tenant, row.tenant_id).used_ipu_ms == 0
+    # An admin sets the plan's ceiling; it applies to the next session at once.
+    admin = {"Authorization": f"Bearer {seeded.admin_key}"}
+    plan = client.patch("/api/v1/admin/plans/trial", json={"max_session_s": 600}, headers=admin)
+    assert plan.status_code == 200 and plan.json()["max_session_s"] == 600, plan.text
+    problem(client.post("/api/v1/sessions", json={"ipus": 1, "max_duration_s": 601}, headers=h), 409)
+    assert client.post("/api/v1/sessions", json={"ipus": 1}, headers=h).json()["max_duration_s"] == 600
 
 
 def test_jobs_naming_sessions_badly_are_refused(client: Any, seeded: Seeded) -> None:
