@@ -285,8 +285,15 @@ class SchedulerLoop:
     def sweep_sessions(self) -> sessions.SweepResult | None:
         """Bill, warn and end active sessions (services.sessions.sweep), in one fenced transaction."""
         with self.db.read() as s:
-            if not sessions.has_active(session=s):
-                return None
+            due = sessions.has_due(
+                session=s,
+                now=db_now(s),
+                time_scale=self.settings.time_scale,
+                warning_s=self.settings.session_warning_s,
+                meter_interval_s=self.settings.meter_interval_s,
+            )
+        if not due:
+            return None
         with self.db.write() as s:
             self._fence(s)
             result = sessions.sweep(
