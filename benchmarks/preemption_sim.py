@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for row in figures.values():
             v = row[key]
-            cells.append(("-" if v is None else f"{v:,.1f}" if isinstance(v, float) else f"{v:,}").rjust(14))
+            if v is None:
+                text = "-"
+            elif isinstance(v, float):
+                text = f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+            else:
+                text = f"{v:,}"
+            cells.append(text.rjust(14))
         print(key.ljust(30) + "".join(cells))
     command = ["python", "benchmarks/preemption_sim.py", "--fraction", f"{args.fraction:g}"]
     if args.limit is not None:

@@ -138,12 +138,13 @@ class JobQueue:
     cannot start, however the sizes interleave in age order.
     """
 
-    __slots__ = ("_classes", "_groups", "_where")
+    __slots__ = ("_classes", "_groups", "_where", "preemptible")
 
     def __init__(self, jobs: Sequence[QueuedJob] = ()) -> None:
         self._groups: dict[tuple[int, str, int], _Group] = {}
         self._classes: dict[tuple[int, int], _Group] = {}
         self._where: dict[str, tuple[int, str, int]] = {}
+        self.preemptible = 0  # how many of its jobs are preemptible
         for job in sorted(jobs, key=age_key):
             self.add(job)
 
@@ -161,6 +162,7 @@ class JobQueue:
             klass = self._classes[job.priority, level] = _Group(level)
         klass.add(job)
         self._where[job.id] = key
+        self.preemptible += job.preemptible
 
     def remove(self, job_id: str) -> QueuedJob:
         key = self._where.pop(job_id)
@@ -173,6 +175,7 @@ class JobQueue:
         klass.remove(job_id)
         if not klass.jobs:
             del self._classes[class_key]
+        self.preemptible -= job.preemptible
         return job
 
     def get(self, job_id: str) -> QueuedJob | None:

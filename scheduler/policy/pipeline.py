@@ -114,25 +114,42 @@ class _Pass:
         )
         backfill = self.config.backfill
         admit = self.admission.check if any(_restricts(t) for t in self.s.tenants.values()) else None
+        # Preemptible work never goes first in line while non-preemptible work waits: started ahead of
+        # it, it would be preempted for it at once (and, requeued ahead of it again, for ever). It is
+        # looked at once a non-preemptible job leads (then it backfills), or when none can.
+        queue = self.s.queue
+        yielding = 0 < getattr(queue, "preemptible", 0) < len(queue)
+        deferred: list[QueuedJob] = []
         for job in order:
             refusal = None if admit is None else admit(job)
             if refusal is not None:
                 self._wait(job, refusal)
             elif job.partition is not None:
                 self._reserved_partition(job, order)
-            elif self.head is None:
-                self._first_in_line(self.chooser.settle(job), order)
-            elif backfill:
-                self._backfill(job, order)
+            elif self.head is None and yielding and job.preemptible:
+                deferred.append(job)
             else:
-                self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
-                self.stop = self.can_stop
+                self._place(job, order, backfill)
             if self.stop:
                 break
+        for job in deferred:
+            if self.stop:
+                self._wait(job, Wait("behind", "preemptible: waits for non-preemptible work to start first"))
+                continue
+            self._place(job, order, backfill)
         if self.head is not None and self.explain and self.head.id not in self.decision.waits:
             self._explain_head()
         self.decision.reservation = self.reservation
         return self.decision
+
+    def _place(self, job: QueuedJob, order: Order, backfill: bool) -> None:
+        if self.head is None:
+            self._first_in_line(self.chooser.settle(job), order)
+        elif backfill:
+            self._backfill(job, order)
+        else:
+            self._wait(job, Wait("behind", f"strict order: waits for {self.head.id}", (self.head.id,)))
+            self.stop = self.can_stop
 
     def _first_in_line(self, job: QueuedJob, order: Order) -> None:
         if self.can_stop and self.planner.free(None) == 0:

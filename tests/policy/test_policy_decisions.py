@@ -239,3 +239,40 @@ def test_explanations_cover_every_queued_job() -> None:
     assert set(decision.waits) | set(started(decision)) == {j.id for j in jobs}
     assert all(w.reason in {"reserved", "behind", "no-room"} for w in decision.waits.values())
     assert math.isfinite(decision.reservation.start)
+
+
+def test_preemptible_work_is_preempted_for_any_tenant_least_loss_first_and_never_jumps_the_queue() -> None:
+    def scene() -> tuple[Allocator, list[RunningJob]]:
+        alloc = Allocator(Fleet.uniform(1))
+        running = []
+        for job_id, started_at in (("spot-a", NOW - 590), ("spot-b", NOW - 610)):
+            alloc.allocate(job_id, 32)
+            # spot-a has 590 s since its last checkpoint (none yet), spot-b only 10 (one at 600 s).
+            running.append(
+                RunningJob(job_id, "x", 32, job_id, started_at, NOW + 10_000, 5, False, True, 600.0)
+            )
+        return alloc, running
+
+    alloc, running = scene()
+    jobs = [queued("urgent", "trial", 32, at=0, priority=0)]
+    # The switch is off and the waiting job is of a lower class: preemptible work yields all the same.
+    decision = decide(Snapshot.build(now=NOW, queued=jobs, running=running, allocator=alloc), "default")
+    assert [r.id for r in decision.preempt] == ["spot-b"], "the one that loses least"
+    assert decision.waits["urgent"].reason == "preempting"
+    # Preemptible work never preempts.
+    alloc, running = scene()
+    jobs = [queued("also-spot", "trial", 32, at=0, preemptible=True)]
+    assert (
+        decide(Snapshot.build(now=NOW, queued=jobs, running=running, allocator=alloc), "default").preempt
+        == []
+    )
+    # Once spot-b has stopped and is queued again (older than urgent), urgent takes its IPUs first:
+    # spot-b started ahead of it would be preempted again at once, for ever.
+    alloc, running = scene()
+    alloc.release("spot-b")
+    jobs = [
+        queued("spot-b", "x", 32, at=-100, priority=5, preemptible=True),
+        queued("urgent", "trial", 32, at=0, priority=0),
+    ]
+    decision = decide(Snapshot.build(now=NOW, queued=jobs, running=running[:1], allocator=alloc), "default")
+    assert started(decision) == ["urgent"]
