@@ -145,8 +145,9 @@ class SchedulerLoop:
             if now - self.last_reconcile >= min(1.0, self.settings.scheduler_tick_s):
                 self.reconcile()
                 self.last_reconcile = now
-            self.schedule_pass()
+            # Sessions first: one that ends frees its partition for this very pass.
             self.sweep_sessions()
+            self.schedule_pass()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
                 n = self.dispatch()

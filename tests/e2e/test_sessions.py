@@ -239,3 +239,23 @@ def test_a_session_ends_when_the_grant_runs_out_billing_no_more_than_the_grant(
         )
         assert tenant.reserved_ipu_ms == 0
         assert s.get(Partition, s.get(IpuSession, sid).partition_pk).released_at is not None
+
+
+def test_a_session_whose_machine_fails_ends_as_a_fault(slow_cloud: RunningCloud, db: Any) -> None:
+    _, key = slow_cloud.create_tenant("unlucky")
+    with slow_cloud.http(key) as c:
+        sid = c.post(
+            "/api/v1/sessions", json={"ipus": 4, "machine": "m2000", "idle_timeout_s": 100_000}
+        ).json()["id"]
+        active = wait_session(c, sid, ("active",))
+        machine = active["partition"]["ipus"][0].rsplit("-", 1)[0]
+        with slow_cloud.admin() as a:
+            r = a.post(f"/api/v1/admin/machines/{machine}/fail", json={"reason": "fan"})
+            assert r.status_code == 200, r.text
+        ended = wait_session(c, sid, ("ended",))
+        assert ended["ended_reason"] == "fault", ended
+    with db.read() as s:
+        row = s.get(IpuSession, sid)
+        assert s.get(Partition, row.partition_pk).released_at is not None
+        # Its holder job does not queue again for another partition.
+        assert s.get(Job, row.job_id).state in ("cancelled", "succeeded", "failed")
