@@ -145,8 +145,9 @@ class SchedulerLoop:
             if now - self.last_reconcile >= min(1.0, self.settings.scheduler_tick_s):
                 self.reconcile()
                 self.last_reconcile = now
-            self.schedule_pass()
+            # Sessions first: one that ends frees its partition for this very pass.
             self.sweep_sessions()
+            self.schedule_pass()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
                 n = self.dispatch()
@@ -285,8 +286,15 @@ class SchedulerLoop:
     def sweep_sessions(self) -> sessions.SweepResult | None:
         """Bill, warn and end active sessions (services.sessions.sweep), in one fenced transaction."""
         with self.db.read() as s:
-            if not sessions.has_active(session=s):
-                return None
+            due = sessions.has_due(
+                session=s,
+                now=db_now(s),
+                time_scale=self.settings.time_scale,
+                warning_s=self.settings.session_warning_s,
+                meter_interval_s=self.settings.meter_interval_s,
+            )
+        if not due:
+            return None
         with self.db.write() as s:
             self._fence(s)
             result = sessions.sweep(

@@ -835,6 +835,10 @@ def _move_job_on(
         end(JobState.FAILED, reason)
     elif job.cancel_requested:
         end(JobState.CANCELLED, "cancelled by user")
+    elif job.task == "session":
+        # A session's hold lost to the platform (a failed machine): the session ends (its sweep frees
+        # the partition, scheduler/services/sessions.py); holding another partition is not what was asked.
+        end(JobState.FAILED, f"session's partition lost: {reason or outcome}")
     elif outcome != AttemptState.LOST or lost_before + 1 < max_attempts:
         # Only lost attempts count against the retry limit: a handed-back, preempted or interrupted
         # attempt is the platform making room or failing under it, not a sign that the job crashes

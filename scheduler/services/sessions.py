@@ -619,14 +619,7 @@ def sweep(
             # The platform ended the hold (a machine under it failed): nothing is left to hold.
             ends.append((row, FAULT, f"its partition was lost ({hold.end_reason if hold else 'no hold'})"))
             continue
-        scale_s = 1.0 / time_scale
-        max_end = row.started_at + timedelta(seconds=row.max_duration_s * scale_s)
-        busy, idle_since = activity.get(row.partition_pk, (0, row.started_at))
-        deadline, reason = max_end, MAX_DURATION
-        if not busy:
-            idle_end = idle_since + timedelta(seconds=row.idle_timeout_s * scale_s)
-            if idle_end < deadline:
-                deadline, reason = idle_end, IDLE_TIMEOUT
+        deadline, reason = _deadline(row, activity, time_scale)
         if now >= deadline:
             what = (
                 f"idle for {row.idle_timeout_s} s with no job"
@@ -635,7 +628,7 @@ def sweep(
             )
             ends.append((row, reason, what))
             continue
-        if now >= deadline - timedelta(seconds=warning_s * scale_s) and row.warned_for != deadline:
+        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
             row.warned_for = deadline
             left = (deadline - now).total_seconds() * time_scale
             why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
@@ -666,20 +659,50 @@ def sweep(
     return result
 
 
-def has_active(*, session: Session) -> bool:
-    return (
-        session.execute(select(IpuSession.id).where(IpuSession.state == SessionState.ACTIVE).limit(1)).first()
-        is not None
-    )
+def _deadline(
+    row: IpuSession, activity: dict[int, tuple[int, datetime]], time_scale: float
+) -> tuple[datetime, str]:
+    """When an active session ends if nothing changes (wall clock), and why: its maximum duration, or
+    its idle timeout while no job of it runs."""
+    assert row.started_at is not None and row.partition_pk is not None
+    deadline = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    reason = MAX_DURATION
+    busy, idle_since = activity.get(row.partition_pk, (0, row.started_at))
+    if not busy:
+        idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+        if idle_end < deadline:
+            deadline, reason = idle_end, IDLE_TIMEOUT
+    return deadline, reason
 
 
-def holder_job_ids(*, session: Session, job_ids: Sequence[str]) -> set[str]:
-    """Those of these jobs that hold sessions."""
-    if not job_ids:
-        return set()
-    return set(
-        session.execute(select(Job.id).where(Job.id.in_(list(job_ids)), Job.task == SESSION_TASK)).scalars()
-    )
+def has_due(
+    *, session: Session, now: datetime, time_scale: float, warning_s: float, meter_interval_s: float
+) -> bool:
+    """Whether `sweep` has anything to do now (read without locks): a meter tick, a warning or an end
+    due. The scheduler asks this first, so that on SQLite its loop does not take the database's one
+    write lock on every iteration while sessions merely run."""
+    rows = list(session.execute(select(IpuSession).where(IpuSession.state == SessionState.ACTIVE)).scalars())
+    if not rows:
+        return False
+    activity = _activity(session, rows)
+    holds = {
+        aid: (state, ticks)
+        for aid, state, ticks in session.execute(
+            select(Attempt.id, Attempt.state, Attempt.ticks).where(
+                Attempt.id.in_([r.attempt_id for r in rows if r.attempt_id is not None])
+            )
+        ).tuples()
+    }
+    for row in rows:
+        state, ticks = holds.get(row.attempt_id or 0, (None, 0))
+        if state != AttemptState.RUNNING or row.started_at is None:
+            return True
+        deadline, _ = _deadline(row, activity, time_scale)
+        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
+            return True
+        if now >= deadline or int((now - row.started_at).total_seconds() // meter_interval_s) > ticks:
+            return True
+    return False
 
 
 def session_json(v: SessionView) -> dict[str, Any]:

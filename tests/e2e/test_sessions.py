@@ -212,3 +212,50 @@ def test_session_jobs_never_queue_behind_other_tenants(slow_cloud: RunningCloud,
     with db.read() as s:
         queued = s.execute(select(func.count()).select_from(Job).where(Job.state == "queued")).scalar_one()
         assert queued >= 5
+
+
+def test_a_session_ends_when_the_grant_runs_out_billing_no_more_than_the_grant(
+    slow_cloud: RunningCloud, db: Any
+) -> None:
+    tid, key = slow_cloud.create_tenant("spender", quota_ipu_hours=10)
+    with slow_cloud.http(key) as c:
+        sid = c.post(
+            "/api/v1/sessions", json={"ipus": 1, "max_duration_s": 3600, "idle_timeout_s": 100_000}
+        ).json()["id"]
+        wait_session(c, sid, ("active",))
+        # An admin cuts the grant below what the session holds: 0.01 IPU-hours is 36 IPU-seconds, less than
+        # one meter tick of this cloud (0.5 wall s x 100 = 50 cluster s).
+        with slow_cloud.admin() as a:
+            r = a.patch(f"/api/v1/admin/tenants/{tid}", json={"quota_ipu_hours": 0.01})
+            assert r.status_code == 200, r.text
+        ended = wait_session(c, sid, ("ended",))
+        assert ended["ended_reason"] == "quota", ended
+    with db.read() as s:
+        tenant = s.get(Tenant, tid)
+        assert tenant.used_ipu_ms <= tenant.quota_ipu_ms == 36_000
+        assert (
+            tenant.used_ipu_ms
+            == s.execute(select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == tid)).scalar_one()
+        )
+        assert tenant.reserved_ipu_ms == 0
+        assert s.get(Partition, s.get(IpuSession, sid).partition_pk).released_at is not None
+
+
+def test_a_session_whose_machine_fails_ends_as_a_fault(slow_cloud: RunningCloud, db: Any) -> None:
+    _, key = slow_cloud.create_tenant("unlucky")
+    with slow_cloud.http(key) as c:
+        sid = c.post(
+            "/api/v1/sessions", json={"ipus": 4, "machine": "m2000", "idle_timeout_s": 100_000}
+        ).json()["id"]
+        active = wait_session(c, sid, ("active",))
+        machine = active["partition"]["ipus"][0].rsplit("-", 1)[0]
+        with slow_cloud.admin() as a:
+            r = a.post(f"/api/v1/admin/machines/{machine}/fail", json={"reason": "fan"})
+            assert r.status_code == 200, r.text
+        ended = wait_session(c, sid, ("ended",))
+        assert ended["ended_reason"] == "fault", ended
+    with db.read() as s:
+        row = s.get(IpuSession, sid)
+        assert s.get(Partition, row.partition_pk).released_at is not None
+        # Its holder job does not queue again for another partition.
+        assert s.get(Job, row.job_id).state in ("cancelled", "succeeded", "failed")
