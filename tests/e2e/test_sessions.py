@@ -259,3 +259,24 @@ def test_a_session_whose_machine_fails_ends_as_a_fault(slow_cloud: RunningCloud,
         assert s.get(Partition, row.partition_pk).released_at is not None
         # Its holder job does not queue again for another partition.
         assert s.get(Job, row.job_id).state in ("cancelled", "succeeded", "failed")
+
+
+def test_a_job_finding_the_session_busy_runs_after_the_one_before_it(
+    slow_cloud: RunningCloud, db: Any
+) -> None:
+    _, key = slow_cloud.create_tenant("queuer")
+    with slow_cloud.http(key) as c:
+        sid = c.post(
+            "/api/v1/sessions", json={"ipus": 1, "machine": "m2000", "idle_timeout_s": 100_000}
+        ).json()["id"]
+        wait_session(c, sid, ("active",))
+        spec = {**JOB, "ipus": 1, "session": sid, "workload": {**JOB["workload"], "steps": 2000}}
+        first = c.post("/api/v1/jobs", json={**spec, "name": "first"}).json()["id"]
+        second = c.post("/api/v1/jobs", json={**spec, "name": "second"}).json()["id"]
+        done = [wait_job(c, j, ("succeeded", "failed", "cancelled"), timeout=90) for j in (first, second)]
+        assert [d["state"] for d in done] == ["succeeded", "succeeded"], done
+    with db.read() as s:
+        a = s.execute(select(Attempt).where(Attempt.job_id == first)).scalar_one()
+        b = s.execute(select(Attempt).where(Attempt.job_id == second)).scalar_one()
+        assert a.partition_pk == b.partition_pk and a.gcd == b.gcd == 0
+        assert b.started_at >= a.ended_at  # one job at a time on a session of one GCD
