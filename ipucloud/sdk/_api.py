@@ -1,4 +1,10 @@
-"""Every API operation as a `Call`: the one place that knows routes, bodies and response types."""
+"""Every API operation, written once: the one place that knows routes, bodies and response types.
+
+Each method of `Operations` returns the `Call` to send; `@operation` makes it a method of `Client`
+that returns the answer and of `AsyncClient` that awaits it (`@paginated` does the same for the
+`iter_*` methods, over pages). Only what truly differs between the two (uploading a file, following a
+stream, polling) is written in `client.py` and `aclient.py`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from urllib.parse import quote
 
 import orjson
 
-from ipucloud.sdk._core import Call, model, text
+from ipucloud.sdk._core import Call, Pager, model, operation, paginated, text
 from ipucloud.sdk.models import (
     AdminUsage,
     ApiKey,
@@ -21,6 +27,7 @@ from ipucloud.sdk.models import (
     Estimate,
     Fleet,
     Job,
+    LogEntry,
     Logs,
     Machine,
     OnnxModel,
@@ -113,21 +120,15 @@ def _iso(value: datetime | str | None) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-# Catalogue and estimates -------------------------------------------------------------------------------
+def _drop_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
 
 
-def workloads() -> Call[Catalogue]:
-    return Call("GET", f"{V1}/workloads", model(Catalogue))
+def _jsonable(changes: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in changes.items()}
 
 
-def estimate(spec: dict[str, Any]) -> Call[Estimate]:
-    body = {"workload": spec["workload"], "ipus": spec.get("ipus", "auto")}
-    if spec.get("machine"):
-        body["machine"] = spec["machine"]
-    return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
-
-
-# Own models --------------------------------------------------------------------------------------------
+# Own models and streams: the parts of the clients that are not one `Call` -------------------------
 
 
 def stripped_graph(path: str | os.PathLike[str]) -> tuple[str, bytes]:
@@ -157,254 +158,456 @@ def push_model(
     )
 
 
-def list_models(limit: int, cursor: str | None) -> Call[Page[OnnxModel]]:
-    return Call("GET", f"{V1}/models", _page(OnnxModel), params={"limit": limit, "cursor": cursor})
-
-
-def get_model(ref: str) -> Call[OnnxModel]:
-    return Call("GET", f"{V1}/models/{seg(ref)}", model(OnnxModel))
-
-
-def delete_model(ref: str) -> Call[OnnxModel]:
-    return Call("DELETE", f"{V1}/models/{seg(ref)}", model(OnnxModel))
-
-
-# Sessions ----------------------------------------------------------------------------------------------
-
-
-def start_session(body: dict[str, Any]) -> Call[Session]:
-    return Call(
-        "POST", f"{V1}/sessions", model(Session), json={k: v for k, v in body.items() if v is not None}
-    )
-
-
-def list_sessions(state: str | None, limit: int, cursor: str | None) -> Call[Page[Session]]:
-    return Call(
-        "GET", f"{V1}/sessions", _page(Session), params={"state": state, "limit": limit, "cursor": cursor}
-    )
-
-
-def get_session(session_id: str) -> Call[Session]:
-    return Call("GET", f"{V1}/sessions/{seg(session_id)}", model(Session))
-
-
-def end_session(session_id: str) -> Call[Session]:
-    return Call("DELETE", f"{V1}/sessions/{seg(session_id)}", model(Session))
-
-
-# Jobs --------------------------------------------------------------------------------------------------
-
-
-def submit_job(spec: dict[str, Any], idempotency_key: str | None) -> Call[Job]:
-    # A generated key makes the client's own retries safe: a replay returns the first job.
-    key = idempotency_key or f"sdk-{uuid.uuid4()}"
-    return Call("POST", f"{V1}/jobs", model(Job), json=spec, headers={"Idempotency-Key": key})
-
-
-def get_job(job_id: str) -> Call[Job]:
-    return Call("GET", f"{V1}/jobs/{seg(job_id)}", model(Job))
-
-
-def list_jobs(state: str | None, limit: int, cursor: str | None) -> Call[Page[Job]]:
-    return Call("GET", f"{V1}/jobs", _page(Job), params={"state": state, "limit": limit, "cursor": cursor})
-
-
-def cancel_job(job_id: str) -> Call[Job]:
-    return Call("POST", f"{V1}/jobs/{seg(job_id)}/cancel", model(Job))
-
-
-def resume_job(job_id: str) -> Call[Job]:
-    return Call("POST", f"{V1}/jobs/{seg(job_id)}/resume", model(Job))
-
-
-def job_logs(job_id: str, cursor: str | None, limit: int) -> Call[Logs]:
-    return Call(
-        "GET", f"{V1}/jobs/{seg(job_id)}/logs", model(Logs), params={"cursor": cursor, "limit": limit}
-    )
-
-
 def logs_stream_path(job_id: str) -> str:
     return f"{V1}/jobs/{seg(job_id)}/logs"
 
 
-# Usage -------------------------------------------------------------------------------------------------
+def stream_call(job_id: str) -> Call[str]:
+    """The log stream's request, for its headers: the clients send it with httpx's `stream`."""
+    return Call("GET", logs_stream_path(job_id), text)
 
 
-def usage(since: datetime | str | None, until: datetime | str | None) -> Call[Usage]:
-    return Call("GET", f"{V1}/usage", model(Usage), params={"since": _iso(since), "until": _iso(until)})
+class Operations:
+    """The methods `Client` and `AsyncClient` share (see the module's docstring)."""
+
+    # Catalogue and estimates -------------------------------------------------------------------------
+
+    @operation
+    def workloads(self) -> Call[Catalogue]:
+        """The workload catalogue and machine types."""
+        return Call("GET", f"{V1}/workloads", model(Catalogue))
+
+    @operation
+    def estimate(self, spec: Mapping[str, Any] | None = None, **fields: Any) -> Call[Estimate]:
+        """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes."""
+        full = job_spec(spec, **fields)
+        body = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
+        if full.get("machine"):
+            body["machine"] = full["machine"]
+        return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
+
+    # Own models --------------------------------------------------------------------------------------
+
+    @operation
+    def list_models(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[OnnxModel]]:
+        return Call("GET", f"{V1}/models", _page(OnnxModel), params={"limit": limit, "cursor": cursor})
+
+    @paginated
+    def iter_models(self, *, page_size: int = 100) -> Pager[OnnxModel]:
+        return lambda cursor: Operations.list_models.build(self, limit=page_size, cursor=cursor)
+
+    @operation
+    def get_model(self, ref: str) -> Call[OnnxModel]:
+        """A model by id or name."""
+        return Call("GET", f"{V1}/models/{seg(ref)}", model(OnnxModel))
+
+    @operation
+    def delete_model(self, ref: str) -> Call[OnnxModel]:
+        """Remove a model (refused while queued or running jobs use it)."""
+        return Call("DELETE", f"{V1}/models/{seg(ref)}", model(OnnxModel))
+
+    # Sessions ----------------------------------------------------------------------------------------
+
+    @operation
+    def start_session(
+        self,
+        *,
+        ipus: int,
+        machine: str | None = None,
+        max_duration_s: int | None = None,
+        idle_timeout_s: int | None = None,
+        gcds: int | None = None,
+        name: str | None = None,
+    ) -> Call[Session]:
+        """Hold a partition: the session queues like a job, then its jobs (`submit_job(session=id)`)
+        start at once. Durations in cluster seconds; the plan sets the defaults and the ceiling."""
+        body = _drop_none(
+            ipus=ipus,
+            machine=machine,
+            max_duration_s=max_duration_s,
+            idle_timeout_s=idle_timeout_s,
+            gcds=gcds,
+            name=name,
+        )
+        return Call("POST", f"{V1}/sessions", model(Session), json=body)
+
+    @operation
+    def get_session(self, session_id: str) -> Call[Session]:
+        return Call("GET", f"{V1}/sessions/{seg(session_id)}", model(Session))
+
+    @operation
+    def list_sessions(
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Call[Page[Session]]:
+        """One page of the caller's sessions, newest first."""
+        params = {"state": state, "limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/sessions", _page(Session), params=params)
+
+    @paginated
+    def iter_sessions(self, *, state: str | None = None, page_size: int = 50) -> Pager[Session]:
+        return lambda cursor: Operations.list_sessions.build(
+            self, state=state, limit=page_size, cursor=cursor
+        )
+
+    @operation
+    def end_session(self, session_id: str) -> Call[Session]:
+        """End a session: its running jobs stop, its hold is billed up to now."""
+        return Call("DELETE", f"{V1}/sessions/{seg(session_id)}", model(Session))
+
+    # Jobs --------------------------------------------------------------------------------------------
+
+    @operation
+    def submit_job(
+        self, spec: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None, **fields: Any
+    ) -> Call[Job]:
+        """Submit a job from a spec mapping and/or fields (`name`, `model`, `steps`, `ipus`, ...)."""
+        # A generated key makes the client's own retries safe: a replay returns the first job.
+        key = idempotency_key or f"sdk-{uuid.uuid4()}"
+        body = job_spec(spec, **fields)
+        return Call("POST", f"{V1}/jobs", model(Job), json=body, headers={"Idempotency-Key": key})
+
+    @operation
+    def get_job(self, job_id: str) -> Call[Job]:
+        return Call("GET", f"{V1}/jobs/{seg(job_id)}", model(Job))
+
+    @operation
+    def list_jobs(
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Call[Page[Job]]:
+        """One page of the caller's jobs, newest first."""
+        params = {"state": state, "limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/jobs", _page(Job), params=params)
+
+    @paginated
+    def iter_jobs(self, *, state: str | None = None, page_size: int = 100) -> Pager[Job]:
+        """Every job of the caller's tenant, newest first, fetched page by page."""
+        return lambda cursor: Operations.list_jobs.build(self, state=state, limit=page_size, cursor=cursor)
+
+    @operation
+    def cancel_job(self, job_id: str) -> Call[Job]:
+        return Call("POST", f"{V1}/jobs/{seg(job_id)}/cancel", model(Job))
+
+    @operation
+    def resume_job(self, job_id: str) -> Call[Job]:
+        """Queue a job its time limit stopped again, from its last checkpoint (within the retention)."""
+        return Call("POST", f"{V1}/jobs/{seg(job_id)}/resume", model(Job))
+
+    @operation
+    def job_logs(self, job_id: str, *, cursor: str | None = None, limit: int = 500) -> Call[Logs]:
+        params = {"cursor": cursor, "limit": limit}
+        return Call("GET", f"{V1}/jobs/{seg(job_id)}/logs", model(Logs), params=params)
+
+    @paginated
+    def iter_logs(self, job_id: str, *, page_size: int = 500) -> Pager[LogEntry]:
+        """Every event and log line written so far, oldest first."""
+        return lambda cursor: Operations.job_logs.build(self, job_id, cursor=cursor, limit=page_size)
+
+    # Usage, trials, keys -----------------------------------------------------------------------------
+
+    @operation
+    def usage(
+        self, *, since: datetime | str | None = None, until: datetime | str | None = None
+    ) -> Call[Usage]:
+        """The tenant's metered IPU-hours, remaining grant and breakdowns."""
+        params = {"since": _iso(since), "until": _iso(until)}
+        return Call("GET", f"{V1}/usage", model(Usage), params=params)
+
+    @operation
+    def usage_csv(
+        self, *, since: datetime | str | None = None, until: datetime | str | None = None
+    ) -> Call[str]:
+        params = {"format": "csv", "since": _iso(since), "until": _iso(until)}
+        return Call("GET", f"{V1}/usage", text, params=params)
+
+    @operation
+    def apply_for_trial(
+        self, *, name: str, email: str, organisation: str, category: str, intended_use: str
+    ) -> Call[TrialApplication]:
+        """Apply for a free trial (no key needed); an admin approves it."""
+        body = {
+            "name": name,
+            "email": email,
+            "organisation": organisation,
+            "category": category,
+            "intended_use": intended_use,
+        }
+        return Call("POST", f"{V1}/trials", model(TrialApplication), json=body, authenticated=False)
+
+    @operation
+    def list_keys(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[ApiKey]]:
+        """The keys this key may see: an owner's tenant's, a member's own, or the admin keys."""
+        return Call("GET", f"{V1}/keys", _page(ApiKey), params={"limit": limit, "cursor": cursor})
+
+    @paginated
+    def iter_keys(self, *, page_size: int = 100) -> Pager[ApiKey]:
+        return lambda cursor: Operations.list_keys.build(self, limit=page_size, cursor=cursor)
+
+    @operation
+    def create_key(
+        self, *, name: str, scopes: list[str] | None = None, expires_at: datetime | None = None
+    ) -> Call[ApiKeyCreated]:
+        """A new key for the caller's tenant; `api_key` is the key, shown only now."""
+        body: dict[str, Any] = {"name": name}
+        if scopes:
+            body["scopes"] = scopes
+        if expires_at:
+            body["expires_at"] = expires_at.isoformat()
+        return Call("POST", f"{V1}/keys", model(ApiKeyCreated), json=body)
+
+    @operation
+    def revoke_key(self, key_id: str) -> Call[ApiKey]:
+        return Call("DELETE", f"{V1}/keys/{seg(key_id)}", model(ApiKey))
+
+    # Admin: tenants, plans, trials -------------------------------------------------------------------
+
+    @operation
+    def create_tenant(
+        self,
+        *,
+        name: str,
+        plan: str = "trial",
+        quota_ipu_hours: float | None = None,
+        expires_at: datetime | None = None,
+        fairshare_weight: float | None = None,
+        owner_email: str | None = None,
+    ) -> Call[TenantCreated]:
+        """Create a tenant; the result's `api_key` is its first key, shown only now."""
+        body = _drop_none(
+            name=name,
+            plan=plan,
+            quota_ipu_hours=quota_ipu_hours,
+            expires_at=expires_at.isoformat() if expires_at else None,
+            fairshare_weight=fairshare_weight,
+            owner_email=owner_email,
+        )
+        return Call("POST", f"{V1}/admin/tenants", model(TenantCreated), json=body)
+
+    @operation
+    def list_tenants(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[Tenant]]:
+        params = {"limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/admin/tenants", _page(Tenant), params=params)
+
+    @paginated
+    def iter_tenants(self, *, page_size: int = 100) -> Pager[Tenant]:
+        return lambda cursor: Operations.list_tenants.build(self, limit=page_size, cursor=cursor)
+
+    @operation
+    def get_tenant(self, tenant_id: str) -> Call[Tenant]:
+        return Call("GET", f"{V1}/admin/tenants/{seg(tenant_id)}", model(Tenant))
+
+    @operation
+    def update_tenant(self, tenant_id: str, **changes: Any) -> Call[Tenant]:
+        """Change `plan`, `quota_ipu_hours`, `expires_at`, `fairshare_weight` or `status`."""
+        path = f"{V1}/admin/tenants/{seg(tenant_id)}"
+        return Call("PATCH", path, model(Tenant), json=_jsonable(changes))
+
+    @operation
+    def list_plans(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[Plan]]:
+        return Call("GET", f"{V1}/admin/plans", _page(Plan), params={"limit": limit, "cursor": cursor})
+
+    @paginated
+    def iter_plans(self, *, page_size: int = 100) -> Pager[Plan]:
+        return lambda cursor: Operations.list_plans.build(self, limit=page_size, cursor=cursor)
+
+    @operation
+    def update_plan(self, name: str, **changes: Any) -> Call[Plan]:
+        return Call("PATCH", f"{V1}/admin/plans/{seg(name)}", model(Plan), json=_jsonable(changes))
+
+    @operation
+    def list_tenant_keys(
+        self, tenant_id: str, *, limit: int = 100, cursor: str | None = None
+    ) -> Call[Page[ApiKey]]:
+        path = f"{V1}/admin/tenants/{seg(tenant_id)}/keys"
+        return Call("GET", path, _page(ApiKey), params={"limit": limit, "cursor": cursor})
+
+    @paginated
+    def iter_tenant_keys(self, tenant_id: str, *, page_size: int = 100) -> Pager[ApiKey]:
+        return lambda cursor: Operations.list_tenant_keys.build(
+            self, tenant_id, limit=page_size, cursor=cursor
+        )
+
+    @operation
+    def create_tenant_key(
+        self,
+        tenant_id: str,
+        *,
+        name: str,
+        scopes: list[str] | None = None,
+        expires_at: datetime | None = None,
+        member_id: str | None = None,
+    ) -> Call[ApiKeyCreated]:
+        body = _drop_none(
+            name=name,
+            scopes=scopes or None,
+            expires_at=expires_at.isoformat() if expires_at else None,
+            member_id=member_id,
+        )
+        path = f"{V1}/admin/tenants/{seg(tenant_id)}/keys"
+        return Call("POST", path, model(ApiKeyCreated), json=body)
+
+    @operation
+    def revoke_tenant_key(self, tenant_id: str, key_id: str) -> Call[ApiKey]:
+        path = f"{V1}/admin/tenants/{seg(tenant_id)}/keys/{seg(key_id)}"
+        return Call("DELETE", path, model(ApiKey))
+
+    @operation
+    def list_trials(
+        self, *, status: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Call[Page[TrialApplication]]:
+        params = {"status": status, "limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/admin/trials", _page(TrialApplication), params=params)
+
+    @paginated
+    def iter_trials(self, *, status: str | None = None, page_size: int = 100) -> Pager[TrialApplication]:
+        return lambda cursor: Operations.list_trials.build(
+            self, status=status, limit=page_size, cursor=cursor
+        )
+
+    @operation
+    def get_trial(self, application_id: str) -> Call[TrialApplication]:
+        return Call("GET", f"{V1}/admin/trials/{seg(application_id)}", model(TrialApplication))
+
+    @operation
+    def approve_trial(self, application_id: str, *, plan: str | None = None) -> Call[TrialDecision]:
+        """Approve: creates the tenant; the result's `api_key` is shown only now."""
+        body = {"plan": plan} if plan else {}
+        path = f"{V1}/admin/trials/{seg(application_id)}/approve"
+        return Call("POST", path, model(TrialDecision), json=body)
+
+    @operation
+    def reject_trial(self, application_id: str, *, reason: str) -> Call[TrialApplication]:
+        path = f"{V1}/admin/trials/{seg(application_id)}/reject"
+        return Call("POST", path, model(TrialApplication), json={"reason": reason})
+
+    # Admin: fleet, machines, partitions, usage -------------------------------------------------------
+
+    @operation
+    def fleet(self, *, pod_from: int = 0, pods: int = 64) -> Call[Fleet]:
+        """Pods, machines and IPUs with the partition and tenant holding each, and a summary."""
+        params = {"pod_from": pod_from, "pods": pods}
+        return Call("GET", f"{V1}/admin/fleet", model(Fleet), params=params)
+
+    @operation
+    def racks(self) -> Call[Racks]:
+        """The racks, their PODs and IPU servers, and their machines' health."""
+        return Call("GET", f"{V1}/admin/fleet/racks", model(Racks))
+
+    @operation
+    def add_rack(self, machine_type: str, *, layout: str = "pod64", pods: int = 1) -> Call[Rack]:
+        """Add a rack of `pods` PODs (two POD64s at most, or one POD16) to the running fleet."""
+        body = {"machine_type": machine_type, "layout": layout, "pods": pods}
+        return Call("POST", f"{V1}/admin/fleet/racks", model(Rack), json=body)
+
+    @operation
+    def add_servers(self, model: str, *, count: int = 1) -> Call[ServersAdded]:
+        """Add IPU servers (`dss8440`, `nf5568m5`) to the running fleet."""
+        body = {"model": model, "count": count}
+        return Call("POST", f"{V1}/admin/fleet/servers", _model(ServersAdded), json=body)
+
+    @operation
+    def drain_rack(self, rack_id: str, *, reason: str | None = None) -> Call[RackHealth]:
+        return _rack_health(rack_id, "drain", reason)
+
+    @operation
+    def restore_rack(self, rack_id: str, *, reason: str | None = None) -> Call[RackHealth]:
+        return _rack_health(rack_id, "restore", reason)
+
+    @operation
+    def retire_rack(self, rack_id: str) -> Call[Retired]:
+        """Retire a drained rack; refused (409) while it is not drained or holds live partitions."""
+        return Call("DELETE", f"{V1}/admin/fleet/racks/{seg(rack_id)}", model(Retired))
+
+    @operation
+    def retire_unit(self, unit_id: str) -> Call[Retired]:
+        """Retire a drained POD (`pod0003`) or server (`srv0004`); refused (409) as `retire_rack`."""
+        return Call("DELETE", f"{V1}/admin/fleet/units/{seg(unit_id)}", model(Retired))
+
+    @operation
+    def drain_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        return _machine_health(machine_id, "drain", reason)
+
+    @operation
+    def fail_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        return _machine_health(machine_id, "fail", reason)
+
+    @operation
+    def restore_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        return _machine_health(machine_id, "restore", reason)
+
+    @operation
+    def create_partition(
+        self,
+        name: str,
+        *,
+        size: int,
+        machine_type: str | None = None,
+        tenant: str | None = None,
+        gcds: int = 1,
+        reconfigurable: bool = False,
+    ) -> Call[Partition]:
+        body = _drop_none(
+            id=name,
+            size=size,
+            machine_type=machine_type,
+            tenant=tenant,
+            gcds=gcds,
+            reconfigurable=reconfigurable,
+        )
+        return Call("POST", f"{V1}/admin/partitions", model(Partition), json=body)
+
+    @operation
+    def list_partitions(
+        self, *, tenant: str | None = None, limit: int = 200, cursor: str | None = None
+    ) -> Call[Page[Partition]]:
+        params = {"tenant": tenant, "limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/admin/partitions", _page(Partition), params=params)
+
+    @paginated
+    def iter_partitions(self, *, tenant: str | None = None, page_size: int = 200) -> Pager[Partition]:
+        return lambda cursor: Operations.list_partitions.build(
+            self, tenant=tenant, limit=page_size, cursor=cursor
+        )
+
+    @operation
+    def get_partition(self, name: str) -> Call[Partition]:
+        return Call("GET", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
+
+    @operation
+    def remove_partition(self, name: str) -> Call[Partition]:
+        return Call("DELETE", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
+
+    @operation
+    def reset_partition(self, name: str, gcds: int | None = None) -> Call[PartitionReset]:
+        """Reset a partition's IPUs; with `gcds`, split a reconfigurable one anew into that many graph
+        compile domains."""
+        body = {"gcds": gcds} if gcds is not None else None
+        path = f"{V1}/admin/partitions/{seg(name)}/reset"
+        return Call("POST", path, model(PartitionReset), json=body)
+
+    @operation
+    def admin_usage(
+        self, *, since: datetime | str | None = None, until: datetime | str | None = None
+    ) -> Call[AdminUsage]:
+        params = {"since": _iso(since), "until": _iso(until)}
+        return Call("GET", f"{V1}/admin/usage", model(AdminUsage), params=params)
+
+    @operation
+    def admin_usage_csv(
+        self, *, since: datetime | str | None = None, until: datetime | str | None = None
+    ) -> Call[str]:
+        params = {"format": "csv", "since": _iso(since), "until": _iso(until)}
+        return Call("GET", f"{V1}/admin/usage", text, params=params)
 
 
-def usage_csv(since: datetime | str | None, until: datetime | str | None) -> Call[str]:
-    return Call(
-        "GET", f"{V1}/usage", text, params={"format": "csv", "since": _iso(since), "until": _iso(until)}
-    )
+# `add_servers` has a parameter named `model`, which hides the parser of that name in its body.
+_model = model
 
 
-# Trials and keys ---------------------------------------------------------------------------------------
-
-
-def apply_for_trial(body: dict[str, Any]) -> Call[TrialApplication]:
-    return Call("POST", f"{V1}/trials", model(TrialApplication), json=body, authenticated=False)
-
-
-def list_keys(limit: int, cursor: str | None) -> Call[Page[ApiKey]]:
-    return Call("GET", f"{V1}/keys", _page(ApiKey), params={"limit": limit, "cursor": cursor})
-
-
-def create_key(body: dict[str, Any]) -> Call[ApiKeyCreated]:
-    return Call("POST", f"{V1}/keys", model(ApiKeyCreated), json=body)
-
-
-def revoke_key(key_id: str) -> Call[ApiKey]:
-    return Call("DELETE", f"{V1}/keys/{seg(key_id)}", model(ApiKey))
-
-
-def list_tenant_keys(tenant_id: str, limit: int, cursor: str | None) -> Call[Page[ApiKey]]:
-    return Call(
-        "GET",
-        f"{V1}/admin/tenants/{seg(tenant_id)}/keys",
-        _page(ApiKey),
-        params={"limit": limit, "cursor": cursor},
-    )
-
-
-def create_tenant_key(tenant_id: str, body: dict[str, Any]) -> Call[ApiKeyCreated]:
-    return Call("POST", f"{V1}/admin/tenants/{seg(tenant_id)}/keys", model(ApiKeyCreated), json=body)
-
-
-def revoke_tenant_key(tenant_id: str, key_id: str) -> Call[ApiKey]:
-    return Call("DELETE", f"{V1}/admin/tenants/{seg(tenant_id)}/keys/{seg(key_id)}", model(ApiKey))
-
-
-# Admin: tenants, plans, trials -------------------------------------------------------------------------
-
-
-def create_tenant(body: dict[str, Any]) -> Call[TenantCreated]:
-    return Call("POST", f"{V1}/admin/tenants", model(TenantCreated), json=body)
-
-
-def list_tenants(limit: int, cursor: str | None) -> Call[Page[Tenant]]:
-    return Call("GET", f"{V1}/admin/tenants", _page(Tenant), params={"limit": limit, "cursor": cursor})
-
-
-def get_tenant(tenant_id: str) -> Call[Tenant]:
-    return Call("GET", f"{V1}/admin/tenants/{seg(tenant_id)}", model(Tenant))
-
-
-def update_tenant(tenant_id: str, changes: dict[str, Any]) -> Call[Tenant]:
-    return Call("PATCH", f"{V1}/admin/tenants/{seg(tenant_id)}", model(Tenant), json=changes)
-
-
-def list_plans(limit: int, cursor: str | None) -> Call[Page[Plan]]:
-    return Call("GET", f"{V1}/admin/plans", _page(Plan), params={"limit": limit, "cursor": cursor})
-
-
-def update_plan(name: str, changes: dict[str, Any]) -> Call[Plan]:
-    return Call("PATCH", f"{V1}/admin/plans/{seg(name)}", model(Plan), json=changes)
-
-
-def list_trials(status: str | None, limit: int, cursor: str | None) -> Call[Page[TrialApplication]]:
-    return Call(
-        "GET",
-        f"{V1}/admin/trials",
-        _page(TrialApplication),
-        params={"status": status, "limit": limit, "cursor": cursor},
-    )
-
-
-def get_trial(application_id: str) -> Call[TrialApplication]:
-    return Call("GET", f"{V1}/admin/trials/{seg(application_id)}", model(TrialApplication))
-
-
-def approve_trial(application_id: str, plan: str | None) -> Call[TrialDecision]:
-    body = {"plan": plan} if plan else {}
-    return Call("POST", f"{V1}/admin/trials/{seg(application_id)}/approve", model(TrialDecision), json=body)
-
-
-def reject_trial(application_id: str, reason: str) -> Call[TrialApplication]:
-    return Call(
-        "POST",
-        f"{V1}/admin/trials/{seg(application_id)}/reject",
-        model(TrialApplication),
-        json={"reason": reason},
-    )
-
-
-# Admin: fleet, machines, partitions, usage -------------------------------------------------------------
-
-
-def fleet(pod_from: int, pods: int) -> Call[Fleet]:
-    return Call("GET", f"{V1}/admin/fleet", model(Fleet), params={"pod_from": pod_from, "pods": pods})
-
-
-def racks() -> Call[Racks]:
-    return Call("GET", f"{V1}/admin/fleet/racks", model(Racks))
-
-
-def add_rack(machine_type: str, layout: str, pods: int) -> Call[Rack]:
-    body = {"machine_type": machine_type, "layout": layout, "pods": pods}
-    return Call("POST", f"{V1}/admin/fleet/racks", model(Rack), json=body)
-
-
-def add_servers(server_model: str, count: int) -> Call[ServersAdded]:
-    body = {"model": server_model, "count": count}
-    return Call("POST", f"{V1}/admin/fleet/servers", model(ServersAdded), json=body)
-
-
-def rack_health(rack_id: str, action: str, reason: str | None) -> Call[RackHealth]:
+def _rack_health(rack_id: str, action: str, reason: str | None) -> Call[RackHealth]:
     body = {"reason": reason} if reason else None
     return Call("POST", f"{V1}/admin/fleet/racks/{seg(rack_id)}/{action}", model(RackHealth), json=body)
 
 
-def retire_rack(rack_id: str) -> Call[Retired]:
-    return Call("DELETE", f"{V1}/admin/fleet/racks/{seg(rack_id)}", model(Retired))
-
-
-def retire_unit(unit_id: str) -> Call[Retired]:
-    return Call("DELETE", f"{V1}/admin/fleet/units/{seg(unit_id)}", model(Retired))
-
-
-def machine_health(machine_id: str, action: str, reason: str | None) -> Call[Machine]:
+def _machine_health(machine_id: str, action: str, reason: str | None) -> Call[Machine]:
     body = {"reason": reason} if reason else None
     return Call("POST", f"{V1}/admin/machines/{seg(machine_id)}/{action}", model(Machine), json=body)
-
-
-def create_partition(body: dict[str, Any]) -> Call[Partition]:
-    return Call("POST", f"{V1}/admin/partitions", model(Partition), json=body)
-
-
-def list_partitions(tenant: str | None, limit: int, cursor: str | None) -> Call[Page[Partition]]:
-    return Call(
-        "GET",
-        f"{V1}/admin/partitions",
-        _page(Partition),
-        params={"tenant": tenant, "limit": limit, "cursor": cursor},
-    )
-
-
-def get_partition(name: str) -> Call[Partition]:
-    return Call("GET", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
-
-
-def remove_partition(name: str) -> Call[Partition]:
-    return Call("DELETE", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
-
-
-def reset_partition(name: str, gcds: int | None = None) -> Call[PartitionReset]:
-    body = {"gcds": gcds} if gcds is not None else None
-    return Call("POST", f"{V1}/admin/partitions/{seg(name)}/reset", model(PartitionReset), json=body)
-
-
-def admin_usage(since: datetime | str | None, until: datetime | str | None) -> Call[AdminUsage]:
-    return Call(
-        "GET", f"{V1}/admin/usage", model(AdminUsage), params={"since": _iso(since), "until": _iso(until)}
-    )
-
-
-def admin_usage_csv(since: datetime | str | None, until: datetime | str | None) -> Call[str]:
-    return Call(
-        "GET",
-        f"{V1}/admin/usage",
-        text,
-        params={"format": "csv", "since": _iso(since), "until": _iso(until)},
-    )

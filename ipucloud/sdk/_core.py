@@ -1,26 +1,32 @@
 """What the sync and async clients share: request descriptions, the retry policy, the SSE decoder.
 
-Each API operation is described once as a `Call` (method, path, body, how to read the answer);
-`Client` and `AsyncClient` only differ in how they send it.
+Each API operation is described once as a `Call` (method, path, body, how to read the answer), by a
+method of `ipucloud.sdk._api.Operations` marked `@operation`; `Client` and `AsyncClient` inherit those
+methods and only differ in how they send a `Call` (`Sender.call`, `AsyncSender.call`).
 """
 
 from __future__ import annotations
 
 import email.utils
+import functools
+import inspect
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 import httpx
 import orjson
 from pydantic import BaseModel
 
-from ipucloud.sdk.errors import ApiError
+from ipucloud.sdk.errors import ApiError, ConfigurationError
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+I = TypeVar("I")  # noqa: E741
 M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
 
 RETRY_STATUSES = frozenset({429, 503})
 # Errors that happen before the request left this machine: retrying can never run it twice.
@@ -29,10 +35,11 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 @dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(Generic[T_co]):
+    # Covariant so that a `Call[Page[Job]]` is a `Call[Paged[Job]]` to the pagination below.
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[httpx.Response], T_co]
     params: Mapping[str, Any] | None = None
     json: Any = None
     headers: Mapping[str, str] | None = None
@@ -136,3 +143,148 @@ class SSEDecoder:
         elif name == "id" and "\0" not in value:
             self.last_id = value
         return None
+
+
+def auth_headers(call: Call[Any], key: str | None) -> dict[str, str]:
+    headers = dict(call.headers or {})
+    if call.authenticated:
+        if not key:
+            raise ConfigurationError("No API key: pass key=, set IPUCLOUD_API_KEY or run `ipucloud login`.")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+# Sending ----------------------------------------------------------------------------------------------
+
+
+class Sender:
+    """A client that answers a `Call` with its result (`Client`)."""
+
+    def call(self, call: Call[T]) -> T:
+        raise NotImplementedError
+
+
+class AsyncSender:
+    """A client that answers a `Call` with an awaitable of its result (`AsyncClient`)."""
+
+    async def call(self, call: Call[T]) -> T:
+        raise NotImplementedError
+
+
+class Paged(Protocol[T_co]):
+    """Anything listed a page at a time: a `Page`, or a job's `Logs`."""
+
+    @property
+    def items(self) -> Sequence[T_co]: ...
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+Pager = Callable[[str | None], Call[Paged[T]]]
+"""The `Call` that fetches the page at a cursor (None: the first)."""
+
+
+def _public_signature(build: Callable[..., Any], answer: str) -> inspect.Signature:
+    # What `help()` and IDEs show for the client's method: the build's parameters without `self`,
+    # returning what the call answers rather than the `Call` itself.
+    sig = inspect.signature(build)
+    return sig.replace(parameters=list(sig.parameters.values())[1:], return_annotation=answer)
+
+
+def _answer(build: Callable[..., Any], wrapper: str) -> str:
+    ret = str(inspect.signature(build).return_annotation)
+    prefix = f"{wrapper}["
+    return ret[len(prefix) : -1] if ret.startswith(prefix) and ret.endswith("]") else ret
+
+
+def _dress(fn: Callable[..., Any], build: Callable[..., Any], signature: inspect.Signature) -> Any:
+    functools.update_wrapper(fn, build)
+    del fn.__wrapped__  # type: ignore[attr-defined]
+    fn.__signature__ = signature  # type: ignore[attr-defined]
+    return fn
+
+
+class operation(Generic[P, T]):
+    """A method written once as "the `Call` to send": on a `Client` it returns the answer, on an
+    `AsyncClient` it is a coroutine method returning the same answer.
+
+    The build runs when the method is called (on an `AsyncClient`: when the coroutine first runs, as
+    an ordinary `async def` would), so a bad argument raises where the caller looks for errors.
+    """
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Call[T]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+        self._signature = _public_signature(build, _answer(build, "Call"))
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> operation[P, T]: ...
+    @overload
+    def __get__(self, obj: AsyncSender, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    @overload
+    def __get__(self, obj: Sender, owner: type[Any]) -> Callable[P, T]: ...
+    def __get__(self, obj: Any, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        build = self.build
+        if isinstance(obj, AsyncSender):
+
+            async def send_async(*args: P.args, **kwargs: P.kwargs) -> T:
+                return await obj.call(build(obj, *args, **kwargs))
+
+            return _dress(send_async, build, self._signature)
+
+        def send(*args: P.args, **kwargs: P.kwargs) -> T:
+            return obj.call(build(obj, *args, **kwargs))
+
+        return _dress(send, build, self._signature)
+
+
+class paginated(Generic[P, I]):
+    """An `iter_*` method written once as "the `Pager` of its list": on a `Client` it returns an
+    iterator over every item, on an `AsyncClient` an async iterator; pages are fetched as needed."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Pager[I]]) -> None:
+        self.build = build
+        self.__doc__ = build.__doc__
+        item = _answer(build, "Pager")
+        self._signature = _public_signature(build, f"Iterator[{item}]")
+        self._async_signature = _public_signature(build, f"AsyncIterator[{item}]")
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> paginated[P, I]: ...
+    @overload
+    def __get__(self, obj: AsyncSender, owner: type[Any]) -> Callable[P, AsyncIterator[I]]: ...
+    @overload
+    def __get__(self, obj: Sender, owner: type[Any]) -> Callable[P, Iterator[I]]: ...
+    def __get__(self, obj: Any, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        build = self.build
+        if isinstance(obj, AsyncSender):
+
+            async def pages_async(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[I]:
+                fetch = build(obj, *args, **kwargs)
+                cursor: str | None = None
+                while True:
+                    page = await obj.call(fetch(cursor))
+                    for item in page.items:
+                        yield item
+                    if not page.next_cursor:
+                        return
+                    cursor = page.next_cursor
+
+            return _dress(pages_async, build, self._async_signature)
+
+        def pages(*args: P.args, **kwargs: P.kwargs) -> Iterator[I]:
+            fetch = build(obj, *args, **kwargs)
+            cursor: str | None = None
+            while True:
+                page = obj.call(fetch(cursor))
+                yield from page.items
+                if not page.next_cursor:
+                    return
+                cursor = page.next_cursor
+
+        return _dress(pages, build, self._signature)

@@ -240,3 +240,44 @@ def errors_carry_the_problem_body(cloud: RunningCloud) -> None:
     fast = RetryPolicy(max_retries=1, backoff_s=0.01)
     with ipucloud.Client("http://127.0.0.1:9", key, retry=fast) as down, pytest.raises(ServiceUnreachable):
         down.list_jobs()
+
+
+def test_both_clients_send_the_same_requests_from_one_description() -> None:
+    """Each operation is written once (`ipucloud.sdk._api.Operations`): the async client sends what the
+    sync one sends, and pages the same way."""
+    import inspect
+
+    from ipucloud.sdk._api import Operations
+
+    jobs = [{"id": f"job_{i}", "name": "x", "state": "queued", "ipus": 1} for i in range(3)]
+    sent: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append((request.method, str(request.url)))
+        if request.url.path == "/api/v1/jobs":
+            start = int(request.url.params.get("cursor") or 0)
+            nxt = str(start + 2) if start + 2 < len(jobs) else None
+            return httpx.Response(200, json={"items": jobs[start : start + 2], "next_cursor": nxt})
+        return httpx.Response(200, json=jobs[0])
+
+    with ipucloud.Client("http://cloud.test", "k", transport=httpx.MockTransport(handler)) as c:
+        sync_ids = [j.id for j in c.iter_jobs(page_size=2)] + [c.cancel_job("a/b").id]
+    sync_sent, sent[:] = list(sent), []
+
+    async def run() -> list[str]:
+        async with ipucloud.AsyncClient(
+            "http://cloud.test", "k", transport=httpx.MockTransport(handler)
+        ) as a:
+            return [j.id async for j in a.iter_jobs(page_size=2)] + [(await a.cancel_job("a/b")).id]
+
+    assert asyncio.run(run()) == sync_ids == ["job_0", "job_1", "job_2", "job_0"]
+    assert sent == sync_sent and sync_sent[-1] == ("POST", "http://cloud.test/api/v1/jobs/a%2Fb/cancel")
+
+    c, a = ipucloud.Client("http://cloud.test", "k"), ipucloud.AsyncClient("http://cloud.test", "k")
+    shared = [n for n, v in vars(Operations).items() if not n.startswith("_") and hasattr(v, "build")]
+    assert len(shared) > 50
+    for name in shared:
+        sync, aio = getattr(c, name), getattr(a, name)
+        assert inspect.signature(sync).parameters == inspect.signature(aio).parameters, name
+        assert sync.__doc__ == aio.__doc__, name
+        assert inspect.iscoroutinefunction(aio) or inspect.isasyncgenfunction(aio), name
