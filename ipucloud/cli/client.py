@@ -111,29 +111,29 @@ def usage(
             table(
                 "by workload",
                 ["WORKLOAD", "IPU-HOURS"],
-                [(w["workload"], w["ipu_hours"]) for w in u.by_workload],
+                [(w.workload, w.ipu_hours) for w in u.by_workload],
             )
         )
-    by_type = getattr(u, "by_machine_type", None) or []
+    by_type = u.by_machine_type
     if by_type:
-        rates = getattr(u, "rates", None) or {}
+        rates = u.rates
         show(
             table(
                 "by machine type (grant spent = rate x IPU-hours)",
                 ["TYPE", "RATE", "IPU-HOURS", "GRANT SPENT"],
                 [
                     (
-                        t["machine_type"],
-                        rates.get(t["machine_type"], "-"),
-                        t["ipu_hours"],
-                        t["charged_ipu_hours"],
+                        t.machine_type,
+                        rates.get(t.machine_type or "", "-"),
+                        t.ipu_hours,
+                        t.charged_ipu_hours,
                     )
                     for t in by_type
                 ],
             )
         )
     if u.by_day:
-        show(table("by day", ["DAY", "IPU-HOURS"], [(d["day"], d["ipu_hours"]) for d in u.by_day[-14:]]))
+        show(table("by day", ["DAY", "IPU-HOURS"], [(d.day, d.ipu_hours) for d in u.by_day[-14:]]))
 
 
 trial_app = typer.Typer(help="Free trials.", epilog=EXIT_CODES_HELP, no_args_is_help=True)

@@ -653,6 +653,6 @@ def usage(
             table(
                 "by workload",
                 ["WORKLOAD", "IPU-HOURS"],
-                [(w["workload"], w["ipu_hours"]) for w in u.by_workload],
+                [(w.workload, w.ipu_hours) for w in u.by_workload],
             )
         )

@@ -61,8 +61,8 @@ def _flops(value: float | None) -> str:
 
 
 def describe(m: OnnxModel) -> list[tuple[str, Any]]:
-    inputs = ", ".join(f"{i['name']} {i['shape']} {i['dtype']}" for i in m.inputs)
-    unmodelled = "; ".join(f"{u['operator']} x{u['nodes']}: {u['treated_as']}" for u in m.unmodelled)
+    inputs = ", ".join(f"{i.name} {i.shape} {i.dtype}" for i in m.inputs)
+    unmodelled = "; ".join(f"{u.operator} x{u.nodes}: {u.treated_as}" for u in m.unmodelled)
     return [
         ("id", m.id),
         ("name", m.name),

@@ -30,6 +30,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.sdk import Session
+from ipucloud.sdk.models import Model
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
 app = typer.Typer(
@@ -41,13 +42,21 @@ app = typer.Typer(
 SessionArg = Annotated[str, typer.Argument(help="The session's id (ses_...).", show_default=False)]
 
 
+def _given(obj: Model | None, name: str, default: Any) -> Any:
+    # What `.get(name, default)` gave when these were dicts: a field the server sent, even null.
+    return getattr(obj, name) if obj is not None and name in obj.model_fields_set else default
+
+
 def describe(s: Session) -> list[tuple[str, Any]]:
-    part = s.partition or {}
+    part = s.partition
     rows: list[tuple[str, Any]] = [
         ("id", s.id),
         ("state", s.state + (f" ({s.ended_reason}: {s.ended_detail})" if s.ended_reason else "")),
-        ("IPUs", f"{s.ipus} x {part.get('machine', s.machine)}" + (f", {s.gcds} GCDs" if s.gcds > 1 else "")),
-        ("partition", part.get("id", "-")),
+        (
+            "IPUs",
+            f"{s.ipus} x {_given(part, 'machine', s.machine)}" + (f", {s.gcds} GCDs" if s.gcds > 1 else ""),
+        ),
+        ("partition", _given(part, "id", "-")),
         ("held", duration(s.held_s)),
         ("time left", duration(s.time_left_s)),
         ("idle", "a job is running" if s.state == "active" and s.idle_s is None else duration(s.idle_s)),
@@ -57,7 +66,7 @@ def describe(s: Session) -> list[tuple[str, Any]]:
         ("ended", when(s.ended_at)),
     ]
     if s.jobs:
-        rows.append(("jobs", ", ".join(f"{j['id']} {j['state']}" for j in s.jobs[:10])))
+        rows.append(("jobs", ", ".join(f"{j.id} {j.state}" for j in s.jobs[:10])))
     return rows
 
 
@@ -131,8 +140,8 @@ def list_(
         (
             s.id,
             s.state + (f" ({s.ended_reason})" if s.ended_reason else ""),
-            f"{s.ipus} x {(s.partition or {}).get('machine', s.machine)}",
-            (s.partition or {}).get("id", "-"),
+            f"{s.ipus} x {_given(s.partition, 'machine', s.machine)}",
+            _given(s.partition, "id", "-"),
             duration(s.time_left_s),
             duration(s.idle_left_s),
             len(s.jobs),

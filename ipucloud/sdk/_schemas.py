@@ -1,0 +1,414 @@
+"""The API's answers as the SDK reads them. GENERATED from docs/openapi.json: do not edit.
+
+Regenerate with `.venv/bin/python -m scripts.gen_sdk_models` (see scripts/gen_sdk_models.py for the
+rules: names, which fields are required, defaults).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from ipucloud.sdk._base import JobHelpers, Model, SessionHelpers
+
+
+class Job(JobHelpers, Model):
+    id: str
+    name: str
+    state: str
+    reason: str | None = None
+    ipus: int
+    ipus_requested: str | None = None
+    machine: str | None = None
+    prefer: str = "time"
+    machine_options: dict[str, dict[str, float]] | None = None
+    partition: str | None = None
+    session: str | None = None
+    priority: int = 0
+    workload: dict[str, Any] = Field(default_factory=dict)
+    max_runtime_s: int | None = None
+    predicted_runtime_s: float | None = None
+    cancel_requested: bool = False
+    attempts: int = 0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: Progress | None = None
+    used_ipu_hours: float | None = None
+    history: list[HistoryEntry] | None = None
+    wait: WaitReason | None = None
+    preemptible: bool = False
+    checkpoint_every_s: int | None = None
+    checkpoints: list[Checkpoint] | None = None
+    checkpoint_count: int | None = None
+    resumable_until: datetime | None = None
+
+
+class Logs(Model):
+    job_id: str
+    state: str
+    items: list[LogEntry]
+    next_cursor: str | None = None
+
+
+class Session(SessionHelpers, Model):
+    """A session: a partition held for the tenant's jobs. Durations are cluster seconds."""
+
+    id: str
+    name: str | None = None
+    state: str
+    ended_reason: str | None = None
+    ended_detail: str | None = None
+    ipus: int
+    machine: str
+    gcds: int = 1
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: SessionPartition | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    held_s: float = 0.0
+    time_left_s: float | None = None
+    idle_s: float | None = None
+    idle_left_s: float | None = None
+    ends_at: datetime | None = None
+    busy_gcds: int = 0
+    billed_ipu_hours: float = 0.0
+    jobs: list[SessionJob] = Field(default_factory=list)
+    events: list[SessionEvent] = Field(default_factory=list)
+
+
+class Estimate(Model):
+    fits: bool
+    plan: dict[str, Any] | None = None
+    throughput: float | None = None
+    compile_s: float | None = None
+    step_s: float | None = None
+    total_s: float | None = None
+    ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
+    machine: str | None = None
+    machine_options: dict[str, dict[str, Any]] | None = None
+    expected_wait_s: float | None = None
+    cached: bool | None = None
+    error: str | None = None
+    runtime_limit: RuntimeLimit | None = None
+
+
+class OnnxModel(Model):
+    """An uploaded graph, as the emulator sees it (per sample, at the model's default dims)."""
+
+    id: str
+    name: str
+    created_at: datetime | None = None
+    sha256: str | None = None
+    graph_bytes: int | None = None
+    uploaded_bytes: int | None = None
+    weights_stripped_bytes: int | None = None
+    format: str = "onnx"
+    ir_version: int | None = None
+    opset: int | None = None
+    producer: str | None = None
+    inputs: list[ModelInput] = Field(default_factory=list)
+    outputs: list[str] = Field(default_factory=list)
+    batch_dim: str | int | None = None
+    dynamic_dims: list[str] = Field(default_factory=list)
+    dims: dict[str, int] = Field(default_factory=dict)
+    nodes: int | None = None
+    operators: dict[str, int] = Field(default_factory=dict)
+    parameters: int | None = None
+    layers: int | None = None
+    tasks: list[str] = Field(default_factory=list)
+    forward_flops_per_sample: float | None = None
+    train_flops_per_sample: float | None = None
+    activation_bytes_per_sample: dict[str, float] = Field(default_factory=dict)
+    host_bytes_per_sample: dict[str, float] = Field(default_factory=dict)
+    by_kind: dict[str, dict[str, float]] = Field(default_factory=dict)
+    declared_elementwise: list[str] = Field(default_factory=list)
+    unmodelled: list[Unmodelled] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class Usage(Model):
+    by_day: list[UsageDay] = Field(default_factory=list)
+    by_job: list[UsageJob] = Field(default_factory=list)
+    by_workload: list[UsageWorkload] = Field(default_factory=list)
+    by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
+    by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    next_cursor: str | None = None
+    tenant_id: str
+    plan: str
+    rates: dict[str, float] = Field(default_factory=dict)
+    machine_types: list[str] = Field(default_factory=list)
+    quota_ipu_hours: float
+    used_ipu_hours: float
+    reserved_ipu_hours: float = 0.0
+    remaining_ipu_hours: float
+    used_ipu_seconds: float | None = None
+    expires_at: datetime | None = None
+    days_left: float | None = None
+
+
+class AdminUsage(Model):
+    by_day: list[UsageDay] = Field(default_factory=list)
+    by_job: list[UsageJob] = Field(default_factory=list)
+    by_workload: list[UsageWorkload] = Field(default_factory=list)
+    by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
+    by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    next_cursor: str | None = None
+    tenants: list[TenantUsage]
+    tenants_next_cursor: str | None = None
+
+
+class ApiKey(Model):
+    id: str
+    name: str = ""
+    prefix: str | None = None
+    scopes: list[str] = Field(default_factory=list)
+    tenant_id: str | None = None
+    member_id: str | None = None
+    state: str | None = None
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+    last_used_at: datetime | None = None
+    created_by: str | None = None
+
+
+class ApiKeyCreated(ApiKey):
+    api_key: str
+
+
+class TrialReceipt(Model):
+    """What an applicant gets back: the application as recorded."""
+
+    id: str
+    status: str
+    name: str
+    email: str | None = None
+    organisation: str | None = None
+    category: str | None = None
+    created_at: datetime | None = None
+
+
+class Partition(Model):
+    id: str
+    size: int
+    ipus: list[str] = Field(default_factory=list)
+    tenant: str | None = None
+    kind: str | None = None
+    machine_type: str | None = None
+    gcds: int = 1
+    reconfigurable: bool = False
+    job: str | None = None
+    jobs: list[str] = Field(default_factory=list)
+    state: str | None = None
+    created_at: datetime | None = None
+    released_at: datetime | None = None
+
+
+class Tenant(Model):
+    id: str
+    name: str
+    plan: str
+    status: str
+    quota_ipu_hours: float
+    used_ipu_hours: float
+    reserved_ipu_hours: float = 0.0
+    remaining_ipu_hours: float
+    expires_at: datetime | None = None
+    fairshare_weight: float = 1.0
+    category: str | None = None
+    organisation: str | None = None
+    created_at: datetime | None = None
+
+
+class TenantCreated(Tenant):
+    api_key: str
+
+
+class Member(Model):
+    id: str | None = None
+    tenant_id: str | None = None
+    email: str | None = None
+    name: str | None = None
+    role: str | None = None
+    created_at: datetime | None = None
+
+
+class MemberRemoved(Member):
+    revoked_keys: int | None = None
+
+
+class Plan(Model):
+    name: str
+    kind: str | None = None
+    description: str = ""
+    quota_ipu_hours: float | None = None
+    trial_days: int | None = None
+    max_partition_size: int | None = None
+    max_concurrent_jobs: int | None = None
+    max_queued_jobs: int | None = None
+    max_runtime_s: int | None = None
+    idle_timeout_s: int | None = None
+    max_session_s: int | None = None
+    priority: int | None = None
+    fairshare_weight: float | None = None
+    rates: dict[str, float] = Field(default_factory=dict)
+    machine_types: list[str] = Field(default_factory=list)
+    max_models: int | None = None
+    max_model_bytes: int | None = None
+    preemptible_discount: float = 0.5
+    checkpoint_retention_s: int = 604800
+    updated_at: datetime | None = None
+
+
+class TrialApplication(TrialReceipt):
+    intended_use: str | None = None
+    reason: str | None = None
+    tenant_id: str | None = None
+    plan: str | None = None
+    decided_at: datetime | None = None
+    decided_by: str | None = None
+
+
+class TrialDecision(Model):
+    application: TrialApplication | None = None
+    tenant: Tenant | None = None
+    api_key: str | None = None
+
+
+class Progress(Model):
+    phase: str | None = None
+    step: int | None = None
+    steps: int | None = None
+    samples: int | None = None
+    percent: float | None = None
+    eta_s: float | None = None
+    throughput: float | None = None
+    memory_per_ipu_bytes: int | None = None
+    cluster_s: float | None = None
+
+
+class HistoryEntry(Model):
+    at: datetime
+    message: str
+    state: str | None = None
+    attempt: int | None = None
+
+
+class WaitReason(Model):
+    reason: str
+    detail: str
+    behind: list[str] = Field(default_factory=list)
+    behind_other_tenants: int = 0
+    estimated_start: datetime | None = None
+
+
+class Checkpoint(Model):
+    step: int
+    steps: int
+    samples: int
+    executable: str
+    machine_type: str | None = None
+    attempt: int | None = None
+    run_s: float | None = None
+    reason: str
+    at: datetime
+
+
+class LogEntry(Model):
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    attempt: int | None = None
+    data: dict[str, Any] | None = None
+
+
+class SessionPartition(Model):
+    id: str | None = None
+    size: int | None = None
+    ipus: list[str] = Field(default_factory=list)
+    tenant: str | None = None
+    machine: str | None = None
+
+
+class SessionJob(Model):
+    id: str | None = None
+    name: str | None = None
+    state: str | None = None
+    ipus: int | None = None
+
+
+class SessionEvent(Model):
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class RuntimeLimit(Model):
+    max_runtime_s: int | None = None
+    within: bool = False
+    detail: str | None = None
+    fitting_steps: int | None = None
+    fitting_ipus: int | None = None
+
+
+class ModelInput(Model):
+    name: str | None = None
+    dtype: str | None = None
+    shape: list[int | str | None] = Field(default_factory=list)
+    dynamic: list[int] = Field(default_factory=list)
+
+
+class Unmodelled(Model):
+    operator: str | None = None
+    nodes: int | None = None
+    treated_as: str | None = None
+
+
+class UsageDay(Model):
+    day: str | None = None
+    ipu_hours: float | None = None
+
+
+class UsageJob(Model):
+    job_id: str | None = None
+    tenant_id: str | None = None
+    name: str | None = None
+    workload: str | None = None
+    partition_size: int | None = None
+    ipu_hours: float | None = None
+
+
+class UsageWorkload(Model):
+    workload: str | None = None
+    ipu_hours: float | None = None
+
+
+class UsagePartitionSize(Model):
+    partition_size: int | None = None
+    ipu_hours: float | None = None
+
+
+class UsageMachineType(Model):
+    machine_type: str | None = None
+    ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
+
+
+class TenantUsage(Model):
+    tenant_id: str
+    name: str
+    plan: str
+    status: str | None = None
+    quota_ipu_hours: float
+    used_ipu_hours: float
+    reserved_ipu_hours: float = 0.0
+    remaining_ipu_hours: float | None = None
+    expires_at: datetime | None = None
