@@ -760,3 +760,116 @@ class SessionOut(BaseModel):
     billed_ipu_hours: float
     jobs: list[SessionJob] = []
     events: list[SessionEvent] = []
+
+
+# Catalogue and fleet ---------------------------------------------------------------------------------
+# These answers are built by vipu/ and scheduler/services/ as plain objects; the models below name
+# the fields clients rely on and keep every other one (`extra="allow"`), so declaring them changed
+# no answer.
+
+
+class OpenOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class WorkloadOut(OpenOut):
+    name: str
+    family: str | None = None
+    description: str = ""
+    tasks: list[str] = Field(default_factory=list)
+    default_batch_size: int | None = None
+    seq_lens: list[int] | None = None
+    default_seq_len: int | None = None
+    precisions: list[str] = Field(default_factory=list)
+    default_steps: int | None = None
+
+
+class CatalogueOut(OpenOut):
+    items: list[WorkloadOut]
+    machines: list[dict[str, Any]] = Field(
+        default_factory=list, description="The machine types (vipu/machine_types.py), with their figures."
+    )
+
+
+class FleetIpuOut(OpenOut):
+    id: str
+    partition: str | None = None
+    tenant: str | None = None
+    kind: str | None = None
+
+
+class FleetMachineOut(OpenOut):
+    id: str
+    slot: int
+    health: str
+    reason: str | None = None
+    ipus: list[FleetIpuOut] = Field(default_factory=list)
+
+
+class FleetPodOut(OpenOut):
+    """A unit of the fleet: a POD (layout `pod64` or `pod16`) or an IPU server (`server`)."""
+
+    id: str
+    index: int
+    rack: str | None = None
+    machine_type: str
+    layout: str = "pod64"
+    model: str | None = None
+    machines: list[FleetMachineOut] = Field(default_factory=list)
+
+
+class FleetOut(OpenOut):
+    pods: list[FleetPodOut]
+    summary: dict[str, Any] = Field(default_factory=dict, description="Free IPUs and fragmentation.")
+
+
+class RackUnitOut(OpenOut):
+    id: str
+    index: int
+    machine_type: str
+    layout: str
+    model: str | None = None
+    ipus: int
+    machines: dict[str, int] = Field(default_factory=dict, description="Machines by health.")
+
+
+class RackOut(OpenOut):
+    id: str
+    index: int
+    units: list[RackUnitOut] = Field(default_factory=list)
+    ipus: int = 0
+    drained: bool = False
+
+
+class RacksOut(OpenOut):
+    racks: list[RackOut]
+
+
+class ServersAddedOut(OpenOut):
+    servers: list[RackUnitOut]
+
+
+class RackHealthOut(OpenOut):
+    rack: str
+    health: str
+    machines: list[str]
+
+
+class RetiredOut(OpenOut):
+    rack: str | None = None
+    retired: list[str]
+
+
+class MachineOut(OpenOut):
+    id: str
+    pod: int | None = None
+    slot: int | None = None
+    machine_type: str | None = None
+    health: str
+    reason: str | None = None
+
+
+class PartitionResetOut(OpenOut):
+    partition: PartitionOut
+    interrupted_job: str | None = None
+    interrupted_jobs: list[str] = Field(default_factory=list)

@@ -59,6 +59,20 @@ REQUIRED: dict[str, set[str]] = {
     "Partition": {"id", "size"},
     "SessionEvent": {"at", "kind", "message"},
     "Session": {"id", "state", "ipus", "machine", "max_duration_s", "idle_timeout_s"},
+    "Workload": {"name"},
+    "Catalogue": {"items"},
+    "Fleet": {"pods"},
+    "FleetPod": {"id", "index", "machine_type"},
+    "FleetMachine": {"id", "slot", "health"},
+    "FleetIpu": {"id"},
+    "Racks": {"racks"},
+    "Rack": {"id", "index"},
+    "RackUnit": {"id", "index", "machine_type", "layout", "ipus"},
+    "ServersAdded": {"servers"},
+    "RackHealth": {"rack", "health", "machines"},
+    "Retired": {"retired"},
+    "Machine": {"id", "health"},
+    "PartitionReset": {"partition"},
 }
 
 # Defaults the hand-written models gave fields the spec requires, kept so that reading a partial

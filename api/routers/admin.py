@@ -14,7 +14,22 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api.deps import Admin, DbDep, SettingsDep
-from api.schemas import IntCursorParam, Page, PartitionOut, PowerOfTwoQuery, decode_int_cursor, encode_cursor
+from api.schemas import (
+    FleetOut,
+    IntCursorParam,
+    MachineOut,
+    Page,
+    PartitionOut,
+    PartitionResetOut,
+    PowerOfTwoQuery,
+    RackHealthOut,
+    RackOut,
+    RacksOut,
+    RetiredOut,
+    ServersAddedOut,
+    decode_int_cursor,
+    encode_cursor,
+)
 from api.views import partition_out
 from scheduler import bus
 from scheduler.services import fleet, machines, partitions
@@ -37,7 +52,10 @@ SERVER_MODEL_NAMES = tuple(SERVER_MODELS)
 
 
 @router.get(
-    "/fleet", summary="The fleet: PODs, servers, machines and IPUs with who holds them, and fragmentation"
+    "/fleet",
+    response_model=FleetOut,
+    response_model_exclude_unset=True,
+    summary="The fleet: PODs, servers, machines and IPUs with who holds them, and fragmentation",
 )
 def get_fleet(
     principal: Admin,
@@ -84,13 +102,24 @@ class ServersCreate(BaseModel):
     count: int = Field(1, ge=1, le=64, description="How many (they fill the last server rack first).")
 
 
-@router.get("/fleet/racks", summary="The racks, their PODs and servers, and their machines' health")
+@router.get(
+    "/fleet/racks",
+    response_model=RacksOut,
+    response_model_exclude_unset=True,
+    summary="The racks, their PODs and servers, and their machines' health",
+)
 def list_racks(principal: Admin, db: DbDep) -> dict[str, Any]:
     with db.read() as s:
         return {"racks": fleet.racks(session=s)}
 
 
-@router.post("/fleet/racks", status_code=201, summary="Add a rack of PODs to the running fleet")
+@router.post(
+    "/fleet/racks",
+    status_code=201,
+    response_model=RackOut,
+    response_model_exclude_unset=True,
+    summary="Add a rack of PODs to the running fleet",
+)
 def add_rack(body: RackCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
     with db.write() as s:
         rack = fleet.add_rack(session=s, machine_type=body.machine_type, layout=body.layout, units=body.pods)
@@ -99,7 +128,13 @@ def add_rack(body: RackCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
     return out
 
 
-@router.post("/fleet/servers", status_code=201, summary="Add IPU servers to the running fleet")
+@router.post(
+    "/fleet/servers",
+    status_code=201,
+    response_model=ServersAddedOut,
+    response_model_exclude_unset=True,
+    summary="Add IPU servers to the running fleet",
+)
 def add_servers(body: ServersCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
     with db.write() as s:
         added = fleet.add_servers(session=s, model=body.model, count=body.count)
@@ -109,14 +144,24 @@ def add_servers(body: ServersCreate, principal: Admin, db: DbDep) -> dict[str, A
     return {"servers": units}
 
 
-@router.post("/fleet/racks/{rack_id}/drain", summary="Drain every machine of a rack, before retiring it")
+@router.post(
+    "/fleet/racks/{rack_id}/drain",
+    response_model=RackHealthOut,
+    response_model_exclude_unset=True,
+    summary="Drain every machine of a rack, before retiring it",
+)
 def drain_rack(
     rack_id: RackId, principal: Admin, db: DbDep, body: HealthChange | None = None
 ) -> dict[str, Any]:
     return _rack_health(db, rack_id, "draining", body)
 
 
-@router.post("/fleet/racks/{rack_id}/restore", summary="Restore every machine of a rack")
+@router.post(
+    "/fleet/racks/{rack_id}/restore",
+    response_model=RackHealthOut,
+    response_model_exclude_unset=True,
+    summary="Restore every machine of a rack",
+)
 def restore_rack(
     rack_id: RackId, principal: Admin, db: DbDep, body: HealthChange | None = None
 ) -> dict[str, Any]:
@@ -132,7 +177,12 @@ def _rack_health(db: DbDep, rack_id: str, health: str, body: HealthChange | None
     return {"rack": rack_id, "health": health, "machines": ids}
 
 
-@router.delete("/fleet/racks/{rack_id}", summary="Retire a drained rack (409 while it holds live partitions)")
+@router.delete(
+    "/fleet/racks/{rack_id}",
+    response_model=RetiredOut,
+    response_model_exclude_unset=True,
+    summary="Retire a drained rack (409 while it holds live partitions)",
+)
 def retire_rack(rack_id: RackId, principal: Admin, db: DbDep) -> dict[str, Any]:
     with db.write() as s:
         retired = fleet.retire(session=s, rack=fleet.parse_rack(rack_id))
@@ -141,7 +191,10 @@ def retire_rack(rack_id: RackId, principal: Admin, db: DbDep) -> dict[str, Any]:
 
 
 @router.delete(
-    "/fleet/units/{unit_id}", summary="Retire a drained POD or server (409 while it holds live partitions)"
+    "/fleet/units/{unit_id}",
+    response_model=RetiredOut,
+    response_model_exclude_unset=True,
+    summary="Retire a drained POD or server (409 while it holds live partitions)",
 )
 def retire_unit(unit_id: UnitId, principal: Admin, db: DbDep) -> dict[str, Any]:
     with db.write() as s:
@@ -173,7 +226,12 @@ def _set_health(
     return out
 
 
-@router.post("/machines/{machine_id}/drain", summary="Drain: finish what runs, take nothing new")
+@router.post(
+    "/machines/{machine_id}/drain",
+    response_model=MachineOut,
+    response_model_exclude_unset=True,
+    summary="Drain: finish what runs, take nothing new",
+)
 def drain_machine(
     machine_id: MachineId,
     principal: Admin,
@@ -184,7 +242,12 @@ def drain_machine(
     return _set_health(db, settings, machine_id, "draining", body)
 
 
-@router.post("/machines/{machine_id}/fail", summary="Mark failed: never allocated until restored")
+@router.post(
+    "/machines/{machine_id}/fail",
+    response_model=MachineOut,
+    response_model_exclude_unset=True,
+    summary="Mark failed: never allocated until restored",
+)
 def fail_machine(
     machine_id: MachineId,
     principal: Admin,
@@ -195,7 +258,12 @@ def fail_machine(
     return _set_health(db, settings, machine_id, "failed", body)
 
 
-@router.post("/machines/{machine_id}/restore", summary="Restore: allocatable again")
+@router.post(
+    "/machines/{machine_id}/restore",
+    response_model=MachineOut,
+    response_model_exclude_unset=True,
+    summary="Restore: allocatable again",
+)
 def restore_machine(
     machine_id: MachineId,
     principal: Admin,
@@ -294,7 +362,12 @@ class PartitionReset(BaseModel):
     )
 
 
-@router.post("/partitions/{partition_id}/reset", summary="Reset a partition's IPUs (and split it anew)")
+@router.post(
+    "/partitions/{partition_id}/reset",
+    response_model=PartitionResetOut,
+    response_model_exclude_unset=True,
+    summary="Reset a partition's IPUs (and split it anew)",
+)
 def reset_partition(
     partition_id: Annotated[str, Path(max_length=64)],
     principal: Admin,

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import DbDep, Reader, SettingsDep
+from api.schemas import CatalogueOut
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
@@ -72,7 +73,12 @@ class EstimateOut(BaseModel):
     )
 
 
-@router.get("/workloads", summary="The workload catalogue with each workload's parameters and limits")
+@router.get(
+    "/workloads",
+    response_model=CatalogueOut,
+    response_model_exclude_unset=True,
+    summary="The workload catalogue with each workload's parameters and limits",
+)
 def list_workloads(principal: Reader) -> dict[str, Any]:
     return {
         "items": [w.to_dict() for w in emulator.catalogue()],

@@ -81,6 +81,11 @@ class Session(SessionHelpers, Model):
     events: list[SessionEvent] = Field(default_factory=list)
 
 
+class Catalogue(Model):
+    items: list[Workload]
+    machines: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class Estimate(Model):
     fits: bool
     plan: dict[str, Any] | None = None
@@ -194,6 +199,47 @@ class TrialReceipt(Model):
     created_at: datetime | None = None
 
 
+class Fleet(Model):
+    pods: list[FleetPod]
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+class Racks(Model):
+    racks: list[Rack]
+
+
+class Rack(Model):
+    id: str
+    index: int
+    units: list[RackUnit] = Field(default_factory=list)
+    ipus: int = 0
+    drained: bool = False
+
+
+class ServersAdded(Model):
+    servers: list[RackUnit]
+
+
+class RackHealth(Model):
+    rack: str
+    health: str
+    machines: list[str]
+
+
+class Retired(Model):
+    rack: str | None = None
+    retired: list[str]
+
+
+class Machine(Model):
+    id: str
+    pod: int | None = None
+    slot: int | None = None
+    machine_type: str | None = None
+    health: str
+    reason: str | None = None
+
+
 class Partition(Model):
     id: str
     size: int
@@ -208,6 +254,12 @@ class Partition(Model):
     state: str | None = None
     created_at: datetime | None = None
     released_at: datetime | None = None
+
+
+class PartitionReset(Model):
+    partition: Partition
+    interrupted_job: str | None = None
+    interrupted_jobs: list[str] = Field(default_factory=list)
 
 
 class Tenant(Model):
@@ -351,6 +403,18 @@ class SessionEvent(Model):
     data: dict[str, Any] | None = None
 
 
+class Workload(Model):
+    name: str
+    family: str | None = None
+    description: str = ""
+    tasks: list[str] = Field(default_factory=list)
+    default_batch_size: int | None = None
+    seq_lens: list[int] | None = None
+    default_seq_len: int | None = None
+    precisions: list[str] = Field(default_factory=list)
+    default_steps: int | None = None
+
+
 class RuntimeLimit(Model):
     max_runtime_s: int | None = None
     within: bool = False
@@ -412,3 +476,40 @@ class TenantUsage(Model):
     reserved_ipu_hours: float = 0.0
     remaining_ipu_hours: float | None = None
     expires_at: datetime | None = None
+
+
+class FleetPod(Model):
+    """A unit of the fleet: a POD (layout `pod64` or `pod16`) or an IPU server (`server`)."""
+
+    id: str
+    index: int
+    rack: str | None = None
+    machine_type: str
+    layout: str = "pod64"
+    model: str | None = None
+    machines: list[FleetMachine] = Field(default_factory=list)
+
+
+class RackUnit(Model):
+    id: str
+    index: int
+    machine_type: str
+    layout: str
+    model: str | None = None
+    ipus: int
+    machines: dict[str, int] = Field(default_factory=dict)
+
+
+class FleetMachine(Model):
+    id: str
+    slot: int
+    health: str
+    reason: str | None = None
+    ipus: list[FleetIpu] = Field(default_factory=list)
+
+
+class FleetIpu(Model):
+    id: str
+    partition: str | None = None
+    tenant: str | None = None
+    kind: str | None = None

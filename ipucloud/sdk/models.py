@@ -1,8 +1,8 @@
 """Typed views of what the API returns.
 
 The models of answers the API describes in docs/openapi.json are generated from it
-(`_schemas.py`, by scripts/gen_sdk_models.py); this module adds the few the spec leaves as plain
-objects (fleet, racks, catalogue) and the SDK's own (a stream's events). Every model accepts fields it
+(`_schemas.py`, by scripts/gen_sdk_models.py); this module adds the SDK's own (a stream's events)
+and gathers them under the names the SDK exports. Every model accepts fields it
 does not know (`extra="allow"`), so a newer server never breaks an older client; known fields are
 typed and validated.
 """
@@ -19,20 +19,33 @@ from ipucloud.sdk._schemas import (
     AdminUsage,
     ApiKey,
     ApiKeyCreated,
+    Catalogue,
     Checkpoint,
     Estimate,
+    Fleet,
+    FleetIpu,
+    FleetMachine,
+    FleetPod,
     HistoryEntry,
     Job,
     LogEntry,
     Logs,
+    Machine,
     Member,
     MemberRemoved,
     ModelInput,
     OnnxModel,
     Partition,
+    PartitionReset,
     Plan,
     Progress,
+    Rack,
+    RackHealth,
+    Racks,
+    RackUnit,
+    Retired,
     RuntimeLimit,
+    ServersAdded,
     Session,
     SessionEvent,
     SessionJob,
@@ -51,6 +64,7 @@ from ipucloud.sdk._schemas import (
     UsagePartitionSize,
     UsageWorkload,
     WaitReason,
+    Workload,
 )
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -139,104 +153,3 @@ class StreamEvent(Model):
     @property
     def state(self) -> str | None:
         return str(self.data.get("state")) if self.event == "end" else None
-
-
-class Workload(Model):
-    name: str
-    family: str | None = None
-    description: str = ""
-    tasks: list[str] = Field(default_factory=list)
-    default_batch_size: int | None = None
-    seq_lens: list[int] | None = None
-    default_seq_len: int | None = None
-    precisions: list[str] = Field(default_factory=list)
-    default_steps: int | None = None
-
-
-class Catalogue(Model):
-    items: list[Workload]
-    machines: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class PartitionReset(Model):
-    partition: Partition
-    interrupted_job: str | None = None
-    interrupted_jobs: list[str] = []
-
-
-class FleetIpu(Model):
-    id: str
-    partition: str | None = None
-    tenant: str | None = None
-    kind: str | None = None
-
-
-class FleetMachine(Model):
-    id: str
-    slot: int
-    health: str
-    reason: str | None = None
-    ipus: list[FleetIpu] = Field(default_factory=list)
-
-
-class FleetPod(Model):
-    """A unit of the fleet: a POD (layout `pod64` or `pod16`) or an IPU server (`server`)."""
-
-    id: str
-    index: int
-    rack: str | None = None
-    machine_type: str
-    layout: str = "pod64"
-    model: str | None = None
-    machines: list[FleetMachine] = Field(default_factory=list)
-
-
-class RackUnit(Model):
-    id: str
-    index: int
-    machine_type: str
-    layout: str
-    model: str | None = None
-    ipus: int
-    machines: dict[str, int] = Field(default_factory=dict)
-
-
-class Rack(Model):
-    id: str
-    index: int
-    units: list[RackUnit] = Field(default_factory=list)
-    ipus: int = 0
-    drained: bool = False
-
-
-class Racks(Model):
-    racks: list[Rack]
-
-
-class ServersAdded(Model):
-    servers: list[RackUnit]
-
-
-class RackHealth(Model):
-    rack: str
-    health: str
-    machines: list[str]
-
-
-class Retired(Model):
-    rack: str | None = None
-    retired: list[str]
-
-
-class Fleet(Model):
-    pods: list[FleetPod]
-    summary: dict[str, Any] = Field(default_factory=dict)
-
-
-class Machine(Model):
-    id: str
-    pod: int | None = None
-    slot: int | None = None
-    machine_type: str | None = None
-    health: str
-    reason: str | None = None
