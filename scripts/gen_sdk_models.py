@@ -283,7 +283,10 @@ def render(spec: dict[str, Any]) -> str:
         place(name)
     classes = [render_class(n, names, schemas) for n in ordered]
     mixins = sorted({MIXINS[sdk_name(n)] for n in ordered if sdk_name(n) in MIXINS})
-    text = HEADER.format(imports=", ".join([*mixins, "Model"])) + "\n\n" + "\n\n\n".join(classes) + "\n"
+    # `__all__` lets ipucloud/sdk/models.py export every class without naming it again.
+    exported = "__all__ = [" + ", ".join(json.dumps(sdk_name(n)) for n in sorted(ordered, key=sdk_name)) + "]"
+    text = HEADER.format(imports=", ".join([*mixins, "Model"])) + "\n" + exported + "\n\n\n"
+    text += "\n\n\n".join(classes) + "\n"
     return _formatted(text)
 
 
