@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.db import changed
 from scheduler.errors import Conflict, QuotaExceeded
 from scheduler.models import Attempt, AttemptState, Checkpoint, Job, JobState, Plan, Tenant, utcnow
 from scheduler.services.job_state import add_event
@@ -212,20 +213,21 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     )
     if tenant.status != "active":
         raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)
-    done = session.execute(
+    done = changed(
+        session,
         update(Tenant)
         .where(
             Tenant.id == tenant.id,
             Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
         )
         .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if done != 1:
+        cost = billing.ipu_hours(reserve)
         raise QuotaExceeded(
-            f"Resuming this job is predicted to cost {reserve / 3.6e6:.3f} IPU-hours, more than is left "
-            "of the grant.",
-            cost_ipu_hours=round(reserve / 3.6e6, 6),
+            f"Resuming this job is predicted to cost {cost:.3f} IPU-hours, more than is left of the grant.",
+            cost_ipu_hours=cost,
         )
     job.reserved_ipu_ms = reserve
     # Its time limit counts again from here: what it had run is behind it.
