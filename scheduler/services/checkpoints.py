@@ -13,29 +13,62 @@ What they change:
   kept, and refunded the rest (`metering.Settle.kept_s`): the tenant pays for every step once;
 - a job stopped by its time limit can be resumed by its owner (`resume_job`) within its plan's
   `checkpoint_retention_s`.
+
+What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints, which hold
+everything the rest reads (the last one to resume from, the running attempt's last one for fault
+billing, the ones `GET /jobs/{id}` lists); and none of a finished job once its plan's retention has
+passed, when it can no longer be resumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import billing
 from scheduler.db import changed
 from scheduler.errors import Conflict, QuotaExceeded
-from scheduler.models import Attempt, AttemptState, Checkpoint, Job, JobState, Plan, Tenant, utcnow
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Job,
+    JobState,
+    Plan,
+    Tenant,
+    utcnow,
+)
 from scheduler.services.job_state import add_event
 from scheduler.services.scope import Scope
 
 # Checkpoints `GET /jobs/{id}` lists: the newest ones (a week-long job checkpointing every ten
 # minutes has a thousand).
 LISTED = 20
+# A job's newest checkpoints kept (older ones are pruned): all that is ever read is its last one,
+# the running attempt's last one and the listed ones.
+KEPT = LISTED
+# Beyond its plan's retention a finished job's checkpoints go, after this margin: an owner's resume
+# that passed its retention check an instant before still finds its checkpoint.
+RETENTION_MARGIN = timedelta(hours=1)
+# Jobs pruned per call, so one call's transaction stays short; the loop calls again.
+PRUNE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Pruned:
+    thinned: int  # older checkpoints of jobs with more than KEPT
+    expired: int  # every checkpoint of finished jobs past their plan's retention
+
+    @property
+    def total(self) -> int:
+        return self.thinned + self.expired
 
 
 @dataclass(frozen=True)
@@ -124,6 +157,65 @@ def list_for_job(*, session: Session, job_id: str, limit: int = LISTED) -> tuple
         ).scalars()
     )
     return rows, int(total)
+
+
+def prune(*, session: Session, now: datetime, batch: int = PRUNE_BATCH) -> Pruned:
+    """Delete what no one will read again: checkpoints beyond each job's newest `KEPT`, and all of a
+    finished job's once its plan's retention (and `RETENTION_MARGIN`) has passed."""
+    crowded = list(
+        session.execute(
+            select(Checkpoint.job_id).group_by(Checkpoint.job_id).having(func.count() > KEPT).limit(batch)
+        ).scalars()
+    )
+    thinned = 0
+    if crowded:
+        ranked = (
+            select(
+                Checkpoint.id,
+                func.row_number()
+                .over(partition_by=Checkpoint.job_id, order_by=Checkpoint.id.desc())
+                .label("newest"),
+            )
+            .where(Checkpoint.job_id.in_(crowded))
+            .subquery()
+        )
+        old = select(ranked.c.id).where(ranked.c.newest > KEPT)
+        thinned = changed(session, delete(Checkpoint).where(Checkpoint.id.in_(old)))
+
+    # Retention is per plan; the shortest bounds the candidates, each job's own plan decides.
+    shortest = session.execute(select(func.min(Plan.checkpoint_retention_s))).scalar_one_or_none()
+    expired = 0
+    if shortest is not None:
+        finished_before = now - timedelta(seconds=int(shortest)) - RETENTION_MARGIN
+        candidates = session.execute(
+            select(Job.id, Job.finished_at, Plan.checkpoint_retention_s)
+            .join(Tenant, Tenant.id == Job.tenant_id)
+            .join(Plan, Plan.name == Tenant.plan_name)
+            .where(
+                Job.id.in_(select(Checkpoint.job_id).distinct()),
+                Job.state.in_(sorted(FINAL_JOB_STATES)),
+                Job.finished_at < finished_before,
+            )
+            .limit(batch)
+        ).tuples()
+        due = [
+            job_id
+            for job_id, finished_at, retention in candidates
+            if finished_at is not None
+            and finished_at + timedelta(seconds=int(retention)) + RETENTION_MARGIN < now
+        ]
+        if due:
+            # Locked as resume_job locks them, skipping any an owner holds: it is resumed, not gone.
+            locked = list(
+                session.execute(
+                    select(Job.id)
+                    .where(Job.id.in_(due), Job.state.in_(sorted(FINAL_JOB_STATES)))
+                    .with_for_update(skip_locked=True)
+                ).scalars()
+            )
+            if locked:
+                expired = changed(session, delete(Checkpoint).where(Checkpoint.job_id.in_(locked)))
+    return Pruned(thinned=thinned, expired=expired)
 
 
 def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
