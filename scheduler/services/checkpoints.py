@@ -14,9 +14,9 @@ What they change:
 - a job stopped by its time limit can be resumed by its owner (`resume_job`) within its plan's
   `checkpoint_retention_s`.
 
-What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints, which hold
-everything the rest reads (the last one to resume from, the running attempt's last one for fault
-billing, the ones `GET /jobs/{id}` lists); and none of a finished job once its plan's retention has
+What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints and each
+attempt's last one, which hold everything the rest reads (the last one to resume from, an attempt's
+last one for its fault billing, the ones `GET /jobs/{id}` lists); and none of a finished job once its plan's retention has
 passed, when it can no longer be resumed.
 """
 
@@ -51,8 +51,8 @@ from scheduler.services.scope import Scope
 # Checkpoints `GET /jobs/{id}` lists: the newest ones (a week-long job checkpointing every ten
 # minutes has a thousand).
 LISTED = 20
-# A job's newest checkpoints kept (older ones are pruned): all that is ever read is its last one,
-# the running attempt's last one and the listed ones.
+# A job's newest checkpoints kept (older ones are pruned, but for each attempt's last): all that
+# is ever read is the job's last one, each attempt's last one and the listed ones.
 KEPT = LISTED
 # Beyond its plan's retention a finished job's checkpoints go, after this margin: an owner's resume
 # that passed its retention check an instant before still finds its checkpoint.
@@ -63,7 +63,7 @@ PRUNE_BATCH = 500
 
 @dataclass(frozen=True)
 class Pruned:
-    thinned: int  # older checkpoints of jobs with more than KEPT
+    thinned: int  # older checkpoints of jobs with more than KEPT (not an attempt's last)
     expired: int  # every checkpoint of finished jobs past their plan's retention
 
     @property
@@ -175,11 +175,14 @@ def prune(*, session: Session, now: datetime, batch: int = PRUNE_BATCH) -> Prune
                 func.row_number()
                 .over(partition_by=Checkpoint.job_id, order_by=Checkpoint.id.desc())
                 .label("newest"),
+                func.row_number()
+                .over(partition_by=Checkpoint.attempt_id, order_by=Checkpoint.id.desc())
+                .label("of_attempt"),
             )
             .where(Checkpoint.job_id.in_(crowded))
             .subquery()
         )
-        old = select(ranked.c.id).where(ranked.c.newest > KEPT)
+        old = select(ranked.c.id).where(ranked.c.newest > KEPT, ranked.c.of_attempt > 1)
         thinned = changed(session, delete(Checkpoint).where(Checkpoint.id.in_(old)))
 
     # Retention is per plan; the shortest bounds the candidates, each job's own plan decides.
