@@ -16,8 +16,8 @@ What they change:
 
 What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints and each
 attempt's last one, which hold everything the rest reads (the last one to resume from, an attempt's
-last one for its fault billing, the ones `GET /jobs/{id}` lists); and none of a finished job once its plan's retention has
-passed, when it can no longer be resumed.
+last one for its fault billing, the ones `GET /jobs/{id}` lists); and none of a finished job once
+its plan's retention has passed, when it can no longer be resumed.
 """
 
 from __future__ import annotations

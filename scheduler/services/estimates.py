@@ -115,9 +115,17 @@ def _estimate_on(
         return {"fits": False, "machine": machine, "error": str(exc)}
     out: dict[str, Any] = result.to_dict()
     key = out["plan"].get("executable_key") if isinstance(out.get("plan"), dict) else None
-    if session is not None and key and executables.is_cached(session=session, key=str(key)):
-        # Compiled before: the run skips compilation, and so do its time, cost and reservation
-        # (what submission reserves; see jobs.submit_job).
+    cached = (
+        session is not None
+        and key is not None
+        and ctx.tenant_id is not None
+        and executables.is_cached(
+            session=session, key=executables.tenant_key(tenant_id=ctx.tenant_id, key=str(key))
+        )
+    )
+    if cached:
+        # Compiled before for this tenant: the run skips compilation, and so do its time, cost and
+        # reservation (what submission reserves; see jobs.submit_job).
         out = emulator.estimate(spec, size_asked, machine, cached=True).to_dict()
     out["charged_ipu_hours"] = None if out.get("ipu_hours") is None else round(out["ipu_hours"] * rate, 6)
     if session is not None and out.get("fits"):
