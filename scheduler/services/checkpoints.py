@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from scheduler import billing
 from scheduler.db import changed
-from scheduler.errors import Conflict, QuotaExceeded
+from scheduler.errors import Conflict, LimitExceeded, QuotaExceeded
 from scheduler.models import (
     FINAL_JOB_STATES,
     Attempt,
@@ -315,7 +315,11 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
             Tenant.id == tenant.id,
             Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
         )
-        .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve)
+        # The queued-job bound stays an upper bound (scheduler/services/jobs.py, submit_jobs).
+        .values(
+            reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve,
+            queued_jobs_bound=Tenant.queued_jobs_bound + 1,
+        )
         .execution_options(synchronize_session=False),
     )
     if done != 1:
@@ -323,6 +327,21 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
         raise QuotaExceeded(
             f"Resuming this job is predicted to cost {cost:.3f} IPU-hours, more than is left of the grant.",
             cost_ipu_hours=cost,
+        )
+    # Counted under the tenant's row lock the update took, as admission counts: a resume joins the
+    # queue like a submission and is held to the plan's limit like one.
+    queued = session.execute(
+        select(func.count()).select_from(
+            select(Job.id)
+            .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
+            .limit(plan.max_queued_jobs)
+            .subquery()
+        )
+    ).scalar_one()
+    if queued >= plan.max_queued_jobs:
+        raise LimitExceeded(
+            f"The {plan.name} plan allows {plan.max_queued_jobs} queued jobs; wait for some to start.",
+            limit="max_queued_jobs",
         )
     job.reserved_ipu_ms = reserve
     # Its time limit counts again from here: what it had run is behind it.
