@@ -169,6 +169,8 @@ def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
 
 
+# prometheus_client's default REGISTRY is process-wide and refuses a collector registered twice, so
+# these stay module-level; they read the process's runtime (`scheduler.runtime.current()`) at scrape.
 _cluster = ClusterCollector()
 _fleet = FleetCollector()
 _registered = False
