@@ -34,7 +34,7 @@ from scheduler.models import (
 from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import attempts, fleet, leader, outbox, reconciler, scheduling, sessions
+from scheduler.services import attempts, checkpoints, fleet, leader, outbox, reconciler, scheduling, sessions
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -61,6 +61,7 @@ MAX_STARTS_PER_PASS = 5000
 MAX_DISPATCH_PER_ITERATION = 10_000
 FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 FORECAST_BUDGET_S = 0.5  # longest a forecast may take inside a pass (it holds the pass's transaction)
+PRUNE_EVERY_S = 60.0  # wall seconds between prunings of checkpoints no one will read again
 
 
 @dataclass
@@ -73,6 +74,7 @@ class SchedulerLoop:
     sync: fleet.AllocatorSync | None = None
     last_reconcile: float = 0.0
     last_sweep: float = 0.0
+    last_prune: float = -math.inf
     # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
     more: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
@@ -150,6 +152,9 @@ class SchedulerLoop:
             if now - self.last_reconcile >= min(1.0, self.settings.scheduler_tick_s):
                 self.reconcile()
                 self.last_reconcile = now
+            if now - self.last_prune >= PRUNE_EVERY_S:
+                self.prune_checkpoints()
+                self.last_prune = now
             # Sessions first: one that ends frees its partition for this very pass.
             self.sweep_sessions()
             self.schedule_pass()
@@ -312,6 +317,16 @@ class SchedulerLoop:
         for session_id, reason in result.ended:
             log.info("session %s ended: %s", session_id, reason)
         return result
+
+    def prune_checkpoints(self) -> checkpoints.Pruned:
+        """Delete checkpoints no one will read again (services.checkpoints.prune), in one fenced
+        transaction."""
+        with self.db.write() as s:
+            self._fence(s)
+            pruned = checkpoints.prune(session=s, now=db_now(s))
+        if pruned.total:
+            log.info("pruned %d checkpoints (%d expired)", pruned.total, pruned.expired)
+        return pruned
 
     def queue_for(self, partition: attempts.PlacedPartition) -> str:
         """The most specific queue a live worker serves: the partition's pod, its machine type, default."""

@@ -37,3 +37,14 @@ def test_ruff_format_is_clean() -> None:
         cwd=ROOT,
     )
     assert out.returncode == 0, f"ruff format would change:\n{out.stdout}{out.stderr}"
+
+
+def test_mypy_is_clean() -> None:
+    """Types are checked (`[tool.mypy]` in pyproject.toml), so a wrong shape fails here, not in production."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "api", "scheduler", "vipu", "workers", "ipucloud"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, f"mypy found problems:\n{out.stdout[-6000:]}{out.stderr}"

@@ -51,7 +51,7 @@ import redis
 from scheduler import bus, runtime
 from scheduler.db import Database
 from scheduler.models import AttemptState
-from scheduler.services import agents, attempts
+from scheduler.services import agents, attempts, executables
 from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
 from scheduler.services.checkpoints import CheckpointDue
@@ -464,7 +464,8 @@ class Agent:
                 )
             )
             if ev.kind == "compile_end":
-                self._compiled.append((run.plan.executable_key, taken.machine_type, run.compile_s))
+                cache_key = executables.tenant_key(tenant_id=taken.tenant_id, key=run.plan.executable_key)
+                self._compiled.append((cache_key, taken.machine_type, run.compile_s))
         r.last_t = t
         if preempted:
             saved = self._save(r, t, "preemption")

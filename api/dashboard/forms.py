@@ -29,6 +29,8 @@ JOB_FIELDS = (
     "max_runtime_s",
     "preemptible",
     "checkpoint_every_s",
+    "prefer",
+    "session",
 )
 INT_FIELDS = ("batch_size", "seq_len", "steps", "samples")
 IPU_CHOICES = ("auto", "1", "2", "4", "8", "16", "32", "64", "128", "256")
@@ -110,6 +112,8 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
             parsed.errors["checkpoint_every_s"] = "Enter a whole number of seconds."
     if values.get("preemptible") not in ("", "on"):
         parsed.errors["preemptible"] = "Tick the box or leave it."
+    if values.get("prefer") not in ("", "time", "cost"):
+        parsed.errors["prefer"] = "Choose finishing first or spending least."
     if not values.get("model"):
         parsed.errors["model"] = "Choose a workload."
     if numbers.get("steps") is not None and numbers.get("samples") is not None:
@@ -132,6 +136,8 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
                 "max_runtime_s": max_runtime,
                 "preemptible": values.get("preemptible") == "on",
                 "checkpoint_every_s": checkpoint_every,
+                "prefer": values.get("prefer") or "time",
+                "session": values.get("session") or None,
             }
         )
     except ValidationError as exc:

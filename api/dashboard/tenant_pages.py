@@ -36,6 +36,7 @@ from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
+from scheduler.services import sessions as session_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import OneTenant, Scope
@@ -177,6 +178,7 @@ def _submit_context(
     errors: dict[str, str],
     estimate: dict[str, Any] | None,
     own: list[dict[str, Any]] | None = None,
+    live_sessions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "values": values,
@@ -184,6 +186,7 @@ def _submit_context(
         "estimate": estimate,
         "catalogue": _catalogue(),
         "own_models": own or [],
+        "live_sessions": live_sessions or [],
         "ipu_choices": forms.IPU_CHOICES,
         "idempotency": values.get("idempotency") or secrets.token_urlsafe(16),
     }
@@ -198,14 +201,34 @@ def submit_page(
     db: DbDep,
     user: ReaderUser,
     model: Annotated[str | None, Query(max_length=100)] = None,
+    session: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
-    values = forms.job_values({"model": model} if model else {}, DEFAULTS)
-    return render(request, "submit.html", _submit_context(values, {}, None, _own(db, user)), user=user)
+    given = {k: v for k, v in (("model", model), ("session", session)) if v}
+    values = forms.job_values(given, DEFAULTS)
+    context = _submit_context(values, {}, None, _own(db, user), _live_sessions(db, user))
+    return render(request, "submit.html", context, user=user)
 
 
 def _own(db: DbDep, user: sessions.DashSession) -> list[dict[str, Any]]:
     """The tenant's own models for the form's workload list (an admin has none)."""
     return [] if user.tenant_id is None else model_pages.submit_choices(db, user.tenant_id)
+
+
+def _live_sessions(db: DbDep, user: sessions.DashSession) -> list[dict[str, Any]]:
+    """The tenant's sessions a job can be sent to (starting or active), for the form's session list."""
+    if user.tenant_id is None:
+        return []
+    with db.read() as s:
+        rows = session_service.list_sessions(session=s, scope=OneTenant(user.tenant_id), after=None, limit=50)
+        return [
+            {
+                "id": r.id,
+                "label": f"{r.name or r.id}: {r.ipus} IPU{'s' if r.ipus != 1 else ''}"
+                f"{'' if r.machine == 'any' else f' of {r.machine}'} ({r.state})",
+            }
+            for r in rows
+            if r.state in ("starting", "active")
+        ]
 
 
 def run_estimate(
@@ -264,19 +287,20 @@ def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form:
     values["idempotency"] = idempotency
     parsed, spec = forms.parse_job(values)
     own = _own(db, user)
+    live = _live_sessions(db, user)
     if spec is None:
-        context = _submit_context(values, parsed.errors, None, own)
+        context = _submit_context(values, parsed.errors, None, own, live)
         return render(request, "submit.html", context, status_code=422)
     if action == "preview":
         est, status = run_estimate(db, settings, user, spec)
-        context = _submit_context(values, {}, est, own)
+        context = _submit_context(values, {}, est, own, live)
         return render(request, "submit.html", context, status_code=status, user=user)
     if user.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     try:
         job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
     except DomainError as exc:
-        context = _submit_context(values, {"form": exc.detail}, None, own)
+        context = _submit_context(values, {"form": exc.detail}, None, own, live)
         return render(request, "submit.html", context, status_code=exc.status, user=user)
     bus.wake_scheduler("submit")
     sessions.flash(user, f"Job {spec.name} submitted.")

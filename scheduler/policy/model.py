@@ -82,6 +82,9 @@ class RunningJob:
     reserved: bool = False  # runs in a reserved partition (which outlives it)
     preemptible: bool = False
     checkpoint_every: float = math.inf
+    # A session's hold on its partition (scheduler/services/sessions.py): its owner works in it
+    # interactively and has nothing to checkpoint, so it is never stopped for other work.
+    session: bool = False
 
     def at_risk(self, now: float) -> float:
         """Run time since its last checkpoint at ``now``."""

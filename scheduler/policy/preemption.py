@@ -1,7 +1,7 @@
 """Preemption: stop running work so a job that waits can start now.
 
 Two kinds of work may be stopped, never a job in a reserved partition (stopping it frees nothing for
-anyone else):
+anyone else) nor a session's hold on its partition (its owner is working in it):
 - work its owner submitted `preemptible` (cheaper), for any job that is not, whoever's: the user's
   choice, always on;
 - with the operator's switch (IPUCLOUD_PREEMPTION), any job of a strictly lower priority class.
@@ -23,7 +23,7 @@ from vipu.allocator import Allocator, Placement
 
 def may_preempt(job: QueuedJob, victim: RunningJob, *, by_priority: bool) -> bool:
     """Whether ``victim`` may be stopped to make room for ``job``."""
-    if victim.reserved:
+    if victim.reserved or victim.session:
         return False
     if victim.preemptible and not job.preemptible:
         return True

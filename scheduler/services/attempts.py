@@ -339,7 +339,11 @@ def take_many(
             result.failed.append(attempt.id)
             continue
         planned.append((attempt, job, partition, plan, spec))
-    cached = executables.cached_keys(session=session, keys={p.executable_key for _, _, _, p, _ in planned})
+    cache_key = {
+        attempt.id: executables.tenant_key(tenant_id=job.tenant_id, key=plan.executable_key)
+        for attempt, job, _, plan, _ in planned
+    }
+    cached = executables.cached_keys(session=session, keys=set(cache_key.values()))
     # A job that checkpointed resumes from its last checkpoint (docs/checkpoints.md).
     resume_from = checkpoints.latest_by_job(
         session=session, job_ids=[job.id for _, job, _, _, _ in planned if job.task == "train"]
@@ -348,7 +352,7 @@ def take_many(
     for attempt, job, partition, plan, spec in planned:
         checkpoint = resume_from.get(job.id)
         first_step, run_base = (checkpoint.step, checkpoint.run_s) if checkpoint is not None else (0, 0.0)
-        warm = plan.executable_key in cached
+        warm = cache_key[attempt.id] in cached
         try:
             run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
         except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
@@ -490,7 +494,7 @@ def record_tick(
     saved: Sequence[checkpoints.CheckpointDue] = (),
 ) -> TickResult:
     """One agent tick in the caller's transaction: renew the agent's lease (its heartbeat), write the
-    log lines, record compiled executables `(key, machine type, compile_s)`, write the checkpoints
+    log lines, record compiled executables `(tenant_key, machine type, compile_s)`, write the checkpoints
     `saved` of attempts it still holds, end what finished and bill what is due. Nothing is written if
     the lease is gone."""
     if not agents.renew(session=session, lease=agent, lease_s=lease_s, running=running, ipus_busy=ipus_busy):

@@ -13,28 +13,62 @@ What they change:
   kept, and refunded the rest (`metering.Settle.kept_s`): the tenant pays for every step once;
 - a job stopped by its time limit can be resumed by its owner (`resume_job`) within its plan's
   `checkpoint_retention_s`.
+
+What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints and each
+attempt's last one, which hold everything the rest reads (the last one to resume from, an attempt's
+last one for its fault billing, the ones `GET /jobs/{id}` lists); and none of a finished job once
+its plan's retention has passed, when it can no longer be resumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import billing
-from scheduler.errors import Conflict, QuotaExceeded
-from scheduler.models import Attempt, AttemptState, Checkpoint, Job, JobState, Plan, Tenant, utcnow
+from scheduler.db import changed
+from scheduler.errors import Conflict, LimitExceeded, QuotaExceeded
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Job,
+    JobState,
+    Plan,
+    Tenant,
+    utcnow,
+)
 from scheduler.services.job_state import add_event
 from scheduler.services.scope import Scope
 
 # Checkpoints `GET /jobs/{id}` lists: the newest ones (a week-long job checkpointing every ten
 # minutes has a thousand).
 LISTED = 20
+# A job's newest checkpoints kept (older ones are pruned, but for each attempt's last): all that
+# is ever read is the job's last one, each attempt's last one and the listed ones.
+KEPT = LISTED
+# Beyond its plan's retention a finished job's checkpoints go, after this margin: an owner's resume
+# that passed its retention check an instant before still finds its checkpoint.
+RETENTION_MARGIN = timedelta(hours=1)
+# Jobs pruned per call, so one call's transaction stays short; the loop calls again.
+PRUNE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Pruned:
+    thinned: int  # older checkpoints of jobs with more than KEPT (not an attempt's last)
+    expired: int  # every checkpoint of finished jobs past their plan's retention
+
+    @property
+    def total(self) -> int:
+        return self.thinned + self.expired
 
 
 @dataclass(frozen=True)
@@ -125,6 +159,68 @@ def list_for_job(*, session: Session, job_id: str, limit: int = LISTED) -> tuple
     return rows, int(total)
 
 
+def prune(*, session: Session, now: datetime, batch: int = PRUNE_BATCH) -> Pruned:
+    """Delete what no one will read again: checkpoints beyond each job's newest `KEPT`, and all of a
+    finished job's once its plan's retention (and `RETENTION_MARGIN`) has passed."""
+    crowded = list(
+        session.execute(
+            select(Checkpoint.job_id).group_by(Checkpoint.job_id).having(func.count() > KEPT).limit(batch)
+        ).scalars()
+    )
+    thinned = 0
+    if crowded:
+        ranked = (
+            select(
+                Checkpoint.id,
+                func.row_number()
+                .over(partition_by=Checkpoint.job_id, order_by=Checkpoint.id.desc())
+                .label("newest"),
+                func.row_number()
+                .over(partition_by=Checkpoint.attempt_id, order_by=Checkpoint.id.desc())
+                .label("of_attempt"),
+            )
+            .where(Checkpoint.job_id.in_(crowded))
+            .subquery()
+        )
+        old = select(ranked.c.id).where(ranked.c.newest > KEPT, ranked.c.of_attempt > 1)
+        thinned = changed(session, delete(Checkpoint).where(Checkpoint.id.in_(old)))
+
+    # Retention is per plan; the shortest bounds the candidates, each job's own plan decides.
+    shortest = session.execute(select(func.min(Plan.checkpoint_retention_s))).scalar_one_or_none()
+    expired = 0
+    if shortest is not None:
+        finished_before = now - timedelta(seconds=int(shortest)) - RETENTION_MARGIN
+        candidates = session.execute(
+            select(Job.id, Job.finished_at, Plan.checkpoint_retention_s)
+            .join(Tenant, Tenant.id == Job.tenant_id)
+            .join(Plan, Plan.name == Tenant.plan_name)
+            .where(
+                Job.id.in_(select(Checkpoint.job_id).distinct()),
+                Job.state.in_(sorted(FINAL_JOB_STATES)),
+                Job.finished_at < finished_before,
+            )
+            .limit(batch)
+        ).tuples()
+        due = [
+            job_id
+            for job_id, finished_at, retention in candidates
+            if finished_at is not None
+            and finished_at + timedelta(seconds=int(retention)) + RETENTION_MARGIN < now
+        ]
+        if due:
+            # Locked as resume_job locks them, skipping any an owner holds: it is resumed, not gone.
+            locked = list(
+                session.execute(
+                    select(Job.id)
+                    .where(Job.id.in_(due), Job.state.in_(sorted(FINAL_JOB_STATES)))
+                    .with_for_update(skip_locked=True)
+                ).scalars()
+            )
+            if locked:
+                expired = changed(session, delete(Checkpoint).where(Checkpoint.job_id.in_(locked)))
+    return Pruned(thinned=thinned, expired=expired)
+
+
 def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
     return {
         "step": c.step,
@@ -212,20 +308,40 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     )
     if tenant.status != "active":
         raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)
-    done = session.execute(
+    done = changed(
+        session,
         update(Tenant)
         .where(
             Tenant.id == tenant.id,
             Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
         )
-        .values(reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        # The queued-job bound stays an upper bound (scheduler/services/jobs.py, submit_jobs).
+        .values(
+            reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve,
+            queued_jobs_bound=Tenant.queued_jobs_bound + 1,
+        )
+        .execution_options(synchronize_session=False),
+    )
     if done != 1:
+        cost = billing.ipu_hours(reserve)
         raise QuotaExceeded(
-            f"Resuming this job is predicted to cost {reserve / 3.6e6:.3f} IPU-hours, more than is left "
-            "of the grant.",
-            cost_ipu_hours=round(reserve / 3.6e6, 6),
+            f"Resuming this job is predicted to cost {cost:.3f} IPU-hours, more than is left of the grant.",
+            cost_ipu_hours=cost,
+        )
+    # Counted under the tenant's row lock the update took, as admission counts: a resume joins the
+    # queue like a submission and is held to the plan's limit like one.
+    queued = session.execute(
+        select(func.count()).select_from(
+            select(Job.id)
+            .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
+            .limit(plan.max_queued_jobs)
+            .subquery()
+        )
+    ).scalar_one()
+    if queued >= plan.max_queued_jobs:
+        raise LimitExceeded(
+            f"The {plan.name} plan allows {plan.max_queued_jobs} queued jobs; wait for some to start.",
+            limit="max_queued_jobs",
         )
     job.reserved_ipu_ms = reserve
     # Its time limit counts again from here: what it had run is behind it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
@@ -102,8 +102,9 @@ def _estimate_on(
     *,
     strict: bool,
 ) -> dict[str, Any]:
+    size_asked: int | Literal["auto"] = "auto" if ipus == "auto" else int(ipus)
     try:
-        result = emulator.estimate(spec, ipus if ipus == "auto" else int(ipus), machine)
+        result = emulator.estimate(spec, size_asked, machine)
     except emulator.WorkloadError as exc:
         raise InvalidRequest(str(exc))
     except emulator.CompileError as exc:
@@ -112,15 +113,23 @@ def _estimate_on(
         if strict:
             raise DoesNotFit(str(exc), machine=machine)
         return {"fits": False, "machine": machine, "error": str(exc)}
-    out = result.to_dict()
+    out: dict[str, Any] = result.to_dict()
     key = out["plan"].get("executable_key") if isinstance(out.get("plan"), dict) else None
-    if session is not None and key and executables.is_cached(session=session, key=str(key)):
-        # Compiled before: the run skips compilation, and so do its time, cost and reservation
-        # (what submission reserves; see jobs.submit_job).
-        out = emulator.estimate(spec, ipus if ipus == "auto" else int(ipus), machine, cached=True).to_dict()
+    cached = (
+        session is not None
+        and key is not None
+        and ctx.tenant_id is not None
+        and executables.is_cached(
+            session=session, key=executables.tenant_key(tenant_id=ctx.tenant_id, key=str(key))
+        )
+    )
+    if cached:
+        # Compiled before for this tenant: the run skips compilation, and so do its time, cost and
+        # reservation (what submission reserves; see jobs.submit_job).
+        out = emulator.estimate(spec, size_asked, machine, cached=True).to_dict()
     out["charged_ipu_hours"] = None if out.get("ipu_hours") is None else round(out["ipu_hours"] * rate, 6)
     if session is not None and out.get("fits"):
-        size = int(out["plan"]["ipus"]) if isinstance(out.get("plan"), dict) else int(ipus)  # type: ignore[arg-type]
+        size = int(out["plan"]["ipus"]) if isinstance(out.get("plan"), dict) else int(ipus)
         try:
             fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine)
         except InvalidRequest as exc:

@@ -1,7 +1,13 @@
 """The executable cache: which compiled graphs exist, so a rerun of the same configuration skips
-compilation (Poplar caches executables the same way, keyed by everything that shapes the graph)."""
+compilation (Poplar caches executables the same way, keyed by everything that shapes the graph).
+
+The cache is each tenant's own, as a Poplar cache directory is its user's: its rows are keyed by
+`tenant_key`, the plan's executable key within the tenant. A shared cache would tell a tenant, by a
+cheaper estimate or a run without compile, that another tenant had run the same configuration."""
 
 from __future__ import annotations
+
+import hashlib
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -10,7 +16,13 @@ from sqlalchemy.orm import Session
 from scheduler.models import Executable, utcnow
 
 
+def tenant_key(*, tenant_id: str, key: str) -> str:
+    """The cache's key for a plan's executable key `key` compiled for tenant `tenant_id`."""
+    return hashlib.sha256(f"{tenant_id}\0{key}".encode()).hexdigest()[:40]
+
+
 def is_cached(*, session: Session, key: str) -> bool:
+    """Whether `key` (a `tenant_key`) is compiled."""
     return session.execute(select(Executable.key).where(Executable.key == key)).first() is not None
 
 

@@ -412,9 +412,10 @@ def _prepare(
         except DoesNotFit as exc:
             refusals.append((kind, exc))
             continue
-        # Compiled before (by anyone: the cache is keyed by everything that shapes the graph, and a
-        # run that finds it there skips compilation and is billed so): plan and reserve without it.
-        resolved = resolved.given_cache(executables.is_cached(session=session, key=resolved.executable_key))
+        # Compiled before for this tenant (a run that finds it in the tenant's cache skips
+        # compilation and is billed so): plan and reserve without it.
+        cache_key = executables.tenant_key(tenant_id=r.tenant_id, key=resolved.executable_key)
+        resolved = resolved.given_cache(executables.is_cached(session=session, key=cache_key))
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:

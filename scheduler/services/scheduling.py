@@ -238,6 +238,7 @@ def build_snapshot(
                 inside,
                 preemptible=bool(preemptible),
                 checkpoint_every=checkpoint_every(every, task) / time_scale,
+                session=kind == "session" and gcd < 0,
             )
         )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale

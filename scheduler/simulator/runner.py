@@ -87,11 +87,7 @@ def replay_policy(
     limit = spec.max_runtime_s or default_limit(jobs)
     told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)
     fleet = spec.build_fleet()
-    work = dict(
-        preemptible=spec.preemptible(jobs),
-        checkpoint_every_s=spec.checkpoint_every_s,
-        warning_s=spec.warning_s,
-    )
+    preemptible = spec.preemptible(jobs)
     if fleet is None:
         sim = Simulation(
             jobs,
@@ -101,7 +97,9 @@ def replay_policy(
             machine=spec.machine,
             estimate_model=model,
             estimate_every=spec.estimate_every,
-            **work,
+            preemptible=preemptible,
+            checkpoint_every_s=spec.checkpoint_every_s,
+            warning_s=spec.warning_s,
         )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
@@ -113,7 +111,9 @@ def replay_policy(
             runs=runs,
             estimate_model=model,
             estimate_every=spec.estimate_every,
-            **work,
+            preemptible=preemptible,
+            checkpoint_every_s=spec.checkpoint_every_s,
+            warning_s=spec.warning_s,
         )
     pending = 0
 

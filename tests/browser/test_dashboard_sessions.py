@@ -54,3 +54,45 @@ def test_start_see_and_end_a_session(client: TestClient, seeded: Seeded, db: Any
     with db.read() as s:
         row = s.get(IpuSession, sid)
         assert row.state == "ended" and row.ended_reason == "owner" and row.idle_timeout_s == 600
+
+
+def test_the_submit_form_offers_only_the_tenants_live_sessions(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, other_key = make_tenant(db, "neighbour", plan="trial")
+    theirs = client.post(
+        "/api/v1/sessions", json={"ipus": 1}, headers={"Authorization": f"Bearer {other_key}"}
+    )
+    assert theirs.status_code == 202, theirs.text
+    other_sid = theirs.json()["id"]
+
+    _, key = make_tenant(db, "acme", plan="trial")
+    assert sign_in(client, key).status_code == 303
+    csrf = csrf_of(client, "/sessions")
+    r = client.post("/sessions", data={"csrf": csrf, "ipus": "4", "name": "nb"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    sid = r.headers["location"].rsplit("/", 1)[1]
+
+    form = client.get("/jobs/new")
+    assert f'<option value="{sid}">nb: 4 IPUs (starting)</option>' in form.text, form.text
+    assert other_sid not in form.text
+    assert '<option value="cost">' in form.text  # the `prefer` choice for machine `any`
+
+    def send(**fields: str) -> Any:
+        data = {"csrf": csrf, "action": "submit", "model": "resnet50", "steps": "10", "ipus": "1", **fields}
+        return client.post("/jobs/new", data=data, follow_redirects=False)
+
+    def jobs() -> int:
+        return len(client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()["items"])
+
+    bad = send(prefer="fastest")
+    assert bad.status_code == 422 and "Choose finishing first or spending least." in bad.text
+    bad = send(session="not-a-session")
+    assert bad.status_code == 422 and 'id="session-error"' in bad.text, bad.text
+    # Another tenant's session is as missing as one that never was; one still starting runs nothing.
+    foreign = send(session=other_sid)
+    assert foreign.status_code == 404 and "form-error" in foreign.text and other_sid in foreign.text
+    starting = send(session=sid)
+    assert starting.status_code == 409 and "form-error" in starting.text, starting.text
+    assert f'<option value="{sid}" selected>' in starting.text  # the choice is kept for a retry
+    assert jobs() == 0

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from scheduler.models import Attempt, Executable, MeterEvent
+from scheduler.services import executables
 from tests.support import onnx_files
 from tests.support.cloud import RunningCloud
 
@@ -22,7 +23,7 @@ def _events(c: Any, job_id: str) -> list[dict[str, Any]]:
 
 
 def test_an_uploaded_model_runs_is_metered_and_its_executable_is_cached(cloud: RunningCloud, db: Any) -> None:
-    _, key = cloud.create_tenant("byom")
+    tenant_id, key = cloud.create_tenant("byom")
     weighted = onnx_files.mlp(hidden=512, layers=4)
     with cloud.http(key) as c:
         r = c.post("/api/v1/models", files={"file": ("net.onnx", weighted)})
@@ -69,7 +70,8 @@ def test_an_uploaded_model_runs_is_metered_and_its_executable_is_cached(cloud: R
         )
         assert any(w["workload"] == model["id"] for w in usage["by_workload"]), usage["by_workload"]
     with db.read() as s:
-        assert s.get(Executable, compiled["executable_key"]) is not None
+        cached = executables.tenant_key(tenant_id=tenant_id, key=compiled["executable_key"])
+        assert s.get(Executable, cached) is not None
         attempts = (
             s.execute(select(Attempt.id).where(Attempt.job_id.in_([first_id, second_id]))).scalars().all()
         )

@@ -116,6 +116,33 @@ def test_session_lifecycle_jobs_billing_and_isolation(slow_cloud: RunningCloud, 
             assert shown.status_code == 200
             assert all(j in shown.text for j in ran) and "Idle countdown" in shown.text
             assert "Time left" in shown.text and active["partition"]["id"] in shown.text
+            # The submit form offers the session (preselected from its page's link) and runs a job in it.
+            assert f'href="/jobs/new?session={sid}"' in shown.text
+            form = browser.get(f"/jobs/new?session={sid}")
+            assert f'<option value="{sid}" selected>' in form.text, form.text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+            sent = browser.post(
+                "/jobs/new",
+                data={
+                    "csrf": csrf,
+                    "action": "submit",
+                    "model": "resnet50",
+                    "task": "train",
+                    "batch_size": "64",
+                    "steps": "20",
+                    "ipus": "4",
+                    "precision": "fp16",
+                    "prefer": "time",
+                    "session": sid,
+                },
+                follow_redirects=False,
+            )
+            assert sent.status_code == 303, sent.text
+            from_form = sent.headers["location"].rsplit("/", 1)[1]
+            done = wait_job(c, from_form, ("succeeded", "failed", "cancelled"))
+            assert done["state"] == "succeeded" and done["session"] == sid, done
+            assert done["partition"] == active["partition"]["id"]
+            ran.append(from_form)
 
         # A job larger than the session is refused, and so is a job in a session that is not active.
         assert_problem(c.post("/api/v1/jobs", json={**JOB, "ipus": 8, "session": sid}), 409)

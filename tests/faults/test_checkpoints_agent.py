@@ -8,16 +8,19 @@ are in tests/faults/test_checkpoints.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from scheduler.billing import charged_ipu_ms
-from scheduler.models import Attempt, AttemptState, Checkpoint, Job, MeterEvent, Tenant
+from scheduler.models import Attempt, AttemptState, Checkpoint, Job, MeterEvent, Plan, Tenant, utcnow
 from scheduler.services import checkpoints
 from scheduler.settings import get_settings, reset_settings_cache
+from tests.faults.harness import agent as harness_agent
 from tests.faults.harness import leader_loop, make_tenant, place, submit
+from tests.faults.harness import take as harness_take
 from tests.faults.test_agent import FakeClock, make_agent, run_for, take
 
 
@@ -127,3 +130,83 @@ def test_a_warned_attempt_checkpoints_ends_itself_and_loses_at_most_the_warning(
     # Billed for the work it keeps, at the preemptible (discounted) rate.
     assert ended.rate < 1.0
     assert billed(db, job_id) == charged_ipu_ms(ended.size, saved.cluster_s, ended.rate)
+
+
+def test_pruning_keeps_what_is_read_and_drops_a_finished_jobs_past_its_retention(
+    db: Any, tenant: str
+) -> None:
+    loop = leader_loop(db)
+    ids = [submit(db, tenant, name=f"long-{n}", steps=1_000_000) for n in range(2)]
+
+    def note(a: Attempt, steps: range) -> None:
+        with db.write() as s:
+            checkpoints.record(
+                session=s,
+                items=[
+                    checkpoints.CheckpointDue(
+                        attempt_id=a.id,
+                        job_id=a.job_id,
+                        attempt=a.number,
+                        step=100 * n,
+                        steps=1_000_000,
+                        samples=6400 * n,
+                        executable_key="k",
+                        machine_type="m2000",
+                        cluster_s=60.0 * n,
+                        run_s=60.0 * n,
+                        reason="periodic",
+                    )
+                    for n in steps
+                ],
+            )
+
+    # The first job's first attempt notes 3 checkpoints and is lost with its agent (a new incarnation
+    # of the host registers); its second attempt notes many more.
+    lost = place(db, loop, ids[0])
+    note(lost, range(1, 4))
+    harness_take(db, lost, worker="host-a")
+    harness_agent(db, "host-a")
+    assert attempts_of(db, ids[0])[0].state == AttemptState.LOST
+    many = checkpoints.KEPT + 15
+    attempts = [place(db, loop, job_id) for job_id in ids]
+    for a in attempts:
+        note(a, range(4, 4 + many))
+    with db.read() as s:
+        last = checkpoints.latest_by_job(session=s, job_ids=ids)
+        kept = checkpoints.kept_by_attempt(session=s, attempt_ids=[lost.id] + [a.id for a in attempts])
+
+    pruned = loop.prune_checkpoints()
+    # The first job: 3 + 35 noted, its newest 20 and the lost attempt's last kept.
+    assert pruned.thinned == (3 + many - checkpoints.KEPT - 1) + (many - checkpoints.KEPT)
+    assert pruned.expired == 0
+    first, second = (checkpoints_of(db, job_id) for job_id in ids)
+    assert [c.step for c in first] == [300] + [100 * n for n in range(4 + many - checkpoints.KEPT, 4 + many)]
+    assert len(second) == checkpoints.KEPT and second[-1].step == 100 * (3 + many)
+    with db.read() as s:
+        # Everything read after pruning reads as before: the checkpoint to resume from, the work
+        # kept by each attempt and the listed newest ones.
+        assert {j: c.id for j, c in checkpoints.latest_by_job(session=s, job_ids=ids).items()} == {
+            j: c.id for j, c in last.items()
+        }
+        assert (
+            checkpoints.kept_by_attempt(session=s, attempt_ids=[lost.id] + [a.id for a in attempts]) == kept
+        )
+        listed, total = checkpoints.list_for_job(session=s, job_id=ids[1])
+        assert total == checkpoints.KEPT and listed[0].step == 100 * (3 + many)
+    assert loop.prune_checkpoints().total == 0  # nothing more to do
+
+    # Both jobs stop by their time limit; one stopped within its plan's retention, one long before.
+    with db.write() as s:
+        retention = (
+            s.execute(select(Plan.checkpoint_retention_s).join(Tenant, Tenant.plan_name == Plan.name))
+            .scalars()
+            .first()
+        )
+        for job_id, ago in zip(ids, (60, retention + 2 * 3600), strict=True):
+            job = s.get(Job, job_id)
+            job.state = "failed"
+            job.finished_at = utcnow() - timedelta(seconds=ago)
+    pruned = loop.prune_checkpoints()
+    assert pruned.expired == checkpoints.KEPT and pruned.thinned == 0
+    assert len(checkpoints_of(db, ids[0])) == checkpoints.KEPT + 1  # still resumable: kept
+    assert checkpoints_of(db, ids[1]) == []

@@ -85,8 +85,9 @@ BERT = {"model": "bert-base", "task": "train", "batch_size": 32, "seq_len": 128,
 
 def test_a_compiled_executable_is_left_out_of_cost_and_reservation(db: Any, seeded: Any, client: Any) -> None:
     """A trial grant too small for compiling bert-base, but ample for running it once compiled."""
-    _, key = new_tenant(db, "trial", quota_ipu_hours=0.2)
+    tenant_id, key = new_tenant(db, "trial", quota_ipu_hours=0.2)
     headers = {"Authorization": f"Bearer {key}"}
+    _, neighbour_key = new_tenant(db, "neighbour", quota_ipu_hours=0.2)
     body = {"workload": BERT, "ipus": 4, "machine": "m2000"}
     cold = client.post("/api/v1/estimates", json=body, headers=headers).json()
     assert cold["cached"] is False and cold["ipu_hours"] > 0.5 and cold["compile_s"] > 0
@@ -97,7 +98,8 @@ def test_a_compiled_executable_is_left_out_of_cost_and_reservation(db: Any, seed
 
     resolved = emulation.resolve(WorkloadRequest.model_validate(BERT), 4, "m2000")
     with db.write() as s:  # as a worker does once it has compiled it (workers/agent.py)
-        executables.record(session=s, key=resolved.executable_key, machine_type="m2000", compile_s=750.0)
+        cache_key = executables.tenant_key(tenant_id=tenant_id, key=resolved.executable_key)
+        executables.record(session=s, key=cache_key, machine_type="m2000", compile_s=750.0)
 
     warm = client.post("/api/v1/estimates", json=body, headers=headers).json()
     assert warm["cached"] is True and warm["compile_s"] == 0
@@ -109,3 +111,9 @@ def test_a_compiled_executable_is_left_out_of_cost_and_reservation(db: Any, seed
         stored = s.get(Job, accepted.json()["id"])
         assert stored.predicted_runtime_s == resolved.cached_runtime_s
         assert stored.reserved_ipu_ms < 0.05 * 3_600_000
+    # The cache is the tenant's own: another tenant's estimate shows no sign of it, and its job still
+    # needs the compile its grant cannot pay for.
+    neighbour = {"Authorization": f"Bearer {neighbour_key}"}
+    theirs = client.post("/api/v1/estimates", json=body, headers=neighbour).json()
+    assert theirs["cached"] is False and theirs["ipu_hours"] == cold["ipu_hours"]
+    assert client.post("/api/v1/jobs", json=job, headers=neighbour).status_code in (402, 403, 409, 422)

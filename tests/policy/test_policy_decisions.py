@@ -216,6 +216,25 @@ def test_preemption_is_off_by_default_and_stops_only_lower_priority_work_when_on
     assert decide(same, get_policy("default").with_options(preemption=True)).preempt == []
 
 
+def test_a_sessions_hold_is_never_preempted() -> None:
+    """Whatever its priority or the operator's switch: its owner is working in the partition."""
+    alloc = Allocator(Fleet.uniform(1))
+    hold = run(alloc, "session-hold", 64, ends=NOW + 10_000, priority=-100)
+    held = RunningJob(hold.id, hold.tenant_id, hold.size, hold.partition, hold.started_at, hold.expected_end,
+                      hold.priority, session=True)  # fmt: skip
+    jobs = [queued("urgent", "a", 32, at=0, priority=5)]
+    snapshot = Snapshot.build(now=NOW, queued=jobs, running=[held], allocator=alloc)
+    on = decide(snapshot, get_policy("default").with_options(preemption=True))
+    assert on.preempt == [] and started(on) == []
+    # The same work not held by a session is stopped.
+    again = Allocator(Fleet.uniform(1))
+    plain = run(again, "batch", 64, ends=NOW + 10_000, priority=-100)
+    snapshot = Snapshot.build(now=NOW, queued=jobs, running=[plain], allocator=again)
+    assert [r.id for r in decide(snapshot, get_policy("default").with_options(preemption=True)).preempt] == [
+        "batch"
+    ]
+
+
 def test_count_only_planner_launches_into_fragments_and_fails() -> None:
     # 8 free IPUs, but as 8 single IPUs on 8 machines: enough by count, no partition of 8.
     alloc = Allocator(Fleet.uniform(1), "first-fit")
