@@ -115,6 +115,7 @@ def runtime(env: dict[str, str]) -> Iterator[Runtime]:
     runtime_module.install(rt)
     yield rt
     runtime_module.close_current()
+    rt.close()  # also when the test installed another one meanwhile (an app's lifespan)
 
 
 @pytest.fixture
