@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
@@ -16,7 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
 from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, sessions, trials, usage
+from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
+from scheduler.runtime import Runtime
 from scheduler.settings import Settings, get_settings
 from scheduler.text import has_hidden
 
@@ -159,9 +162,34 @@ class Observe:
             REQUESTS.labels(scope["method"], path, str(status)).inc()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
+    """The API on `settings` (by default the environment's).
+
+    Every dependency reads the app's runtime (`app.state.runtime`, api/deps.py). The lifespan builds
+    it from `settings` at start-up and closes it at shutdown, unless the caller hands one in (a test,
+    an embedding process): that one is the caller's to close, and is set at once, so an app whose
+    lifespan never runs (a TestClient used outside `with`) serves on it too."""
+    if runtime is not None:
+        settings = runtime.settings
     settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime is not None:
+            yield
+            return
+        built = Runtime.from_settings(settings)
+        app.state.runtime = built
+        # Service code publishes its after-commit hints on the process's runtime (scheduler/runtime.py).
+        runtime_module.install(built)
+        try:
+            yield
+        finally:
+            runtime_module.install(None)
+            built.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="ipucloud",
         version="0.1.0",
         summary="An IPU developer cloud: Virtual-IPU partitions, fair scheduling, emulated IPUs, metering.",
@@ -169,6 +197,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # api/apidocs.py serves /docs without a CDN
         redoc_url=None,
     )
+    if runtime is not None:
+        app.state.runtime = runtime
     problems.install(app)
 
     app.add_middleware(Observe)

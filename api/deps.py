@@ -1,4 +1,5 @@
-"""Typed dependencies: the database, the caller, and what the caller may do."""
+"""Typed dependencies: the runtime (and the settings and database it holds), the caller, and what
+the caller may do."""
 
 from __future__ import annotations
 
@@ -10,23 +11,33 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.ratelimit import check_not_exhausted, check_rate, check_rate_async, count_failure
-from scheduler.db import Database, get_database
+from scheduler.db import Database
 from scheduler.errors import Unauthorized
+from scheduler.runtime import Runtime
 from scheduler.services import keys
 from scheduler.services.keys import Principal
-from scheduler.settings import Settings, get_settings
+from scheduler.settings import Settings
 
 log = logging.getLogger("ipucloud.api")
 
 
 # Dependencies that do no I/O are `async`: FastAPI runs a plain `def` dependency in a worker
 # thread, and a request would otherwise hop threads once per dependency.
-async def _settings() -> Settings:
-    return get_settings()
+async def get_runtime(request: Request) -> Runtime:
+    """The app's runtime (api/app.py builds it at start-up): everything below derives from it."""
+    runtime: Runtime = request.app.state.runtime
+    return runtime
 
 
-async def _db() -> Database:
-    return get_database()
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def _settings(runtime: RuntimeDep) -> Settings:
+    return runtime.settings
+
+
+async def _db(runtime: RuntimeDep) -> Database:
+    return runtime.db
 
 
 SettingsDep = Annotated[Settings, Depends(_settings)]

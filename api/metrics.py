@@ -38,14 +38,14 @@ class ClusterCollector(Collector):
     """Cluster-wide reliability figures, read from the database on every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from scheduler.db import get_database
+        from scheduler.runtime import current
         from scheduler.services.reconciler import cluster_state
 
         ok = GaugeMetricFamily(
             "ipucloud_cluster_scrape_ok", "1 if the cluster figures below could be read from the database"
         )
         try:
-            with get_database().read() as s:
+            with current().db.read() as s:
                 state = cluster_state(s)
         except Exception as exc:  # the API's own metrics still matter while the database is away
             log.warning("cluster metrics unavailable: %s", exc)
@@ -127,11 +127,11 @@ class FleetCollector(Collector):
     histogram (submission to first placement), read from the database on every scrape."""
 
     def collect(self) -> Iterator[Metric]:
-        from scheduler.db import get_database
+        from scheduler.runtime import current
         from scheduler.services import fleet_metrics
 
         try:
-            with get_database().read() as s:
+            with current().db.read() as s:
                 ipus = fleet_metrics.ipus_by_type(s)
                 machines = fleet_metrics.machines_by_health(s)
                 waits = fleet_metrics.queue_wait_histogram(s)
@@ -169,6 +169,8 @@ def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
 
 
+# prometheus_client's default REGISTRY is process-wide and refuses a collector registered twice, so
+# these stay module-level; they read the process's runtime (`scheduler.runtime.current()`) at scrape.
 _cluster = ClusterCollector()
 _fleet = FleetCollector()
 _registered = False

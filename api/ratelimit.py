@@ -21,14 +21,10 @@ from limits.aio.strategies import FixedWindowRateLimiter as AsyncFixedWindowRate
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
+from scheduler import runtime
 from scheduler.errors import RateLimited
-from scheduler.settings import get_settings
 
 log = logging.getLogger("ipucloud.api")
-
-_lock = threading.Lock()
-_limiter: FixedWindowRateLimiter | None = None
-_items: dict[str, RateLimitItem] = {}
 
 
 def _storage_uri(url: str) -> str:
@@ -37,50 +33,74 @@ def _storage_uri(url: str) -> str:
     return url
 
 
-def limiter() -> FixedWindowRateLimiter:
-    global _limiter
+class RateLimits:
+    """The limiters of one runtime (scheduler/runtime.py), on its broker, made on first use.
+
+    The hot path (every authenticated request) counts on the event loop with an asyncio Redis
+    client, so a request needs no worker thread; one limiter per event loop, as asyncio clients
+    belong to the loop that made them."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.broker_url = broker_url
+        self._lock = threading.Lock()
+        self._limiter: FixedWindowRateLimiter | None = None
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, AsyncFixedWindowRateLimiter]] = {}
+
+    def limiter(self) -> FixedWindowRateLimiter:
+        with self._lock:
+            if self._limiter is None:
+                storage: Storage
+                try:
+                    # A redis:// URI gives the synchronous storage this limiter needs.
+                    storage = cast(Storage, storage_from_string(_storage_uri(self.broker_url)))
+                except Exception as exc:  # no Redis configured at all: limit per process
+                    log.warning("rate limits kept in memory: %s", exc)
+                    storage = MemoryStorage()
+                self._limiter = FixedWindowRateLimiter(storage)
+            return self._limiter
+
+    def async_limiter(self) -> AsyncFixedWindowRateLimiter:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            entry = self._async.get(id(loop))
+            if entry is None or entry[0] is not loop:
+                storage: AsyncStorage
+                try:
+                    storage = AsyncRedisStorage(
+                        "async+" + _storage_uri(self.broker_url), implementation="redispy", socket_timeout=2
+                    )
+                except Exception as exc:  # no Redis configured at all: limit per process
+                    log.warning("rate limits kept in memory: %s", exc)
+                    storage = AsyncMemoryStorage()
+                entry = self._async[id(loop)] = (loop, AsyncFixedWindowRateLimiter(storage))
+            return entry[1]
+
+
+_lock = threading.Lock()
+
+
+def _limits() -> RateLimits:
+    # The process's runtime, which the API's lifespan installs: the checks below are called from
+    # dependencies and routes that hold no runtime of their own to hand.
+    rt = runtime.current()
     with _lock:
-        if _limiter is None:
-            storage: Storage
-            try:
-                # A redis:// URI gives the synchronous storage this limiter needs.
-                storage = cast(Storage, storage_from_string(_storage_uri(get_settings().broker_url)))
-            except Exception as exc:  # no Redis configured at all: limit per process
-                log.warning("rate limits kept in memory: %s", exc)
-                storage = MemoryStorage()
-            _limiter = FixedWindowRateLimiter(storage)
-        return _limiter
+        limits = rt.extras.get(RateLimits)
+        if not isinstance(limits, RateLimits):
+            limits = rt.extras[RateLimits] = RateLimits(rt.settings.broker_url)
+        return limits
 
 
-# The hot path (every authenticated request) counts on the event loop with an asyncio Redis
-# client, so a request needs no worker thread; one limiter per event loop, as asyncio clients
-# belong to the loop that made them.
-_async_limiters: dict[int, tuple[asyncio.AbstractEventLoop, AsyncFixedWindowRateLimiter]] = {}
+def limiter() -> FixedWindowRateLimiter:
+    return _limits().limiter()
 
 
 def async_limiter() -> AsyncFixedWindowRateLimiter:
-    loop = asyncio.get_running_loop()
-    with _lock:
-        entry = _async_limiters.get(id(loop))
-        if entry is None or entry[0] is not loop:
-            storage: AsyncStorage
-            try:
-                url = get_settings().broker_url
-                storage = AsyncRedisStorage(
-                    "async+" + _storage_uri(url), implementation="redispy", socket_timeout=2
-                )
-            except Exception as exc:  # no Redis configured at all: limit per process
-                log.warning("rate limits kept in memory: %s", exc)
-                storage = AsyncMemoryStorage()
-            entry = _async_limiters[id(loop)] = (loop, AsyncFixedWindowRateLimiter(storage))
-        return entry[1]
+    return _limits().async_limiter()
 
 
-def reset_limiter() -> None:
-    global _limiter
-    with _lock:
-        _limiter = None
-        _async_limiters.clear()
+# Parsed limits ("100/minute"): a pure memo of immutable values, bounded by the few limit strings
+# the settings and routes name, so it stays a module-level cache.
+_items: dict[str, RateLimitItem] = {}
 
 
 def _item(limit: str) -> RateLimitItem:

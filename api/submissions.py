@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler import bus
-from scheduler.db import Database
 from scheduler.models import Job
+from scheduler.runtime import Runtime
 from scheduler.services import jobs as job_service
 
 log = logging.getLogger("ipucloud.api")
@@ -34,11 +34,11 @@ class _Item:
 
 
 class SubmitBatcher:
-    def __init__(self, db: Database, render: Callable[[Job], dict[str, Any]]) -> None:
-        self.db = db
+    def __init__(self, runtime: Runtime, render: Callable[[Job], dict[str, Any]]) -> None:
+        self.db = runtime.db
         self.render = render
         self.queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self.waker = bus.CoalescingWaker("submit")
+        self.waker = bus.CoalescingWaker("submit", runtime.redis_client())
         self.thread = threading.Thread(target=self._run, name="submit-batcher", daemon=True)
         self.thread.start()
 
@@ -92,14 +92,14 @@ class SubmitBatcher:
             self.waker.wake()
 
 
+# Guards making a runtime's batcher; the batcher itself is the runtime's (`Runtime.extras`).
 _lock = threading.Lock()
-_batchers: dict[int, SubmitBatcher] = {}
 
 
-def batcher(db: Database, render: Callable[[Job], dict[str, Any]]) -> SubmitBatcher:
-    """The process's batcher for this database (one writer thread per process and database)."""
+def batcher(runtime: Runtime, render: Callable[[Job], dict[str, Any]]) -> SubmitBatcher:
+    """The runtime's batcher (one writer thread per API process), started on first use."""
     with _lock:
-        b = _batchers.get(id(db))
-        if b is None or b.db is not db:
-            b = _batchers[id(db)] = SubmitBatcher(db, render)
+        b = runtime.extras.get(SubmitBatcher)
+        if not isinstance(b, SubmitBatcher):
+            b = runtime.extras[SubmitBatcher] = SubmitBatcher(runtime, render)
         return b

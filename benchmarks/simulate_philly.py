@@ -13,9 +13,9 @@ the figures, checks the default policy against its targets (average JCT at most 
 either; against the anchors, average JCT at most 0.8 of Tiresias' with p99 JCT and fairness no worse,
 and within 1.3 of ``srtf-oracle``'s; every replay but the anchors' under 60 s; with
 ``--estimate-every N``, the wait estimate's error) and the command that reproduces them. The
-anchors are slow (preemption asks the allocator at every pass): ``srtf-oracle`` took 914 s here.
+anchors are slow (preemption asks the allocator at every pass): ``srtf-oracle`` took 573-914 s here.
 ``--plots DIR`` writes the baselines' and the anchors' plots there (docs/img holds the committed
-ones, of the three baselines).
+ones, of the three baselines and the two anchors).
 """
 
 from __future__ import annotations

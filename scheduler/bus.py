@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
-import redis.asyncio as aioredis
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from scheduler.settings import Settings, get_settings
+from scheduler import runtime
 
 log = logging.getLogger(__name__)
 
@@ -36,52 +36,16 @@ def redis_from_url(url: str, **kwargs: object) -> redis.Redis:
     return redis.Redis.from_url(url, **kwargs)
 
 
-_client: redis.Redis | None = None
-_lock = threading.Lock()
-
-
-def get_redis(settings: Settings | None = None) -> redis.Redis:
-    global _client
-    with _lock:
-        if _client is None:
-            s = settings or get_settings()
-            _client = redis_from_url(
-                s.broker_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
-            )
-        return _client
-
-
-_async_client: aioredis.Redis | None = None
-
-
-def get_async_redis(settings: Settings | None = None) -> aioredis.Redis:
-    """For the API's event streams (one per event loop; the API runs one loop per process)."""
-    global _async_client
-    with _lock:
-        if _async_client is None:
-            s = settings or get_settings()
-            _async_client = aioredis.Redis.from_url(s.broker_url, socket_connect_timeout=5)
-        return _async_client
-
-
-def reset_redis() -> None:
-    global _client, _async_client
-    with _lock:
-        if _client is not None:
-            _client.close()
-        _client = None
-        _async_client = None
-
-
-def publish(channel: str, message: str) -> None:
+def publish(channel: str, message: str, client: redis.Redis | None = None) -> None:
+    """Publish a hint on `client`, by default the process's runtime's (scheduler/runtime.py)."""
     try:
-        get_redis().publish(channel, message)
+        (client or runtime.current().redis).publish(channel, message)
     except redis.RedisError as exc:
         log.warning("could not publish %s on %s: %s", message, channel, exc)
 
 
-def wake_scheduler(reason: str) -> None:
-    publish(WAKE_CHANNEL, reason)
+def wake_scheduler(reason: str, client: redis.Redis | None = None) -> None:
+    publish(WAKE_CHANNEL, reason, client)
 
 
 _AFTER_COMMIT = "ipucloud.after_commit"
@@ -111,8 +75,11 @@ class CoalescingWaker:
     for Redis. A wake-up after a quiet spell is published at once; under load, one per `interval_s`
     covers every request that asked in between (a scheduler pass takes longer than that anyway)."""
 
-    def __init__(self, reason: str, interval_s: float = 0.01) -> None:
+    def __init__(
+        self, reason: str, client: Callable[[], redis.Redis] | None = None, interval_s: float = 0.01
+    ) -> None:
         self.reason = reason
+        self.client = client
         self.interval_s = interval_s
         self._wanted = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"wake-{reason}", daemon=True)
@@ -125,5 +92,5 @@ class CoalescingWaker:
         while True:
             self._wanted.wait()
             self._wanted.clear()
-            wake_scheduler(self.reason)
+            wake_scheduler(self.reason, self.client() if self.client is not None else None)
             time.sleep(self.interval_s)

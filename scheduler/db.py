@@ -8,7 +8,6 @@ retry loop. Read-only transactions stay deferred so readers never queue behind w
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,8 +17,6 @@ from sqlalchemy import CursorResult, Engine, Executable, Table, create_engine, e
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
-
-from scheduler.settings import Settings, get_settings
 
 _BEGIN_OPTION = "ipucloud_sqlite_begin"
 
@@ -141,28 +138,6 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-_db: Database | None = None
-_db_lock = threading.Lock()
-
-
-def get_database(settings: Settings | None = None) -> Database:
-    """The process-wide database (one engine per process, created lazily after any fork)."""
-    global _db
-    with _db_lock:
-        if _db is None:
-            s = settings or get_settings()
-            _db = Database(s.db_url, idle_tx_timeout_s=s.db_idle_tx_timeout_s)
-        return _db
-
-
-def reset_database() -> None:
-    global _db
-    with _db_lock:
-        if _db is not None:
-            _db.dispose()
-        _db = None
 
 
 def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, Any]]) -> list[int]:

@@ -10,35 +10,22 @@ broker refuses, nothing is lost: the reconciler republishes a row no agent took 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 
-from celery import Celery
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from scheduler import bus
-from scheduler.broker import TASK_NAME, make_celery
-from scheduler.routing import Router
+from scheduler import runtime
+from scheduler.broker import TASK_NAME
 
 log = logging.getLogger(__name__)
 
 _PENDING = "ipucloud.dispatch_now"
-_lock = threading.Lock()
-_parts: tuple[Celery, Router] | None = None
-
-
-def _celery_and_router() -> tuple[Celery, Router]:
-    global _parts
-    with _lock:
-        if _parts is None:
-            _parts = (make_celery(), Router(bus.get_redis))
-        return _parts
 
 
 def queue_for(machine_type: str, ipu_ids: Sequence[str]) -> str:
     """The most specific queue a live host agent serves for these IPUs (as the dispatcher picks)."""
-    return _celery_and_router()[1].queue_for(machine_type, ipu_ids)
+    return runtime.current().dispatch()[1].queue_for(machine_type, ipu_ids)
 
 
 def publish_after_commit(session: Session, deliveries: Sequence[tuple[int, int, str]]) -> None:
@@ -56,7 +43,7 @@ def _send(session: Session) -> None:
     deliveries = session.info.pop(_PENDING, [])
     if not deliveries:
         return
-    celery, _ = _celery_and_router()
+    celery, _ = runtime.current().dispatch()
     try:
         with celery.producer_or_acquire() as producer:
             for attempt_id, epoch, queue in deliveries:

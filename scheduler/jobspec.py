@@ -86,7 +86,13 @@ class JobSpec(BaseModel):
         description="Run in this active session of yours (POST /api/v1/sessions): it starts at once on the "
         "session's partition, billed as part of the session.",
     )
-    priority: int = Field(0, ge=-100, le=100)
+    priority: int = Field(
+        0,
+        ge=-100,
+        le=100,
+        description="Orders your own queued jobs (higher first, then older first). It never ranks them "
+        "against other tenants' jobs: fair share and your plan's priority, set by an admin, do that.",
+    )
     max_runtime_s: int | None = Field(None, ge=1, le=365 * 24 * 3600)
     preemptible: bool = Field(
         False,

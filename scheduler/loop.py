@@ -23,7 +23,7 @@ from celery import Celery
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.orm import Session
 
-from scheduler import bus
+from scheduler import bus, runtime
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
@@ -81,6 +81,9 @@ class SchedulerLoop:
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
     queue_depth: Callable[[str], int | None] | None = None
+    # The event bus's client (wake-ups, routing); by default the process's runtime's
+    # (scheduler/runtime.py), which `ipucloud scheduler` builds and installs at start-up.
+    redis_client: Callable[[], redis.Redis] | None = None
     # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
     # each queued job, and the queued jobs already shown to the placement policy's demand model.
     _waits: dict[str, dict[str, Any] | None] | None = None
@@ -96,8 +99,10 @@ class SchedulerLoop:
         self._policy = scheduling.live_policy(
             placement=self.settings.placement_policy, preemption=self.settings.preemption
         )
+        if self.redis_client is None:
+            self.redis_client = lambda: runtime.current().redis
         if self.router is None:
-            self.router = Router(bus.get_redis)
+            self.router = Router(self.redis_client)
         if self.celery is None:
             self.celery = make_celery(self.settings)
         if self.queue_depth is None:
@@ -424,7 +429,8 @@ class SchedulerLoop:
         while not self.stop_event.is_set():
             try:
                 if pubsub is None:
-                    pubsub = bus.get_redis().pubsub(ignore_subscribe_messages=True)
+                    assert self.redis_client is not None
+                    pubsub = self.redis_client().pubsub(ignore_subscribe_messages=True)
                     pubsub.subscribe(bus.WAKE_CHANNEL)
             except redis.RedisError as exc:
                 log.warning("event bus unavailable (%s); polling every tick", exc)

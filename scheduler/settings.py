@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
     preemption: bool = Field(
         False,
-        description="Let higher-priority work preempt lower (off by default). Work submitted "
+        description="Let work of a higher plan priority preempt lower (off by default). Work submitted "
         "`preemptible` may be preempted by non-preemptible work whatever this says.",
     )
     preemption_warning_s: float = Field(

@@ -14,6 +14,7 @@ import secrets
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import text
@@ -21,6 +22,9 @@ from sqlalchemy.engine import make_url
 
 from tests.support import cloud as cloud_support
 from tests.support import services
+
+if TYPE_CHECKING:
+    from scheduler.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,9 +56,9 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = admin_url.set(database=name).render_as_string(hide_password=False)
     upgrade(url)
     yield url
-    from scheduler.db import reset_database
+    from scheduler import runtime
 
-    reset_database()
+    runtime.close_current()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -101,20 +105,32 @@ def env(
 
 
 @pytest.fixture
-def db(env: dict[str, str]) -> Iterator[object]:
-    """The test database, emptied of everything the previous test wrote."""
-    from scheduler.db import get_database
+def runtime(env: dict[str, str]) -> Iterator[Runtime]:
+    """The test's runtime (scheduler/runtime.py), built from `env`'s settings and installed as the
+    process's default, as the API, scheduler and agent do at start-up; closed at the test's end."""
+    from scheduler import runtime as runtime_module
+    from scheduler.settings import Settings
 
-    database = get_database()
+    rt = runtime_module.Runtime.from_settings(Settings())
+    runtime_module.install(rt)
+    yield rt
+    runtime_module.close_current()
+    rt.close()  # also when the test installed another one meanwhile (an app's lifespan)
+
+
+@pytest.fixture
+def db(runtime: Runtime) -> Iterator[object]:
+    """The test database, emptied of everything the previous test wrote."""
+    database = runtime.db
     services.truncate_all(database)
     yield database
 
 
 @pytest.fixture
-def app(db: object) -> object:
+def app(db: object, runtime: Runtime) -> object:
     from api.app import create_app
 
-    return create_app()
+    return create_app(runtime=runtime)
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from datetime import timedelta
 
 import redis
 
-from scheduler import bus
+from scheduler import bus, runtime
 from scheduler.db import Database
 from scheduler.models import AttemptState
 from scheduler.services import agents, attempts, executables
@@ -71,6 +71,10 @@ _MIN_WAIT_S = 0.001
 _TAKE_BATCH = 512
 
 
+def _process_redis() -> redis.Redis:
+    return runtime.current().redis
+
+
 class Hints:
     """Fire-and-forget wake-ups (the scheduler, log followers) from a thread of their own.
 
@@ -79,8 +83,8 @@ class Hints:
     a hint never holds up a tick.
     """
 
-    def __init__(self, client: Callable[[], redis.Redis] = bus.get_redis, bound: int = 64) -> None:
-        self._client = client
+    def __init__(self, client: Callable[[], redis.Redis] | None = None, bound: int = 64) -> None:
+        self._client = client or _process_redis
         self._queue: queue.Queue[list[tuple[str, str]]] = queue.Queue(maxsize=bound)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -143,8 +147,11 @@ class Agent:
         queues: Iterable[str],
         clock: Callable[[], float] = time.monotonic,
         hints: Hints | None = None,
-        redis_client: Callable[[], redis.Redis] = bus.get_redis,
+        redis_client: Callable[[], redis.Redis] | None = None,
     ) -> None:
+        """`redis_client`: the bus's client; by default the process's runtime's (workers/app.py
+        installs the worker's at start-up)."""
+        redis_client = redis_client or _process_redis
         self.settings = settings
         self.db = db
         self.name = name

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from celery import signals
 from celery.exceptions import Reject
 
-from scheduler import routing
+from scheduler import routing, runtime
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.bus import redis_from_url
-from scheduler.db import get_database
+from scheduler.runtime import Runtime
 from scheduler.settings import get_settings
 from workers.agent import Agent
 
@@ -27,26 +28,47 @@ log = logging.getLogger("ipucloud.worker")
 
 app = make_celery()
 
-_registration: routing.Registration | None = None
-_agent: Agent | None = None
-_agent_lock = threading.Lock()
+
+@dataclass
+class WorkerState:
+    """This worker process's runtime, host agent and queue registration: the agent's counterpart of
+    the API's `app.state`. Celery calls the signal handlers and the task below as plain module
+    functions, so they reach it through the process's runtime (`scheduler.runtime.current()`,
+    installed when the worker starts), where it hangs under this class."""
+
+    runtime: Runtime
+    agent: Agent | None = None
+    registration: routing.Registration | None = None
+
+
+_state_lock = threading.Lock()
+
+
+def worker_state() -> WorkerState:
+    rt = runtime.current()
+    with _state_lock:
+        state = rt.extras.get(WorkerState)
+        if not isinstance(state, WorkerState):
+            state = rt.extras[WorkerState] = WorkerState(rt)
+        return state
 
 
 def current_agent() -> Agent:
     """This process's host agent (started with the worker; made here if a task comes first)."""
-    global _agent
-    with _agent_lock:
-        if _agent is None:
-            settings = get_settings()
+    state = worker_state()
+    with _state_lock:
+        if state.agent is None:
+            settings = state.runtime.settings
             node = getattr(app.conf, "ipucloud_node", None) or "agent"
-            _agent = Agent(
+            state.agent = Agent(
                 settings=settings,
-                db=get_database(settings),
+                db=state.runtime.db,
                 name=node,
                 queues=[q.strip() for q in settings.worker_queues.split(",") if q.strip()],
+                redis_client=state.runtime.redis_client(),
             )
-            _agent.start()
-        return _agent
+            state.agent.start()
+        return state.agent
 
 
 @signals.celeryd_init.connect
@@ -59,6 +81,8 @@ def _name_the_agent(sender: str | None = None, **_: Any) -> None:
 def _start_agent(**_: Any) -> None:
     from workers import faults
 
+    # The worker's runtime, built once from its settings before any task runs.
+    runtime.install(runtime.Runtime.from_settings(get_settings()))
     faults.warn_if_enabled()
     current_agent()
 
@@ -66,13 +90,13 @@ def _start_agent(**_: Any) -> None:
 @signals.worker_ready.connect
 def _register_queues(sender: Any = None, **_: Any) -> None:
     # Only once its consumers run may the dispatcher count on this worker (scheduler/routing.py).
-    global _registration
-    settings = get_settings()
+    state = worker_state()
+    settings = state.runtime.settings
     queues = sorted(sender.app.amqp.queues.consume_from)
     timeout = min(5.0, settings.routing_ttl_s / 3)
     client = redis_from_url(settings.broker_url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    _registration = routing.Registration(lambda: client, sender.hostname, queues, settings.routing_ttl_s)
-    _registration.start()
+    state.registration = routing.Registration(lambda: client, sender.hostname, queues, settings.routing_ttl_s)
+    state.registration.start()
     log.info("%s serves queues %s", sender.hostname, ", ".join(queues))
     idle = [q for q in queues if not routing.is_routable(q)]
     if idle:
@@ -81,20 +105,22 @@ def _register_queues(sender: Any = None, **_: Any) -> None:
 
 @signals.worker_shutting_down.connect
 def _begin_shutdown(**_: Any) -> None:
-    if _registration is not None:
-        _registration.stop()
-    if _agent is not None:
-        _agent.stop()
+    state = worker_state()
+    if state.registration is not None:
+        state.registration.stop()
+    if state.agent is not None:
+        state.agent.stop()
 
 
 @signals.worker_shutdown.connect
 def _finish_shutdown(**_: Any) -> None:
-    if _registration is not None:
-        _registration.join(timeout=5.0)
-    if _agent is not None:
-        settings = get_settings()
-        _agent.stop()
-        if not _agent.join(settings.worker_grace_s + settings.lease_s):
+    state = worker_state()
+    if state.registration is not None:
+        state.registration.join(timeout=5.0)
+    if state.agent is not None:
+        settings = state.runtime.settings
+        state.agent.stop()
+        if not state.agent.join(settings.worker_grace_s + settings.lease_s):
             log.warning("agent did not wind down in time; its lease will lapse")
 
 

@@ -11,7 +11,7 @@ from pydantic import StringConstraints, TypeAdapter, ValidationError
 
 from api.dashboard import charts, fleetmap, forms, sessions
 from api.dashboard.web import AdminUser, DashboardRoute, Form, markup, render
-from api.deps import DbDep, SettingsDep
+from api.deps import DbDep, RuntimeDep, SettingsDep
 from api.routers.usage import usage_csv
 from api.schemas import Email, KeyName, PlanName, TenantName
 from api.views import hours, partition_out, tenant_out, tenant_status
@@ -65,6 +65,7 @@ def fleet_page(
     request: Request,
     db: DbDep,
     settings: SettingsDep,
+    runtime: RuntimeDep,
     user: AdminUser,
     machine: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9._-]*$")] = None,
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
@@ -75,7 +76,9 @@ def fleet_page(
         except ValueError:
             machine = None
     with db.read() as s:
-        summary = partitions.fleet_summary(session=s, head_size=None, policy=settings.placement_policy)
+        summary = partitions.fleet_summary(
+            session=s, head_size=None, policy=settings.placement_policy, allocators=runtime.allocators
+        )
         # A page past the end of the fleet shows its last page.
         pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
         pod_from -= pod_from % MAP_PODS
@@ -228,7 +231,7 @@ def partitions_page(request: Request, db: DbDep, user: AdminUser) -> Response:
 
 @router.post("/partitions", response_class=HTMLResponse)
 def create_partition(
-    request: Request, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+    request: Request, db: DbDep, settings: SettingsDep, runtime: RuntimeDep, user: AdminUser, form: Form
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = forms.values_of(form, ("id", "size", "machine_type", "tenant", "gcds"))
@@ -257,6 +260,7 @@ def create_partition(
                     gcds=gcds,
                     created_by=user.principal.key_id,
                     policy=settings.placement_policy,
+                    allocators=runtime.allocators,
                 )
                 created = part.name
         except DomainError as exc:

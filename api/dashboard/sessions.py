@@ -22,7 +22,7 @@ import orjson
 import redis
 from fastapi import Request, Response
 
-from scheduler import bus
+from scheduler import runtime
 from scheduler.errors import Forbidden, Unavailable
 from scheduler.services.keys import Principal
 
@@ -70,7 +70,9 @@ class Record:
 
 
 def _redis() -> redis.Redis:
-    return bus.get_redis()
+    # The process's runtime (installed by the API's lifespan): these helpers are called from many
+    # routes and dependencies that have no request of their own to hand.
+    return runtime.current().redis
 
 
 def _unavailable(exc: Exception) -> Unavailable:

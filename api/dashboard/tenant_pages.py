@@ -22,7 +22,7 @@ from api.dashboard.web import (
     markup,
     render,
 )
-from api.deps import DbDep, SettingsDep
+from api.deps import DbDep, RuntimeDep, SettingsDep
 from api.routers.jobs import LastEventId, Standing, key_denial, with_checkpoints
 from api.routers.jobs import _stream as job_event_stream
 from api.routers.usage import usage_csv
@@ -375,7 +375,7 @@ def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Re
 @router.get("/jobs/{job_id}/events")
 def job_events(
     job_id: JobId,
-    db: DbDep,
+    runtime: RuntimeDep,
     user: ReaderUser,
     after: Annotated[int, Query(ge=0, le=2**62)] = 0,
     last_event_id: LastEventId = None,
@@ -385,12 +385,13 @@ def job_events(
     The stream ends within a few seconds once the session is signed out, its key revoked or its
     tenant suspended, as the API's does."""
     scope = user.principal.scope
+    db = runtime.db
     with db.read() as s:
         job_service.get_job(session=s, job_id=job_id, scope=scope)
     if last_event_id is not None:
         after = max(after, int(last_event_id))
     stream = job_event_stream(
-        db, job_id, after, scope=scope, standing=session_standing(db, user), facts=_live_facts
+        runtime, job_id, after, scope=scope, standing=session_standing(db, user), facts=_live_facts
     )
     return StreamingResponse(
         stream,

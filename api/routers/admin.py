@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from api.deps import Admin, DbDep, SettingsDep
+from api.deps import Admin, DbDep, RuntimeDep, SettingsDep
 from api.schemas import (
     FleetOut,
     IntCursorParam,
@@ -61,6 +61,7 @@ def get_fleet(
     principal: Admin,
     db: DbDep,
     settings: SettingsDep,
+    runtime: RuntimeDep,
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
     pods: Annotated[int, Query(ge=1, le=1024)] = 64,
     head_size: PowerOfTwoQuery = None,
@@ -68,7 +69,7 @@ def get_fleet(
     with db.read() as s:
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=pods)
         view["summary"] = partitions.fleet_summary(
-            session=s, head_size=head_size, policy=settings.placement_policy
+            session=s, head_size=head_size, policy=settings.placement_policy, allocators=runtime.allocators
         )
     return view
 
@@ -292,7 +293,7 @@ class PartitionCreate(BaseModel):
 
 @router.post("/partitions", status_code=201, response_model=PartitionOut, summary="Create a partition")
 def create_partition(
-    body: PartitionCreate, principal: Admin, db: DbDep, settings: SettingsDep
+    body: PartitionCreate, principal: Admin, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
 ) -> PartitionOut:
     with db.write() as s:
         part = partitions.create_partition(
@@ -305,6 +306,7 @@ def create_partition(
             reconfigurable=body.reconfigurable,
             created_by=principal.key_id,
             policy=settings.placement_policy,
+            allocators=runtime.allocators,
         )
         out = partition_out(part)
     bus.wake_scheduler("partition")

@@ -6,9 +6,8 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from api.deps import DbDep
+from api.deps import RuntimeDep
 from api.problems import problem
-from scheduler import bus
 from scheduler.migrate import is_up_to_date
 
 router = APIRouter(tags=["health"])
@@ -20,8 +19,9 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", summary="The database (migrated) and Redis answer")
-def readyz(db: DbDep) -> Response:
+def readyz(runtime: RuntimeDep) -> Response:
     checks: dict[str, str] = {}
+    db = runtime.db
     try:
         with db.read() as s:
             s.execute(text("SELECT 1"))
@@ -29,7 +29,7 @@ def readyz(db: DbDep) -> Response:
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
     try:
-        bus.get_redis().ping()
+        runtime.redis.ping()
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unreachable: {type(exc).__name__}"

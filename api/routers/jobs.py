@@ -12,7 +12,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api.deps import DbDep, Reader, Submitter
+from api.deps import DbDep, Reader, RuntimeDep, Submitter
 from api.schemas import (
     CheckpointOut,
     CursorParam,
@@ -32,6 +32,7 @@ from scheduler import bus
 from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
+from scheduler.runtime import Runtime
 from scheduler.services import attempts, keys
 from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import jobs as job_service
@@ -61,12 +62,12 @@ def _render(job: Job) -> dict[str, object]:
 
 @router.post("/jobs", status_code=202, response_model=JobOut, summary="Submit a job")
 async def submit_job(
-    spec: JobSpec, principal: Submitter, db: DbDep, idempotency_key: IdempotencyKey = None
+    spec: JobSpec, principal: Submitter, runtime: RuntimeDep, idempotency_key: IdempotencyKey = None
 ) -> Response:
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key)
-    result, body = await asyncio.wrap_future(batcher(db, _render).submit(request))
+    result, body = await asyncio.wrap_future(batcher(runtime, _render).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -172,12 +173,13 @@ def job_logs(
     job_id: JobId,
     request: Request,
     principal: Reader,
-    db: DbDep,
+    runtime: RuntimeDep,
     cursor: IntCursorParam = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     last_event_id: LastEventId = None,
 ) -> Response:
     after = decode_int_cursor(cursor) or 0
+    db = runtime.db
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, scope=principal.scope)
         state = job.state
@@ -185,7 +187,9 @@ def job_logs(
         if last_event_id is not None:
             after = int(last_event_id)
         return StreamingResponse(
-            _stream(db, job_id, after, scope=principal.scope, standing=key_standing(db, principal.key_id)),
+            _stream(
+                runtime, job_id, after, scope=principal.scope, standing=key_standing(db, principal.key_id)
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -238,7 +242,7 @@ def key_standing(db: DbDep, key_id: str) -> Standing:
 
 
 async def _stream(
-    db: DbDep,
+    runtime: Runtime,
     job_id: str,
     after: int,
     *,
@@ -257,7 +261,7 @@ async def _stream(
     checked = time.monotonic()
     try:
         try:
-            pubsub = bus.get_async_redis().pubsub(ignore_subscribe_messages=True)
+            pubsub = runtime.async_redis.pubsub(ignore_subscribe_messages=True)
             await pubsub.subscribe(bus.job_channel(job_id))
         except Exception:
             pubsub = None
@@ -271,7 +275,7 @@ async def _stream(
                 if denied is not None:
                     yield _sse("denied", denied)
                     return
-            snapshot = await to_thread.run_sync(_read_since, db, job_id, after, scope, facts)
+            snapshot = await to_thread.run_sync(_read_since, runtime.db, job_id, after, scope, facts)
             events, state, progress, job_facts = snapshot
             for e in events:
                 after = e.id

@@ -150,10 +150,12 @@ def scheduler() -> None:
     settings = _settings_or_exit()
     _configure_logging(settings)
     _preflight(settings)
-    from scheduler.db import Database
+    from scheduler import runtime
 
-    db = Database(settings.db_url, idle_tx_timeout_s=max(60.0, settings.db_idle_tx_timeout_s))
-    loop = SchedulerLoop(settings=settings, db=db)
+    # The replica's runtime: its services publish their after-commit hints on it.
+    rt = runtime.Runtime.from_settings(settings, idle_tx_timeout_s=max(60.0, settings.db_idle_tx_timeout_s))
+    runtime.install(rt)
+    loop = SchedulerLoop(settings=settings, db=rt.db, redis_client=rt.redis_client())
 
     def _stop(signum: int, _frame: object) -> None:
         logging.getLogger("ipucloud.scheduler").info("signal %d: stepping down", signum)
@@ -161,7 +163,11 @@ def scheduler() -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    loop.run()
+    try:
+        loop.run()
+    finally:
+        runtime.install(None)
+        rt.close()
 
 
 def worker(

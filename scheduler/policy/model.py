@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,10 @@ class QueuedJob:
     A job that may run on several machine types (``machine_type`` None) lists ``options``, one per
     type; a pass settles it on one (``scheduler.policy.machine_choice``) before placing it, and its
     own ``size`` is then the smallest of them. ``prefer`` is ``time`` or ``cost``.
+
+    ``priority`` is the job's class, which ranks it against every tenant's jobs: live, its tenant's
+    plan priority (set by an admin); the research anchors' own classes in the simulator.
+    ``user_priority`` is the priority its owner gave it, which orders that tenant's jobs only.
     """
 
     id: str
@@ -62,6 +66,7 @@ class QueuedJob:
     options: tuple[MachineOption, ...] = ()
     prefer: str = "time"
     preemptible: bool = False
+    user_priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +137,8 @@ class ReservedPartition:
 
 
 class JobQueue:
-    """Queued jobs grouped by (priority, tenant, size level), each group in age order, and by
-    (priority, size level) across tenants.
+    """Queued jobs grouped by (priority, tenant, size level), each group in its tenant's order (the
+    owner's priority, then age), and by (priority, size level) across tenants, in age order.
 
     Every ordering the policies use is a merge of these groups (fair share: by tenant; FIFO: by
     class), so the simulator keeps one queue up to date job by job instead of re-sorting thousands of
@@ -148,22 +153,31 @@ class JobQueue:
         self._classes: dict[tuple[int, int], _Group] = {}
         self._where: dict[str, tuple[int, str, int]] = {}
         self.preemptible = 0  # how many of its jobs are preemptible
+        # In age order (the classes' order), then each tenant's group sorted once: adding them one
+        # by one would rebuild a group whose owner ranks a newer job higher again and again.
         for job in sorted(jobs, key=age_key):
-            self.add(job)
+            self._put(job, settled=False)
+        for group in self._groups.values():
+            group.settle()
+        for klass in self._classes.values():
+            klass.settle()
 
     def add(self, job: QueuedJob) -> None:
+        self._put(job, settled=True)
+
+    def _put(self, job: QueuedJob, *, settled: bool) -> None:
         if job.id in self._where:
             raise ValueError(f"job {job.id} is already queued")
         level = job.size.bit_length() - 1
         key = (job.priority, job.tenant_id, level)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(level)
-        group.add(job)
+            group = self._groups[key] = _Group(level, tenant_key)
+        group.add(job, settled)
         klass = self._classes.get((job.priority, level))
         if klass is None:
-            klass = self._classes[job.priority, level] = _Group(level)
-        klass.add(job)
+            klass = self._classes[job.priority, level] = _Group(level, age_key)
+        klass.add(job, settled)
         self._where[job.id] = key
         self.preemptible += job.preemptible
 
@@ -205,27 +219,39 @@ class JobQueue:
 
 
 class _Group:
-    """Queued jobs of one size level, in age order, with the shortest predicted run time among them
-    (kept cheap to ask: a pass asks it of every group it considers skipping)."""
+    """Queued jobs of one size level, in the order `order` gives (age, or the tenant's order), with
+    the shortest predicted run time among them (kept cheap to ask: a pass asks it of every group it
+    considers skipping)."""
 
-    __slots__ = ("_runtimes", "jobs", "last", "level")
+    __slots__ = ("_order", "_runtimes", "jobs", "last", "level")
 
-    def __init__(self, level: int) -> None:
+    def __init__(self, level: int, order: Callable[[QueuedJob], tuple[Any, ...]]) -> None:
         self.level = level
         self.jobs: dict[str, QueuedJob] = {}
-        self.last: tuple[float, str] | None = None
+        self.last: tuple[Any, ...] | None = None
+        self._order = order
         self._runtimes: list[tuple[float, str]] = []  # a heap; entries of removed jobs linger
 
-    def add(self, job: QueuedJob) -> None:
-        key = age_key(job)
-        if self.last is not None and key < self.last:
-            # Out of order (a preempted job back in the queue): rebuild this group in age order.
-            ordered = sorted([*self.jobs.values(), job], key=age_key)
+    def add(self, job: QueuedJob, settled: bool = True) -> None:
+        """Add a job in its place; with `settled` False, at the end (`settle` orders them later)."""
+        key = self._order(job)
+        if not settled:
+            self.jobs[job.id] = job
+        elif self.last is not None and key < self.last:
+            # Out of order (a preempted job back in the queue, or a job its owner ranks higher):
+            # rebuild this group in order.
+            ordered = sorted([*self.jobs.values(), job], key=self._order)
             self.jobs = {j.id: j for j in ordered}
         else:
             self.jobs[job.id] = job
             self.last = key
         heapq.heappush(self._runtimes, (job.predicted_runtime_s, job.id))
+
+    def settle(self) -> None:
+        """Put the jobs added unsettled in order."""
+        ordered = sorted(self.jobs.values(), key=self._order)
+        self.jobs = {j.id: j for j in ordered}
+        self.last = self._order(ordered[-1]) if ordered else None
 
     def remove(self, job_id: str) -> QueuedJob:
         job = self.jobs.pop(job_id)
@@ -246,6 +272,11 @@ class _Group:
 
 def age_key(job: QueuedJob) -> tuple[float, str]:
     return (job.submitted_at, job.id)
+
+
+def tenant_key(job: QueuedJob) -> tuple[int, float, str]:
+    """A tenant's own order of its jobs: the priority its owner gave, then age."""
+    return (-job.user_priority, job.submitted_at, job.id)
 
 
 @dataclass

@@ -19,12 +19,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from scheduler.policy.fairshare import standing
-from scheduler.policy.model import JobQueue, QueuedJob, TenantState, _Group
+from scheduler.policy.model import JobQueue, QueuedJob, TenantState, _Group, age_key, tenant_key
 
 _Key = tuple[float, float, float, str]
+_GroupKey = tuple[int, str, int]
 
 
 class Order:
@@ -101,32 +102,58 @@ class Order:
                     heapq.heappush(heap, (following.submitted_at, following.id, level, cursor, klass))
 
     def _merge(self) -> Iterator[QueuedJob]:
+        """Tenants take turns by rank; in its turn a tenant runs its own next job.
+
+        A tenant's rank is its standing, aged by its oldest waiting job (each group's first, in
+        its tenant's order); which of its jobs goes in its turn is its owner's order (priority,
+        then age: `model.tenant_key`). With every job at the owner's default priority this is
+        exactly a merge of all groups by (class, rank, age)."""
         rank, charges, prune = self._rank, self._charges, self._prune
         heappush, heappop = heapq.heappush, heapq.heappop
-        # (key, group order, group key, charges of its tenant when ranked, cursor, the job)
-        heap: list[tuple[_Key, int, tuple[int, str, int], int, Iterator[QueuedJob], QueuedJob]] = []
         groups = self._queue.groups()
+        # Per (class, tenant): its groups' next jobs, in the tenant's order, as
+        # (tenant order key, group order, group key, cursor, the job).
+        turns: dict[
+            tuple[int, str], list[tuple[tuple[Any, ...], int, _GroupKey, Iterator[QueuedJob], QueuedJob]]
+        ]
+        turns = {}
         for seq, (group_key, group) in enumerate(groups.items()):
             cursor = iter(group.jobs.values())
             first = next(cursor, None)
             if first is not None:
-                key: _Key = (-group_key[0], rank(group_key[1], first), first.submitted_at, first.id)
-                heap.append((key, seq, group_key, 0, cursor, first))
+                turns.setdefault((group_key[0], group_key[1]), []).append(
+                    (tenant_key(first), seq, group_key, cursor, first)
+                )
+        for waiting in turns.values():
+            heapq.heapify(waiting)
+
+        def entry(who: tuple[int, str]) -> tuple[_Key, tuple[int, str], int]:
+            # Ranked by its oldest next job: the one whose wait ages it most.
+            oldest = min((item[4] for item in turns[who]), key=age_key)
+            key: _Key = (-who[0], rank(who[1], oldest), oldest.submitted_at, oldest.id)
+            return key, who, charges.get(who[1], 0)
+
+        heap = [entry(who) for who in turns]
         heapq.heapify(heap)
         while heap:
-            key, seq, group_key, charged, cursor, job = heappop(heap)
-            if prune is not None and prune(groups[group_key]):
-                continue
-            tenant_id = group_key[1]
-            now_charged = charges.get(tenant_id, 0)
-            if now_charged != charged:
+            _, who, charged = heappop(heap)
+            waiting = turns[who]
+            tenant_id = who[1]
+            if charges.get(tenant_id, 0) != charged:
                 # The tenant was charged since this entry was ranked: rank it again.
-                fresh = (key[0], rank(tenant_id, job), key[2], key[3])
-                if heap and fresh > heap[0][0]:
-                    heappush(heap, (fresh, seq, group_key, now_charged, cursor, job))
+                fresh = entry(who)
+                if heap and fresh[0] > heap[0][0]:
+                    heappush(heap, fresh)
                     continue
+            _, seq, group_key, cursor, job = heappop(waiting)
+            if prune is not None and prune(groups[group_key]):
+                # None of this group can start this pass: drop it, and rank the tenant again.
+                if waiting:
+                    heappush(heap, entry(who))
+                continue
             yield job
             following = next(cursor, None)
             if following is not None:
-                key = (key[0], rank(tenant_id, following), following.submitted_at, following.id)
-                heappush(heap, (key, seq, group_key, charges.get(tenant_id, 0), cursor, following))
+                heappush(waiting, (tenant_key(following), seq, group_key, cursor, following))
+            if waiting:
+                heappush(heap, entry(who))

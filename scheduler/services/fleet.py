@@ -8,7 +8,6 @@ placement is only real once its assignment rows are inserted: the primary key on
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,6 +16,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from scheduler import runtime
 from scheduler.db import changed, insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
@@ -120,8 +120,7 @@ def add_units(*, session: Session, group: UnitGroup, new_rack: bool = False) -> 
         ).all()
         if len(rows) == 1 and rows[0][0] == group.layout:
             rack, filled = next_rack - 1, int(rows[0][1])
-    global _capacity_cache
-    _capacity_cache = None
+    runtime.current().capacity.forget()
     machines: list[dict[str, object]] = []
     ipus: list[dict[str, object]] = []
     now = utcnow()
@@ -245,8 +244,7 @@ def retire(*, session: Session, rack: int | None = None, unit: int | None = None
             + "); wait for their jobs to end, or remove them, before retiring it.",
             partitions=held[:100],
         )
-    global _capacity_cache
-    _capacity_cache = None
+    runtime.current().capacity.forget()
     now = utcnow()
     session.execute(update(Machine).where(Machine.id.in_(machine_ids)).values(retired_at=now, updated_at=now))
     return [names[pod] for pod in sorted(units)]
@@ -276,18 +274,21 @@ def fleet_shape(*, session: Session) -> Fleet:
     return Fleet(units)
 
 
-_capacity_cache: tuple[float, dict[str, int]] | None = None
 PODS_CACHE_S = 5.0
 
 
 def largest_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, int]:
     """The largest partition each machine type present can form: whole POD64s (a power of two of
     them), else its largest unit. Admission may accept an answer `max_age_s` old: units are added
-    rarely, and the answer only bounds the largest partition a job may ask for."""
-    global _capacity_cache
-    now = time.monotonic()
-    if max_age_s > 0 and _capacity_cache is not None and now - _capacity_cache[0] < max_age_s:
-        return dict(_capacity_cache[1])
+    rarely, and the answer only bounds the largest partition a job may ask for.
+
+    The answer is kept in the process's runtime (scheduler/runtime.py), which adding and retiring
+    units forget: admission reaches it from deep inside a submission's transaction."""
+    cache = runtime.current().capacity
+    if max_age_s > 0:
+        cached = cache.get(max_age_s)
+        if cached is not None:
+            return cached
     units: dict[str, dict[str, int]] = {}
     for kind, layout, n in session.execute(
         select(Machine.machine_type, Machine.layout, func.count())
@@ -302,7 +303,7 @@ def largest_by_type(*, session: Session, max_age_s: float = 0.0) -> dict[str, in
             spec = LAYOUTS[layout]
             best = max(best, spec.ipus * (1 << (n.bit_length() - 1)) if spec.joins else spec.ipus)
         largest[kind] = best
-    _capacity_cache = (now, largest)
+    cache.put(largest)
     return dict(largest)
 
 

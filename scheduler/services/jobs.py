@@ -467,7 +467,7 @@ def _prepare(
         options=options,
         prefer=spec.prefer,
         partition_name=reserved_partition.name if reserved_partition is not None else None,
-        priority=spec.priority + plan.priority * 1000,
+        priority=spec.priority,
         max_runtime_s=max_runtime,
         preemptible=spec.preemptible,
         checkpoint_every_s=spec.checkpoint_every_s,

@@ -286,6 +286,10 @@ def delete_model(*, session: Session, tenant_id: str, ref: str) -> OwnModel:
 
 # ----------------------------------------------------------------------------------- as a workload
 
+# Bounded memo caches (`_CACHED` entries each), kept per process rather than in the runtime
+# (scheduler/runtime.py): they hold only data derived from immutable inputs (a graph by its content
+# digest, a stored model by its id: a model is never changed, only removed), so any process, runtime
+# or test may share them without one seeing another's state.
 _graphs: OrderedDict[tuple[str, tuple[str, ...]], OnnxGraph] = OrderedDict()
 _sources: OrderedDict[str, OnnxWorkload] = OrderedDict()
 _lock = threading.Lock()

@@ -6,7 +6,6 @@ live IPU assignments decides races between processes, and a loser retries on fre
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from typing import Any
 
@@ -15,18 +14,16 @@ from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
+from scheduler.runtime import Allocators
 from scheduler.services import attempts as attempt_service
 from scheduler.services import fleet
 from vipu.machine_types import LAYOUTS
 from vipu.partitions import PartitionRuleError, check_gcds, check_size
 from vipu.topology import rack_id
 
-_sync_lock = threading.Lock()
-_syncs: dict[str, fleet.AllocatorSync] = {}
 
-
-def _allocator(session: Session, policy: str) -> Any:
-    sync = _syncs.setdefault(policy, fleet.AllocatorSync(policy))
+def _allocator(allocators: Allocators, session: Session, policy: str) -> Any:
+    sync = allocators.sync(policy)
     return sync, sync.refresh(session)
 
 
@@ -41,8 +38,13 @@ def create_partition(
     reconfigurable: bool = False,
     created_by: str | None = None,
     policy: str = "default",
+    allocators: Allocators | None = None,
 ) -> Partition:
-    """Carve a partition now (reserved for `tenant_id` when given), or raise NoCapacity (409)."""
+    """Carve a partition now (reserved for `tenant_id` when given), or raise NoCapacity (409).
+
+    `allocators`: the process's (its runtime's), kept in step between calls; without them the
+    allocator is loaded afresh from the database."""
+    allocators = allocators or Allocators()
     try:
         check_size(size)
         check_gcds(size, gcds)
@@ -54,8 +56,8 @@ def create_partition(
         raise Conflict(f"A partition named {name!r} already exists.")
     fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine_type)
     for _ in range(5):
-        with _sync_lock:
-            sync, alloc = _allocator(session, policy)
+        with allocators.lock:
+            sync, alloc = _allocator(allocators, session, policy)
             placement = alloc.find(size, machine_type=machine_type)
             if placement is None:
                 largest = alloc.largest_free(machine_type)
@@ -233,9 +235,12 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[s
     return {"pods": out_pods}
 
 
-def fleet_summary(*, session: Session, head_size: int | None, policy: str = "default") -> dict[str, Any]:
-    with _sync_lock:
-        _, alloc = _allocator(session, policy)
+def fleet_summary(
+    *, session: Session, head_size: int | None, policy: str = "default", allocators: Allocators | None = None
+) -> dict[str, Any]:
+    allocators = allocators or Allocators()
+    with allocators.lock:
+        _, alloc = _allocator(allocators, session, policy)
         report = alloc.fragmentation(head_size)
         total = alloc.fleet.ipus if hasattr(alloc, "fleet") else None
         return {

@@ -134,10 +134,14 @@ def build_snapshot(
     ]
     if read_waits:
         columns.append(Job.wait)
+    # The class ranking a job against every tenant's is its tenant's plan priority as it is now
+    # (an admin's plan edit reaches queued jobs); the job's own priority orders its tenant's jobs.
+    columns.append(Plan.priority)
     rows = session.execute(
-        select(*columns).where(
-            Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live)
-        )
+        select(*columns)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .join(Plan, Plan.name == Tenant.plan_name)
+        .where(Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live))
     ).all()
     queued: list[QueuedJob] = []
     held_by_queued: dict[str, int] = {}
@@ -146,7 +150,7 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
-        preemptible = row[11]
+        preemptible, plan_priority = row[11], row[-1]
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
         if len(options) == 1:
@@ -158,7 +162,8 @@ def build_snapshot(
                 size=min((o.size for o in options), default=size),
                 submitted_at=created.timestamp(),
                 predicted_runtime_s=predicted / time_scale,
-                priority=priority,
+                priority=plan_priority,
+                user_priority=priority,
                 machine_type=machine,
                 partition=partition,
                 # What its reservation covers: its dearest option, or its one type at its rate.
@@ -205,7 +210,7 @@ def build_snapshot(
             Attempt.started_at,
             Job.predicted_runtime_s,
             Attempt.cluster_s,
-            Job.priority,
+            Plan.priority,
             Job.preemptible,
             Job.checkpoint_every_s,
             Job.task,
@@ -213,6 +218,8 @@ def build_snapshot(
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
+        .join(Tenant, Tenant.id == Attempt.tenant_id)
+        .join(Plan, Plan.name == Tenant.plan_name)
         .where(Attempt.state.in_(LIVE_ATTEMPT_STATES))
     ).tuples():
         # Its predicted end counts from when a worker took it (placement, until one does). It does

@@ -153,7 +153,7 @@ def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> Ipu
         options=options,
         prefer="time",
         partition_name=None,
-        priority=plan.priority * 1000,
+        priority=0,
         max_runtime_s=max_duration,
         predicted_runtime_s=options[fastest]["predicted_runtime_s"],
         reserved_ipu_ms=reserve,

@@ -76,14 +76,16 @@ def test_sign_in_keeps_the_key_server_side_and_sign_out_ends_the_session(
     assert key not in home.text, "the key never reaches the page (so never reaches JavaScript)"
     assert home.headers["cache-control"] == "no-store"
 
-    from scheduler import bus
+    from scheduler import runtime
 
-    stored = [bus.get_redis().get(k) for k in bus.get_redis().scan_iter("ipucloud:dash:session:*")]
+    stored = [
+        runtime.current().redis.get(k) for k in runtime.current().redis.scan_iter("ipucloud:dash:session:*")
+    ]
     assert len(stored) == 1 and key.encode() not in stored[0], "Redis never holds the key"
 
     token = client.cookies.get("ipucloud_session")
     client.post("/logout", data={"csrf": csrf_of(client, "/")}, follow_redirects=False)
-    assert list(bus.get_redis().scan_iter("ipucloud:dash:session:*")) == []
+    assert list(runtime.current().redis.scan_iter("ipucloud:dash:session:*")) == []
     client.cookies.set("ipucloud_session", token or "")
     again = client.get("/jobs", follow_redirects=False)
     assert again.status_code == 303 and again.headers["location"] == "/login?next=/jobs"
@@ -91,9 +93,9 @@ def test_sign_in_keeps_the_key_server_side_and_sign_out_ends_the_session(
 
 def redis_dump() -> bytes:
     """Everything Redis holds, as one blob: what a stolen dump or a replica would give away."""
-    from scheduler import bus
+    from scheduler import runtime
 
-    r = bus.get_redis()
+    r = runtime.current().redis
     out = []
     for name in r.scan_iter("*"):
         kind = r.type(name)
@@ -120,10 +122,10 @@ def test_a_live_sessions_record_holds_the_keys_id_never_the_key(
     assert key.encode() not in dump and secret_part.encode() not in dump, "no key, nor its secret"
     with db.read() as s:
         (row,) = key_service.list_keys(session=s, tenant_id=tenant_id)
-    from scheduler import bus
+    from scheduler import runtime
 
-    (name,) = list(bus.get_redis().scan_iter("ipucloud:dash:session:*"))
-    record = json.loads(bus.get_redis().get(name))
+    (name,) = list(runtime.current().redis.scan_iter("ipucloud:dash:session:*"))
+    record = json.loads(runtime.current().redis.get(name))
     assert record["key_id"] == row.id and record["tenant_id"] == tenant_id
     assert set(record) == {"v", "key_id", "tenant_id", "member_id", "csrf", "created"}, record
     token = client.cookies.get("ipucloud_session") or ""
@@ -181,18 +183,18 @@ def test_a_session_made_before_sessions_stopped_holding_keys_is_signed_out(
     client: TestClient, seeded: Seeded, db: Any
 ) -> None:
     from api.dashboard import sessions
-    from scheduler import bus
+    from scheduler import runtime
 
     tenant_id, _ = make_tenant(db, "acme")
     with db.read() as s:
         (row,) = key_service.list_keys(session=s, tenant_id=tenant_id)
     token = "old-session-token-" + "x" * 30
     old = {"sealed": "00" * 40, "key_id": row.id, "csrf": "c" * 40, "created": time.time()}
-    bus.get_redis().set(sessions._redis_key(token), json.dumps(old), ex=60)
+    runtime.current().redis.set(sessions._redis_key(token), json.dumps(old), ex=60)
     client.cookies.set(sessions.COOKIE, token)
     r = client.get("/jobs", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/login?next=/jobs"
-    assert bus.get_redis().get(sessions._redis_key(token)) is None, "and its record is gone"
+    assert runtime.current().redis.get(sessions._redis_key(token)) is None, "and its record is gone"
 
 
 def test_a_wrong_key_is_refused_and_next_never_leaves_the_site(

@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.services import tenants
 from tests.support import onnx_files
-from tests.support.services import reset_caches
+from tests.support.services import reload_settings
 from tests.tenancy.conftest import assert_problem, auth, make_tenant
 from vipu.emulator import WorkloadSpec
 
@@ -203,7 +203,7 @@ def test_the_plan_limits_how_many_models_and_bytes(client: Any, alpha: Any, db: 
 
 
 def test_sizes_over_the_limits_are_413_and_store_nothing(
-    monkeypatch: pytest.MonkeyPatch, env: Any, db: Any, seeded: Any
+    monkeypatch: pytest.MonkeyPatch, env: Any, db: Any, runtime: Any, seeded: Any
 ) -> None:
     from fastapi.testclient import TestClient
 
@@ -211,9 +211,9 @@ def test_sizes_over_the_limits_are_413_and_store_nothing(
 
     monkeypatch.setenv("IPUCLOUD_MODEL_UPLOAD_MAX_BYTES", str(200_000))
     monkeypatch.setenv("IPUCLOUD_MODEL_GRAPH_MAX_BYTES", str(8_192))
-    reset_caches()
+    reload_settings(runtime)
     a = make_tenant(db, "alpha")
-    with TestClient(create_app(), raise_server_exceptions=False) as client:
+    with TestClient(create_app(runtime=runtime), raise_server_exceptions=False) as client:
         heavy = onnx_files.mlp(hidden=256, layers=3)  # ~0.8 MB of weights
         body = assert_problem(push(client, a.owner_key, heavy, "heavy.onnx"), 413, "payload-too-large")
         assert "200,000" in body["detail"]

@@ -14,6 +14,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
 from scheduler.services import jobs, scheduling, tenants
+from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit
@@ -117,7 +118,11 @@ def test_fair_share_usage_is_sampled_from_what_was_metered(
 def test_preemption_stops_lower_priority_work_only_when_switched_on(
     db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tenant, _ = new_tenant(db, "mixed")
+    tenant, _ = new_tenant(db, "mixed")  # the standard plan: priority 2
+    with db.write() as s:
+        internal = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name="ops", plan="internal"
+        ).tenant.id  # priority 3
     low = submit(db, tenant, spec(128))
     loop = scheduler(db)
     assert loop.schedule_pass() == 1
@@ -125,7 +130,9 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
         attempt = s.execute(select(Attempt).where(Attempt.job_id == low)).scalar_one()
     agentkit.take(db, attempt.id)
     agentkit.bill(db, attempt.id, 1, 20)
-    urgent = submit(db, tenant, spec(64, priority=50))
+    urgent = submit(db, internal, spec(64))
+    # A job's own priority ranks its tenant's jobs only: it never preempts, not even its own.
+    own = submit(db, tenant, spec(64, priority=100))
     assert loop.schedule_pass() == 0  # off by default: the urgent job waits for its reservation
     with db.read() as s:
         assert s.get(Attempt, attempt.id).state == AttemptState.RUNNING
@@ -133,7 +140,9 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
     monkeypatch.setenv("IPUCLOUD_PREEMPTION", "true")
     reset_settings_cache()
     on = scheduler(db)
-    assert on.schedule_pass() == 0  # this pass stops the low-priority attempt...
+    with db.write() as s:
+        jobs.request_cancel(session=s, job_id=own, scope=OneTenant(tenant))
+    assert on.schedule_pass() == 0  # this pass stops the lower plan's attempt...
     with db.read() as s:
         stopped = s.get(Attempt, attempt.id)
         assert stopped.state == AttemptState.PREEMPTED
@@ -148,3 +157,43 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
             s.execute(select(Attempt.job_id).where(Attempt.state == AttemptState.PLACED)).scalar_one()
             == urgent
         )
+
+
+def test_a_jobs_own_priority_orders_its_tenants_jobs_only_and_the_plan_ranks_tenants(
+    db: Any, seeded: Any, client: Any
+) -> None:
+    """Issue: a heavy tenant's priority-100 jobs ran before a lighter tenant's earlier ones. Fair share
+    ranks tenants; a job's priority orders its own tenant's jobs; only the plan (an admin's) ranks
+    tenants above others, and a plan edit reaches jobs already queued."""
+    heavy, heavy_key = new_tenant(db, "heavy")
+    light, _ = new_tenant(db, "light")
+    with db.write() as s:  # heavy has used a lot lately
+        s.execute(update(Tenant).where(Tenant.id == heavy).values(fairshare_usage_ipu_s=10_000_000.0))
+    # The whole fleet (128 IPUs) per job: one pass starts one job.
+    old_zero = submit(db, heavy, spec(128))
+    light_job = submit(db, light, spec(128))
+    pushed = submit(db, heavy, spec(128, priority=100))
+    loop = scheduler(db)
+
+    def next_started() -> str:
+        assert loop.schedule_pass() == 1
+        with db.read() as s:
+            attempt = s.execute(select(Attempt).where(Attempt.state == AttemptState.PLACED)).scalar_one()
+        agentkit.take(db, attempt.id)
+        assert agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, 1.0)
+        return attempt.job_id
+
+    assert next_started() == light_job  # fair share first, whatever the heavy tenant's priority says
+    assert next_started() == pushed  # then the heavy tenant's jobs, in its own order
+    assert next_started() == old_zero
+    # The job keeps the priority its owner gave; the API shows it.
+    shown = client.get(f"/api/v1/jobs/{pushed}", headers={"Authorization": f"Bearer {heavy_key}"}).json()
+    assert shown["priority"] == 100
+
+    # The plan ranks tenants: an admin raises the heavy tenant's plan, and its queued job goes first.
+    first = submit(db, heavy, spec(128))
+    second = submit(db, light, spec(128))
+    with db.write() as s:
+        s.execute(update(Tenant).where(Tenant.id == heavy).values(plan_name="internal"))
+    assert next_started() == first
+    assert next_started() == second

@@ -295,3 +295,30 @@ def test_preemptible_work_is_preempted_for_any_tenant_least_loss_first_and_never
     ]
     decision = decide(Snapshot.build(now=NOW, queued=jobs, running=running[:1], allocator=alloc), "default")
     assert started(decision) == ["urgent"]
+
+
+def test_an_owners_priority_orders_its_own_jobs_across_sizes_and_never_other_tenants() -> None:
+    from scheduler.policy.model import JobQueue
+    from scheduler.policy.ordering import Order
+
+    jobs = [
+        queued("a-old-1", "a", 1, at=0),
+        queued("b-mid-2", "b", 2, at=5),
+        queued("a-new-4", "a", 4, at=10, user_priority=50),
+        queued("a-newer-1", "a", 1, at=20, user_priority=50),
+        queued("b-new-1", "b", 1, at=30, user_priority=-100),
+    ]
+    tenants = {"a": TenantState("a", usage_ipu_s=1e9), "b": TenantState("b")}
+    order = [j.id for j in Order(JobQueue(jobs), tenants, "fair", now=NOW, aging_s=3 * 86_400)]
+    # b is lighter: all its jobs go first, in its own order; then a's, its priority-50 ones first
+    # whatever their size, oldest first among equals.
+    assert order == ["b-mid-2", "b-new-1", "a-new-4", "a-newer-1", "a-old-1"]
+    # Without priorities, a tenant's jobs go oldest first, across sizes.
+    plain = [queued(j.id, j.tenant_id, j.size, at=j.submitted_at) for j in jobs]
+    assert [j.id for j in Order(JobQueue(plain), tenants, "fair", now=NOW, aging_s=3 * 86_400)] == [
+        "b-mid-2",
+        "b-new-1",
+        "a-old-1",
+        "a-new-4",
+        "a-newer-1",
+    ]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
 
 from scheduler.migrate import head_revision, is_up_to_date
 from scheduler.models import Base
@@ -20,3 +23,31 @@ def test_models_match_migrations(db: Any) -> None:
 def test_database_is_at_head(db: Any) -> None:
     assert head_revision()
     assert is_up_to_date(db.engine)
+
+
+def test_the_priority_migration_recovers_what_the_owner_gave(db: Any) -> None:
+    """0009 turns a stored `priority + 1000 x plan priority` back into the owner's -100..100, on the
+    database at hand (its rounding is the database's)."""
+    path = (
+        Path(__file__).resolve().parents[2] / "scheduler" / "migrations" / "versions" / "0009_job_priority.py"
+    )
+    spec = importlib.util.spec_from_file_location("migration_0009", path)
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    expression = migration.OWNERS_PART.replace("priority", "CAST(:p AS INTEGER)")
+    # stored -> the owner's: plan priority 2 and 50, -2 and 50, 1 and -50, ...
+    cases = {
+        2050: 50,
+        -1950: 50,
+        950: -50,
+        1000: 0,
+        3100: 100,
+        -3100: -100,
+        1900: -100,
+        -2000: 0,
+        100_050: 50,
+    }
+    with db.engine.connect() as conn:
+        for stored, owner in cases.items():
+            assert conn.execute(text(f"SELECT {expression}"), {"p": stored}).scalar_one() == owner, stored

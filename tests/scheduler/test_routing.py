@@ -12,11 +12,12 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
-from scheduler import broker, bus, routing
+from scheduler import broker, routing
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import OutboxMessage, Partition, utcnow
 from scheduler.routing import Router
+from scheduler.runtime import Runtime
 from scheduler.services import jobs, tenants
 from scheduler.settings import Settings, get_settings
 
@@ -76,8 +77,8 @@ def test_a_worker_queue_nobody_publishes_to_is_refused_at_start() -> None:
             Settings(worker_queues=bad)
 
 
-def test_registrations_lapse_unless_refreshed(env: dict[str, str]) -> None:
-    client = bus.get_redis()
+def test_registrations_lapse_unless_refreshed(runtime: Runtime) -> None:
+    client = runtime.redis
     client.delete(routing.ROUTING_KEY)
     routing.register(client, "w1@a", ["pod0000", "ipucloud"], ttl_s=30)
     routing.register(client, "w2@b", ["ipucloud"], ttl_s=0.3)
@@ -88,8 +89,8 @@ def test_registrations_lapse_unless_refreshed(env: dict[str, str]) -> None:
     assert routing.live_registrations(client) == {}
 
 
-def test_registration_thread_refreshes_and_withdraws(env: dict[str, str]) -> None:
-    client = bus.get_redis()
+def test_registration_thread_refreshes_and_withdraws(runtime: Runtime) -> None:
+    client = runtime.redis
     client.delete(routing.ROUTING_KEY)
     reg = routing.Registration(lambda: client, "w@h", ["bow"], ttl_s=0.3)
     reg.start()
@@ -102,13 +103,13 @@ def test_registration_thread_refreshes_and_withdraws(env: dict[str, str]) -> Non
     assert routing.live_registrations(client) == {}
 
 
-def test_dispatch_follows_live_workers_and_republish_reroutes(db: Any, seeded: Any) -> None:
+def test_dispatch_follows_live_workers_and_republish_reroutes(db: Any, runtime: Runtime, seeded: Any) -> None:
     settings = get_settings()
-    client = bus.get_redis()
+    client = runtime.redis
     client.delete(routing.ROUTING_KEY)
     celery = RecordingCelery()
     loop = SchedulerLoop(settings=settings, db=db, celery=celery)  # type: ignore[arg-type]
-    loop.router = Router(bus.get_redis, cache_s=0)
+    loop.router = Router(runtime.redis_client(), cache_s=0)
     with db.write() as s:
         tid = tenants.create_tenant(
             session=s, secret=settings.secret(), name="site", plan="standard", quota_ipu_hours=100

@@ -90,21 +90,26 @@ class EmbeddedRedis:
 
 
 def reset_caches() -> None:
-    from api import ratelimit
-    from scheduler import bus, emulation
-    from scheduler.db import reset_database
-    from scheduler.services import fleet, keys, partitions
+    """Forget the process's runtime (its database, Redis clients, allocators, capacity cache, rate
+    limiters: scheduler/runtime.py) and the memo caches that outlive it."""
+    from scheduler import emulation, runtime
+    from scheduler.services import keys
     from scheduler.settings import reset_settings_cache
 
     reset_settings_cache()
-    reset_database()
-    bus.reset_redis()
+    runtime.close_current()
     keys.key_cache.forget()
-    ratelimit.reset_limiter()
-    partitions._syncs.clear()
     emulation._resolve_cached.cache_clear()
-    fleet._capacity_cache = None
     emulation._RUNS.clear()
+
+
+def reload_settings(runtime: object) -> None:
+    """The test changed IPUCLOUD_* variables: its runtime (and the app built on it) reads them
+    again, as a process started with them would."""
+    from scheduler.settings import get_settings, reset_settings_cache
+
+    reset_settings_cache()
+    runtime.settings = get_settings()  # type: ignore[attr-defined]
 
 
 def truncate_all(database: object) -> None:
@@ -119,9 +124,9 @@ def truncate_all(database: object) -> None:
         else:
             conn.execute(text(f"TRUNCATE TABLE {', '.join(tables)} RESTART IDENTITY CASCADE"))
     try:
-        from scheduler import bus
+        from scheduler import runtime
 
-        bus.get_redis().flushdb()
+        runtime.current().redis.flushdb()
     except Exception:
         pass
 

@@ -66,10 +66,10 @@ def test_every_error_is_a_problem(client: Any, world: World) -> None:
 
 
 def test_per_key_rate_limit_answers_429_with_retry_after(
-    client: Any, world: World, monkeypatch: pytest.MonkeyPatch
+    client: Any, world: World, runtime: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IPUCLOUD_RATE_LIMIT", "5/minute")
-    services.reset_caches()
+    services.reload_settings(runtime)
     a, b = auth(world.a.owner_key), auth(world.a.member_key)
     codes = [client.get("/api/v1/jobs", headers=a).status_code for _ in range(7)]
     assert codes == [200] * 5 + [429] * 2

@@ -32,9 +32,9 @@ from scheduler.models import Base
 from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
-from scheduler.settings import get_settings, reset_settings_cache
+from scheduler.settings import get_settings
 from tests.support import onnx_files
-from tests.support.services import Seeded
+from tests.support.services import Seeded, reload_settings
 
 pytestmark = [pytest.mark.slow]
 
@@ -554,14 +554,14 @@ def fingerprint(db: Any) -> dict[str, str]:
 
 
 @pytest.fixture
-def hostile_app(env: dict[str, str], db: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def hostile_app(env: dict[str, str], db: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     # Every refusal must be the field's, not a per-address limit's.
     monkeypatch.setenv("IPUCLOUD_TRIAL_RATE_LIMIT", "100000/minute")
     monkeypatch.setattr(routes, "LOGIN_RATE", "100000/minute")
-    reset_settings_cache()
+    reload_settings(runtime)
     from api.app import create_app
 
-    return create_app()
+    return create_app(runtime=runtime)
 
 
 FIELDS: list[Field] = []

@@ -6,7 +6,6 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler.db import get_database
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
 from scheduler.services import metering, tenants, usage
 from scheduler.settings import get_settings
@@ -88,9 +87,7 @@ def test_a_running_job_that_exhausts_the_grant_is_stopped_with_the_reason(db: An
         update={"time_scale": 500.0, "heartbeat_s": 1.0, "meter_interval_s": 1.0, "agent_sync_s": 1000.0}
     )
     now = [0.0]
-    agent = Agent(
-        settings=settings, db=get_database(), name="exhaust", queues=["ipucloud"], clock=lambda: now[0]
-    )
+    agent = Agent(settings=settings, db=db, name="exhaust", queues=["ipucloud"], clock=lambda: now[0])
     agent.step()  # registers
     delivery = agent.deliver(attempt_id, 0)
     agent.step()

@@ -48,9 +48,9 @@ from scheduler.services import fleet, jobs, keys, own_models, partitions, tenant
 from scheduler.services import sessions as session_service
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import OneTenant
-from scheduler.settings import get_settings, reset_settings_cache
+from scheduler.settings import get_settings
 from tests.support import onnx_files
-from tests.support.services import Seeded
+from tests.support.services import Seeded, reload_settings
 from vipu.topology import rack_id
 
 MODEL = onnx_files.mlp(hidden=32, layers=2, features=16)
@@ -923,14 +923,14 @@ def loop_guard(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture
-def matrix_app(env: dict[str, str], db: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def matrix_app(env: dict[str, str], db: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     # Dozens of trial applications and sign-ins from one test client: lift the per-address limits.
     monkeypatch.setenv("IPUCLOUD_TRIAL_RATE_LIMIT", "100000/minute")
     monkeypatch.setattr(routes, "LOGIN_RATE", "100000/minute")
-    reset_settings_cache()
+    reload_settings(runtime)
     from api.app import create_app
 
-    return create_app()
+    return create_app(runtime=runtime)
 
 
 def sign_in(app: Any, key: str) -> TestClient:

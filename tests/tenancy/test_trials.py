@@ -122,11 +122,11 @@ BAD_CHANGES: list[dict[str, Any]] = [
 
 
 def test_bad_applications_are_refused_and_change_nothing(
-    client: Any, db: Any, subtests: Any, monkeypatch: pytest.MonkeyPatch
+    client: Any, db: Any, runtime: Any, subtests: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Refused applications count against the address's budget too; this test sends many.
     monkeypatch.setenv("IPUCLOUD_TRIAL_RATE_LIMIT", "100/minute")
-    services.reset_caches()
+    services.reload_settings(runtime)
     for change in BAD_CHANGES:
         with subtests.test(change=change):
             assert_problem(
@@ -137,10 +137,10 @@ def test_bad_applications_are_refused_and_change_nothing(
 
 
 def test_applications_are_rate_limited_per_address(
-    client: Any, db: Any, monkeypatch: pytest.MonkeyPatch
+    client: Any, db: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IPUCLOUD_TRIAL_RATE_LIMIT", "3/minute")
-    services.reset_caches()
+    services.reload_settings(runtime)
     codes = [
         client.post("/api/v1/trials", json={**APPLICATION, "email": f"u{i}@example.org"}).status_code
         for i in range(5)

@@ -19,6 +19,9 @@ from vipu.emulator.spec import DEFAULT_OPTIMIZER, Dims
 
 MAX_IPUS_PER_REPLICA = 64
 _CACHE_SIZE = 256
+# Bounded memo caches (`_CACHE_SIZE` entries) of pure functions of their keys (a graph's content
+# digest and the bindings): nothing here depends on a database or settings, so they stay module-level
+# rather than in a runtime object (vipu imports none of the cloud).
 _lock = threading.Lock()
 _lowered: OrderedDict[tuple[object, ...], Lowered] = OrderedDict()
 _graphs: OrderedDict[tuple[object, ...], ModelGraph] = OrderedDict()
