@@ -410,6 +410,10 @@ class Operations:
         return lambda cursor: Operations.list_plans.build(self, limit=page_size, cursor=cursor)
 
     @operation
+    def get_plan(self, name: str) -> Call[Plan]:
+        return Call("GET", f"{V1}/admin/plans/{seg(name)}", model(Plan))
+
+    @operation
     def update_plan(self, name: str, **changes: Any) -> Call[Plan]:
         return Call("PATCH", f"{V1}/admin/plans/{seg(name)}", model(Plan), json=_jsonable(changes))
 

@@ -281,3 +281,27 @@ def test_both_clients_send_the_same_requests_from_one_description() -> None:
         assert inspect.signature(sync).parameters == inspect.signature(aio).parameters, name
         assert sync.__doc__ == aio.__doc__, name
         assert inspect.iscoroutinefunction(aio) or inspect.isasyncgenfunction(aio), name
+
+
+@pytest.mark.e2e
+def test_a_method_added_once_reaches_both_clients() -> None:
+    """`get_plan` was added as one `Operations` method (docs/architecture.md, "Adding a route")."""
+    plan = {"name": "trial", "quota_ipu_hours": 100, "priority": 0, "max_partition_size": 16}
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json=plan)
+
+    with ipucloud.Client("http://cloud.test", "k", transport=httpx.MockTransport(handler)) as c:
+        got = c.get_plan("trial")
+    assert got.name == "trial" and got.quota_ipu_hours == 100
+
+    async def run() -> str:
+        async with ipucloud.AsyncClient(
+            "http://cloud.test", "k", transport=httpx.MockTransport(handler)
+        ) as a:
+            return (await a.get_plan("trial")).name
+
+    assert asyncio.run(run()) == "trial"
+    assert sent == ["GET /api/v1/admin/plans/trial"] * 2
