@@ -12,6 +12,7 @@ import functools
 import inspect
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
@@ -157,18 +158,20 @@ def auth_headers(call: Call[Any], key: str | None) -> dict[str, str]:
 # Sending ----------------------------------------------------------------------------------------------
 
 
-class Sender:
+class Sender(ABC):
     """A client that answers a `Call` with its result (`Client`)."""
 
+    @abstractmethod
     def call(self, call: Call[T]) -> T:
-        raise NotImplementedError
+        """Send `call` and return its answer, read as its model."""
 
 
-class AsyncSender:
+class AsyncSender(ABC):
     """A client that answers a `Call` with an awaitable of its result (`AsyncClient`)."""
 
+    @abstractmethod
     async def call(self, call: Call[T]) -> T:
-        raise NotImplementedError
+        """Send `call` and return its answer, read as its model."""
 
 
 class Paged(Protocol[T_co]):

@@ -8,12 +8,12 @@ from typing import Any
 from sqlalchemy import update
 
 from scheduler.jobspec import JobSpec
-from scheduler.models import Attempt, Checkpoint, Job, JobState, Partition, Plan, Tenant, utcnow
+from scheduler.models import Job, JobState, Plan, Tenant
 from scheduler.services import jobs, keys
-from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.faults.harness import make_tenant
+from tests.support import agentkit
 
 JOB = {"name": "r50", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
 
@@ -24,30 +24,8 @@ def submit(db: Any, tenant: str) -> str:
 
 
 def stopped_by_its_time_limit(db: Any, tenant: str) -> str:
-    """A job its time limit stopped at a checkpoint, as the agent leaves one."""
     job_id = submit(db, tenant)
-    with db.write() as s:
-        job = s.get(Job, job_id)
-        part = Partition(
-            name=f"to-{job_id[-8:]}", kind="job", size=4, machine_type="m2000", tenant_id=tenant,
-            job_id=job_id, ipu_ids=[], released_at=utcnow(),
-        )  # fmt: skip
-        s.add(part)
-        s.flush()
-        attempt = Attempt(
-            job_id=job_id, tenant_id=tenant, number=1, state="timed_out", partition_pk=part.pk,
-            size=4, machine_type="m2000", timeline={"step_s": 0.01}, ended_at=utcnow(),
-        )  # fmt: skip
-        s.add(attempt)
-        s.flush()
-        job.attempts = 1
-        finalize_job(session=s, job=job, state=JobState.FAILED, reason="exceeded max_runtime_s")
-        s.add(
-            Checkpoint(
-                job_id=job_id, attempt_id=attempt.id, attempt=1, step=10, steps=20, samples=640,
-                executable_key="x", machine_type="m2000", cluster_s=1.0, run_s=1.0, reason="time_limit",
-            )
-        )  # fmt: skip
+    agentkit.stop_at_time_limit(db, job_id)
     return job_id
 
 

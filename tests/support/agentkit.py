@@ -10,10 +10,21 @@ from typing import Any
 
 from sqlalchemy import select
 
-from scheduler.models import Agent, AgentState, AttemptState
+from scheduler.models import (
+    Agent,
+    AgentState,
+    Attempt,
+    AttemptState,
+    Checkpoint,
+    Job,
+    JobState,
+    Partition,
+    utcnow,
+)
 from scheduler.services import agents, attempts
 from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import Bill, Finish, TakenAttempt, TickResult
+from scheduler.services.job_state import finalize_job
 
 __all__ = [
     "AGENT",
@@ -25,6 +36,7 @@ __all__ = [
     "finish",
     "lease",
     "register",
+    "stop_at_time_limit",
     "take",
     "tick",
 ]
@@ -96,3 +108,32 @@ def finish(
 ) -> bool:
     result = tick(db, agent=agent, finishes=[Finish(attempt_id, outcome, cluster_s, reason)])
     return attempt_id in result.finished
+
+
+def stop_at_time_limit(db: Any, job_id: str) -> None:
+    """Leave queued job `job_id` as an agent leaves a job its time limit stopped: one timed-out
+    attempt on a released 4-IPU partition, the job failed, a `time_limit` checkpoint at step 10 of
+    20 (what `POST /jobs/{id}/resume` takes)."""
+    with db.write() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.state == JobState.QUEUED
+        part = Partition(
+            name=f"to-{job_id[-12:]}", kind="job", size=4, machine_type="m2000", tenant_id=job.tenant_id,
+            job_id=job_id, ipu_ids=[], released_at=utcnow(),
+        )  # fmt: skip
+        s.add(part)
+        s.flush()
+        attempt = Attempt(
+            job_id=job_id, tenant_id=job.tenant_id, number=1, state="timed_out", partition_pk=part.pk,
+            size=4, machine_type="m2000", timeline={"step_s": 0.01}, ended_at=utcnow(),
+        )  # fmt: skip
+        s.add(attempt)
+        s.flush()
+        job.attempts = 1
+        finalize_job(session=s, job=job, state=JobState.FAILED, reason="exceeded max_runtime_s")
+        s.add(
+            Checkpoint(
+                job_id=job_id, attempt_id=attempt.id, attempt=1, step=10, steps=20, samples=640,
+                executable_key="x", machine_type="m2000", cluster_s=1.0, run_s=1.0, reason="time_limit",
+            )
+        )  # fmt: skip

@@ -32,24 +32,19 @@ from scheduler.db import Database
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import (
     ApiKey,
-    Attempt,
-    Checkpoint,
     IpuSession,
     Job,
-    JobState,
     Machine,
     Member,
     OwnModel,
     Partition,
     TrialApplication,
-    utcnow,
 )
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
-from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
-from tests.support import onnx_files
+from tests.support import agentkit, onnx_files
 from tests.support.services import Seeded, reload_settings
 from vipu.topology import rack_id
 
@@ -127,28 +122,7 @@ class World:
     def timed_out_job(self) -> str:
         """A job its time limit stopped at a checkpoint: what `POST /jobs/{id}/resume` takes."""
         job_id = self.new_job()
-        with self.db.write() as s:
-            job = s.get(Job, job_id)
-            part = Partition(
-                name=self.unique("to"), kind="job", size=4, machine_type="m2000", tenant_id=self.tenant,
-                job_id=job_id, ipu_ids=[], released_at=utcnow(),
-            )  # fmt: skip
-            s.add(part)
-            s.flush()
-            attempt = Attempt(
-                job_id=job_id, tenant_id=self.tenant, number=1, state="timed_out", partition_pk=part.pk,
-                size=4, machine_type="m2000", timeline={"step_s": 0.01}, ended_at=utcnow(),
-            )  # fmt: skip
-            s.add(attempt)
-            s.flush()
-            job.attempts = 1
-            finalize_job(session=s, job=job, state=JobState.FAILED, reason="exceeded max_runtime_s")
-            s.add(
-                Checkpoint(
-                    job_id=job_id, attempt_id=attempt.id, attempt=1, step=10, steps=20, samples=640,
-                    executable_key="x", machine_type="m2000", cluster_s=1.0, run_s=1.0, reason="time_limit",
-                )
-            )  # fmt: skip
+        agentkit.stop_at_time_limit(self.db, job_id)
         return job_id
 
     def ended_job(self) -> str:
