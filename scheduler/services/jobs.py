@@ -58,7 +58,22 @@ class Submitted:
 
 
 def request_hash(spec: JobSpec) -> str:
-    return hashlib.sha256(orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """The digest an Idempotency-Key is bound to: what the client asked for, not the defaults.
+
+    Fields left at their defaults are left out, so a field added later with a default (or a
+    default filled in by a newer release) does not turn a retry across an upgrade into a conflict.
+    """
+    return _digest(spec.model_dump(mode="json", exclude_defaults=True))
+
+
+def _legacy_request_hash(spec: JobSpec) -> str:
+    # Keys stored before request_hash left defaults out hashed the whole spec; they expire with
+    # their jobs' retention, and until then a retry of such a request still replays.
+    return _digest(spec.model_dump(mode="json"))
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -133,7 +148,7 @@ def submit_jobs(
         if prior is not None:
             outcomes[n] = (
                 Submitted(prior, replayed=True)
-                if prior.request_hash == digests[n]
+                if prior.request_hash in (digests[n], _legacy_request_hash(r.spec))
                 else IdempotencyConflict(
                     "This Idempotency-Key was used for a different request body.", job_id=prior.id
                 )

@@ -125,6 +125,34 @@ def test_idempotency_key_replays_or_conflicts(db: Any, tenant: str) -> None:
         jobs.submit_job(session=s, tenant_id=tenant, spec=spec(name="other"), idempotency_key="k1")
 
 
+def test_a_retry_replays_across_a_release_that_adds_a_defaulted_field(db: Any, tenant: str) -> None:
+    class NewerSpec(JobSpec):
+        # A field a later release might add: a client that never sends it asks for the same thing.
+        colour: str = "blue"
+
+    body = spec().model_dump(mode="json", exclude_defaults=True)
+    older, newer = JobSpec.model_validate(body), NewerSpec.model_validate(body)
+    assert jobs.request_hash(newer) == jobs.request_hash(older)
+    # Spelling a default out is the same request as leaving it out; changing it is not.
+    assert jobs.request_hash(spec(priority=0)) == jobs.request_hash(spec())
+    assert jobs.request_hash(spec(priority=3)) != jobs.request_hash(spec())
+
+    with db.write() as s:
+        first = jobs.submit_job(session=s, tenant_id=tenant, spec=older, idempotency_key="upgrade")
+    with db.write() as s:
+        again = jobs.submit_job(session=s, tenant_id=tenant, spec=newer, idempotency_key="upgrade")
+    assert again.replayed and again.job.id == first.job.id
+
+
+def test_a_key_stored_with_the_whole_spec_hashed_still_replays(db: Any, tenant: str) -> None:
+    with db.write() as s:
+        first = jobs.submit_job(session=s, tenant_id=tenant, spec=spec(), idempotency_key="old")
+        first.job.request_hash = jobs._legacy_request_hash(spec())  # as a release before the change stored it
+    with db.write() as s:
+        again = jobs.submit_job(session=s, tenant_id=tenant, spec=spec(), idempotency_key="old")
+    assert again.replayed and again.job.id == first.job.id
+
+
 def run_to_end(db: Any, loop: SchedulerLoop, job_id: str, cluster_s: float, ticks: int = 3) -> Attempt:
     assert loop.lead()
     assert loop.schedule_pass() == 1
