@@ -299,6 +299,7 @@ class Job(Base):
         Index("ix_jobs_tenant_created", "tenant_id", "id"),
         # Counting a tenant's queued jobs at admission reads only its own queued entries.
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
+        Index("ix_jobs_session_id", "session_id", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -314,6 +315,7 @@ class Job(Base):
     options: Mapped[dict[str, dict[str, float]] | None] = mapped_column(JSON, nullable=True)
     prefer: Mapped[str] = mapped_column(String(8), default="time", server_default="time")  # time | cost
     partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
+    session_id: Mapped[str | None] = mapped_column(String(40), nullable=True)  # runs in this session
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Preemptible work (cheaper; non-preemptible work of any tenant may stop it after a warning) and

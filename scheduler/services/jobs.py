@@ -482,6 +482,7 @@ def _prepare(
         options=options,
         prefer=spec.prefer,
         partition_name=reserved_partition.name if reserved_partition is not None else None,
+        session_id=spec.session,
         priority=spec.priority,
         max_runtime_s=max_runtime,
         preemptible=spec.preemptible,

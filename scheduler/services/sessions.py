@@ -312,8 +312,8 @@ def view(
         session.execute(
             select(Job)
             .where(
+                Job.session_id == row.id,
                 Job.tenant_id == row.tenant_id,
-                Job.spec["session"].as_string() == row.id,
                 Job.task != SESSION_TASK,
             )
             .order_by(Job.id.desc())

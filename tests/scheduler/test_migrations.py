@@ -28,14 +28,7 @@ def test_database_is_at_head(db: Any) -> None:
 def test_the_priority_migration_recovers_what_the_owner_gave(db: Any) -> None:
     """0009 turns a stored `priority + 1000 x plan priority` back into the owner's -100..100, on the
     database at hand (its rounding is the database's)."""
-    path = (
-        Path(__file__).resolve().parents[2] / "scheduler" / "migrations" / "versions" / "0009_job_priority.py"
-    )
-    spec = importlib.util.spec_from_file_location("migration_0009", path)
-    assert spec is not None and spec.loader is not None
-    migration = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(migration)
-    expression = migration.OWNERS_PART.replace("priority", "CAST(:p AS INTEGER)")
+    expression = _migration("0009_job_priority").OWNERS_PART.replace("priority", "CAST(:p AS INTEGER)")
     # stored -> the owner's: plan priority 2 and 50, -2 and 50, 1 and -50, ...
     cases = {
         2050: 50,
@@ -51,3 +44,27 @@ def test_the_priority_migration_recovers_what_the_owner_gave(db: Any) -> None:
     with db.engine.connect() as conn:
         for stored, owner in cases.items():
             assert conn.execute(text(f"SELECT {expression}"), {"p": stored}).scalar_one() == owner, stored
+
+
+def _migration(name: str) -> Any:
+    path = Path(__file__).resolve().parents[2] / "scheduler" / "migrations" / "versions" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"migration_{name}", path)
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    return migration
+
+
+def test_the_session_migration_reads_the_session_a_stored_spec_names(db: Any) -> None:
+    """0010 fills jobs.session_id from the JSON spec, in the database's own JSON dialect."""
+    dialect = db.engine.dialect.name
+    spec_value = "CAST(:spec AS JSON)" if dialect == "postgresql" else ":spec"
+    expression = _migration("0010_job_session").SPEC_SESSION[dialect].replace("spec", spec_value)
+    cases = {
+        '{"name": "a", "session": "ses_0123abc"}': "ses_0123abc",
+        '{"name": "a", "session": null}': None,
+        '{"name": "a"}': None,
+    }
+    with db.engine.connect() as conn:
+        for stored, session_id in cases.items():
+            assert conn.execute(text(f"SELECT {expression}"), {"spec": stored}).scalar_one() == session_id
