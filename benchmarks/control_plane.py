@@ -7,7 +7,8 @@ one scheduler, workers) and measures, over repeated runs, printing min, median a
   latency; the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
 - the floor: the same load against a bare endpoint doing one durable INSERT (benchmarks/floor_app.py);
 - start latency: submission to `running` on a free partition, p50 and p99 over 200 jobs, one at a time;
-- short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed);
+- short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed),
+  submitted by h2load and again by 16 httpx clients in this process;
 - scheduler cost: time to place 10,000 queued jobs on a 1,024-POD64 fleet (65,536 IPUs).
 
 With `--vs-slurm` it installs and starts Slurm 22.05 from Debian with the scripts in `benchmarks/slurm/`,
@@ -231,31 +232,71 @@ async def _submit_many(url: str, key: str, n: int, clients: int) -> None:
         await asyncio.gather(*(client() for _ in range(clients)))
 
 
-def bench_throughput(report: Report, cloud: RunningCloud, key: str, db_url: str, n: int) -> None:
+def _submit_with_h2load(url: str, key: str, n: int, clients: int) -> None:
+    """Exactly n POSTs from `clients` keep-alive HTTP/1.1 connections (h2load --h1; wrk runs for a
+    duration, not a count)."""
+    if shutil.which("h2load") is None:
+        subprocess.run(["apt-get", "install", "-y", "-qq", "nghttp2-client"], check=True, capture_output=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(json.dumps(ONE_STEP_JOB))
+        body = f.name
+    try:
+        out = subprocess.run(
+            [
+                *("h2load", "--h1", "-n", str(n), "-c", str(clients), "-t", "2", "-d", body),
+                *("-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {key}"),
+                f"{url}/api/v1/jobs",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(body)
+    m = re.search(r"status codes: (\d+) 2xx", out)
+    assert m and int(m.group(1)) == n, out
+
+
+def bench_throughput(
+    report: Report, cloud: RunningCloud, key: str, db_url: str, n: int, *, submitter: str
+) -> None:
+    """n one-step jobs from 16 clients until every one has succeeded and freed its IPU.
+
+    `submitter` is `h2load` (a C load generator, as `sbatch` is Slurm's C client: the figure is the
+    cloud's) or `sdk` (16 httpx clients in this Python process, on the same two cores: what a
+    Python user's own submitter adds)."""
     engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    count_jobs = text("SELECT count(*) FROM jobs")
+    count_done = text("SELECT count(*) FROM jobs WHERE state = 'succeeded'")
     with engine.connect() as conn:
-        done_before = conn.execute(text("SELECT count(*) FROM jobs WHERE state = 'succeeded'")).scalar_one()
+        jobs_before = conn.execute(count_jobs).scalar_one()
+        done_before = conn.execute(count_done).scalar_one()
     t0 = time.monotonic()
-    asyncio.run(_submit_many(cloud.url, key, n, 16))
+    if submitter == "h2load":
+        _submit_with_h2load(cloud.url, key, n, 16)
+    else:
+        asyncio.run(_submit_many(cloud.url, key, n, 16))
     submitted = time.monotonic() - t0
     with engine.connect() as conn:
+        accepted = conn.execute(count_jobs).scalar_one() - jobs_before
+        conn.rollback()
+        if accepted < n * 0.99:
+            raise RuntimeError(f"only {accepted} of {n} short jobs were accepted")
         while True:
-            done = (
-                conn.execute(text("SELECT count(*) FROM jobs WHERE state = 'succeeded'")).scalar_one()
-                - done_before
-            )
+            done = conn.execute(count_done).scalar_one() - done_before
             conn.rollback()
-            if done >= n:
+            if done >= accepted:
                 break
             if time.monotonic() - t0 > 600:
-                raise RuntimeError(f"only {done} of {n} short jobs finished in 600 s")
+                raise RuntimeError(f"only {done} of {accepted} short jobs finished in 600 s")
             time.sleep(0.05)
         held = conn.execute(text("SELECT count(*) FROM ipu_assignments")).scalar_one()
     elapsed = time.monotonic() - t0
     engine.dispose()
     assert held == 0, f"{held} IPUs still held after every job finished"
-    report.add(f"short_jobs_{n}_end_to_end_jobs_per_s", "jobs/s", n / elapsed)
-    report.add(f"short_jobs_{n}_submit_phase_s", "s", submitted)
+    tag = "" if submitter == "h2load" else "sdk_"
+    report.add(f"short_jobs_{n}_{tag}end_to_end_jobs_per_s", "jobs/s", accepted / elapsed)
+    report.add(f"short_jobs_{n}_{tag}submit_phase_s", "s", submitted)
 
 
 def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) -> None:
@@ -412,7 +453,8 @@ def main() -> None:
                     if "latency" in only:
                         bench_latency(report, cloud, key, db_url, args.latency_jobs)
                     if "throughput" in only:
-                        bench_throughput(report, cloud, key, db_url, args.short_jobs)
+                        for submitter in ("h2load", "sdk"):
+                            bench_throughput(report, cloud, key, db_url, args.short_jobs, submitter=submitter)
                 finally:
                     cloud.stop_all()
         if "floor" in only:
@@ -446,10 +488,22 @@ def main() -> None:
                 lambda: 1000 * f["slurm_start_latency_s"].median / f["start_latency_p50_ms"].median,
             )
         )
-    key_tp = next((k for k in f if k.startswith("short_jobs_") and k.endswith("jobs_per_s")), None)
+    key_tp = next(
+        (k for k in f if k.startswith("short_jobs_") and "_sdk_" not in k and k.endswith("jobs_per_s")), None
+    )
     key_sl = next((k for k in f if k.startswith("slurm_short_jobs_") and k.endswith("jobs_per_s")), None)
+    key_sdk = next(
+        (k for k in f if k.startswith("short_jobs_") and k.endswith("_sdk_end_to_end_jobs_per_s")), None
+    )
     if key_tp and key_sl:
         ratios.append(("short-job throughput vs Slurm", lambda: f[key_tp].median / f[key_sl].median))
+    if key_sdk and key_sl:
+        ratios.append(
+            (
+                "short-job throughput, Python SDK clients, vs Slurm",
+                lambda: f[key_sdk].median / f[key_sl].median,
+            )
+        )
     if "floor_16_clients_inserts_per_s" in f and "submit_16_clients_jobs_per_s" in f:
         ratios.append(
             (
