@@ -8,19 +8,26 @@ with torch and onnx, outside the project's ``.venv``:
 
     python3 -m venv /tmp/torchvenv
     /tmp/torchvenv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu   # or a wheel
-    /tmp/torchvenv/bin/pip install onnx
+    /tmp/torchvenv/bin/pip install onnx onnxscript    # onnxscript: the default (dynamo) exporter needs it
     PYTHONPATH=. /tmp/torchvenv/bin/python scripts/export_torch_fixtures.py
 
-Each model is exported as a user would (``torch.onnx.export`` in evaluation mode, the TorchScript exporter
-at opset 17, dynamic batch and sequence axes), with its weights, to a temporary file; the weights are then
-stripped by ``vipu.emulator.onnxgraph.strip``, the code the CLI runs before an upload, so a fixture is the
-graph ``ipucloud models push`` would send. ``tests/fixtures/torch/manifest.json`` records, for each, what
-torch says about the model: its version, the opset, ``sum(p.numel() for p in model.parameters())`` and the
+Each model is exported as a user would, in evaluation mode with dynamic batch (and sequence) axes, twice:
+``NAME.onnx`` by the default exporter (``torch.onnx.export``, torch.export based since torch 2.9, at its
+default opset) and ``NAME-torchscript.onnx`` by the TorchScript one (``dynamo=False``, opset 17). Each is
+written with its weights to a temporary file, then stripped by ``vipu.emulator.onnxgraph.strip``, the code
+the CLI runs before an upload, so a fixture is the graph ``ipucloud models push`` would send. Before export
+the weights are perturbed (``as_if_trained``): exporters keep one initializer for equal tensors, which a
+freshly initialised model is full of. ``tests/fixtures/torch/manifest.json`` records, for each, what torch
+says about the model: its version, the opset, ``sum(p.numel() for p in model.parameters())`` and the
 forward multiply-accumulates per sample counted from the modules' shapes (forward hooks: Linear, Conv2d,
 LSTM, and MultiheadAttention's projections and QK^T/AV), for the tests to compare with the emulator's view.
 
+The default exporter records each node's Python stack trace in the graph (``metadata_props``: three
+quarters of a stripped ``encoder.onnx``), with this script's paths and line numbers, so running it again
+from elsewhere, or after editing it, changes those bytes but not the graph.
+
 - ``encoder``: ``nn.Embedding`` + learned positions + ``nn.TransformerEncoder`` (2 layers, d_model 256, 4
-  heads, GELU) + mean pooling + a classification head. Opset 17: ``LayerNormalization`` as one operator;
+  heads, GELU) + mean pooling + a classification head: ``LayerNormalization`` as one operator,
   attention as PyTorch writes it (MatMul, scaled Softmax, per-head reshapes).
 - ``resnet``: a mini ResNet (Conv2d/BatchNorm2d/ReLU stem, MaxPool, three basic blocks with residual adds,
   one with a strided 1x1 downsample, AdaptiveAvgPool2d, Linear) on 3x64x64 images.
