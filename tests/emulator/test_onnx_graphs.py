@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -243,6 +244,74 @@ def test_shapes_inference_cannot_resolve_are_refused_with_the_tensor_named() -> 
     with pytest.raises(GraphError) as exc:
         describe(source(data).onnx_graph)
     assert exc.value.code == "unsupported-operators" and "NonZero" in exc.value.message
+
+
+def _heads_model() -> bytes:
+    """Attention scores as PyTorch's TorchScript exporter writes the head split: the head size computed
+    from the tensor's shape with an integer ``Div``, which ONNX's data propagation does not follow."""
+    i64 = TensorProto.INT64
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 256])
+    consts = {"i0": [0], "i1": [1], "i2": [2], "heads": [4], "four": [4]}
+    nodes = [
+        helper.make_node("Constant", [], [n], value=helper.make_tensor(n, i64, [1], v))
+        for n, v in consts.items()
+    ]
+    nodes += [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+        helper.make_node("Shape", ["h"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+        helper.make_node("Gather", ["s", "i2"], ["e"], axis=0),
+        helper.make_node("Div", ["e", "four"], ["d"], name="head_dim"),
+        helper.make_node("Concat", ["b", "t", "heads", "d"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["split"], name="split"),
+        helper.make_node("Transpose", ["split"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["split"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"], name="qk"),
+        helper.make_node("Softmax", ["scores"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_shape_arithmetic_onnx_does_not_propagate_is_evaluated_at_the_bound_sizes() -> None:
+    own = source(_heads_model(), dims={"sequence": 32})
+    for seq in (32, 96):
+        g = WorkloadSpec(model="m", task="infer", seq_len=seq, source=own).graph()
+        macs = sum(op.macs for layer in g.layers for op in layer.ops)
+        assert macs == seq * 256 * 256 + 4 * seq * seq * 64
+    assert describe(own.onnx_graph, {"sequence": 32})["parameters"] == 256 * 256
+
+
+def test_a_reshape_the_export_fixed_is_refused_at_other_sizes() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 8])
+    target = helper.make_tensor("target", TensorProto.INT64, [3], [1, 32, 8])  # traced at sequence 32
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Reshape", ["a", "target"], ["r"], name="fixed"),
+        helper.make_node("MatMul", ["r", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [target, onnx.numpy_helper.from_array(np.zeros((8, 16), np.float32), "w")],
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    own = source(data, dims={"sequence": 32})
+    assert WorkloadSpec(model="m", task="infer", source=own).graph().flops_per_sample > 0
+    with pytest.raises(
+        WorkloadError, match=r"fixed \(Reshape\) turns .* \[1, 64, 8\] \(512 elements\)"
+    ) as exc:
+        WorkloadSpec(model="m", task="infer", seq_len=64, source=own).graph()
+    assert exc.value.field == "dims" and "exported at" in exc.value.message
 
 
 # -------------------------------------------------------------------------------------------- planning
