@@ -24,7 +24,8 @@ LSTM, and MultiheadAttention's projections and QK^T/AV), for the tests to compar
 
 The default exporter records each node's Python stack trace in the graph (``metadata_props``: three
 quarters of a stripped ``encoder.onnx``), with this script's paths and line numbers, so running it again
-from elsewhere, or after editing it, changes those bytes but not the graph.
+from elsewhere, or after editing it, changes those bytes but not the graph (and not what is uploaded:
+stripping drops those notes, vipu/emulator/onnxgraph/strip.py).
 
 - ``encoder``: ``nn.Embedding`` + learned positions + ``nn.TransformerEncoder`` (2 layers, d_model 256, 4
   heads, GELU) + mean pooling + a classification head: ``LayerNormalization`` as one operator,

@@ -60,6 +60,27 @@ def test_stripping_keeps_shapes_and_small_constants_and_drops_weight_data(tmp_pa
     assert shapes and all(list(t.int64_data) or t.raw_data for t in shapes)
 
 
+def test_exporters_notes_on_nodes_are_stripped_and_the_graph_is_not_changed() -> None:
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu", doc_string="File /home/alice/model.py, line 9")
+    node.metadata_props.add(key="pkg.torch.onnx.stack_trace", value='File "/home/alice/model.py", line 9')
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out = onnx.ModelProto.FromString(strip_bytes(model.SerializeToString()).data)
+    assert b"alice" not in out.SerializeToString()
+    kept = out.graph.node[0]
+    assert (kept.name, kept.op_type, list(kept.input), list(kept.output)) == ("relu", "Relu", ["x"], ["y"])
+    relu = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    bare = helper.make_graph([relu], "g", graph.input, graph.output)
+    plain = helper.make_model(bare, opset_imports=[helper.make_opsetid("", 17)])
+    # The same computation exported from anywhere is the same graph, and the same cached executable.
+    assert strip_bytes(model.SerializeToString()).digest == strip_bytes(plain.SerializeToString()).digest
+
+
 def test_constant_nodes_and_training_info_are_stripped_too() -> None:
     big = helper.make_tensor("v", TensorProto.FLOAT, [64, 64], [0.5] * 4096)
     nodes = [

@@ -14,7 +14,8 @@ external data with the location ``STRIPPED_LOCATION``, which is what it now is.
 
 Field numbers are those of ``onnx/onnx.proto`` (IR version 10 and earlier); fields this module does not
 know are copied as they are. ``training_info`` (initialisation and training-step graphs of an ONNX
-training model) is dropped: the emulator plans the inference graph and derives training from it.
+training model) is dropped: the emulator plans the inference graph and derives training from it. So are
+nodes' ``doc_string`` and ``metadata_props``, an exporter's notes on where each node came from.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ _CHILDREN: dict[int, dict[int, int]] = {
     _FUNCTION: {7: _NODE},
     _TENSOR: {},
 }
-_DROPPED = {_MODEL: {20}}  # ModelProto.training_info
+# ModelProto.training_info; NodeProto.doc_string and metadata_props. The node fields are what an
+# exporter says of itself (torch.onnx writes each node's Python stack trace and module path there:
+# three quarters of a stripped transformer, and the user's own file paths): nothing the emulator
+# reads, and leaving them out keys the executable cache on the computation, not on where it was
+# exported from.
+_DROPPED = {_MODEL: {20}, _NODE: {6, 9}}
 # TensorProto: float_data, int32_data, string_data, int64_data, raw_data, double_data, uint64_data
 _TENSOR_DATA = frozenset({4, 5, 6, 7, 9, 10, 11})
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_EXTERNAL, _TENSOR_LOCATION = 1, 2, 13, 14
