@@ -167,7 +167,12 @@ def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     "/jobs/{job_id}/logs",
     response_model=LogsOut,
     summary="Job events and log lines; server-sent events with `Accept: text/event-stream`",
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        200: {
+            "description": "JSON, or with `Accept: text/event-stream` a stream of server-sent events.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
 )
 def job_logs(
     job_id: JobId,
