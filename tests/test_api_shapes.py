@@ -1,8 +1,10 @@
 """Every answer has a declared shape: each API and health route names its response model (or, for a
-non-JSON answer, its media type), so the OpenAPI spec says what is sent."""
+non-JSON answer, its media type), and no scheduler service returns an untyped `dict[str, Any]`
+(they return TypedDict views), so the OpenAPI spec and mypy both see what is sent."""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,3 +58,33 @@ def test_every_api_and_health_route_declares_its_answer() -> None:
         f"{','.join(sorted(r.methods))} {r.path}": why for r in checked if (why := shapeless(r)) is not None
     }
     assert not missing, f"routes without a declared answer (api/schemas.py has the models): {missing}"
+
+
+def untyped_returns(source: str) -> list[str]:
+    """The functions in `source` annotated as returning `dict[str, Any]` or `list[dict[str, Any]]`
+    (alone or `| None`)."""
+    untyped = {"dict[str, Any]", "list[dict[str, Any]]"}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            parts = {p.strip() for p in ast.unparse(node.returns).split("|")}
+            if parts & untyped:
+                found.append(f"{node.name} (line {node.lineno})")
+    return found
+
+
+def test_untyped_returns_are_found() -> None:
+    assert untyped_returns("def f() -> dict[str, Any] | None: ...") == ["f (line 1)"]
+    assert untyped_returns("def g() -> list[dict[str, Any]]: ...") == ["g (line 1)"]
+    assert untyped_returns("def h() -> Mapping[str, Any]: ...\ndef i() -> View: ...") == []
+
+
+def test_services_return_typed_views() -> None:
+    untyped = {
+        path.name: found
+        for path in sorted((ROOT / "scheduler" / "services").glob("*.py"))
+        if (found := untyped_returns(path.read_text()))
+    }
+    assert not untyped, (
+        f"services returning `dict[str, Any]`: give each a TypedDict (docs/architecture.md): {untyped}"
+    )

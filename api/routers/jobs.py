@@ -320,7 +320,7 @@ async def _stream(
 
 def _read_since(
     db: DbDep, job_id: str, after: int, scope: Scope, facts: JobFacts | None
-) -> tuple[list, str, dict | None, dict[str, Any] | None]:
+) -> tuple[list, str, attempts.ProgressView | None, dict[str, Any] | None]:
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
