@@ -235,6 +235,11 @@ def document_problems(spec: dict[str, Any]) -> dict[str, Any]:
                 _no_null_header(param)
                 _no_control_characters(param)
             responses = op.setdefault("responses", {})
+            for status, response in responses.items():
+                # A route's own error model (`/readyz`'s 503) is sent as a problem, so say so.
+                content = response.get("content", {})
+                if status[:1] in ("4", "5") and "application/json" in content:
+                    content[PROBLEM_JSON] = content.pop("application/json")
             if "422" in responses or op.get("parameters") or op.get("requestBody"):
                 responses["422"] = _problem_response("Invalid request: `errors` lists each field.")
             if op.get("security"):

@@ -873,3 +873,27 @@ class PartitionResetOut(OpenOut):
     partition: PartitionOut
     interrupted_job: str | None = None
     interrupted_jobs: list[str] = Field(default_factory=list)
+
+
+# Health -----------------------------------------------------------------------------------------------
+
+
+class HealthOut(BaseModel):
+    """`/healthz`: the process answers."""
+
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    """`/readyz` when ready: every dependency's check is `ok`."""
+
+    status: Literal["ready"]
+    checks: dict[str, str] = Field(description="Each dependency (`database`, `redis`) and its state.")
+
+
+class NotReadyOut(Problem):
+    """`/readyz` when not ready (503): a problem naming each dependency's state."""
+
+    checks: dict[str, str] = Field(
+        description="Each dependency and its state: `ok`, `migrations pending` or `unreachable: ...`."
+    )

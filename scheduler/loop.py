@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +86,7 @@ class SchedulerLoop:
     redis_client: Callable[[], redis.Redis] | None = None
     # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
     # each queued job, and the queued jobs already shown to the placement policy's demand model.
-    _waits: dict[str, dict[str, Any] | None] | None = None
+    _waits: dict[str, Mapping[str, Any] | None] | None = None
     _seen: set[str] = field(default_factory=set)
     _waits_epoch: int | None = None
     _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass

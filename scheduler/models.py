@@ -7,6 +7,7 @@ sums are exact on every database.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -409,7 +410,8 @@ class Attempt(Base):
     unbilled_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     # A preemption warning: the attempt checkpoints and ends itself by then, or is stopped.
     preempt_deadline: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # as it ended
+    # As it ended: attempts.ProgressView, written whole (JSON, so never changed in place).
+    progress: Mapped[Mapping[str, Any] | None] = mapped_column(JSON, nullable=True)
     end_reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
 
 

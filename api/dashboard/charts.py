@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, timedelta
 from html import escape
 
 
-def daily_series(by_day: Sequence[dict[str, object]], *, days: int, today: date) -> list[tuple[date, float]]:
+def daily_series(
+    by_day: Sequence[Mapping[str, object]], *, days: int, today: date
+) -> list[tuple[date, float]]:
     """The last `days` days ending today, zero where nothing was metered."""
     values: dict[date, float] = {}
     for row in by_day:

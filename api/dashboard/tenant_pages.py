@@ -238,13 +238,16 @@ def run_estimate(
     run time (a tenant's; an admin has neither); a refusal becomes a message."""
     try:
         with db.read() as s:
-            out = estimates.estimate(
-                session=s,
-                workload=spec.workload,
-                ipus=spec.ipus,
-                machine=spec.machine,
-                settings=settings,
-                tenant_id=user.tenant_id,
+            # A copy, as a plain dict: the page adds what it shows besides the estimate.
+            out: dict[str, Any] = dict(
+                estimates.estimate(
+                    session=s,
+                    workload=spec.workload,
+                    ipus=spec.ipus,
+                    machine=spec.machine,
+                    settings=settings,
+                    tenant_id=user.tenant_id,
+                )
             )
             if user.tenant_id is None:
                 return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200

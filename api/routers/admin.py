@@ -65,7 +65,7 @@ def get_fleet(
     pod_from: Annotated[int, Query(ge=0, le=1023)] = 0,
     pods: Annotated[int, Query(ge=1, le=1024)] = 64,
     head_size: PowerOfTwoQuery = None,
-) -> dict[str, Any]:
+) -> partitions.FleetView:
     with db.read() as s:
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=pods)
         view["summary"] = partitions.fleet_summary(
@@ -121,7 +121,7 @@ def list_racks(principal: Admin, db: DbDep) -> dict[str, Any]:
     response_model_exclude_unset=True,
     summary="Add a rack of PODs to the running fleet",
 )
-def add_rack(body: RackCreate, principal: Admin, db: DbDep) -> dict[str, Any]:
+def add_rack(body: RackCreate, principal: Admin, db: DbDep) -> fleet.RackView:
     with db.write() as s:
         rack = fleet.add_rack(session=s, machine_type=body.machine_type, layout=body.layout, units=body.pods)
         out = next(r for r in fleet.racks(session=s) if r["index"] == rack)

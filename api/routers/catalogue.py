@@ -106,12 +106,13 @@ def create_estimate(
             rates=plan_rates,
             tenant_id=principal.tenant_id,
         )
-        if principal.tenant_id is not None and out.get("fits") and out.get("ipus"):
+        ipus = out.get("ipus")
+        if principal.tenant_id is not None and out.get("fits") and ipus:
             out["runtime_limit"] = job_service.runtime_limit(
                 session=s,
                 tenant_id=principal.tenant_id,
                 workload=body.workload,
-                ipus=int(out["ipus"]),
+                ipus=int(ipus),
                 machine=out.get("machine") or body.machine,  # the type the estimate is for
                 max_runtime_s=body.max_runtime_s,
             )

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from api.deps import RuntimeDep
 from api.problems import problem
+from api.schemas import HealthOut, NotReadyOut, ReadyOut
 from scheduler.migrate import is_up_to_date
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="The process is alive")
+@router.get("/healthz", response_model=HealthOut, summary="The process is alive")
 def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="The database (migrated) and Redis answer")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    summary="The database (migrated) and Redis answer",
+    responses={503: {"model": NotReadyOut, "description": "Not ready: `checks` says which dependency."}},
+)
 def readyz(runtime: RuntimeDep) -> Response:
     checks: dict[str, str] = {}
     db = runtime.db
@@ -51,7 +58,17 @@ def _json(d: dict[str, str]) -> bytes:
     return orjson.dumps(d)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "The Prometheus text exposition format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def metrics() -> Response:
     from api.metrics import registry
 

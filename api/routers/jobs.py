@@ -167,7 +167,12 @@ def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     "/jobs/{job_id}/logs",
     response_model=LogsOut,
     summary="Job events and log lines; server-sent events with `Accept: text/event-stream`",
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        200: {
+            "description": "JSON, or with `Accept: text/event-stream` a stream of server-sent events.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
 )
 def job_logs(
     job_id: JobId,
@@ -315,7 +320,7 @@ async def _stream(
 
 def _read_since(
     db: DbDep, job_id: str, after: int, scope: Scope, facts: JobFacts | None
-) -> tuple[list, str, dict | None, dict[str, Any] | None]:
+) -> tuple[list, str, attempts.ProgressView | None, dict[str, Any] | None]:
     with db.read() as s:
         job = job_service.get_job(session=s, job_id=job_id, scope=scope)
         events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)

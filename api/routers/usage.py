@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -84,7 +85,7 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def usage_csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
+def usage_csv(rows: Sequence[Mapping[str, Any]], fields: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -93,7 +94,9 @@ def usage_csv(rows: list[dict[str, Any]], fields: list[str]) -> str:
     return buf.getvalue()
 
 
-def _csv_response(rows: list[dict[str, Any]], group: str, filename: str, next_url: Any = None) -> Response:
+def _csv_response(
+    rows: Sequence[Mapping[str, Any]], group: str, filename: str, next_url: Any = None
+) -> Response:
     headers = {"Content-Disposition": f'attachment; filename="{filename}-{group}.csv"'}
     if next_url is not None:
         headers["Link"] = f'<{next_url}>; rel="next"'
@@ -152,7 +155,8 @@ def get_usage(
     if format == "csv":
         more = next_cursor is not None and group == "job"
         url = request.url.include_query_params(cursor=next_cursor) if more else None
-        return _csv_response(groups[f"by_{group}"], group, "usage", url)
+        by_name: Mapping[str, Any] = groups
+        return _csv_response(by_name[f"by_{group}"], group, "usage", url)
     remaining = remaining_ipu_ms(t)
     return UsageOut(
         tenant_id=t.id,
@@ -220,5 +224,6 @@ def admin_usage(
             return _csv_response([t.model_dump(mode="json") for t in tenants], group, "usage-all", url)
         more = next_cursor is not None and group == "job"
         url = request.url.include_query_params(cursor=next_cursor) if more else None
-        return _csv_response(groups[f"by_{group}"], group, "usage-all", url)
+        by_name: Mapping[str, Any] = groups
+        return _csv_response(by_name[f"by_{group}"], group, "usage-all", url)
     return AdminUsageOut(tenants=tenants, tenants_next_cursor=tenants_next, next_cursor=next_cursor, **groups)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -100,7 +100,10 @@ def estimate(
             dims=dims if model_file is None else None,
             optimizer=optimizer,  # type: ignore[arg-type]
         )
-        result = run_estimate(session=None, workload=req, ipus=size, machine=machine, source=source)
+        # Read as a mapping of any values: the figures printed below are all there when it fits.
+        result: Mapping[str, Any] = run_estimate(
+            session=None, workload=req, ipus=size, machine=machine, source=source
+        )
     except ValidationError as exc:
         err.print(f"[red]{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}[/]")
         raise typer.Exit(2)

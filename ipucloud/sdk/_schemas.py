@@ -24,6 +24,7 @@ __all__ = [
     "FleetIpu",
     "FleetMachine",
     "FleetPod",
+    "Health",
     "HistoryEntry",
     "Job",
     "LogEntry",
@@ -41,6 +42,7 @@ __all__ = [
     "RackHealth",
     "RackUnit",
     "Racks",
+    "Ready",
     "Retired",
     "RuntimeLimit",
     "ServersAdded",
@@ -383,6 +385,19 @@ class TrialDecision(Model):
     application: TrialApplication | None = None
     tenant: Tenant | None = None
     api_key: str | None = None
+
+
+class Health(Model):
+    """`/healthz`: the process answers."""
+
+    status: str | None = None
+
+
+class Ready(Model):
+    """`/readyz` when ready: every dependency's check is `ok`."""
+
+    status: str | None = None
+    checks: dict[str, str] = Field(default_factory=dict)
 
 
 class Progress(Model):

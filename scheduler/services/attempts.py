@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
@@ -465,7 +465,7 @@ class Finish:
     outcome: AttemptState
     cluster_s: float
     reason: str | None = None
-    progress: dict[str, Any] | None = None
+    progress: ProgressView | None = None
 
 
 @dataclass
@@ -647,7 +647,7 @@ def finish(
     cluster_s: float,
     lease_s: float,
     reason: str | None = None,
-    progress: dict[str, Any] | None = None,
+    progress: ProgressView | None = None,
     max_attempts: int = 3,
 ) -> bool:
     """One attempt's end as its agent reports it (`record_tick` with one finish). False, and nothing
@@ -672,15 +672,29 @@ def derived_cluster_s(attempt: Attempt, now: datetime) -> float:
     return max(attempt.cluster_s, min(float(timeline["end_s"]), max(0.0, t)))
 
 
-def progress_of(attempt: Attempt, now: datetime) -> dict[str, Any] | None:
+class ProgressView(TypedDict):
+    """How far a run has got at a cluster time: phase, step, samples, rate, memory."""
+
+    phase: str
+    step: int
+    steps: int
+    samples: int
+    percent: float
+    eta_s: float
+    throughput: float
+    memory_per_ipu_bytes: int
+    cluster_s: float
+
+
+def progress_of(attempt: Attempt, now: datetime) -> ProgressView | None:
     """The attempt's progress: derived while it runs, as recorded once it ended."""
     if attempt.state != AttemptState.RUNNING or not attempt.timeline:
-        return attempt.progress
+        return cast("ProgressView | None", attempt.progress)  # what progress_dict gave, stored
     t = derived_cluster_s(attempt, now)
     return progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(t), t)
 
 
-def progress_dict(progress: emulator.Progress, cluster_s: float) -> dict[str, Any]:
+def progress_dict(progress: emulator.Progress, cluster_s: float) -> ProgressView:
     return {
         "phase": progress.phase,
         "step": progress.step,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -221,7 +221,21 @@ def prune(*, session: Session, now: datetime, batch: int = PRUNE_BATCH) -> Prune
     return Pruned(thinned=thinned, expired=expired)
 
 
-def checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+class CheckpointView(TypedDict):
+    """A saved checkpoint as the API shows it (`at` in ISO 8601)."""
+
+    step: int
+    steps: int
+    samples: int
+    executable: str
+    machine_type: str
+    attempt: int
+    run_s: float
+    reason: str
+    at: str
+
+
+def checkpoint_json(c: Checkpoint) -> CheckpointView:
     return {
         "step": c.step,
         "steps": c.steps,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict, cast
 
 from sqlalchemy.orm import Session
 
@@ -17,10 +17,53 @@ from scheduler.policy.forecast import estimate_start
 from scheduler.services import executables, fleet, own_models, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
+from scheduler.services.views import RuntimeLimitView
 from scheduler.settings import Settings, get_settings
 from vipu import emulator
 from vipu.emulator.spec import GraphSource
 from vipu.machine_types import MACHINE_TYPE_NAMES
+
+
+class MachineOptionView(TypedDict):
+    """One machine type's answer to an estimate on `any`, with the type's rate."""
+
+    fits: bool | None
+    ipus: int | None
+    total_s: float | None
+    expected_wait_s: float | None
+    ipu_hours: float | None
+    charged_ipu_hours: float | None
+    error: str | None
+    rate: float
+
+
+class EstimateView(TypedDict):
+    """A dry run's answer (`EstimateOut`): the emulator's `Estimate.to_dict()` and what this adds.
+
+    A type the workload cannot run on at all answers only `fits`, `machine` and `error`."""
+
+    fits: bool
+    machine: str
+    error: str | None
+    model: NotRequired[str]
+    task: NotRequired[str]
+    ipus: NotRequired[int | None]
+    ipus_auto: NotRequired[bool]
+    plan: NotRequired[dict[str, object] | None]
+    throughput: NotRequired[float | None]
+    compile_s: NotRequired[float | None]
+    load_s: NotRequired[float | None]
+    step_s: NotRequired[float | None]
+    steps: NotRequired[int | None]
+    samples: NotRequired[int | None]
+    total_s: NotRequired[float | None]
+    ipu_hours: NotRequired[float | None]
+    memory_per_ipu_bytes: NotRequired[int | None]
+    cached: NotRequired[bool]
+    charged_ipu_hours: NotRequired[float | None]
+    expected_wait_s: NotRequired[float | None]  # with a session: the policy's forecast (None: not known)
+    machine_options: NotRequired[dict[str, MachineOptionView]]  # on `any`: each type's answer
+    runtime_limit: NotRequired[RuntimeLimitView]  # added by the API for a tenant
 
 
 def estimate(
@@ -33,7 +76,7 @@ def estimate(
     rates: Mapping[str, float] | None = None,
     tenant_id: str | None = None,
     source: GraphSource | None = None,
-) -> dict[str, Any]:
+) -> EstimateView:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
     plus its run time), with each type's answer under `machine_options`.
@@ -60,30 +103,29 @@ def estimate(
 
     def finish(kind: str) -> float:
         out = answers[kind]
-        if not out.get("fits") or out.get("total_s") is None:
+        total = out.get("total_s")
+        if not out.get("fits") or total is None:
             return math.inf
         wait = out.get("expected_wait_s", 0.0)
-        return math.inf if wait is None else float(wait) + float(out["total_s"])
+        return math.inf if wait is None else float(wait) + float(total)
 
     best = min(kinds, key=lambda kind: (finish(kind), kinds.index(kind)))
-    chosen = dict(answers[best])
-    chosen["machine_options"] = {
-        kind: {
-            key: out.get(key)
-            for key in (
-                "fits",
-                "ipus",
-                "total_s",
-                "expected_wait_s",
-                "ipu_hours",
-                "charged_ipu_hours",
-                "error",
-            )
-        }
-        | {"rate": rate_of[kind]}
-        for kind, out in answers.items()
-    }
+    chosen = answers[best].copy()
+    chosen["machine_options"] = {kind: _option(out, rate_of[kind]) for kind, out in answers.items()}
     return chosen
+
+
+def _option(out: EstimateView, rate: float) -> MachineOptionView:
+    return {
+        "fits": out.get("fits"),
+        "ipus": out.get("ipus"),
+        "total_s": out.get("total_s"),
+        "expected_wait_s": out.get("expected_wait_s"),
+        "ipu_hours": out.get("ipu_hours"),
+        "charged_ipu_hours": out.get("charged_ipu_hours"),
+        "error": out.get("error"),
+        "rate": rate,
+    }
 
 
 @dataclass(frozen=True)
@@ -101,7 +143,7 @@ def _estimate_on(
     rate: float,
     *,
     strict: bool,
-) -> dict[str, Any]:
+) -> EstimateView:
     size_asked: int | Literal["auto"] = "auto" if ipus == "auto" else int(ipus)
     try:
         result = emulator.estimate(spec, size_asked, machine)
@@ -113,8 +155,9 @@ def _estimate_on(
         if strict:
             raise DoesNotFit(str(exc), machine=machine)
         return {"fits": False, "machine": machine, "error": str(exc)}
-    out: dict[str, Any] = result.to_dict()
-    key = out["plan"].get("executable_key") if isinstance(out.get("plan"), dict) else None
+    out = cast(EstimateView, result.to_dict())
+    plan = out.get("plan")
+    key = plan.get("executable_key") if isinstance(plan, dict) else None
     cached = (
         session is not None
         and key is not None
@@ -126,10 +169,12 @@ def _estimate_on(
     if cached:
         # Compiled before for this tenant: the run skips compilation, and so do its time, cost and
         # reservation (what submission reserves; see jobs.submit_job).
-        out = emulator.estimate(spec, size_asked, machine, cached=True).to_dict()
-    out["charged_ipu_hours"] = None if out.get("ipu_hours") is None else round(out["ipu_hours"] * rate, 6)
+        out = cast(EstimateView, emulator.estimate(spec, size_asked, machine, cached=True).to_dict())
+        plan = out.get("plan")
+    hours = out.get("ipu_hours")
+    out["charged_ipu_hours"] = None if hours is None else round(hours * rate, 6)
     if session is not None and out.get("fits"):
-        size = int(out["plan"]["ipus"]) if isinstance(out.get("plan"), dict) else int(ipus)
+        size = int(cast(int, plan["ipus"])) if isinstance(plan, dict) else int(ipus)
         try:
             fleet.check_fleet_can_ever_host(session=session, size=size, machine_type=machine)
         except InvalidRequest as exc:
@@ -140,7 +185,7 @@ def _estimate_on(
             session=session,
             size=size,
             machine=machine,
-            predicted_runtime_s=float(out["total_s"]),
+            predicted_runtime_s=float(cast(float, out["total_s"])),  # it fits: its run time is known
             tenant_id=ctx.tenant_id,
             settings=ctx.settings,
         )

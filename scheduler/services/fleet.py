@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -645,14 +645,36 @@ def unit_name(pod: int, layout: str) -> str:
     return server_id(pod) if layout == "server" else pod_id(pod)
 
 
-def racks(*, session: Session) -> list[dict[str, Any]]:
+class RackUnitView(TypedDict):
+    """A unit of a rack (a POD or an IPU server) and how many of its machines are in each health."""
+
+    id: str
+    index: int
+    machine_type: str
+    layout: str
+    model: str | None
+    ipus: int
+    machines: dict[str, int]
+
+
+class RackView(TypedDict):
+    """A live rack: its units, their IPUs, and whether every machine is out of service."""
+
+    id: str
+    index: int
+    units: list[RackUnitView]
+    ipus: int
+    drained: bool
+
+
+def racks(*, session: Session) -> list[RackView]:
     """The live racks: each with its units (PODs and servers) and their machines' health."""
     rows = session.execute(
         select(Machine.rack, Machine.pod, Machine.machine_type, Machine.layout, Machine.model, Machine.health)
         .where(Machine.retired_at.is_(None))
         .order_by(Machine.rack, Machine.pod, Machine.slot)
     ).all()
-    by_rack: dict[int, dict[int, dict[str, Any]]] = {}
+    by_rack: dict[int, dict[int, RackUnitView]] = {}
     for rack, pod, kind, layout, model, health in rows:
         units = by_rack.setdefault(rack, {})
         unit = units.get(pod)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import orjson
 from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
@@ -44,6 +44,7 @@ from scheduler.models import (
 from scheduler.services import attempts, executables, fleet, own_models, rates, sessions
 from scheduler.services.job_state import finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
+from scheduler.services.views import RuntimeLimitView, WaitView
 from vipu.emulator.onnxgraph import OnnxWorkload
 
 
@@ -247,7 +248,18 @@ def submit_jobs(
     return _resolve(outcomes, digests)
 
 
-def _queued_event(job: Job, now: datetime) -> dict[str, Any]:
+class QueuedEventRow(TypedDict):
+    """The `job_events` row that says a job was admitted to the queue."""
+
+    job_id: str
+    kind: str
+    message: str
+    data: dict[str, Any]
+    at: datetime
+    attempt: int | None
+
+
+def _queued_event(job: Job, now: datetime) -> QueuedEventRow:
     return {
         "job_id": job.id,
         "kind": "state",
@@ -545,27 +557,45 @@ def runtime_limit(
     ipus: int,
     machine: str | None,
     max_runtime_s: int | None = None,
-) -> dict[str, Any]:
+) -> RuntimeLimitView:
     """For a dry run: the tenant's run-time limit per job and whether this job ends within it, with
     what would fit when not (what submitting it would answer, see `check_runtime`)."""
     plan = session.execute(
         select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
     ).scalar_one()
     limit = int(plan.max_runtime_s)
-    out: dict[str, Any] = {"max_runtime_s": limit, "within": True, "detail": None}
+    out: RuntimeLimitView = {"max_runtime_s": limit, "within": True, "detail": None}
     if max_runtime_s is not None and max_runtime_s <= limit:
         return out
     # The tenant's own model, when the workload names one (as admission would read it).
     source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
     advice = runtime_advice(workload=workload, ipus=ipus, machine=machine, plan=plan, source=source)
     if advice is not None:
-        out.update(advice.fields(), within=False, detail=advice.message(plan.name))
+        # `fields()` holds max_runtime_s, predicted_runtime_s, fitting_steps (or _samples), fitting_ipus.
+        fields = {**out, **advice.fields(), "within": False, "detail": advice.message(plan.name)}
+        return cast(RuntimeLimitView, fields)
     return out
 
 
-def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> dict[str, Any]:
+class StoredSpec(TypedDict):
+    """A job spec as `Job.spec` stores it: `JobSpec` dumped to JSON."""
+
+    name: str
+    workload: dict[str, Any]
+    ipus: int | str
+    machine: str | None
+    prefer: str
+    partition: str | None
+    session: str | None
+    priority: int
+    max_runtime_s: int | None
+    preemptible: bool
+    checkpoint_every_s: int | None
+
+
+def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> StoredSpec:
     """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
-    stored = spec.model_dump(mode="json")
+    stored = cast(StoredSpec, spec.model_dump(mode="json"))
     if source is not None:
         stored["workload"]["model"] = source.model_id
     return stored
@@ -660,7 +690,7 @@ def state_histories(*, session: Session, job_ids: Sequence[str]) -> dict[str, li
     return out
 
 
-def wait_reason(*, session: Session, job: Job, scope: Scope) -> dict[str, Any] | None:
+def wait_reason(*, session: Session, job: Job, scope: Scope) -> WaitView | None:
     """Why a queued job is not running yet, as the scheduler last explained it, told to `scope`.
 
     The scheduler names the jobs a job waits behind, whoever they belong to; a tenant is told only
@@ -671,17 +701,18 @@ def wait_reason(*, session: Session, job: Job, scope: Scope) -> dict[str, Any] |
     return wait_given(session=session, job=job, attempt=attempt, scope=scope)
 
 
-def wait_given(*, session: Session, job: Job, attempt: Attempt | None, scope: Scope) -> dict[str, Any] | None:
+def wait_given(*, session: Session, job: Job, attempt: Attempt | None, scope: Scope) -> WaitView | None:
     """`wait_reason` for a job whose current attempt the caller has read already."""
     if job.state != JobState.QUEUED:
         return None
     if attempt is not None and attempt.state == AttemptState.PLACED:
         return {"reason": "starting", "detail": "placed on a partition; waiting for a worker to take it"}
-    wait = job.wait or {"reason": "pending", "detail": "waiting for the scheduler's next pass"}
+    stored = cast("WaitView | None", job.wait)  # what scheduling.wait_json gave
+    wait: WaitView = stored or {"reason": "pending", "detail": "waiting for the scheduler's next pass"}
     return redact_wait(session=session, wait=wait, scope=scope)
 
 
-def redact_wait(*, session: Session, wait: dict[str, Any], scope: Scope) -> dict[str, Any]:
+def redact_wait(*, session: Session, wait: WaitView, scope: Scope) -> WaitView:
     """`wait` with every id of a job outside `scope` replaced by words (see `wait_reason`)."""
     if isinstance(scope, AllTenants):
         return wait

@@ -11,9 +11,10 @@ grant: a tick that would overspend is cut to what is left, and the job is stoppe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, TypedDict
 
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -34,7 +35,7 @@ def insert_ignore(session: Session, values: dict[str, Any]) -> bool:
     return session.execute(stmt).first() is not None
 
 
-def _insert_new(session: Session, rows: list[dict[str, Any]]) -> set[str]:
+def _insert_new(session: Session, rows: Sequence[Mapping[str, Any]]) -> set[str]:
     """Insert the meter events whose ids do not exist yet; returns the ids inserted.
 
     Every caller holds the row locks of the events' attempts, and only a transaction holding an
@@ -99,6 +100,25 @@ def _left_under_lock(session: Session, tenant_id: str) -> int:
     return max(0, quota - used)
 
 
+class MeterEventRow(TypedDict):
+    """A `meter_events` row as it is inserted: one tick or settle of an attempt."""
+
+    id: str
+    tenant_id: str
+    job_id: str
+    attempt_id: int
+    kind: str
+    ipu_ms: int
+    machine_type: str | None
+    rate: float
+    raw_ipu_ms: int | None
+    partition_size: int
+    cluster_s: float
+    workload: str
+    outcome: str | None
+    at: datetime
+
+
 def _event(
     event_id: str,
     attempt: Attempt,
@@ -107,8 +127,8 @@ def _event(
     amount: int,
     cluster_s: float,
     outcome: str | None = None,
-) -> dict[str, Any]:
-    return dict(
+) -> MeterEventRow:
+    return MeterEventRow(
         id=event_id,
         tenant_id=attempt.tenant_id,
         job_id=attempt.job_id,

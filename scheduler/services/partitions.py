@@ -7,7 +7,7 @@ live IPU assignments decides races between processes, and a loser retries on fre
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -178,7 +178,76 @@ def reset_partition(
     return part, [a.job_id for a in live]
 
 
-def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[str, Any]:
+class FleetIpuView(TypedDict):
+    """One IPU of the fleet and the live partition (its kind and tenant) holding it, if any."""
+
+    id: str
+    partition: str | None
+    tenant: str | None
+    kind: str | None
+
+
+class FleetMachineView(TypedDict):
+    """One machine of a unit: its slot, health and IPUs."""
+
+    id: str
+    slot: int
+    health: str
+    reason: str | None
+    ipus: list[FleetIpuView]
+
+
+class FleetUnitView(TypedDict):
+    """A unit of the fleet (a POD or an IPU server) with its machines."""
+
+    id: str
+    index: int
+    rack: str
+    machine_type: str
+    layout: str
+    model: str | None
+    machines: list[FleetMachineView]
+
+
+class TypeCapacityView(TypedDict):
+    """One machine type's IPUs: in all, free, and the largest partition that could form now."""
+
+    machine_type: str
+    ipus: int
+    free_ipus: int
+    largest_free: int
+
+
+class FragmentationView(TypedDict):
+    """How much free capacity a request of `head_size` IPUs cannot use now (vipu.allocator)."""
+
+    head_size: int | None
+    stranded_ipus: int
+    stranded_share: float
+    largest_free_by_type: dict[str, int]
+
+
+class FleetSummaryView(TypedDict):
+    """The fleet in figures: units, racks, IPUs, free IPUs by type, live partitions, fragmentation."""
+
+    pods: int | None
+    units: int
+    racks: int
+    ipus: int | None
+    free_ipus: int
+    by_machine_type: list[TypeCapacityView]
+    live_partitions: int
+    fragmentation: FragmentationView
+
+
+class FleetView(TypedDict):
+    """`GET /admin/fleet`: the selected units; the route adds the summary."""
+
+    pods: list[FleetUnitView]
+    summary: NotRequired[FleetSummaryView]
+
+
+def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> FleetView:
     """Units (PODs and servers), machines and IPUs, each IPU with the live partition and tenant
     holding it. `pod_from` and `pods` select units by index; retired units are left out."""
     machines = list(
@@ -199,7 +268,7 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[s
     by_pod: dict[int, list[Machine]] = defaultdict(list)
     for m in machines:
         by_pod[m.pod].append(m)
-    out_pods = []
+    out_pods: list[FleetUnitView] = []
     nobody = (None, None, None)
     for pod, ms in sorted(by_pod.items()):
         layout = LAYOUTS[ms[0].layout]
@@ -237,7 +306,7 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> dict[s
 
 def fleet_summary(
     *, session: Session, head_size: int | None, policy: str = "default", allocators: Allocators | None = None
-) -> dict[str, Any]:
+) -> FleetSummaryView:
     allocators = allocators or Allocators()
     with allocators.lock:
         _, alloc = _allocator(allocators, session, policy)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from vipu.machine_types import MACHINE_TYPE_NAMES, default_rates
 
@@ -56,7 +56,14 @@ def bind_machine(job: Any, machine_type: str) -> float:
     return float(option["rate"])
 
 
-def attempt_fields(job: Any, machine_type: str, now: datetime) -> dict[str, Any]:
+class AttemptFields(TypedDict):
+    """What an attempt row records of its placement: the type's rate and the first wait (wall s)."""
+
+    rate: float
+    queue_wait_s: float | None
+
+
+def attempt_fields(job: Any, machine_type: str, now: datetime) -> AttemptFields:
     """The attempt row's rate and, for a job's first placement, how long it waited (wall seconds)."""
     rate = bind_machine(job, machine_type)
     waited = (now - job.created_at).total_seconds() if job.attempts == 1 else None

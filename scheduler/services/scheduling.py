@@ -52,6 +52,7 @@ from scheduler.policy import (
 )
 from scheduler.services import attempts, checkpoints
 from scheduler.services.clock import db_now
+from scheduler.services.views import WaitView
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -91,7 +92,7 @@ def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
 @dataclass
 class LiveSnapshot:
     snapshot: Snapshot
-    waits: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # stored, when asked for
+    waits: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # stored, when asked for
     # Fair-share samples due, written by `write_fairshare_samples` in a transaction of their own:
     # kept inside the pass, those tenant row locks would hold up every submission and meter tick
     # of those tenants until the pass commits.
@@ -145,7 +146,7 @@ def build_snapshot(
     ).all()
     queued: list[QueuedJob] = []
     held_by_queued: dict[str, int] = {}
-    stored: dict[str, dict[str, Any] | None] = {}
+    stored: dict[str, Mapping[str, Any] | None] = {}
     for row in rows:
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
@@ -401,7 +402,7 @@ def write_fairshare_samples(*, session: Session, samples: list[dict[str, Any]]) 
     )
 
 
-def wait_json(wait: Wait) -> dict[str, Any]:
+def wait_json(wait: Wait) -> WaitView:
     """A wait as `Job.wait` stores it and `GET /jobs/{id}` shows it."""
     start = wait.estimated_start
     return {
@@ -413,7 +414,7 @@ def wait_json(wait: Wait) -> dict[str, Any]:
 
 
 def record_waits(
-    *, session: Session, waits: Mapping[str, Wait], known: dict[str, dict[str, Any] | None]
+    *, session: Session, waits: Mapping[str, Wait], known: dict[str, Mapping[str, Any] | None]
 ) -> int:
     """Store the explanations that changed since ``known`` (updated in place); returns rows written.
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -705,7 +705,63 @@ def has_due(
     return False
 
 
-def session_json(v: SessionView) -> dict[str, Any]:
+class SessionPartitionView(TypedDict):
+    """The partition a session holds."""
+
+    id: str
+    size: int
+    ipus: list[str]
+    tenant: str | None
+    machine: str
+
+
+class SessionJobView(TypedDict):
+    """A job run in a session."""
+
+    id: str
+    name: str
+    state: str
+    ipus: int
+
+
+class SessionEventView(TypedDict):
+    """A line of a session's history."""
+
+    at: datetime
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+
+
+class SessionJson(TypedDict):
+    """A session as the API shows it (`SessionOut`): its row, partition, clocks, bill, jobs and events."""
+
+    id: str
+    name: str | None
+    state: str
+    ended_reason: str | None
+    ended_detail: str | None
+    ipus: int
+    machine: str
+    gcds: int
+    max_duration_s: int
+    idle_timeout_s: int
+    partition: SessionPartitionView | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    held_s: float
+    time_left_s: float | None
+    idle_s: float | None
+    idle_left_s: float | None
+    ends_at: datetime | None
+    busy_gcds: int
+    billed_ipu_hours: float
+    jobs: list[SessionJobView]
+    events: list[SessionEventView]
+
+
+def session_json(v: SessionView) -> SessionJson:
     """A session as the API shows it."""
     r, p = v.row, v.partition
     return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
@@ -19,6 +19,56 @@ from scheduler.models import Job, MeterEvent, Tenant
 from scheduler.services.scope import Scope, restrict
 
 GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
+
+
+class UsageDayRow(TypedDict):
+    """IPU-hours billed on one UTC day (`YYYY-MM-DD`)."""
+
+    day: str
+    ipu_hours: float
+
+
+class UsageJobRow(TypedDict):
+    """IPU-hours billed to one job, with its tenant, name, workload and largest partition."""
+
+    job_id: str
+    tenant_id: str
+    name: str
+    workload: str
+    partition_size: int
+    ipu_hours: float
+
+
+class UsageWorkloadRow(TypedDict):
+    """IPU-hours billed to one workload."""
+
+    workload: str
+    ipu_hours: float
+
+
+class UsagePartitionSizeRow(TypedDict):
+    """IPU-hours billed on partitions of one size."""
+
+    partition_size: int
+    ipu_hours: float
+
+
+class UsageMachineTypeRow(TypedDict):
+    """IPU-hours run on one machine type and the grant they spent (`charged_ipu_hours`)."""
+
+    machine_type: str
+    ipu_hours: float
+    charged_ipu_hours: float
+
+
+class UsageBreakdowns(TypedDict):
+    """Usage grouped five ways (`breakdowns`)."""
+
+    by_day: list[UsageDayRow]
+    by_job: list[UsageJobRow]
+    by_workload: list[UsageWorkloadRow]
+    by_partition_size: list[UsagePartitionSizeRow]
+    by_machine_type: list[UsageMachineTypeRow]
 
 
 def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
@@ -60,7 +110,7 @@ def by_day(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 366,
-) -> list[dict[str, Any]]:
+) -> list[UsageDayRow]:
     """The last `limit` days with usage in the window, oldest first."""
     day = (
         cast(MeterEvent.at, Date)
@@ -84,7 +134,7 @@ def by_job(
     until: datetime | None = None,
     after: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
+) -> list[UsageJobRow]:
     """Newest job first; `after` is the last job id of the previous page."""
     stmt = _scoped(
         select(
@@ -121,7 +171,7 @@ def by_job(
 
 def by_workload(
     *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[UsageWorkloadRow]:
     rows = session.execute(
         _scoped(select(MeterEvent.workload, func.sum(MeterEvent.ipu_ms)), scope, since, until)
         .group_by(MeterEvent.workload)
@@ -132,7 +182,7 @@ def by_workload(
 
 def by_partition_size(
     *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[UsagePartitionSizeRow]:
     rows = session.execute(
         _scoped(select(MeterEvent.partition_size, func.sum(MeterEvent.ipu_ms)), scope, since, until)
         .group_by(MeterEvent.partition_size)
@@ -143,7 +193,7 @@ def by_partition_size(
 
 def by_machine_type(
     *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[UsageMachineTypeRow]:
     """Per machine type: the IPU-hours run there and the grant they spent (rate x IPU-hours)."""
     rows = session.execute(
         _scoped(
@@ -174,7 +224,7 @@ def breakdowns(
     limit: int = 100,
     job_after: str | None = None,
     day_limit: int = 366,
-) -> dict[str, list[dict[str, Any]]]:
+) -> UsageBreakdowns:
     """Usage grouped five ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
 
     `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
