@@ -291,8 +291,9 @@ def bench_scale(args: argparse.Namespace) -> None:
     )  # fmt: skip
     engine = engine_for(db_url)
     database = db_url.rsplit("/", 1)[1]
-    os.environ["IPUCLOUD_REDIS_URL"] = args.redis_url
     from scheduler import bus
+
+    wake = bus.redis_from_url(args.redis_url)  # this process has no runtime of its own
 
     started = 0
     tenants = add_tenants(db_url, 7)  # eight tenants with the one prepare() made
@@ -301,7 +302,7 @@ def bench_scale(args: argparse.Namespace) -> None:
             t0 = time.monotonic()
             submit_direct(db_url, tenants, [f"long-{i}" for i in range(started, level)])
             started = level
-            bus.publish(bus.WAKE_CHANNEL, "submit")
+            bus.publish(bus.WAKE_CHANNEL, "submit", client=wake)
             with engine.connect() as conn:
                 wait_running(conn, level, timeout=1800)
                 ids = [str(j) for j in conn.execute(text(OWN_JOBS)).scalars()]
