@@ -32,7 +32,12 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # A delivery holds its thread for milliseconds (run_attempt returns once the attempt is
+        # taken), so there is nothing long to cancel when the broker connection drops; and the
+        # threads pool cannot cancel a task at all (it has no kill_job): asked to, Celery 5.6
+        # stops the whole worker as on an unrecoverable error. An unacked delivery is redelivered
+        # or republished by the outbox, and the take's CAS turns the duplicate away.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,
         result_backend=None,
