@@ -159,3 +159,32 @@ class SessionSpec(BaseModel):
         check_size(self.ipus)
         check_gcds(self.ipus, self.gcds)
         return self
+
+
+class SessionChange(BaseModel):
+    """`PATCH /api/v1/sessions/{id}`: give a starting or active session more time, or another idle
+    timeout. Both are totals in cluster seconds, as at its start, so repeating a change is harmless."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_duration_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="The new maximum duration, counted from the session's start: at least the present "
+        "one (end the session to stop sooner) and at most the plan's `max_session_s`. The added time is "
+        "reserved from the grant at the session's rate.",
+    )
+    idle_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SESSION_S,
+        description="Cluster seconds with no job running after which it ends, counted from when it last "
+        "had one.",
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> SessionChange:
+        if self.max_duration_s is None and self.idle_timeout_s is None:
+            raise ValueError("give max_duration_s, idle_timeout_s or both")
+        return self

@@ -1,6 +1,7 @@
 """A tenant's sessions in the dashboard: the list with a form to start one, a session's page (its
-partition, jobs, time left and idle countdown), and ending it. The countdowns are drawn on the server
-in cluster seconds; `static/session.js` counts them down between reloads at the cloud's time scale."""
+partition, jobs, time left and idle countdown), extending it and ending it. The countdowns are drawn
+on the server in cluster seconds; `static/session.js` counts them down between reloads at the cloud's
+time scale."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, T
 from api.deps import DbDep, SettingsDep
 from api.routers.jobs import job_views
 from scheduler import bus
-from scheduler.errors import DomainError, Forbidden, Unauthorized
-from scheduler.jobspec import SessionSpec
+from scheduler.errors import DomainError, Forbidden, NotFound, Unauthorized
+from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.services import sessions as session_service
 from scheduler.services.clock import db_now
 from vipu.machine_types import MACHINE_TYPE_NAMES
@@ -95,18 +96,81 @@ def start(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmit
     return RedirectResponse(f"/sessions/{sid}", status_code=303)
 
 
-@router.get("/sessions/{session_id}", response_class=HTMLResponse)
-def session_page(
-    request: Request, session_id: SessionRef, db: DbDep, settings: SettingsDep, user: ReaderUser
+def _page(
+    request: Request,
+    db: DbDep,
+    user: sessions.DashSession,
+    session_id: str,
+    time_scale: float,
+    *,
+    error: str | None = None,
+    add_s: str = "3600",
+    status_code: int = 200,
 ) -> Response:
     scope = user.principal.scope
     with db.read() as s:
         row = session_service.get_session(session=s, session_id=session_id, scope=scope)
-        view = session_service.view(session=s, row=row, time_scale=settings.time_scale, now=db_now(s))
+        view = session_service.view(session=s, row=row, time_scale=time_scale, now=db_now(s))
         jobs = job_views(s, view.jobs, scope)
         out = session_service.session_json(view)
-    context = {"s": out, "jobs": jobs, "scale": settings.time_scale}
-    return render(request, "session.html", context, user=user)
+    context = {"s": out, "jobs": jobs, "scale": time_scale, "error": error, "add_s": add_s}
+    return render(request, "session.html", context, status_code=status_code, user=user)
+
+
+@router.get("/sessions/{session_id}", response_class=HTMLResponse)
+def session_page(
+    request: Request, session_id: SessionRef, db: DbDep, settings: SettingsDep, user: ReaderUser
+) -> Response:
+    return _page(request, db, user, session_id, settings.time_scale)
+
+
+@router.post("/sessions/{session_id}/extend", response_class=HTMLResponse)
+def extend(
+    request: Request,
+    session_id: SessionRef,
+    db: DbDep,
+    settings: SettingsDep,
+    user: SubmitterUser,
+    form: Form,
+) -> Response:
+    """`PATCH /api/v1/sessions/{id}` with the maximum duration `add_s` cluster seconds longer."""
+    sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    raw = (form.get("add_s") or "").strip()
+    scope = user.principal.scope
+    try:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(raw)
+        with db.write() as s:
+            row = session_service.get_session(session=s, session_id=session_id, scope=scope)
+            change = SessionChange.model_validate({"max_duration_s": row.max_duration_s + int(raw)})
+            session_service.change_session(
+                session=s, session_id=session_id, scope=scope, max_duration_s=change.max_duration_s
+            )
+    except ValueError as exc:  # not a number, or pydantic's bounds
+        detail = (
+            "; ".join(e["msg"] for e in exc.errors())
+            if isinstance(exc, ValidationError)
+            else "the time to add is a whole number of cluster seconds, 1 or more"
+        )
+        return _page(
+            request, db, user, session_id, settings.time_scale, error=detail, add_s=raw[:20], status_code=422
+        )
+    except DomainError as exc:
+        if isinstance(exc, Unauthorized | Forbidden | NotFound):
+            raise
+        return _page(
+            request,
+            db,
+            user,
+            session_id,
+            settings.time_scale,
+            error=exc.detail,
+            add_s=raw[:20],
+            status_code=exc.status,
+        )
+    bus.wake_scheduler("session")
+    sessions.flash(user, f"Session {session_id} may now hold its IPUs {raw} s longer.")
+    return RedirectResponse(f"/sessions/{session_id}", status_code=303)
 
 
 @router.post("/sessions/{session_id}/end", response_class=HTMLResponse)

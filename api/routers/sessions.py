@@ -10,7 +10,7 @@ from api.deps import DbDep, Reader, SettingsDep, Submitter
 from api.schemas import CursorParam, Page, SessionOut, decode_cursor, encode_cursor
 from scheduler import bus
 from scheduler.errors import Forbidden
-from scheduler.jobspec import SessionSpec
+from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.models import IpuSession
 from scheduler.services import sessions as session_service
 from scheduler.services.clock import db_now
@@ -64,6 +64,31 @@ def get_session(session_id: SessionId, principal: Reader, db: DbDep, settings: S
     with db.read() as s:
         row = session_service.get_session(session=s, session_id=session_id, scope=principal.scope)
         return _out(s, row, settings.time_scale)
+
+
+@router.patch(
+    "/sessions/{session_id}",
+    response_model=SessionOut,
+    summary="Give a session more time or another idle timeout",
+    description="Both are totals in cluster seconds. The added time is reserved from the grant (403 when it "
+    "cannot be); the maximum duration never shrinks (422) nor passes the plan's ceiling (409); an ended "
+    "session is 409.",
+)
+def change_session(
+    session_id: SessionId, change: SessionChange, principal: Submitter, db: DbDep, settings: SettingsDep
+) -> SessionOut:
+    with db.write() as s:
+        row = session_service.change_session(
+            session=s,
+            session_id=session_id,
+            scope=principal.scope,
+            max_duration_s=change.max_duration_s,
+            idle_timeout_s=change.idle_timeout_s,
+        )
+        out = _out(s, row, settings.time_scale)
+    # A queued session's new length moves the scheduler's reservations; an active one's, its sweep.
+    bus.wake_scheduler("session")
+    return out
 
 
 @router.delete("/sessions/{session_id}", response_model=SessionOut, summary="End a session")

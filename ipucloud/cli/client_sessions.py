@@ -1,7 +1,8 @@
-"""`ipucloud sessions start|list|show|end`: a partition held for your jobs, which start in it at once.
+"""`ipucloud sessions start|list|show|extend|end`: a partition held for your jobs, which start in it at once.
 
     ipucloud sessions start --ipus 4 --wait       # queues like a job; --wait returns once it holds IPUs
     ipucloud jobs submit --session ses_... --model resnet50 --steps 100 --ipus 4
+    ipucloud sessions extend ses_... --by 3600    # an hour more, reserved from the grant
     ipucloud sessions end ses_...
 
 Durations are cluster seconds; the plan sets their defaults and the ceiling (docs/sessions.md).
@@ -164,6 +165,45 @@ def show_(session: SessionArg, url: UrlOpt = None, key: KeyOpt = None, as_json: 
     """A session: its partition, time left, idle countdown and jobs."""
     with connect(url, key, as_json) as client:
         s = client.get_session(session)
+    if as_json:
+        print_json(s)
+    else:
+        show(kv_table(describe(s)))
+
+
+@app.command()
+def extend(
+    session: SessionArg,
+    by: Annotated[
+        int | None, typer.Option("--by", help="Cluster seconds to add to its maximum duration.", min=1)
+    ] = None,
+    max_duration: Annotated[
+        int | None,
+        typer.Option(
+            "--max-duration", help="Its new maximum duration (cluster seconds from its start).", min=1
+        ),
+    ] = None,
+    idle_timeout: Annotated[
+        int | None,
+        typer.Option(
+            "--idle-timeout", help="End it after this many cluster seconds with no job running.", min=1
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Give a session more time (reserved from your grant, up to the plan's ceiling) or another idle
+    timeout."""
+    if by is not None and max_duration is not None:
+        fail("give --by or --max-duration, not both", Exit.USAGE)
+    if by is None and max_duration is None and idle_timeout is None:
+        fail("give --by, --max-duration or --idle-timeout", Exit.USAGE)
+    with connect(url, key, as_json) as client:
+        if by is not None:
+            # The API takes a total, so a retried call cannot add the time twice.
+            max_duration = client.get_session(session).max_duration_s + by
+        s = client.change_session(session, max_duration_s=max_duration, idle_timeout_s=idle_timeout)
     if as_json:
         print_json(s)
     else:

@@ -250,6 +250,15 @@ class Operations:
         )
 
     @operation
+    def change_session(
+        self, session_id: str, *, max_duration_s: int | None = None, idle_timeout_s: int | None = None
+    ) -> Call[Session]:
+        """Give a session a longer maximum duration (a total from its start, reserved from the grant)
+        or another idle timeout; repeating a change is harmless."""
+        body = _drop_none(max_duration_s=max_duration_s, idle_timeout_s=idle_timeout_s)
+        return Call("PATCH", f"{V1}/sessions/{seg(session_id)}", model(Session), json=body)
+
+    @operation
     def end_session(self, session_id: str) -> Call[Session]:
         """End a session: its running jobs stop, its hold is billed up to now."""
         return Call("DELETE", f"{V1}/sessions/{seg(session_id)}", model(Session))

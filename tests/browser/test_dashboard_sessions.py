@@ -1,5 +1,5 @@
 """The dashboard's session pages over HTTP: start a session with a plain form, see it on its page and in
-the list, end it with its button; bad values and forged forms start nothing."""
+the list, give it more time, end it with its button; bad values and forged forms change nothing."""
 
 from __future__ import annotations
 
@@ -37,7 +37,14 @@ def test_start_see_and_end_a_session(client: TestClient, seeded: Seeded, db: Any
 
     r = client.post(
         "/sessions",
-        data={"csrf": csrf, "ipus": "1", "machine": "m2000", "idle_timeout_s": "600", "name": "notebook"},
+        data={
+            "csrf": csrf,
+            "ipus": "1",
+            "machine": "m2000",
+            "idle_timeout_s": "600",
+            "max_duration_s": "3600",
+            "name": "notebook",
+        },
         follow_redirects=False,
     )
     assert r.status_code == 303, r.text
@@ -46,6 +53,23 @@ def test_start_see_and_end_a_session(client: TestClient, seeded: Seeded, db: Any
     assert "waiting for IPUs" in page.text and "End the session" in page.text
     sid = r.headers["location"].rsplit("/", 1)[1]
     assert f'href="/sessions/{sid}"' in client.get("/sessions").text
+
+    assert "More time (cluster seconds)" in page.text
+    for add, status, why in (
+        ("soon", 422, "whole number"),
+        ("-5", 422, "1 or more"),
+        ("0", 422, "1 or more"),
+        ("20000", 409, "21600"),  # past the trial plan's six hours
+    ):
+        r = client.post(f"/sessions/{sid}/extend", data={"csrf": csrf, "add_s": add}, follow_redirects=False)
+        assert r.status_code == status and "form-error" in r.text and why in r.text, r.text
+        assert f'value="{add}"' in r.text  # kept for a retry
+    forged = client.post(f"/sessions/{sid}/extend", data={"csrf": "forged", "add_s": "60"})
+    assert forged.status_code == 403
+    r = client.post(f"/sessions/{sid}/extend", data={"csrf": csrf, "add_s": "1800"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    page = client.get(f"/sessions/{sid}")
+    assert "of 5400 s" in page.text and "1800 s longer" in page.text, page.text
 
     ended = client.post(f"/sessions/{sid}/end", data={"csrf": csrf}, follow_redirects=False)
     assert ended.status_code == 303

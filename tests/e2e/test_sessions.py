@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,36 @@ def test_idle_session_is_warned_then_culled_and_a_busy_one_ends_at_its_maximum(
             select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.attempt_id == hold.id)
         ).scalar_one()
         assert billed == round(2 * 600 * 1000 * hold.rate)
+
+
+def test_an_extended_session_holds_and_bills_to_its_new_maximum(slow_cloud: RunningCloud, db: Any) -> None:
+    tid, key = slow_cloud.create_tenant("extender")
+    with slow_cloud.http(key) as c:
+        spec = {"ipus": 2, "max_duration_s": 400, "idle_timeout_s": 100_000}
+        sid = c.post("/api/v1/sessions", json=spec).json()["id"]
+        wait_session(c, sid, ("active",))
+        r = c.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 900})
+        assert r.status_code == 200, r.text
+        assert r.json()["time_left_s"] > 400
+        ended = wait_session(c, sid, ("ended",))
+        assert ended["ended_reason"] == "max_duration", ended
+        warnings = [e for e in ended["events"] if (e["data"] or {}).get("warning") == "max_duration"]
+        assert warnings, ended["events"]
+    with db.read() as s:
+        row = s.get(IpuSession, sid)
+        hold = s.get(Attempt, row.attempt_id)
+        # Held, and billed, for exactly its new maximum; the whole reservation given back at its end.
+        assert hold.cluster_s == 900
+        billed = s.execute(
+            select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.attempt_id == hold.id)
+        ).scalar_one()
+        assert billed == round(2 * 900 * 1000 * hold.rate)
+        tenant = s.get(Tenant, tid)
+        assert tenant.reserved_ipu_ms == 0 and tenant.used_ipu_ms == billed
+        # The last warning was about the new deadline, not the one the change replaced.
+        assert row.started_at is not None
+        deadline = row.started_at + timedelta(seconds=900 / SCALE)
+        assert datetime.fromisoformat(warnings[-1]["data"]["ends_at"]) == deadline
 
 
 def test_session_jobs_never_queue_behind_other_tenants(slow_cloud: RunningCloud, db: Any) -> None:

@@ -111,3 +111,54 @@ def test_jobs_naming_sessions_badly_are_refused(client: Any, seeded: Seeded) -> 
     problem(client.get("/api/v1/sessions/ses_" + "0" * 26, headers=h), 404)
     problem(client.get("/api/v1/sessions?limit=0", headers=h), 422)
     problem(client.get("/api/v1/sessions?state=asleep", headers=h), 422)
+
+
+def test_a_session_is_given_more_time_reserved_from_the_grant(client: Any, seeded: Seeded, db: Any) -> None:
+    h = tenant(client, seeded, "extender", hours=2)
+    sid = client.post("/api/v1/sessions", json={"ipus": 1, "max_duration_s": 1800}, headers=h).json()["id"]
+
+    def reserved() -> tuple[int, int, float]:
+        with db.read() as s:
+            row = s.get(IpuSession, sid)
+            holder = s.get(Job, row.job_id)
+            return (
+                s.get(Tenant, row.tenant_id).reserved_ipu_ms,
+                holder.reserved_ipu_ms,
+                holder.predicted_runtime_s,
+            )
+
+    assert client.get(f"/api/v1/sessions/{sid}", headers=h).json()["state"] == "starting"
+    before = reserved()
+    r = client.patch(
+        f"/api/v1/sessions/{sid}", json={"max_duration_s": 3600, "idle_timeout_s": 600}, headers=h
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["max_duration_s"] == 3600 and r.json()["idle_timeout_s"] == 600
+    after = reserved()
+    # The whole new duration is reserved, on tenant and holder alike, and the scheduler plans with it.
+    assert after[0] - before[0] == after[1] - before[1] == before[1] > 0
+    assert after[2] == 3600
+    # The same change again is no change: nothing more is reserved.
+    assert (
+        client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 3600}, headers=h).status_code == 200
+    )
+    assert reserved() == after
+    # A duration never shrinks; the plan's ceiling holds (six hours on trials); the grant (2 IPU-hours,
+    # one reserved) cannot pay for a second hour and a half. Each refusal changes nothing.
+    assert problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 60}, headers=h), 422)
+    body = problem(
+        client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 6 * 3600 + 1}, headers=h), 409
+    )
+    assert body["limit"] == "max_session_s"
+    problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 9000}, headers=h), 403)
+    for bad in ({}, {"max_duration_s": 0}, {"max_duration_s": "7200"}, {"idle_timeout_s": -1}, {"ipus": 2}):
+        problem(client.patch(f"/api/v1/sessions/{sid}", json=bad, headers=h), 422)
+    assert reserved() == after
+    events = client.get(f"/api/v1/sessions/{sid}", headers=h).json()["events"]
+    assert any("session changed: maximum duration 3600 s" in e["message"] for e in events), events
+    # Another tenant's session is not there for it; an ended session cannot be changed.
+    other = tenant(client, seeded, "neighbour")
+    problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 4000}, headers=other), 404)
+    client.delete(f"/api/v1/sessions/{sid}", headers=h)
+    problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 4000}, headers=h), 409)
+    assert reserved()[0] == 0

@@ -361,6 +361,7 @@ JOB = {"name": "h", "workload": {"model": "resnet50", "batch_size": 64, "steps":
 API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/jobs"): JOB,
     ("POST", "/api/v1/sessions"): {"ipus": 1},
+    ("PATCH", "/api/v1/sessions/{session_id}"): {"idle_timeout_s": 600},
     ("POST", "/api/v1/estimates"): {"workload": JOB["workload"], "ipus": 4},
     ("POST", "/api/v1/keys"): {"name": "k"},
     ("POST", "/api/v1/trials"): TRIAL,
@@ -392,6 +393,7 @@ DASHBOARD_FORMS: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/admin/fleet/servers"): {"model": "dss8440", "count": "1"},
     ("POST", "/admin/tenants"): {"name": "hostile", "plan": "trial"},
     ("POST", "/admin/trials/{application_id}/reject"): {"reason": "no"},
+    ("POST", "/sessions/{session_id}/extend"): {"add_s": "60"},
 }
 
 

@@ -114,9 +114,9 @@ class World:
         with self.db.write() as s:
             return jobs.submit_job(session=s, tenant_id=self.tenant, spec=JobSpec.model_validate(JOB)).job.id
 
-    def new_session(self) -> str:
+    def new_session(self, **fields: Any) -> str:
         with self.db.write() as s:
-            spec = SessionSpec.model_validate({"ipus": 1})
+            spec = SessionSpec.model_validate({"ipus": 1, **fields})
             return session_service.start_session(session=s, tenant_id=self.tenant, spec=spec).id
 
     def timed_out_job(self) -> str:
@@ -358,6 +358,33 @@ def _session_live(w: World, session_id: str) -> Callable[[], bool]:
     return check
 
 
+def _session_length(w: World, session_id: str, max_duration_s: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return s.get(IpuSession, session_id).max_duration_s == max_duration_s
+
+    return check
+
+
+def _extend_session(w: World) -> Call:
+    session_id = w.new_session(max_duration_s=600)
+    return Call(
+        f"/api/v1/sessions/{session_id}",
+        {"max_duration_s": 1200},
+        unchanged=_session_length(w, session_id, 600),
+    )
+
+
+def _dash_extend_session(w: World, csrf: str) -> Form:
+    session_id = w.new_session(max_duration_s=600)
+    return Form(
+        "POST",
+        f"/sessions/{session_id}/extend",
+        {"csrf": csrf, "add_s": "600"},
+        unchanged=_session_length(w, session_id, 600),
+    )
+
+
 def _end_session(w: World) -> Call:
     session_id = w.new_session()
     return Call(f"/api/v1/sessions/{session_id}", unchanged=_session_live(w, session_id))
@@ -458,6 +485,7 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
     ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
     ("GET", "/api/v1/sessions/{session_id}"): ("read", lambda w: Call(f"/api/v1/sessions/{w.session}")),
+    ("PATCH", "/api/v1/sessions/{session_id}"): ("submit", _extend_session),
     ("DELETE", "/api/v1/sessions/{session_id}"): ("submit", _end_session),
     ("GET", "/api/v1/workloads"): ("read", lambda w: Call("/api/v1/workloads")),
     ("POST", "/api/v1/estimates"): (
@@ -816,6 +844,10 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
     ("GET", "/sessions/{session_id}", ""): (
         ("GET", "/api/v1/sessions/{session_id}"),
         lambda w, c: Form("GET", f"/sessions/{w.session}"),
+    ),
+    ("POST", "/sessions/{session_id}/extend", ""): (
+        ("PATCH", "/api/v1/sessions/{session_id}"),
+        _dash_extend_session,
     ),
     ("POST", "/sessions/{session_id}/end", ""): (
         ("DELETE", "/api/v1/sessions/{session_id}"),
