@@ -610,7 +610,8 @@ class IpuSession(Base):
     partition_pk: Mapped[int | None] = mapped_column(ForeignKey("partitions.pk"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # Since when no job of the session has run (its start, then each job's end), for idle culling.
+    # The earliest its idle countdown may start from: its start, or later once a warning that was
+    # missed has been given its time (scheduler/services/sessions.py, sweep). Jobs' ends move it on.
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # The deadline the last warning was about (wall time), so each is announced once.
     warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

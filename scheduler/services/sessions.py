@@ -382,7 +382,9 @@ def _activity(session: Session, rows: Sequence[IpuSession]) -> dict[int, tuple[i
     for r in rows:
         if r.partition_pk is None or r.started_at is None:
             continue
-        since = max(r.started_at, last_end.get(r.partition_pk) or r.started_at)
+        # `idle_since` is a floor: the start, or later when a missed warning was given its time (sweep).
+        floor = max(r.started_at, r.idle_since or r.started_at)
+        since = max(floor, last_end.get(r.partition_pk) or floor)
         out[r.partition_pk] = (int(live.get(r.partition_pk, 0)), since)
     return out
 
@@ -731,6 +733,14 @@ def sweep(
             ends.append((row, FAULT, f"its partition was lost ({hold.end_reason if hold else 'no hold'})"))
             continue
         deadline, reason = _deadline(row, activity, time_scale)
+        if now >= deadline and reason == IDLE_TIMEOUT and warning_s > 0 and row.warned_for != deadline:
+            # Its warning window passed with no sweep to announce it (the scheduler was down or had
+            # no leader): culling now would end the owner's session unannounced. Move the floor of
+            # its idle countdown so it ends `warning_s` from now, and warn as for any deadline.
+            grace_end = now + timedelta(seconds=warning_s / time_scale)
+            row.idle_since = grace_end - timedelta(seconds=row.idle_timeout_s / time_scale)
+            activity[row.partition_pk] = (0, row.idle_since)
+            deadline, reason = _deadline(row, activity, time_scale)
         if now >= deadline:
             what = (
                 f"idle for {row.idle_timeout_s} s with no job"
