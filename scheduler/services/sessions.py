@@ -431,7 +431,8 @@ def change_session(
             "can only grow. End the session to stop sooner.",
             field="max_duration_s",
         )
-    if new_max > plan.max_session_s:
+    # Only a longer duration is held to the ceiling: an admin may have lowered it since the start.
+    if new_max > row.max_duration_s and new_max > plan.max_session_s:
         raise LimitExceeded(
             f"The {plan.name} plan holds a session for at most {plan.max_session_s} s; "
             f"this change asks for {new_max} s.",

@@ -156,6 +156,17 @@ def test_a_session_is_given_more_time_reserved_from_the_grant(client: Any, seede
     assert reserved() == after
     events = client.get(f"/api/v1/sessions/{sid}", headers=h).json()["events"]
     assert any("session changed: maximum duration 3600 s" in e["message"] for e in events), events
+    # An admin lowers the plan's ceiling below the session's: its idle timeout can still be changed.
+    admin = {"Authorization": f"Bearer {seeded.admin_key}"}
+    assert (
+        client.patch("/api/v1/admin/plans/trial", json={"max_session_s": 600}, headers=admin).status_code
+        == 200
+    )
+    r = client.patch(
+        f"/api/v1/sessions/{sid}", json={"idle_timeout_s": 900, "max_duration_s": 3600}, headers=h
+    )
+    assert r.status_code == 200 and r.json()["idle_timeout_s"] == 900, r.text
+    problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 3601}, headers=h), 409)
     # Another tenant's session is not there for it; an ended session cannot be changed.
     other = tenant(client, seeded, "neighbour")
     problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 4000}, headers=other), 404)
