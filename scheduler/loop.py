@@ -29,6 +29,7 @@ from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
 from scheduler.models import (
     Job,
+    JobState,
     utcnow,
 )
 from scheduler.policy import Snapshot, Wait, decide
@@ -278,8 +279,14 @@ class SchedulerLoop:
                     batch.append((job, partition, self.queue_for(partition)))
             attempts.place_many(session=s, placements=batch)
             sessions.activate_many(session=s, starts=holds, now=utcnow())
+            # A hold whose session was being changed or ended at this moment was skipped (see
+            # activate_many): it stays queued, and the partition made for it is freed at once.
+            skipped = [p.pk for j, p in holds if j.state != JobState.RUNNING]
+            if skipped:
+                fleet.release_job_partitions(session=s, partition_pks=skipped)
+                self.sync.invalidate()
             started: set[str] = set()
-            for job in [j for j, _, _ in batch] + [j for j, _ in holds]:
+            for job in [j for j, _, _ in batch] + [j for j, _ in holds if j.state == JobState.RUNNING]:
                 job.wait = None
                 started.add(job.id)
             placed = len(batch)

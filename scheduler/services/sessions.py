@@ -19,7 +19,9 @@ warns `warning_s` cluster seconds before an idle timeout or the maximum duration
 whose time is up. Ending stops the session's running jobs, settles the holding attempt and frees the
 partition. All durations are cluster seconds; the wall clock runs `time_scale` times slower.
 
-Locks are taken in the order sessions, jobs, attempts, tenants.
+Locks are taken in the order sessions, jobs, attempts, tenants. The scheduling pass alone comes to a
+session with its holder job already locked; it skips a session row another transaction holds
+(`activate_many`) rather than wait for it.
 """
 
 from __future__ import annotations
@@ -199,13 +201,17 @@ def activate_many(
     transaction with the jobs locked; returns the sessions made active."""
     if not starts:
         return []
+    # The pass locked the holder jobs first, against this module's order (sessions, then jobs) that
+    # changing or ending a session follows: a session row locked by one of those is skipped, not
+    # waited for, so the two can never deadlock. Its job stays queued for the next pass, which
+    # frees the partition made for it (scheduler/loop.py).
     by_job = {
         s.job_id: s
         for s in session.execute(
             select(IpuSession)
             .where(IpuSession.job_id.in_([j.id for j, _ in starts]))
             .order_by(IpuSession.id)
-            .with_for_update()
+            .with_for_update(skip_locked=True)
         ).scalars()
     }
     active: list[str] = []

@@ -1,13 +1,18 @@
-"""The session sweep on its own (no processes): a session whose idle warning fell while no scheduler
-was leading is warned when one sweeps again, and culled only the warning's time after."""
+"""Sessions against the scheduler's own transactions (no processes): a session whose idle warning
+fell while no scheduler was leading is warned when one sweeps again, and culled only the warning's
+time after; a pass never waits for a session another transaction is changing."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
+import pytest
+from sqlalchemy import select
+
 from scheduler.jobspec import SessionSpec
-from scheduler.models import IpuSession, JobEvent
+from scheduler.models import IpuSession, JobEvent, Partition
 from scheduler.services import sessions
 from tests.faults.harness import leader_loop, make_tenant
 
@@ -61,3 +66,33 @@ def test_the_maximum_duration_is_not_moved_by_a_missed_warning(db: Any, seeded: 
     assert started is not None
     # It was paid for up to 600 s: past that it ends at once, warned or not.
     assert sweep(db, started + timedelta(seconds=900)).ended == [(sid, sessions.MAX_DURATION)]
+
+
+def test_a_pass_skips_a_session_being_changed_instead_of_waiting_for_it(db: Any, seeded: Any) -> None:
+    """The pass locks a holder job before its session; a change or an end locks the session first.
+    On PostgreSQL the pass must skip the locked session, not wait (the two could deadlock)."""
+    if db.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite has one writer at a time: no two transactions hold row locks at once")
+    tenant = make_tenant(db, "changer")
+    loop = leader_loop(db)
+    with db.write() as s:
+        spec = SessionSpec.model_validate({"ipus": 1, "max_duration_s": 600})
+        sid = sessions.start_session(session=s, tenant_id=tenant, spec=spec).id
+    passed = threading.Event()
+    with db.write() as s:
+        # What `change_session` and `end_session` hold first, kept while a pass runs.
+        s.execute(select(IpuSession).where(IpuSession.id == sid).with_for_update()).scalar_one()
+        runner = threading.Thread(target=lambda: (loop.schedule_pass(), passed.set()), daemon=True)
+        runner.start()
+        runner.join(timeout=15)
+        assert passed.is_set(), "the pass waited for the session's lock"
+    with db.read() as s:
+        row = s.get(IpuSession, sid)
+        assert row.state == "starting"
+        # The partition the skipped pass made for it is already free.
+        made = s.execute(select(Partition).where(Partition.job_id == row.job_id)).scalars().all()
+        assert made and all(p.released_at is not None for p in made)
+    # Once the lock is gone, the next pass activates it.
+    loop.schedule_pass()
+    with db.read() as s:
+        assert s.get(IpuSession, sid).state == "active"
