@@ -14,12 +14,12 @@ from scheduler.policy.model import (
     QueuedJob,
     Reservation,
     ReservedPartition,
-    RunningJob,
     Snapshot,
     TenantState,
     Wait,
 )
 from scheduler.policy.pipeline import decide, partition_name_for
+from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import TimeTable, expected_end
 
 __all__ = [

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Collection
 
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.model import JobQueue, QueuedJob, RunningJob, Snapshot, TenantState
+from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
+from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import TimeTable, expected_end
 
 DEFAULT_MAX_PASSES = 400

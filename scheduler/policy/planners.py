@@ -22,7 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
-from scheduler.policy.model import QueuedJob, Reservation, RunningJob
+from scheduler.policy.model import QueuedJob, Reservation
+from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import Inconsistent, TimeTable, expected_end
 from vipu.allocator import Allocator, Placement
 from vipu.topology import Health, machine_of_ipu

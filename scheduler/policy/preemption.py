@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from scheduler.policy.model import QueuedJob, RunningJob
+from scheduler.policy.model import QueuedJob
+from scheduler.policy.running import RunningJob
 from vipu.allocator import Allocator, Placement
 
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Collection
 from functools import lru_cache
 
-from scheduler.policy.model import RunningJob
+from scheduler.policy.running import RunningJob
 from vipu.allocator import Allocator, Placement
 from vipu.machine_types import ALIGNED_TYPES
 from vipu.partitions import footprint, partition_ipu_ids, pods_ipu_ids

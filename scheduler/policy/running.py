@@ -1,0 +1,36 @@
+"""A running job as the policy sees it, in a module of its own: the time table
+(scheduler/policy/timetable.py) keeps these, and the snapshot (scheduler/policy/model.py) keeps a
+time table, so neither imports the other for it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding a partition. ``expected_end`` is its start plus its predicted runtime.
+
+    ``preemptible`` work may be stopped for non-preemptible work of any tenant. It checkpoints every
+    ``checkpoint_every`` (the caller's clock; inf: never) from its start, so what it has run since
+    its last checkpoint, which a stop without warning loses, follows from the time (`at_risk`)."""
+
+    id: str
+    tenant_id: str
+    size: int
+    partition: str
+    started_at: float
+    expected_end: float
+    priority: int = 0
+    reserved: bool = False  # runs in a reserved partition (which outlives it)
+    preemptible: bool = False
+    checkpoint_every: float = math.inf
+    # A session's hold on its partition (scheduler/services/sessions.py): its owner works in it
+    # interactively and has nothing to checkpoint, so it is never stopped for other work.
+    session: bool = False
+
+    def at_risk(self, now: float) -> float:
+        """Run time since its last checkpoint at ``now``."""
+        ran = max(0.0, now - self.started_at)
+        return ran if ran < self.checkpoint_every else ran % self.checkpoint_every
