@@ -33,7 +33,6 @@ from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
-from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
 from scheduler.services import sessions as session_service
@@ -442,7 +441,7 @@ def resume(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form
     """Resume a job its time limit stopped, from its last checkpoint (POST /api/v1/jobs/{id}/resume)."""
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
-        checkpoint_service.resume_job(session=s, job_id=job_id, scope=user.principal.scope)
+        job_service.resume_job(session=s, job_id=job_id, scope=user.principal.scope)
     bus.wake_scheduler("resume")
     sessions.flash(user, "Job resumed from its last checkpoint; it is queued.")
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)

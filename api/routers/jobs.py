@@ -145,7 +145,7 @@ def with_checkpoints(s: Any, job: Job, out: JobOut) -> None:
 def resume_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.write() as s:
-        job = checkpoint_service.resume_job(session=s, job_id=job_id, scope=scope)
+        job = job_service.resume_job(session=s, job_id=job_id, scope=scope)
         out = job_view(s, job, scope)
         with_checkpoints(s, job, out)
     bus.wake_scheduler("resume")

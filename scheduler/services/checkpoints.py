@@ -11,7 +11,7 @@ What they change:
   step 0 (`attempts.take_many`), and restoring it is not billed (`Attempt.unbilled_s`);
 - an attempt ended by a platform fault is billed for the work up to its last checkpoint, which is
   kept, and refunded the rest (`metering.Settle.kept_s`): the tenant pays for every step once;
-- a job stopped by its time limit can be resumed by its owner (`resume_job`) within its plan's
+- a job stopped by its time limit can be resumed by its owner (`jobs.resume_job`) within its plan's
   `checkpoint_retention_s`.
 
 What is kept (`prune`, from the scheduler loop): each job's newest `KEPT` checkpoints and each
@@ -31,9 +31,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from scheduler import billing
 from scheduler.db import changed
-from scheduler.errors import Conflict, LimitExceeded, QuotaExceeded
 from scheduler.models import (
     FINAL_JOB_STATES,
     Attempt,
@@ -45,8 +43,6 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services.job_state import add_event
-from scheduler.services.scope import Scope
 
 # Checkpoints `GET /jobs/{id}` lists: the newest ones (a week-long job checkpointing every ten
 # minutes has a thousand).
@@ -269,112 +265,6 @@ def resumable_until_of(*, session: Session, job: Job) -> Any:
         select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == job.tenant_id)
     ).scalar_one()
     return resumable_until(job=job, plan=plan)
-
-
-def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
-    """Queue a job that its time limit stopped again, from its last checkpoint, with a new time limit.
-
-    Only the owner's tenant sees it (another tenant's job is 404), only a job that failed by its
-    time limit with a checkpoint, and only within its plan's `checkpoint_retention_s`. Its quota
-    reservation is taken again for the steps it has left, by a guarded update like admission's."""
-    from scheduler.services.jobs import current_attempt, get_job
-
-    get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
-    job = session.execute(
-        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
-    ).scalar_one()
-    attempt = current_attempt(session=session, job=job)
-    if job.state != JobState.FAILED or attempt is None or attempt.state != AttemptState.TIMED_OUT:
-        raise Conflict(
-            f"Job {job_id} is {job.state}: only a job stopped by its time limit (max_runtime_s) can be "
-            "resumed.",
-            state=job.state,
-        )
-    checkpoint = latest_by_job(session=session, job_ids=[job.id]).get(job.id)
-    if checkpoint is None:
-        raise Conflict(f"Job {job_id} has no checkpoint to resume from.", state=job.state)
-    tenant = session.get(Tenant, job.tenant_id)
-    assert tenant is not None
-    plan = session.get(Plan, tenant.plan_name)
-    assert plan is not None
-    until = resumable_until(job=job, plan=plan)
-    now = utcnow()
-    if until is None or now > until:
-        raise Conflict(
-            f"Job {job_id}'s checkpoints were kept {int(plan.checkpoint_retention_s):,} s after it stopped "
-            f"(the {plan.name} plan's retention); it can no longer be resumed.",
-            state=job.state,
-        )
-    # What is left, timed as its last attempt ran (restoring the checkpoint is not billed).
-    step_s = float((attempt.timeline or {}).get("step_s", 0.0))
-    left_s = max(0, checkpoint.steps - checkpoint.step) * step_s
-    if left_s <= 0:
-        left_s = job.predicted_runtime_s * max(0.0, 1.0 - checkpoint.step / max(1, checkpoint.steps))
-    predicted = min(left_s, float(job.max_runtime_s or left_s))
-    options = {
-        kind: {**option, "predicted_runtime_s": predicted} for kind, option in (job.options or {}).items()
-    }
-    job.options = options or None
-    job.predicted_runtime_s = predicted
-    reserve = max(
-        (billing.option_cost_ipu_ms(o) for o in options.values()),
-        default=billing.charged_ipu_ms(job.ipus, predicted, 1.0),
-    )
-    if tenant.status != "active":
-        raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)
-    done = changed(
-        session,
-        update(Tenant)
-        .where(
-            Tenant.id == tenant.id,
-            Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
-        )
-        # The queued-job bound stays an upper bound (scheduler/services/jobs.py, submit_jobs).
-        .values(
-            reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve,
-            queued_jobs_bound=Tenant.queued_jobs_bound + 1,
-        )
-        .execution_options(synchronize_session=False),
-    )
-    if done != 1:
-        cost = billing.ipu_hours(reserve)
-        raise QuotaExceeded(
-            f"Resuming this job is predicted to cost {cost:.3f} IPU-hours, more than is left of the grant.",
-            cost_ipu_hours=cost,
-        )
-    # Counted under the tenant's row lock the update took, as admission counts: a resume joins the
-    # queue like a submission and is held to the plan's limit like one.
-    queued = session.execute(
-        select(func.count()).select_from(
-            select(Job.id)
-            .where(Job.tenant_id == tenant.id, Job.state == JobState.QUEUED)
-            .limit(plan.max_queued_jobs)
-            .subquery()
-        )
-    ).scalar_one()
-    if queued >= plan.max_queued_jobs:
-        raise LimitExceeded(
-            f"The {plan.name} plan allows {plan.max_queued_jobs} queued jobs; wait for some to start.",
-            limit="max_queued_jobs",
-        )
-    job.reserved_ipu_ms = reserve
-    # Its time limit counts again from here: what it had run is behind it.
-    job.runtime_base_s = checkpoint.run_s
-    job.state = JobState.QUEUED
-    job.reason = None
-    job.wait = None
-    job.finished_at = None
-    job.updated_at = now
-    add_event(
-        session,
-        job.id,
-        "state",
-        f"resumed by its owner from the checkpoint after step {checkpoint.step:,} of {checkpoint.steps:,}",
-        data={"state": "queued", "resumed": True, "step": checkpoint.step},
-        at=now,
-    )
-    session.flush()
-    return job
 
 
 def warn_preemption(
