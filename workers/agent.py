@@ -285,7 +285,7 @@ class Agent:
     def _register(self) -> bool:
         try:
             with self.db.write() as s:
-                lease, ended = agents.register(
+                lease, ended = attempts.register_agent(
                     session=s,
                     name=self.name,
                     host=socket.gethostname(),

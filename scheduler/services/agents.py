@@ -6,13 +6,17 @@ heartbeat for all its attempts, so the database's write load follows the number 
 number of running jobs.
 
 - `register` starts an incarnation: the agent's row gets a new epoch. Whatever an earlier
-  incarnation of the same name still held is ended at once (its successor knows nothing of it).
+  incarnation of the same name still held is ended at once (its successor knows nothing of it):
+  `attempts.register_agent` does both.
 - `renew` is the heartbeat and the fence in one statement: a guarded UPDATE that only succeeds
   while this incarnation's lease is current. Every agent transaction starts with it, so its row
   lock orders the agent's writes against the reconciler's lapse of the same agent, and an agent
   whose lease lapsed (paused, cut off, or replaced) can change nothing.
-- `lapse_expired` (the reconciler) ends every attempt of an agent whose lease ran out, in one pass,
-  and queues the jobs again: a platform fault, never billed, within the retry limit.
+- `lapse_expired` (the reconciler) marks the agents whose lease ran out lapsed; every attempt they
+  held is then ended in the same pass and its job queued again (`attempts.lapse_agents`): a
+  platform fault, never billed, within the retry limit.
+
+This module keeps the leases only; ending attempts is `attempts`', which fences on these leases.
 
 Leases are judged on the database's clock (services.clock).
 """
@@ -39,15 +43,6 @@ class AgentLease:
     epoch: int
 
 
-@dataclass(frozen=True)
-class Lapse:
-    """An agent whose lease ran out and the attempts the reconciler ended for it."""
-
-    name: str
-    epoch: int
-    ended: list[Attempt]
-
-
 def register(
     *,
     session: Session,
@@ -56,27 +51,19 @@ def register(
     pid: int,
     queues: Sequence[str],
     lease_s: float,
-    max_attempts: int,
-) -> tuple[AgentLease, list[Attempt]]:
-    """Start a new incarnation of agent `name`; returns its lease and the attempts of the previous
-    incarnation that were ended because of it."""
+) -> tuple[AgentLease, AgentLease | None]:
+    """Start a new incarnation of agent `name`; returns its lease and the previous incarnation's,
+    whose attempts the caller ends (`attempts.register_agent` does both)."""
     now = db_now(session)
     row = session.execute(
         select(Agent).where(Agent.name == name).with_for_update().execution_options(populate_existing=True)
     ).scalar_one_or_none()
-    ended: list[Attempt] = []
+    previous: AgentLease | None = None
     if row is None:
         row = Agent(name=name, epoch=0)
         session.add(row)
     else:
-        ended = end_attempts_of(
-            session=session,
-            name=name,
-            epoch=row.epoch,
-            outcome=AttemptState.LOST,
-            reason="its host agent restarted",
-            max_attempts=max_attempts,
-        )
+        previous = AgentLease(name=name, epoch=row.epoch)
     row.epoch = row.epoch + 1
     row.state = AgentState.ACTIVE
     row.host = host[:200]
@@ -88,7 +75,7 @@ def register(
     row.running = 0
     row.ipus_busy = 0
     session.flush()
-    return AgentLease(name=name, epoch=row.epoch), ended
+    return AgentLease(name=name, epoch=row.epoch), previous
 
 
 def renew(
@@ -142,32 +129,9 @@ def running_attempt_ids(*, session: Session, lease: AgentLease) -> set[int]:
     )
 
 
-def end_attempts_of(
-    *,
-    session: Session,
-    name: str,
-    epoch: int,
-    outcome: AttemptState,
-    reason: str,
-    max_attempts: int,
-) -> list[Attempt]:
-    """End every running attempt of one agent incarnation (its lapse, or its successor's start)."""
-    from scheduler.services import attempts
-
-    held = session.execute(
-        select(Attempt.id).where(
-            Attempt.worker == name, Attempt.agent_epoch == epoch, Attempt.state == AttemptState.RUNNING
-        )
-    ).scalars()
-    return attempts.stop_running(
-        session=session, attempt_ids=list(held), outcome=outcome, reason=reason, max_attempts=max_attempts
-    )
-
-
-def lapse_expired(
-    *, session: Session, max_attempts: int, now: datetime | None = None, limit: int = 50
-) -> list[Lapse]:
-    """Reconciler: agents whose lease ran out lose everything they ran; their jobs go again.
+def lapse_expired(*, session: Session, now: datetime | None = None, limit: int = 50) -> list[AgentLease]:
+    """Reconciler: mark the agents whose lease ran out lapsed and return their incarnations, whose
+    attempts the caller ends (`attempts.lapse_agents` does both).
 
     SKIP LOCKED: an agent whose row is locked is renewing its lease right now, and is looked at
     again on the next pass rather than waited for.
@@ -183,21 +147,11 @@ def lapse_expired(
             .execution_options(populate_existing=True)
         ).scalars()
     )
-    out: list[Lapse] = []
     for agent in lapsed:
         agent.state = AgentState.LAPSED
         agent.running = 0
         agent.ipus_busy = 0
-        ended = end_attempts_of(
-            session=session,
-            name=agent.name,
-            epoch=agent.epoch,
-            outcome=AttemptState.LOST,
-            reason="its host agent stopped answering (lease expired)",
-            max_attempts=max_attempts,
-        )
-        out.append(Lapse(name=agent.name, epoch=agent.epoch, ended=ended))
-    return out
+    return [AgentLease(name=a.name, epoch=a.epoch) for a in lapsed]
 
 
 def unheld_running_attempts(*, session: Session, limit: int = 500) -> list[int]:

@@ -5,7 +5,7 @@ the world agree with it again:
 
 - a host agent whose lease ran out loses every attempt it ran: each is ended as lost (never
   billed), its partition freed, and its job queued again, up to `max_attempts` lost attempts
-  (services.agents.lapse_expired); so is a running attempt no live agent holds;
+  (services.attempts.lapse_agents); so is a running attempt no live agent holds;
 - an outbox message published but not taken in time is published again, with a backoff so a
   queue that is merely deep is not flooded with copies;
 - a job partition with no live attempt is freed, and so is any IPU still assigned to a released
@@ -151,7 +151,7 @@ def _expire_leases(
 ) -> None:
     ended = [
         (a, f"attempt {a.number} of {a.job_id} lost with host agent {lapse.name} (epoch {lapse.epoch})")
-        for lapse in agents.lapse_expired(session=session, max_attempts=max_attempts, now=now)
+        for lapse in attempts.lapse_agents(session=session, max_attempts=max_attempts, now=now)
         for a in lapse.ended
     ]
     unheld = agents.unheld_running_attempts(session=session, limit=limit) if sweep else []

@@ -29,7 +29,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import agents, attempts, jobs, leader
+from scheduler.services import attempts, jobs, leader
 from scheduler.services.scope import OneTenant
 from scheduler.settings import reset_settings_cache
 from tests.faults.checker import check_cloud
@@ -300,7 +300,7 @@ def test_a_cancel_that_raced_a_lost_lease_is_completed(db: Any, tenant: str) -> 
     # What an older cancel left when the agent's lapse requeued the job under it: queued with a
     # cancel requested (a job with a cancel requested is never placed again).
     with db.write() as s:
-        agents.lapse_expired(session=s, max_attempts=3)
+        attempts.lapse_agents(session=s, max_attempts=3)
         s.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
     assert loop.reconcile().count("cancel_completed") == 1
     outcome = check_cloud(db, [job_id])

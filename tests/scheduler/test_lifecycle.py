@@ -20,7 +20,7 @@ from scheduler.models import (
     Partition,
     Tenant,
 )
-from scheduler.services import agents, jobs, leader, reconciler, tenants
+from scheduler.services import agents, attempts, jobs, leader, reconciler, tenants
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.support import agentkit
@@ -249,7 +249,7 @@ def test_a_lapsed_agent_loses_its_attempts_which_are_refunded_and_requeued(
     with db.read() as s:
         reserved_while_running = s.get(Tenant, tenant).reserved_ipu_ms
     with db.write() as s:
-        lapses = agents.lapse_expired(session=s, now=utcnow() + timedelta(seconds=120), max_attempts=3)
+        lapses = attempts.lapse_agents(session=s, now=utcnow() + timedelta(seconds=120), max_attempts=3)
     assert [[a.id for a in lapse.ended] for lapse in lapses] == [[aid]]
     with db.read() as s:
         job = s.get(Job, job_id)

@@ -21,7 +21,7 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import agents, attempts
+from scheduler.services import attempts
 from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import Bill, Finish, TakenAttempt, TickResult
 from scheduler.services.job_state import finalize_job
@@ -59,7 +59,7 @@ def lease(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
 def register(db: Any, name: str = AGENT, lease_s: float = LEASE_S) -> AgentLease:
     _lease_s[name] = lease_s
     with db.write() as s:
-        new, _ = agents.register(
+        new, _ = attempts.register_agent(
             session=s, name=name, host="test", pid=0, queues=["ipucloud"], lease_s=lease_s, max_attempts=3
         )
     return new
