@@ -3,10 +3,10 @@
 The API (its lifespan, `app.state.runtime`), the scheduler loop (`ipucloud scheduler`) and the host
 agent (`workers/app.py`) each build a `Runtime` from their settings at start-up and close it at
 shutdown. It holds what used to be module-level singletons: the database, the Redis clients, the
-Celery app and router for dispatching placements as their transaction commits, the allocators the
-admin partition verbs place with, and the cache of the fleet's largest partitions. Code that has the
-runtime passes what it needs explicitly; tests build a runtime of their own instead of resetting
-private module attributes.
+Celery app and router for dispatching placements as their transaction commits, the cache of the
+fleet's largest partitions, and (in `extras`) the allocators the admin partition verbs place with.
+Code that has the runtime passes what it needs explicitly; tests build a runtime of their own
+instead of resetting private module attributes.
 
 One process-wide default remains, `current()`: service code deep inside a transaction publishes
 hints after commit (`scheduler.bus.publish_after_commit`, `scheduler.dispatch_now`), and Celery's
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from scheduler.routing import Router
-    from scheduler.services.fleet import AllocatorSync
 
 
 class CapacityCache:
@@ -62,33 +61,14 @@ class CapacityCache:
             self._value = None
 
 
-class Allocators:
-    """The admin partition verbs' allocators (one per placement policy), kept in step with the
-    database incrementally (`fleet.AllocatorSync`). `lock` serialises their use: an allocator is
-    not thread-safe, and the API serves admin requests from a thread pool."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self._syncs: dict[str, AllocatorSync] = {}
-
-    def sync(self, policy: str) -> AllocatorSync:
-        """The sync for `policy` (call with `lock` held)."""
-        from scheduler.services.fleet import AllocatorSync
-
-        sync = self._syncs.get(policy)
-        if sync is None:
-            sync = self._syncs[policy] = AllocatorSync(policy)
-        return sync
-
-
 @dataclass(eq=False)
 class Runtime:
     settings: Settings
     db: Database
     capacity: CapacityCache = field(default_factory=CapacityCache)
-    allocators: Allocators = field(default_factory=Allocators)
-    # What the layers above the scheduler build per process and hang here, keyed by their class
-    # (the API's submission batcher, the host agent): the scheduler may not import them.
+    # What is built per process from the rest and hung here, keyed by its class: the admin partition
+    # verbs' allocators (`fleet.allocators_of`), and what the layers above the scheduler build (the
+    # API's submission batcher and rate limits, the host agent), which this module may not import.
     extras: dict[type, object] = field(default_factory=dict)
     # Built on first use: a process that never publishes never opens a connection (the clients
     # connect lazily anyway; the Celery app is not free to make).
@@ -110,9 +90,7 @@ class Runtime:
     def redis(self) -> Redis:
         with self._lock:
             if self._redis is None:
-                from scheduler.bus import redis_from_url
-
-                self._redis = redis_from_url(
+                self._redis = Redis.from_url(
                     self.settings.broker_url,
                     socket_timeout=5,
                     socket_connect_timeout=5,

@@ -77,7 +77,10 @@ def fleet_page(
             machine = None
     with db.read() as s:
         summary = partitions.fleet_summary(
-            session=s, head_size=None, policy=settings.placement_policy, allocators=runtime.allocators
+            session=s,
+            head_size=None,
+            policy=settings.placement_policy,
+            allocators=fleet.allocators_of(runtime),
         )
         # A page past the end of the fleet shows its last page.
         pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
@@ -260,7 +263,7 @@ def create_partition(
                     gcds=gcds,
                     created_by=user.principal.key_id,
                     policy=settings.placement_policy,
-                    allocators=runtime.allocators,
+                    allocators=fleet.allocators_of(runtime),
                 )
                 created = part.name
         except DomainError as exc:

@@ -69,7 +69,10 @@ def get_fleet(
     with db.read() as s:
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=pods)
         view["summary"] = partitions.fleet_summary(
-            session=s, head_size=head_size, policy=settings.placement_policy, allocators=runtime.allocators
+            session=s,
+            head_size=head_size,
+            policy=settings.placement_policy,
+            allocators=fleet.allocators_of(runtime),
         )
     return view
 
@@ -306,7 +309,7 @@ def create_partition(
             reconfigurable=body.reconfigurable,
             created_by=principal.key_id,
             policy=settings.placement_policy,
-            allocators=runtime.allocators,
+            allocators=fleet.allocators_of(runtime),
         )
         out = partition_out(part)
     bus.wake_scheduler("partition")

@@ -8,6 +8,7 @@ placement is only real once its assignment rows are inserted: the primary key on
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
@@ -421,6 +422,35 @@ class AllocatorSync:
 
     def invalidate(self) -> None:
         self.allocator = None
+
+
+class Allocators:
+    """The admin partition verbs' allocators (one per placement policy), kept in step with the
+    database incrementally (`AllocatorSync`). `lock` serialises their use: an allocator is not
+    thread-safe, and the API serves admin requests from a thread pool."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._syncs: dict[str, AllocatorSync] = {}
+
+    def sync(self, policy: str) -> AllocatorSync:
+        """The sync for `policy` (call with `lock` held)."""
+        sync = self._syncs.get(policy)
+        if sync is None:
+            sync = self._syncs[policy] = AllocatorSync(policy)
+        return sync
+
+
+_allocators_lock = threading.Lock()
+
+
+def allocators_of(rt: runtime.Runtime) -> Allocators:
+    """The process's allocators for the admin partition verbs, kept in its runtime's extras."""
+    with _allocators_lock:
+        found = rt.extras.get(Allocators)
+        if not isinstance(found, Allocators):
+            found = rt.extras[Allocators] = Allocators()
+        return found
 
 
 def load_allocator(*, session: Session, policy: str = "default") -> Allocator:

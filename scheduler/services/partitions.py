@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
-from scheduler.runtime import Allocators
 from scheduler.services import attempts as attempt_service
 from scheduler.services import fleet
 from vipu.machine_types import LAYOUTS
@@ -22,7 +21,7 @@ from vipu.partitions import PartitionRuleError, check_gcds, check_size
 from vipu.topology import rack_id
 
 
-def _allocator(allocators: Allocators, session: Session, policy: str) -> Any:
+def _allocator(allocators: fleet.Allocators, session: Session, policy: str) -> Any:
     sync = allocators.sync(policy)
     return sync, sync.refresh(session)
 
@@ -38,13 +37,13 @@ def create_partition(
     reconfigurable: bool = False,
     created_by: str | None = None,
     policy: str = "default",
-    allocators: Allocators | None = None,
+    allocators: fleet.Allocators | None = None,
 ) -> Partition:
     """Carve a partition now (reserved for `tenant_id` when given), or raise NoCapacity (409).
 
     `allocators`: the process's (its runtime's), kept in step between calls; without them the
     allocator is loaded afresh from the database."""
-    allocators = allocators or Allocators()
+    allocators = allocators or fleet.Allocators()
     try:
         check_size(size)
         check_gcds(size, gcds)
@@ -305,9 +304,13 @@ def fleet_view(*, session: Session, pod_from: int = 0, pods: int = 64) -> FleetV
 
 
 def fleet_summary(
-    *, session: Session, head_size: int | None, policy: str = "default", allocators: Allocators | None = None
+    *,
+    session: Session,
+    head_size: int | None,
+    policy: str = "default",
+    allocators: fleet.Allocators | None = None,
 ) -> FleetSummaryView:
-    allocators = allocators or Allocators()
+    allocators = allocators or fleet.Allocators()
     with allocators.lock:
         _, alloc = _allocator(allocators, session, policy)
         report = alloc.fragmentation(head_size)
