@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from scheduler.errors import InvalidRequest
+from scheduler.jobspec import JSON_NUMBER
 from scheduler.models import ApiKey, Member, Plan, TrialApplication
 from scheduler.services.keys import key_state
 from scheduler.services.rates import allowed_types, plan_rates
@@ -210,16 +211,9 @@ UtcDatetime = Annotated[
 ]
 
 
-def _json_number(value: object) -> object:
-    # Lax mode would read `true` as 1 and "5" as 5; a JSON number it must be.
-    if isinstance(value, bool | str):
-        raise ValueError("must be a JSON number")
-    return value
-
-
 # Bounds go inside, before the validator, or the spec would lose them (pydantic cannot push them
 # through a before-validator into JSON Schema).
-_NUMBER = BeforeValidator(_json_number)
+_NUMBER = JSON_NUMBER
 Hours = Annotated[float, Field(ge=0, le=100_000_000, allow_inf_nan=False), _NUMBER]
 Weight = Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False), _NUMBER]
 Days = Annotated[int, Field(ge=1, le=3650), _NUMBER]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from scheduler.text import LINE
 from vipu.machine_types import MACHINE_TYPE_NAMES
@@ -122,6 +122,20 @@ class JobSpec(BaseModel):
 MAX_SESSION_S = 365 * 24 * 3600
 
 
+def json_number(value: object) -> object:
+    """For a number field validated laxly (so that 3600.0, an integer in JSON Schema, is 3600): lax
+    mode would also read `true` as 1 and "5" as 5, and a JSON number it must be."""
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON number")
+    return value
+
+
+# Bounds go inside, before the validator, or the spec would lose them (pydantic cannot push them
+# through a before-validator into JSON Schema).
+JSON_NUMBER = BeforeValidator(json_number)
+SessionSeconds = Annotated[int, Field(ge=1, le=MAX_SESSION_S, strict=False), JSON_NUMBER]
+
+
 class SessionSpec(BaseModel):
     """`POST /api/v1/sessions`: a partition held for the tenant's jobs (scheduler/services/sessions.py)."""
 
@@ -132,17 +146,13 @@ class SessionSpec(BaseModel):
     machine: MachineChoice | None = Field(
         "any", description="A machine type, or `any` (the default): wherever it can start first."
     )
-    max_duration_s: int | None = Field(
+    max_duration_s: SessionSeconds | None = Field(
         None,
-        ge=1,
-        le=MAX_SESSION_S,
         description="Cluster seconds the session may hold its partition; default and ceiling: the plan's "
         "`max_session_s` (six hours on trial plans).",
     )
-    idle_timeout_s: int | None = Field(
+    idle_timeout_s: SessionSeconds | None = Field(
         None,
-        ge=1,
-        le=MAX_SESSION_S,
         description="Cluster seconds with no job running after which it ends; default: the plan's "
         "`idle_timeout_s`.",
     )
@@ -163,28 +173,19 @@ class SessionSpec(BaseModel):
 
 class SessionChange(BaseModel):
     """`PATCH /api/v1/sessions/{id}`: give a starting or active session more time, or another idle
-    timeout. Both are totals in cluster seconds, as at its start, so repeating a change is harmless."""
+    timeout. Both are totals in cluster seconds, as at its start, so repeating a change is harmless;
+    a field left out (or null) is left as it is, as in the API's other PATCH bodies."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_duration_s: int | None = Field(
+    max_duration_s: SessionSeconds | None = Field(
         None,
-        ge=1,
-        le=MAX_SESSION_S,
         description="The new maximum duration, counted from the session's start: at least the present "
         "one (end the session to stop sooner) and at most the plan's `max_session_s`. The added time is "
         "reserved from the grant at the session's rate.",
     )
-    idle_timeout_s: int | None = Field(
+    idle_timeout_s: SessionSeconds | None = Field(
         None,
-        ge=1,
-        le=MAX_SESSION_S,
         description="Cluster seconds with no job running after which it ends, counted from when it last "
         "had one.",
     )
-
-    @model_validator(mode="after")
-    def _something(self) -> SessionChange:
-        if self.max_duration_s is None and self.idle_timeout_s is None:
-            raise ValueError("give max_duration_s, idle_timeout_s or both")
-        return self

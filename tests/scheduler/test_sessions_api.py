@@ -151,8 +151,23 @@ def test_a_session_is_given_more_time_reserved_from_the_grant(client: Any, seede
     )
     assert body["limit"] == "max_session_s"
     problem(client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 9000}, headers=h), 403)
-    for bad in ({}, {"max_duration_s": 0}, {"max_duration_s": "7200"}, {"idle_timeout_s": -1}, {"ipus": 2}):
+    for bad in (
+        {"max_duration_s": True},
+        {"max_duration_s": 3600.5},
+        {"max_duration_s": 0},
+        {"max_duration_s": "7200"},
+        {"idle_timeout_s": -1},
+        {"ipus": 2},
+    ):
         problem(client.patch(f"/api/v1/sessions/{sid}", json=bad, headers=h), 422)
+    assert reserved() == after
+    # 3600.0 is an integer to JSON Schema, and to the API.
+    assert (
+        client.patch(f"/api/v1/sessions/{sid}", json={"max_duration_s": 3600.0}, headers=h).status_code == 200
+    )
+    # An empty change changes nothing, as in the API's other PATCH bodies.
+    same = client.patch(f"/api/v1/sessions/{sid}", json={}, headers=h)
+    assert same.status_code == 200 and same.json()["max_duration_s"] == 3600, same.text
     assert reserved() == after
     events = client.get(f"/api/v1/sessions/{sid}", headers=h).json()["events"]
     assert any("session changed: maximum duration 3600 s" in e["message"] for e in events), events
