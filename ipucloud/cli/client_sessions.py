@@ -59,6 +59,7 @@ def describe(s: Session) -> list[tuple[str, Any]]:
         ),
         ("partition", _given(part, "id", "-")),
         ("held", duration(s.held_s)),
+        ("max duration", duration(s.max_duration_s)),
         ("time left", duration(s.time_left_s)),
         ("idle", "a job is running" if s.state == "active" and s.idle_s is None else duration(s.idle_s)),
         ("ends after idle", duration(s.idle_left_s)),

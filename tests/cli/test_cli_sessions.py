@@ -44,7 +44,7 @@ def test_start_run_in_list_and_end_a_session(cloud: RunningCloud, cli: Cli, db: 
     assert [s["id"] for s in listed] == [sid] and listed[0]["jobs"][0]["id"] == job["id"]
     shown = cli("sessions", "show", sid)
     assert shown.exit_code == 0 and started["partition"]["id"] in shown.stdout
-    assert "time left" in shown.stdout
+    assert "time left" in shown.stdout and "max duration" in shown.stdout
     # A job larger than the session: refused with the conflict exit code.
     assert cli("jobs", "submit", "--session", sid, "--model", "resnet50", "--ipus", "4").exit_code == 5
     ended = cli.json("sessions", "end", sid)
