@@ -137,6 +137,7 @@ def extend(
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     raw = (form.get("add_s") or "").strip()
     scope = user.principal.scope
+    error: tuple[str, int] | None = None
     try:
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(raw)
@@ -146,27 +147,25 @@ def extend(
             session_service.change_session(
                 session=s, session_id=session_id, scope=scope, max_duration_s=change.max_duration_s
             )
-    except ValueError as exc:  # not a number, or pydantic's bounds
-        detail = (
-            "; ".join(e["msg"] for e in exc.errors())
-            if isinstance(exc, ValidationError)
-            else "the time to add is a whole number of cluster seconds, 1 or more"
-        )
-        return _page(
-            request, db, user, session_id, settings.time_scale, error=detail, add_s=raw[:20], status_code=422
-        )
+    except ValidationError as exc:
+        error = ("; ".join(e["msg"] for e in exc.errors()), 422)
+    except ValueError:  # not a whole number of seconds
+        error = ("the time to add is a whole number of cluster seconds, 1 or more", 422)
     except DomainError as exc:
         if isinstance(exc, Unauthorized | Forbidden | NotFound):
             raise
+        error = (exc.detail, exc.status)
+    if error is not None:
+        detail, status = error
         return _page(
             request,
             db,
             user,
             session_id,
             settings.time_scale,
-            error=exc.detail,
+            error=detail,
             add_s=raw[:20],
-            status_code=exc.status,
+            status_code=status,
         )
     bus.wake_scheduler("session")
     sessions.flash(user, f"Session {session_id} may now hold its IPUs {raw} s longer.")

@@ -270,6 +270,20 @@ def activate_many(
 # Reading -------------------------------------------------------------------------------------------
 
 
+def _lock_unended(session: Session, session_id: str, scope: Scope) -> IpuSession:
+    """The scope's session, locked until commit; 404 before any lock, 409 once it has ended."""
+    get_session(session=session, session_id=session_id, scope=scope)
+    row = session.execute(
+        select(IpuSession)
+        .where(IpuSession.id == session_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if row.state == SessionState.ENDED:
+        raise Conflict(f"Session {session_id} already ended ({row.ended_reason}).", state=row.state)
+    return row
+
+
 def get_session(*, session: Session, session_id: str, scope: Scope) -> IpuSession:
     """A session by id; another tenant's is indistinguishable from a missing one."""
     row = session.get(IpuSession, session_id)
@@ -413,15 +427,7 @@ def change_session(
     grant can pay for. A duration is never shortened: the part of the reservation already billed is
     not the part that would be given back, and ending the session is the way to stop sooner. The
     sweep's warnings follow the new deadline by themselves (`warned_for` names the old one)."""
-    get_session(session=session, session_id=session_id, scope=scope)  # 404 before any lock
-    row = session.execute(
-        select(IpuSession)
-        .where(IpuSession.id == session_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).scalar_one()
-    if row.state == SessionState.ENDED:
-        raise Conflict(f"Session {session_id} already ended ({row.ended_reason}).", state=row.state)
+    row = _lock_unended(session, session_id, scope)
     job = session.execute(
         select(Job).where(Job.id == row.job_id).with_for_update().execution_options(populate_existing=True)
     ).scalar_one()
@@ -576,15 +582,7 @@ def place_session_jobs(*, session: Session, jobs: Sequence[Job]) -> list[int]:
 
 def end_session(*, session: Session, session_id: str, scope: Scope, time_scale: float) -> IpuSession:
     """The owner ends a session: its running jobs are stopped, its hold billed up to now."""
-    get_session(session=session, session_id=session_id, scope=scope)  # 404 before any lock
-    row = session.execute(
-        select(IpuSession)
-        .where(IpuSession.id == session_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).scalar_one()
-    if row.state == SessionState.ENDED:
-        raise Conflict(f"Session {session_id} already ended ({row.ended_reason}).", state=row.state)
+    row = _lock_unended(session, session_id, scope)
     end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=utcnow(), time_scale=time_scale)
     return row
 
