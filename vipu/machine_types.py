@@ -100,6 +100,17 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 LinkTopology = Literal["torus", "ladder"]
+HostAttach = Literal["gateway", "pcie"]
+
+# One host call (``engine.run`` of one batch, as an inference server makes it) costs the host
+# runtime's own work plus the host-device synchronisations of the run, each one round trip over
+# the machine's host attachment (see ``Machine.host_call_s``; docs/hardware.md, "Host attachment").
+# Neither figure is published: both are first-principles assumptions. The runtime's share is a
+# few thread hand-offs on the host (queue the run, wake the thread that services the device, wake
+# the caller), each of the order of 10 us on Linux. The syncs: the run's start, its input stream,
+# its output stream and its completion.
+HOST_RUNTIME_S = 50e-6
+HOST_SYNCS_PER_CALL = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +161,15 @@ class Machine:
     """Where off-chip optimizer state lives: the gateway's streaming memory, or the host's memory."""
     host_link_bytes_per_s: float
     """PCIe per IPU, both directions together (half each way)."""
+    host_attach: HostAttach
+    """How the host server reaches the IPUs: ``gateway`` (host -> RoCEv2 over 100 GbE -> the
+    machine's gateway -> PCIe -> IPU: IPU-M2000, Bow-2000) or ``pcie`` (cards in the host's own PCIe
+    slots: C2)."""
+    host_network_bytes_per_s: float
+    """Gateway-attached only: the host network's bandwidth into one machine, each way (shared by
+    its IPUs); 0 for PCIe cards, whose host link is ``host_link_bytes_per_s``."""
+    host_round_trip_s: float
+    """One host-device synchronisation: a round trip from the host to an IPU and back."""
     layouts: tuple[str, ...]
     """The units (``LAYOUTS``) this type comes in; the first is the default."""
     models: tuple[str, ...]
@@ -196,6 +216,21 @@ class Machine:
             return self.card_twin_bytes_per_s
         return self.card_to_card_bytes_per_s / 2.0 if ring else self.card_to_card_bytes_per_s
 
+    @property
+    def host_call_s(self) -> float:
+        """Overhead of one host call that runs one batch (serving: nothing to amortise it over)."""
+        return HOST_RUNTIME_S + HOST_SYNCS_PER_CALL * self.host_round_trip_s
+
+    @property
+    def serving_host_bytes_per_s(self) -> float:
+        """Host data one IPU can send or receive, each way, while every IPU of its machine does too:
+        its PCIe link's one-way half, or its share of the machine's host network when that is the
+        narrower pipe (a gateway-attached machine)."""
+        pcie = self.host_link_bytes_per_s / 2.0
+        if self.host_attach == "pcie":
+            return pcie
+        return min(pcie, self.host_network_bytes_per_s / self.ipus_per_machine)
+
     def peak_flops(self, precision: str) -> float:
         return self.fp16_flops if precision == "fp16" else self.fp32_flops
 
@@ -238,6 +273,10 @@ class Machine:
             "streaming_memory_bytes_per_machine": self.streaming_memory_bytes,
             "offchip_store": self.offchip_store,
             "host_link_bytes_per_s_per_ipu": self.host_link_bytes_per_s,
+            "host_attach": self.host_attach,
+            "host_network_bytes_per_s_per_machine": self.host_network_bytes_per_s,
+            "host_round_trip_s": self.host_round_trip_s,
+            "host_call_s": self.host_call_s,
             "layouts": list(self.layouts),
             "models": list(self.models),
             "max_partition": self.max_partition,
@@ -281,6 +320,12 @@ M2000 = Machine(
     streaming_memory_bytes=448 * 10**9,
     offchip_store="streaming memory",
     host_link_bytes_per_s=64e9,
+    host_attach="gateway",
+    # One 100 Gbit/s RoCEv2 link's worth per machine (the machine's Ethernet speed; docs/hardware.md).
+    host_network_bytes_per_s=100 * GBIT,
+    # Host NIC, a 100 GbE switch, the gateway and its PCIe to the IPU: the path a GW-Link hop takes
+    # through one gateway and switch (timing.GW_LINK_HOP_S, 10 us), an assumption of the same order.
+    host_round_trip_s=10e-6,
     layouts=("pod64", "pod16"),
     models=(),
     rate=1.0,
@@ -320,6 +365,10 @@ BOW = Machine(
     streaming_memory_bytes=256 * 10**9,
     offchip_store="streaming memory",
     host_link_bytes_per_s=64e9,
+    # The Bow-2000 keeps the IPU-M2000's gateway and host attachment.
+    host_attach="gateway",
+    host_network_bytes_per_s=100 * GBIT,
+    host_round_trip_s=10e-6,
     layouts=("pod64", "pod16"),
     models=(),
     # Its peak FP16 over the GC200's (350 / 250): what an hour of it is worth to a compute-bound job.
@@ -356,6 +405,11 @@ C2 = Machine(
     # PCIe x8 per IPU. The servers' Xeon hosts of that generation are PCIe Gen3: 8 GT/s x 8 lanes is
     # about 8 GB/s each way, 16 GB/s both (the GC200's Gen4 x16, 64 GB/s, is four times that).
     host_link_bytes_per_s=16e9,
+    host_attach="pcie",
+    host_network_bytes_per_s=0.0,
+    # A PCIe read round trip from the host's root complex to the card and back: about 1 us (an
+    # assumption of the order PCIe Gen3 devices show; no IPU figure is published).
+    host_round_trip_s=1e-6,
     layouts=("server",),
     models=("dss8440", "nf5568m5"),
     # Its peak FP16 over the GC200's (124.5 / 250).

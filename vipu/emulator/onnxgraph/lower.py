@@ -73,6 +73,9 @@ class Lowered:
     """Operators timed by an approximation (``rules.APPROXIMATIONS`` or declared element-wise): count."""
     nodes_free: int
     nodes_constant: int
+    outputs: tuple[tuple[str, int, tuple[int | str | None, ...] | None], ...] = ()
+    """The graph's outputs as inferred at these sizes: name, ONNX element type, shape (the batch axis at
+    the size the lowering binds it to: 1, or the graph's fixed batch). What a serving signature reads."""
 
     @property
     def params(self) -> int:
@@ -1063,6 +1066,13 @@ class _Lowering:
                 outs += math.prod(entry[1]) * dtype_bytes(entry[0])  # type: ignore[arg-type]
         return ins * self.scale, outs * self.scale
 
+    def output_types(self) -> tuple[tuple[str, int, tuple[int | str | None, ...] | None], ...]:
+        out = []
+        for vi in self.g.output:
+            elem, shape = self.types.get(vi.name, (vi.type.tensor_type.elem_type, None))
+            out.append((vi.name, elem, shape))
+        return tuple(out)
+
 
 REPEAT_PERIODS = (2, 3, 4)
 MIN_REPEATS = 4
@@ -1178,4 +1188,5 @@ def lower(graph: OnnxGraph, bindings: dict[str, int], train: bool) -> Lowered:
         approximations=dict(sorted(low.approx.items())),
         nodes_free=low.free,
         nodes_constant=low.folded,
+        outputs=low.output_types(),
     )

@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import onnx
+
 from vipu.emulator.catalogue import ModelGraph, Precision, Task
 from vipu.emulator.errors import WorkloadError
 from vipu.emulator.memory import dtype_bytes
@@ -18,6 +20,25 @@ from vipu.emulator.onnxgraph.rules import APPROXIMATIONS
 from vipu.emulator.spec import DEFAULT_OPTIMIZER, Dims
 
 MAX_IPUS_PER_REPLICA = 64
+# ONNX element types as the Open Inference Protocol (KServe v2) names its tensor datatypes; BF16 is
+# Triton's addition to the protocol's list. Strings (BYTES) have no fixed size to time a transfer by.
+V2_DATATYPES: dict[int, str] = {
+    onnx.TensorProto.BOOL: "BOOL",
+    onnx.TensorProto.UINT8: "UINT8",
+    onnx.TensorProto.UINT16: "UINT16",
+    onnx.TensorProto.UINT32: "UINT32",
+    onnx.TensorProto.UINT64: "UINT64",
+    onnx.TensorProto.INT8: "INT8",
+    onnx.TensorProto.INT16: "INT16",
+    onnx.TensorProto.INT32: "INT32",
+    onnx.TensorProto.INT64: "INT64",
+    onnx.TensorProto.FLOAT16: "FP16",
+    onnx.TensorProto.BFLOAT16: "BF16",
+    onnx.TensorProto.FLOAT: "FP32",
+    onnx.TensorProto.DOUBLE: "FP64",
+}
+Tensor = tuple[str, str, tuple[int, ...]]
+"""A served tensor: name, KServe v2 datatype, shape with the batch axis written -1."""
 _CACHE_SIZE = 256
 # Bounded memo caches (`_CACHE_SIZE` entries) of pure functions of their keys (a graph's content
 # digest and the bindings): nothing here depends on a database or settings, so they stay module-level
@@ -155,6 +176,66 @@ class OnnxWorkload:
 
     def max_ipus_per_replica(self, bindings: Dims) -> int:
         return MAX_IPUS_PER_REPLICA
+
+    def io(self, bindings: Dims) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """The graph's own inputs and outputs at these sizes, as a served request carries them: the
+        batch axis -1, every other dimension bound (the inputs' from ``bindings``, the outputs' from
+        shape inference at them). Raises ``WorkloadError`` when a tensor cannot be served."""
+        g = self.onnx_graph
+        sizes = dict(bindings)
+        inputs = []
+        for gi in g.inputs:
+            shape: list[int] = []
+            for axis, d in enumerate(gi.shape):
+                if d == g.batch_dim if isinstance(g.batch_dim, str) else axis == 0:
+                    shape.append(-1)
+                elif isinstance(d, int):
+                    shape.append(d)
+                elif isinstance(d, str) and d in sizes:
+                    shape.append(sizes[d])
+                else:
+                    raise WorkloadError("dims", f"input {gi.name!r} axis {axis} has no size to serve it at")
+            if -1 not in shape:
+                shape.insert(0, -1)
+            inputs.append((gi.name, _datatype(gi.name, gi.elem_type), tuple(shape)))
+        declared = {vi.name: vi for vi in g.model.graph.output}
+        per_run = self.lowered("infer", bindings).samples_per_graph_run
+        outputs = []
+        for name, elem, inferred in self.lowered("infer", bindings).outputs:
+            batch_axis = _batch_axis(declared.get(name), g.batch_dim)
+            if inferred is None or any(not isinstance(d, int) for d in inferred):
+                raise WorkloadError("model", f"output {name!r} has no known shape at these sizes")
+            dims = [int(d) for d in inferred]  # type: ignore[arg-type]
+            if batch_axis is None and dims and dims[0] == per_run:
+                batch_axis = 0
+            if batch_axis is not None and batch_axis < len(dims):
+                dims[batch_axis] = -1
+            else:
+                dims.insert(0, -1)  # one value per request row with no batch axis of its own
+            outputs.append((name, _datatype(name, elem), tuple(dims)))
+        return tuple(inputs), tuple(outputs)
+
+
+def _datatype(name: str, elem_type: int) -> str:
+    try:
+        return V2_DATATYPES[elem_type]
+    except KeyError:
+        kind = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "unknown"
+        raise WorkloadError(
+            "model",
+            f"tensor {name!r} is of ONNX type {kind}, which the emulator cannot serve as a KServe v2 "
+            "tensor of fixed-size elements",
+        ) from None
+
+
+def _batch_axis(vi: onnx.ValueInfoProto | None, batch: str | int | None) -> int | None:
+    """The axis of a declared output that the graph's batch dimension names, if it names one."""
+    if vi is None or not isinstance(batch, str) or not vi.type.HasField("tensor_type"):
+        return None
+    for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+        if d.HasField("dim_param") and d.dim_param == batch:
+            return axis
+    return None
 
 
 def describe(graph: OnnxGraph, dims: Mapping[str, int] | None = None) -> dict[str, Any]:
