@@ -99,3 +99,65 @@ def bar_chart(
             )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def latency_throughput_chart(
+    points: Sequence[tuple[int, float, float]],
+    *,
+    title: str,
+    chart_id: str,
+    width: int = 720,
+    height: int = 260,
+) -> str:
+    """Serving: one point per batch size at (samples/s, latency in ms), joined in batch order and
+    labelled with the batch; both axes from zero. ``points`` are (batch, throughput, latency_ms)."""
+    left, right, top, bottom = 56, 16, 14, 40
+    plot_w, plot_h = width - left - right, height - top - bottom
+    ordered = sorted(points)
+    x_top = nice_ceiling(max((t for _, t, _ in ordered), default=0.0))
+    y_top = nice_ceiling(max((lat for _, _, lat in ordered), default=0.0))
+
+    def at(throughput: float, latency: float) -> tuple[float, float]:
+        return left + plot_w * throughput / x_top, top + plot_h - plot_h * latency / y_top
+
+    summary = "; ".join(f"batch {b}: {lat:.3g} ms, {_fmt(t)} samples/s" for b, t, lat in ordered)
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{chart_id}-t {chart_id}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{chart_id}-t">{escape(title)}</title>',
+        f'<desc id="{chart_id}-d">{escape(summary)}</desc>',
+    ]
+    for i in range(5):
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+            'stroke="#d4d4de" stroke-width="1"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="13" fill="#4a4a5e">'
+            f"{escape(_fmt(y_top * i / 4))}</text>"
+        )
+        x = left + plot_w * i / 4
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="{anchor}" '
+            f'font-size="13" fill="#4a4a5e">{escape(_fmt(x_top * i / 4))}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" font-size="13" '
+        'fill="#4a4a5e">samples/s per replica</text>'
+    )
+    parts.append(
+        f'<text x="14" y="{top + plot_h / 2:.1f}" text-anchor="middle" font-size="13" fill="#4a4a5e" '
+        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">latency, ms</text>'
+    )
+    coords = [at(t, lat) for _, t, lat in ordered]
+    if len(coords) > 1:
+        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline fill="none" stroke="#4b4bc8" stroke-width="2" points="{line}"/>')
+    for (batch, throughput, latency), (x, y) in zip(ordered, coords, strict=True):
+        tip = escape(f"batch {batch}: {latency:.3f} ms, {throughput:,.0f} samples/s")
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#4b4bc8"><title>{tip}</title></circle>')
+        parts.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" font-size="12" fill="#1a1a2e">{batch}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

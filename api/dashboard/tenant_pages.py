@@ -40,6 +40,7 @@ from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import OneTenant, Scope
 from vipu import emulator
+from vipu.emulator.serving import DEFAULT_SERVE_BATCHES
 from vipu.machine_types import MachineType
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
@@ -246,8 +247,10 @@ def run_estimate(
                     machine=spec.machine,
                     settings=settings,
                     tenant_id=user.tenant_id,
+                    serve=list(DEFAULT_SERVE_BATCHES) if spec.workload.task == "infer" else None,
                 )
             )
+            _add_serve_chart(out)
             if user.tenant_id is None:
                 return out | {"sram_bytes_per_ipu": _sram_bytes(out, spec)}, 200
             t = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id)
@@ -266,6 +269,21 @@ def run_estimate(
     out["remaining_ipu_hours"] = remaining
     out["sram_bytes_per_ipu"] = _sram_bytes(out, spec)
     return out, 200
+
+
+def _add_serve_chart(out: dict[str, Any]) -> None:
+    """An inference estimate's serving rows as a latency-throughput plot drawn here (charts.py)."""
+    rows = [r for r in out.get("serve") or () if r["fits"]]
+    served = out.get("serve_plan")
+    if not rows or not served:
+        return
+    ipus = served["ipus"]
+    chart = charts.latency_throughput_chart(
+        [(r["batch_size"], r["throughput"], r["latency_ms"]) for r in rows],
+        title=f"Serving: latency against throughput on a replica of {ipus} IPU{'s' if ipus != 1 else ''}",
+        chart_id="serve-chart",
+    )
+    out["serve_chart"] = markup(chart)
 
 
 def _sram_bytes(out: dict[str, Any], spec: JobSpec) -> int:

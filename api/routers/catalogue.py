@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import DbDep, Reader, SettingsDep
-from api.schemas import CatalogueOut
+from api.schemas import CatalogueOut, ServeRequest, ServeRowOut
 from scheduler.jobspec import WorkloadRequest
 from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
@@ -31,6 +31,11 @@ class EstimateRequest(BaseModel):
     )
     max_runtime_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
+    )
+    serve: ServeRequest | None = Field(
+        None,
+        description="Inference only: also time one serving replica (of `ipus` IPUs, or for `auto` the "
+        "fewest that hold the largest batch) at these batch sizes; the answer's `serve` has a row each.",
     )
 
 
@@ -71,6 +76,14 @@ class EstimateOut(BaseModel):
     runtime_limit: RuntimeLimit | None = Field(
         None, description="The tenant's run-time limit per job and whether this job ends within it."
     )
+    serve: list[ServeRowOut] | None = Field(
+        None, description="With `serve`: per batch size, a request's latency and a replica's throughput."
+    )
+    serve_plan: dict[str, Any] | None = Field(
+        None,
+        description="With `serve`: the serving replica (IPUs, pipeline stages x copies, largest batch, "
+        "host call, compile and load, its inputs and outputs); null when nothing fits it.",
+    )
 
 
 @router.get(
@@ -105,6 +118,7 @@ def create_estimate(
             settings=settings,
             rates=plan_rates,
             tenant_id=principal.tenant_id,
+            serve=body.serve.batch_sizes if body.serve is not None else None,
         )
         ipus = out.get("ipus")
         if principal.tenant_id is not None and out.get("fits") and ipus:

@@ -57,11 +57,20 @@ def estimate(
     precision: Annotated[str, typer.Option(help="fp16 or fp32.")] = "fp16",
     samples: Annotated[int | None, typer.Option(help="Samples to process.")] = None,
     steps: Annotated[int | None, typer.Option(help="Steps to run.")] = None,
+    serve: Annotated[
+        str | None,
+        typer.Option(
+            help="Inference: batch sizes to time one serving replica at, e.g. 1,2,4,8 (latency and "
+            "throughput per batch; the replica is --ipus IPUs, or with auto the fewest that hold "
+            "the largest)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan a workload on a partition: fit, memory per IPU, compile time, throughput, time and IPU-hours.
 
-    With --model-file, plan an ONNX file here (its weights are never read) before pushing it."""
+    With --model-file, plan an ONNX file here (its weights are never read) before pushing it. With
+    --serve, also the latency and throughput of serving it one batch per request batch."""
     from pydantic import ValidationError
 
     from ipucloud.cli.client_models import parse_dims
@@ -83,6 +92,7 @@ def estimate(
     else:
         err.print("[red]--ipus must be a power of two or `auto`[/]")
         raise typer.Exit(2)
+    batch_sizes = _batch_sizes(serve) if serve is not None else None
     dims = parse_dims(dim) if dim else None
     source = None
     if model_file is not None:
@@ -102,7 +112,7 @@ def estimate(
         )
         # Read as a mapping of any values: the figures printed below are all there when it fits.
         result: Mapping[str, Any] = run_estimate(
-            session=None, workload=req, ipus=size, machine=machine, source=source
+            session=None, workload=req, ipus=size, machine=machine, source=source, serve=batch_sizes
         )
     except ValidationError as exc:
         err.print(f"[red]{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}[/]")
@@ -137,6 +147,48 @@ def estimate(
     for k, v in rows:
         table.add_row(k, v)
     out.print(table)
+    if result.get("serve") is not None:
+        _print_serve(result)
+
+
+def _batch_sizes(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isascii() and p.isdigit() for p in parts):
+        err.print("[red]--serve takes batch sizes separated by commas, e.g. 1,2,4,8[/]")
+        raise typer.Exit(2)
+    return [int(p) for p in parts]
+
+
+def _print_serve(result: Mapping[str, Any]) -> None:
+    served = result.get("serve_plan") or {}
+    title = "Serving"
+    if served:
+        title = (
+            f"Serving on a replica of {served['ipus']} x {served['machine']} IPU(s) "
+            f"({served['pipeline_stages']} stage(s) x {served['replicas']}; largest batch "
+            f"{served['max_batch_size']}; host call {served['host_call_s'] * 1e6:,.0f} us)"
+        )
+    table = Table(title=title)
+    for name in ("batch", "latency ms", "samples/s", "call ms", "host ms", "device ms", "step ms"):
+        table.add_column(name, justify="right")
+    for row in result["serve"]:
+        if not row["fits"]:
+            table.add_row(str(row["batch_size"]), "does not fit", "", "", "", "", "")
+            continue
+        table.add_row(
+            str(row["batch_size"]),
+            f"{row['latency_ms']:,.3f}",
+            f"{row['throughput']:,.0f}",
+            f"{row['host_call_ms']:,.3f}",
+            f"{row['host_ms']:,.3f}",
+            f"{row['device_ms']:,.3f}",
+            f"{row['step_ms']:,.3f}",
+        )
+    out.print(table)
+    for row in result["serve"]:
+        if not row["fits"]:
+            err.print(f"batch {row['batch_size']}: {row['error']}")
+            break
 
 
 def _local_model(path: Path, dims: dict[str, int] | None, elementwise: list[str], seq_len: int | None) -> Any:

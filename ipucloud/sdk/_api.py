@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -178,12 +178,21 @@ class Operations:
         return Call("GET", f"{V1}/workloads", model(Catalogue))
 
     @operation
-    def estimate(self, spec: Mapping[str, Any] | None = None, **fields: Any) -> Call[Estimate]:
-        """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes."""
+    def estimate(
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        serve_batch_sizes: Sequence[int] | None = None,
+        **fields: Any,
+    ) -> Call[Estimate]:
+        """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes;
+        with `serve_batch_sizes` (inference), also a serving replica's latency and throughput at each."""
         full = job_spec(spec, **fields)
-        body = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
+        body: dict[str, Any] = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
         if full.get("machine"):
             body["machine"] = full["machine"]
+        if serve_batch_sizes is not None:
+            body["serve"] = {"batch_sizes": list(serve_batch_sizes)}
         return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
 
     # Own models --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict, cast
 
@@ -37,6 +37,21 @@ class MachineOptionView(TypedDict):
     rate: float
 
 
+class ServeRowView(TypedDict):
+    """One batch size's answer for serving: the latency of a request alone in a batch of that size and
+    what one replica serves per second at saturation (`vipu.emulator.serving`)."""
+
+    batch_size: int
+    fits: bool
+    latency_ms: float | None
+    throughput: float | None
+    host_call_ms: float | None
+    host_ms: float | None
+    device_ms: float | None
+    step_ms: float | None
+    error: str | None
+
+
 class EstimateView(TypedDict):
     """A dry run's answer (`EstimateOut`): the emulator's `Estimate.to_dict()` and what this adds.
 
@@ -64,6 +79,8 @@ class EstimateView(TypedDict):
     expected_wait_s: NotRequired[float | None]  # with a session: the policy's forecast (None: not known)
     machine_options: NotRequired[dict[str, MachineOptionView]]  # on `any`: each type's answer
     runtime_limit: NotRequired[RuntimeLimitView]  # added by the API for a tenant
+    serve: NotRequired[list[ServeRowView]]  # with `serve`: a row per batch size asked
+    serve_plan: NotRequired[dict[str, object] | None]  # the serving replica those rows are for
 
 
 def estimate(
@@ -76,6 +93,7 @@ def estimate(
     rates: Mapping[str, float] | None = None,
     tenant_id: str | None = None,
     source: GraphSource | None = None,
+    serve: Sequence[int] | None = None,
 ) -> EstimateView:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
@@ -85,14 +103,22 @@ def estimate(
     under the cloud's `settings` (its placement policy and preemption; the process's by default).
     `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`.
     ``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
-    directly (``ipucloud estimate --model-file`` plans a local file)."""
+    directly (``ipucloud estimate --model-file`` plans a local file).
+
+    ``serve`` (batch sizes, inference only) adds `serve`: a row per batch size with its latency and
+    throughput on one serving replica of the estimate's machine type, of ``ipus`` IPUs or, for
+    "auto", the fewest that hold the largest of them; a batch over what that replica holds is a row
+    with `fits` false (see docs/emulator.md, "Serving latency")."""
     if source is None and session is not None and tenant_id is not None:
         source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
     spec = emulation.to_workload_spec(workload, source)
     rate_of = plan_rates(rates)
     ctx = _Context(tenant_id, settings or get_settings())
+    if serve is not None:
+        _check_serve(spec, serve)
     if machine not in (None, "any"):
-        return _estimate_on(session, spec, ipus, machine, ctx, rate_of[machine], strict=True)
+        out = _estimate_on(session, spec, ipus, machine, ctx, rate_of[machine], strict=True)
+        return _with_serve(out, spec, ipus, machine, serve)
     kinds = list(MACHINE_TYPE_NAMES)
     if session is not None:
         present = fleet.largest_by_type(session=session)
@@ -112,7 +138,106 @@ def estimate(
     best = min(kinds, key=lambda kind: (finish(kind), kinds.index(kind)))
     chosen = answers[best].copy()
     chosen["machine_options"] = {kind: _option(out, rate_of[kind]) for kind, out in answers.items()}
-    return chosen
+    return _with_serve(chosen, spec, ipus, best, serve)
+
+
+MAX_SERVE_ROWS = 64
+
+
+def _check_serve(spec: emulator.WorkloadSpec, batch_sizes: Sequence[int]) -> None:
+    if spec.task != "infer":
+        raise InvalidRequest(
+            "serve applies to inference: set workload.task to infer to estimate serving latency.",
+            field="serve",
+        )
+    if not 1 <= len(batch_sizes) <= MAX_SERVE_ROWS:
+        raise InvalidRequest(
+            f"serve.batch_sizes takes 1 to {MAX_SERVE_ROWS} batch sizes, got {len(batch_sizes)}.",
+            field="serve.batch_sizes",
+        )
+    most = min(
+        spec.source.max_batch_size if spec.source is not None else spec.workload.max_batch_size,
+        emulator.MAX_SERVE_BATCH,
+    )
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= most:
+            raise InvalidRequest(
+                f"serve.batch_sizes: each is an integer from 1 to {most:,} (the largest batch of "
+                f"{spec.label}), got {b!r}.",
+                field="serve.batch_sizes",
+            )
+
+
+def _with_serve(
+    out: EstimateView,
+    spec: emulator.WorkloadSpec,
+    ipus: int | str,
+    machine: str,
+    batch_sizes: Sequence[int] | None,
+) -> EstimateView:
+    if batch_sizes is None:
+        return out
+    rows, plan = serve_rows(spec, ipus, machine, batch_sizes)
+    return {**out, "serve": rows, "serve_plan": plan}
+
+
+def serve_rows(
+    spec: emulator.WorkloadSpec, ipus: int | str, machine: str, batch_sizes: Sequence[int]
+) -> tuple[list[ServeRowView], dict[str, object] | None]:
+    """The serving rows of an estimate and the replica's plan (None when nothing fits it)."""
+    top = max(batch_sizes)
+    try:
+        size = (
+            emulator.choose_serving_ipus(spec, machine=machine, max_batch_size=top)
+            if ipus == "auto"
+            else int(ipus)
+        )
+        served = emulator.serve_plan(spec, machine=machine, ipus=size, max_batch_size=top)
+    except emulator.WorkloadError as exc:
+        raise InvalidRequest(str(exc), field=f"workload.{exc.field}")
+    except (emulator.CompileError, ValueError) as exc:
+        # Nothing fits that replica (or the type cannot form it): every row says why.
+        return [_serve_row(b, error=str(exc)) for b in batch_sizes], None
+    rows = []
+    for b in batch_sizes:
+        if b > served.max_batch_size:
+            rows.append(
+                _serve_row(
+                    b,
+                    error=f"a batch of {b} does not fit In-Processor-Memory on a replica of {size} "
+                    f"{machine} IPU(s): the largest that fits is {served.max_batch_size}",
+                )
+            )
+            continue
+        t = served.times(b)
+        rows.append(
+            {
+                "batch_size": b,
+                "fits": True,
+                "latency_ms": round(t.latency_s * 1e3, 6),
+                "throughput": round(b / t.step_s, 3),
+                "host_call_ms": round(t.host_call_s * 1e3, 6),
+                "host_ms": round(t.host_s * 1e3, 6),
+                "device_ms": round(t.device_s * 1e3, 6),
+                "step_ms": round(t.step_s * 1e3, 6),
+                "error": None,
+            }
+        )
+    return rows, served.to_dict()
+
+
+def _serve_row(batch: int, *, error: str) -> ServeRowView:
+    return {
+        "batch_size": batch,
+        "fits": False,
+        "latency_ms": None,
+        "throughput": None,
+        "host_call_ms": None,
+        "host_ms": None,
+        "device_ms": None,
+        "step_ms": None,
+        "error": error,
+    }
 
 
 def _option(out: EstimateView, rate: float) -> MachineOptionView:

@@ -13,10 +13,21 @@ from vipu.emulator.estimate import Estimate, estimate, predicted_runtime_s
 from vipu.emulator.machines import MACHINES, Machine
 from vipu.emulator.planner import Plan, StagePlan, choose_ipus_auto, plan
 from vipu.emulator.run import EmulatedRun, Progress, RunEvent, Timeline
+from vipu.emulator.serving import (
+    MAX_SERVE_BATCH,
+    ServePlan,
+    Signature,
+    TensorSpec,
+    choose_serving_ipus,
+    outputs_for,
+    serve_plan,
+    signature_of,
+)
 from vipu.emulator.spec import WorkloadSpec
 
 __all__ = [
     "MACHINES",
+    "MAX_SERVE_BATCH",
     "CompileError",
     "EmulatedRun",
     "Estimate",
@@ -24,15 +35,22 @@ __all__ = [
     "Plan",
     "Progress",
     "RunEvent",
+    "ServePlan",
+    "Signature",
     "StagePlan",
+    "TensorSpec",
     "Timeline",
     "Workload",
     "WorkloadError",
     "WorkloadSpec",
     "catalogue",
     "choose_ipus_auto",
+    "choose_serving_ipus",
     "estimate",
     "get_workload",
+    "outputs_for",
     "plan",
     "predicted_runtime_s",
+    "serve_plan",
+    "signature_of",
 ]
