@@ -45,6 +45,7 @@ __all__ = [
     "Ready",
     "Retired",
     "RuntimeLimit",
+    "ServeRow",
     "ServersAdded",
     "Session",
     "SessionEvent",
@@ -155,6 +156,8 @@ class Estimate(Model):
     cached: bool | None = None
     error: str | None = None
     runtime_limit: RuntimeLimit | None = None
+    serve: list[ServeRow] | None = None
+    serve_plan: dict[str, Any] | None = None
 
 
 class OnnxModel(Model):
@@ -488,6 +491,18 @@ class RuntimeLimit(Model):
     detail: str | None = None
     fitting_steps: int | None = None
     fitting_ipus: int | None = None
+
+
+class ServeRow(Model):
+    batch_size: int | None = None
+    fits: bool = False
+    latency_ms: float | None = None
+    throughput: float | None = None
+    host_call_ms: float | None = None
+    host_ms: float | None = None
+    device_ms: float | None = None
+    step_ms: float | None = None
+    error: str | None = None
 
 
 class ModelInput(Model):

@@ -117,3 +117,75 @@ def test_a_compiled_executable_is_left_out_of_cost_and_reservation(db: Any, seed
     theirs = client.post("/api/v1/estimates", json=body, headers=neighbour).json()
     assert theirs["cached"] is False and theirs["ipu_hours"] == cold["ipu_hours"]
     assert client.post("/api/v1/jobs", json=job, headers=neighbour).status_code in (402, 403, 409, 422)
+
+
+def test_an_inference_estimate_answers_a_serving_row_per_batch_size(
+    db: Any, seeded: Any, client: Any
+) -> None:
+    _, key = new_tenant(db, "acme", quota_ipu_hours=10_000)
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {
+        "workload": {"model": "bert-large", "task": "infer", "seq_len": 384},
+        "ipus": 1,
+        "machine": "m2000",
+        "serve": {"batch_sizes": [1, 4, 64]},
+    }
+    out = client.post("/api/v1/estimates", json=body, headers=auth)
+    assert out.status_code == 200, out.text
+    answer = out.json()
+    assert answer["fits"] and answer["throughput"] > 0  # the offline estimate is still there
+    served = answer["serve_plan"]
+    assert served["ipus"] == 1 and served["machine"] == "m2000" and 4 < served["max_batch_size"] < 64
+    assert [i["name"] for i in served["signature"]["inputs"]] == [
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+    ]
+    one, four, too_big = answer["serve"]
+    assert [r["batch_size"] for r in answer["serve"]] == [1, 4, 64]
+    assert one["fits"] and four["fits"] and not too_big["fits"]
+    assert one["latency_ms"] < four["latency_ms"] and one["throughput"] < four["throughput"]
+    for row in (one, four):
+        parts = row["host_call_ms"] + row["host_ms"] + row["device_ms"]
+        assert abs(row["latency_ms"] - parts) < 1e-3 and row["step_ms"] <= row["latency_ms"]
+    assert one["host_call_ms"] == 0.09  # the gateway-attached machine's host call, 90 us
+    assert f"the largest that fits is {served['max_batch_size']}" in too_big["error"]
+    assert too_big["latency_ms"] is None
+
+    # `auto` sizes the replica for the largest batch asked; a PCIe C2 answers with its own host call
+    # (offline, as `ipucloud estimate` asks: this fleet has no C2 servers).
+    from scheduler.services.estimates import estimate as service_estimate
+
+    auto = service_estimate(
+        session=None,
+        workload=WorkloadRequest.model_validate(body["workload"]),
+        ipus="auto",
+        machine="c2",
+        serve=[1, 4, 64],
+    )
+    # No C2 replica (a server holds 16 IPUs of 304 MB) takes 64 sequences of 384 tokens of BERT-Large:
+    # auto gives the one that takes the most, and the row of 64 says it does not fit.
+    assert auto["serve_plan"] is not None and auto["serve_plan"]["ipus"] == 16
+    assert [r["fits"] for r in auto["serve"]] == [True, True, False]
+    assert auto["serve"][0]["host_call_ms"] == 0.054
+
+    # Without `serve`, no rows; bad batch sizes are refused naming the field.
+    plain = client.post(
+        "/api/v1/estimates", json={k: v for k, v in body.items() if k != "serve"}, headers=auth
+    )
+    assert plain.status_code == 200 and plain.json().get("serve") is None
+    for bad, field in (
+        ([], "serve.batch_sizes"),
+        ([0], "serve.batch_sizes"),
+        ([1.5], "serve.batch_sizes"),
+        (["8"], "serve.batch_sizes"),
+        ([70_000], "serve.batch_sizes"),
+        (list(range(1, 66)), "serve.batch_sizes"),
+    ):
+        refused = client.post("/api/v1/estimates", json={**body, "serve": {"batch_sizes": bad}}, headers=auth)
+        assert refused.status_code == 422, (bad, refused.text)
+        problem = refused.json()
+        assert any(e["field"].startswith(field) for e in problem["errors"]), (bad, problem)
+    train = {**body, "workload": {"model": "bert-large", "task": "train", "seq_len": 384}}
+    refused = client.post("/api/v1/estimates", json=train, headers=auth)
+    assert refused.status_code == 422 and "infer" in refused.json()["detail"]
