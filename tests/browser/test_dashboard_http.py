@@ -541,3 +541,27 @@ def test_the_fleet_page_draws_servers_beside_pods_and_changes_the_fleet(
     assert client.post("/admin/fleet/racks/rack0002/drain", data={"csrf": token}).status_code == 200
     gone = client.post("/admin/fleet/racks/rack0002/retire", data={"csrf": token})
     assert gone.status_code == 200 and "rack0002 retired" in gone.text
+
+
+def test_an_inference_estimate_draws_latency_against_throughput(
+    client: TestClient, seeded: Seeded, db: Any
+) -> None:
+    _, key = make_tenant(db, "serving")
+    sign_in(client, key)
+    token = csrf_of(client, "/jobs/new")
+    infer = {**R50, "task": "infer", "ipus": "1", "batch_size": "1024"}
+    fragment = client.post("/jobs/estimate", data=infer, headers={"X-CSRF-Token": token})
+    assert fragment.status_code == 200, fragment.text
+    html = fragment.text
+    assert "Serving: latency against throughput on a replica of 1 IPU" in html
+    chart = html[html.index('<svg class="chart"') : html.index("</svg>")]
+    # One point per batch size 1 to 64, each with its figures in a tooltip, drawn without script.
+    tips = re.findall(r"<circle [^>]*><title>batch (\d+): ([\d.]+) ms, ([\d,]+) samples/s</title>", chart)
+    assert [int(b) for b, _, _ in tips] == [1, 2, 4, 8, 16, 32, 64]
+    latencies = [float(ms) for _, ms, _ in tips]
+    assert latencies == sorted(latencies) and latencies[0] < latencies[-1]
+    assert "<script" not in chart and "style=" not in chart
+    assert "host call 90 µs" in html
+    # Training has no serving plot.
+    trained = client.post("/jobs/estimate", data=R50, headers={"X-CSRF-Token": token})
+    assert trained.status_code == 200 and "Fits" in trained.text and "Serving" not in trained.text
