@@ -200,7 +200,7 @@ def submit(
 ) -> None:
     """Submit a job from flags and/or a JSON/YAML spec file."""
     base = load_spec(file) if file is not None else {}
-    fields = dict(
+    fields: dict[str, Any] = dict(
         name=name,
         model=model,
         task=task,
