@@ -33,6 +33,11 @@ def test_sync_client_submits_follows_pages_and_meters(cloud: RunningCloud) -> No
         assert {"bert-base", "bert-large", "resnet50", "mcmc"} <= names
         est = c.estimate(**R50, ipus=4)
         assert est.fits and est.ipu_hours and est.ipu_hours > 0 and est.expected_wait_s == 0
+        served = c.estimate(model="resnet50", task="infer", ipus=1, machine="m2000", serve_batch_sizes=[1, 8])
+        assert served.serve and [r.batch_size for r in served.serve] == [1, 8]
+        one, eight = served.serve
+        assert one.latency_ms and eight.latency_ms and one.latency_ms < eight.latency_ms
+        assert served.serve_plan and served.serve_plan["max_batch_size"] == 8
 
         job = c.submit_job(name="sdk-r50", ipus=4, **R50)
         assert isinstance(job, ipucloud.Job) and job.state == "queued" and job.ipus == 4
