@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import redis
 
@@ -399,7 +400,25 @@ class Agent:
         if taken.checkpoint_every_s is not None:
             r.next_checkpoint = taken.checkpoint_every_s
         self.running[taken.attempt_id] = r
-        env = ipuof.environment(self.settings, taken.partition, taken.gcd)
+        try:
+            config: Path | None = ipuof.write_attempt_files(
+                self.settings,
+                attempt_id=taken.attempt_id,
+                epoch=taken.epoch,
+                tenant_id=taken.tenant_id,
+                partition=taken.partition,
+                gcd_ipus=taken.partition_ipus,
+                gcds=taken.partition_gcds,
+                gcd=taken.gcd,
+                machine_type=taken.machine_type,
+            )
+        except OSError as exc:
+            # The run goes on without its files (the emulated IPU needs none); the log says so.
+            log.warning(
+                "agent %s: could not write the files of attempt %d: %s", self.name, taken.attempt_id, exc
+            )
+            config = None
+        env = ipuof.environment(self.settings, taken.partition, taken.gcd, config)
         self._logs.append(
             LogLine(
                 taken.job_id,
@@ -525,6 +544,7 @@ class Agent:
     def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
         progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
         self.running.pop(r.taken.attempt_id, None)
+        ipuof.remove_attempt_files(self.settings, r.taken.attempt_id)
         self._crash_armed.discard(r.taken.attempt_id)
         self._crash_now.discard(r.taken.attempt_id)
         r.version += 1
@@ -536,6 +556,7 @@ class Agent:
         r = self.running.pop(attempt_id, None)
         if r is not None:
             r.version += 1
+            ipuof.remove_attempt_files(self.settings, attempt_id)
             log.info("agent %s: attempt %d was ended by the control plane; stopped driving it",
                      self.name, attempt_id)  # fmt: skip
         self._crash_armed.discard(attempt_id)
@@ -625,6 +646,7 @@ class Agent:
         )  # fmt: skip
         for r in self.running.values():
             r.version += 1
+            ipuof.remove_attempt_files(self.settings, r.taken.attempt_id)
         self.running.clear()
         self._timers.clear()
         self._logs, self._bills, self._finishes, self._compiled = [], [], [], []

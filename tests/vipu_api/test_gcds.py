@@ -113,7 +113,9 @@ def test_the_agent_hands_each_job_its_gcd_id(db: Any, seeded: Any, client: Any) 
         }
     assert {env["IPUOF_VIPU_API_PARTITION_ID"] for env in envs.values()} == {"pair"}
     assert sorted(env["IPUOF_VIPU_API_GCD_ID"] for env in envs.values()) == ["0", "1"]
-    assert all("IPUOF_CONFIG_PATH" not in env for env in envs.values()), "nothing of the host's files"
+    # Each attempt's own IPUoF configuration, in its own directory: nothing of another's.
+    paths = {env["IPUOF_CONFIG_PATH"] for env in envs.values()}
+    assert len(paths) == 2 and all(p.endswith("/ipuof.conf") for p in paths)
 
 
 def test_a_job_in_a_one_gcd_partition_is_reserved_and_billed_for_all_it_holds(
