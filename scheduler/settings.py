@@ -131,8 +131,17 @@ class Settings(BaseSettings):
         description="Dispatch messages a host agent takes at once (its Celery threads; each ends once the "
         "attempt is durably taken). How many attempts it runs is bounded only by its racks' IPUs.",
     )
-    vipu_api_host: str = Field("127.0.0.1", description="Given to jobs as IPUOF_VIPU_API_HOST.")
-    vipu_api_port: int = Field(8090, description="Given to jobs as IPUOF_VIPU_API_PORT.")
+    vipu_api_host: str = Field(
+        "127.0.0.1",
+        description="Where programs reach the V-IPU endpoint (`ipucloud vipu-server`): given to jobs as "
+        "IPUOF_VIPU_API_HOST and written into their vipu-cli.hcl.",
+    )
+    vipu_api_port: int = Field(
+        8090, ge=1, le=65535, description="The V-IPU endpoint's port: given to jobs as IPUOF_VIPU_API_PORT."
+    )
+    vipu_api_bind: str | None = Field(
+        None, description="Address `ipucloud vipu-server` binds (default: IPUCLOUD_VIPU_API_HOST)."
+    )
 
     trusted_proxies: str = Field(
         "",

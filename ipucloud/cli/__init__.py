@@ -1,11 +1,11 @@
-"""The `ipucloud` command: servers (`up`, `api`, `scheduler`, `worker`, `migrate`), tools
-(`estimate`, `simulate`) and the client commands that mirror the HTTP API."""
+"""The `ipucloud` command: servers (`up`, `api`, `vipu-server`, `scheduler`, `worker`, `migrate`), tools
+(`estimate`, `simulate`, `gc-info`, `gc-monitor`) and the client commands that mirror the HTTP API."""
 
 from __future__ import annotations
 
 import typer
 
-from ipucloud.cli import client, server, tools
+from ipucloud.cli import client, gctools, server, tools
 
 app = typer.Typer(
     name="ipucloud",
@@ -17,6 +17,7 @@ app = typer.Typer(
 server.register(app)
 tools.register(app)
 client.register(app)
+gctools.register(app)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Server commands: `up` (everything, embedded), and `api`, `scheduler`, `worker`, `migrate`."""
+"""Server commands: `up` (everything, embedded); `api`, `vipu-server`, `scheduler`, `worker`, `migrate`."""
 
 from __future__ import annotations
 
@@ -137,6 +137,34 @@ def api(
         access_log=False,
         # X-Forwarded-* only from the proxies the operator lists: uvicorn's default would believe
         # any local client, which could then pick the address its rate limits are counted under.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=settings.trusted_proxies or None,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def vipu_server(
+    host: Annotated[
+        str | None,
+        typer.Option(help="Bind address (default IPUCLOUD_VIPU_API_BIND, then IPUCLOUD_VIPU_API_HOST)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default IPUCLOUD_VIPU_API_PORT, 8090).", min=1, max=65535)
+    ] = None,
+) -> None:
+    """Serve the V-IPU user endpoint that programs on a partition, `vipu`, gc-info and gc-monitor talk to."""
+    import uvicorn
+
+    settings = _settings_or_exit()
+    _configure_logging(settings)
+    _preflight(settings)
+    uvicorn.run(
+        "api.vipu_server:create_vipu_app",
+        factory=True,
+        host=host or settings.vipu_api_bind or settings.vipu_api_host,
+        port=port or settings.vipu_api_port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
         proxy_headers=bool(settings.trusted_proxies),
         forwarded_allow_ips=settings.trusted_proxies or None,
         timeout_graceful_shutdown=10,
@@ -303,6 +331,7 @@ def bootstrap(
 def register(app: typer.Typer) -> None:
     app.command()(up)
     app.command()(api)
+    app.command("vipu-server")(vipu_server)
     app.command()(scheduler)
     app.command()(worker)
     app.command()(migrate)
