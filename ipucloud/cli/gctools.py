@@ -76,9 +76,11 @@ def fetch(
 ) -> tuple[list[dict[str, Any]], str | None, int | None]:
     """The partitions to show (with their GCDs and processes), the active one and its GCD."""
     env = os.environ
-    active = partition or env.get("IPUOF_VIPU_API_PARTITION_ID") or None
+    # The partition the attempt is attached to is the active one; --partition only chooses what to show.
+    active = env.get("IPUOF_VIPU_API_PARTITION_ID") or None
+    shown = partition or active
     gcd: int | None = None
-    if partition is None and active is not None and env.get("IPUOF_VIPU_API_GCD_ID", "").isdigit():
+    if active is not None and env.get("IPUOF_VIPU_API_GCD_ID", "").isdigit():
         gcd = int(env["IPUOF_VIPU_API_GCD_ID"])
     try:
         conn = resolve(api_host=api_host, api_port=api_port, api_access_key=api_access_key, config=config)
@@ -86,8 +88,8 @@ def fetch(
         raise ToolError(str(exc), Exit.USAGE)
     try:
         with VipuClient(conn, timeout=timeout) as client:
-            if active is not None and not all_partitions:
-                parts = [client.call("GetPartitionStatus", {"partition_id": active})["status"]]
+            if shown is not None and not all_partitions:
+                parts = [client.call("GetPartitionStatus", {"partition_id": shown})["status"]]
             else:
                 parts = client.call("ListPartitions")["partitions"]
     except VipuUnreachable as exc:

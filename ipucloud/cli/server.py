@@ -67,6 +67,16 @@ def up(
             "one Dell DSS 8440). Units missing are added at start; admins retire them.",
         ),
     ] = None,
+    vipu_port: Annotated[
+        int,
+        typer.Option(
+            help="Port of the V-IPU endpoint (`ipucloud vipu-server`) that jobs, `vipu`, gc-info and "
+            "gc-monitor reach.",
+            min=1,
+            max=65535,
+            envvar="IPUCLOUD_VIPU_API_PORT",
+        ),
+    ] = 8090,
     time_scale: Annotated[
         float,
         typer.Option(
@@ -78,7 +88,7 @@ def up(
         ),
     ] = DEMO_TIME_SCALE,
 ) -> None:
-    """Run the whole cloud on this machine: SQLite, embedded Redis, API, scheduler, one worker."""
+    """Run the whole cloud on this machine: SQLite, embedded Redis, API, V-IPU endpoint, scheduler, worker."""
     from ipucloud.supervisor import Cloud
     from vipu.topology import DEMO_FLEET, UnitGroup, parse_fleet_description
 
@@ -103,6 +113,7 @@ def up(
         IPUCLOUD_DATA_DIR=str(data_dir),
         IPUCLOUD_HOST=host,
         IPUCLOUD_PORT=str(port),
+        IPUCLOUD_VIPU_API_PORT=str(vipu_port),
         IPUCLOUD_TIME_SCALE=repr(time_scale),
     )
     reset_settings_cache()

@@ -116,8 +116,10 @@ def processes_of(tmp: Path) -> list[str]:
 
 
 def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_state(tmp_path: Path) -> None:
-    port = free_port()
-    env = users_shell(IPUCLOUD_PORT=str(port), IPUCLOUD_TIME_SCALE="1000")
+    port, vipu_port = free_port(), free_port()
+    env = users_shell(
+        IPUCLOUD_PORT=str(port), IPUCLOUD_VIPU_API_PORT=str(vipu_port), IPUCLOUD_TIME_SCALE="1000"
+    )
     url = f"http://127.0.0.1:{port}"
     data = tmp_path / ".ipucloud"
 
@@ -164,6 +166,12 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
             time.sleep(0.2)
         assert job["machine"] == "c2" and job["partition"]
         assert processes_of(tmp_path), "the children name their data directory"
+        # The V-IPU endpoint jobs are pointed at is up too, on the port it said.
+        assert f"V-IPU endpoint at 127.0.0.1:{vipu_port}" in err, err
+        vipu = httpx.post(
+            f"http://127.0.0.1:{vipu_port}/v1/ListPartitions", headers=tenant, json={}, timeout=10
+        )
+        assert vipu.status_code == 200 and vipu.json() == {"partitions": []}, vipu.text
     finally:
         code = first.ctrl_c(timeout=90)
     assert code == 0
@@ -172,7 +180,7 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
     assert processes_of(tmp_path) == [], "Ctrl-C leaves no process behind"
 
     # Again, as the README says to start it: no time scale given, so the demo's.
-    again = Up(tmp_path, users_shell(IPUCLOUD_PORT=str(port)))
+    again = Up(tmp_path, users_shell(IPUCLOUD_PORT=str(port), IPUCLOUD_VIPU_API_PORT=str(vipu_port)))
     try:
         again.wait_for("Press Ctrl-C to stop", timeout=120)
         err = "\n".join(again.output("err"))
@@ -199,7 +207,7 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
 
 
 def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) -> None:
-    env = users_shell()
+    env = users_shell(IPUCLOUD_VIPU_API_PORT=str(free_port()))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -211,7 +219,7 @@ def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) 
 
 
 def test_up_refuses_a_fleet_it_cannot_read(tmp_path: Path) -> None:
-    env = users_shell(IPUCLOUD_PORT=str(free_port()))
+    env = users_shell(IPUCLOUD_PORT=str(free_port()), IPUCLOUD_VIPU_API_PORT=str(free_port()))
     done = subprocess.run(
         [CLI, "up", "--fleet", "2xm2000,1xdgx"],
         cwd=tmp_path,
