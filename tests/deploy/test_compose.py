@@ -24,7 +24,7 @@ from tests.deploy.checks import (
 )
 
 COMPOSE = DEPLOY / "compose.yaml"
-OURS = ("migrate", "bootstrap", "api", "scheduler", "worker")
+OURS = ("migrate", "bootstrap", "api", "vipu", "scheduler", "worker")
 
 
 def _filled_example() -> dict[str, str]:
@@ -63,7 +63,7 @@ def test_every_ipucloud_service_runs_a_real_command(compose: dict[str, Any]) -> 
         svc = compose["services"][name]
         assert svc["image"].startswith("ipucloud:") and svc["build"]["dockerfile"] == "deploy/Dockerfile"
         seen.add(check_ipucloud_command(svc["command"]))
-    assert seen == {"migrate", "bootstrap", "api", "scheduler", "worker"}
+    assert seen == {"migrate", "bootstrap", "api", "vipu-server", "scheduler", "worker"}
 
 
 def test_the_checker_rejects_what_is_not_a_command() -> None:
@@ -116,7 +116,11 @@ def test_services_are_wired_for_production(compose: dict[str, Any]) -> None:
     assert redis_cmd[redis_cmd.index("--maxmemory-policy") + 1] == "noeviction"
     assert any("idle_in_transaction_session_timeout" in a for a in s["postgres"]["command"])
     assert s["migrate"]["restart"] == "no"
-    for name in ("api", "scheduler", "worker", "bootstrap"):
+    # Jobs are told where the V-IPU endpoint is: the `vipu` service, on the port it listens on.
+    assert s["worker"]["environment"]["IPUCLOUD_VIPU_API_HOST"] == "vipu"
+    vipu = s["vipu"]["command"]
+    assert vipu[vipu.index("--port") + 1] == "8090" and s["vipu"]["ports"] == ["8090:8090"]
+    for name in ("api", "vipu", "scheduler", "worker", "bootstrap"):
         deps = s[name]["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully", name
         assert deps["postgres"]["condition"] == deps["redis"]["condition"] == "service_healthy", name

@@ -68,9 +68,11 @@ def test_every_object_passes_the_kubernetes_schemas(objects: list[dict[str, Any]
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "Job",
         "Secret",
         "Secret",
+        "Service",
         "Service",
     ]
     for obj in objects:
@@ -101,6 +103,7 @@ def test_components_run_real_commands_with_probes(objects: list[dict[str, Any]])
         assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
     assert commands == {
         "ipucloud-api": "api",
+        "ipucloud-vipu": "vipu-server",
         "ipucloud-scheduler": "scheduler",
         "ipucloud-worker-general": "worker",
     }
@@ -108,6 +111,13 @@ def test_components_run_real_commands_with_probes(objects: list[dict[str, Any]])
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert deployments["ipucloud-scheduler"]["spec"]["replicas"] == 2
+    # Jobs are told the V-IPU endpoint's Service name and port, which it listens on.
+    vipu = _containers(deployments["ipucloud-vipu"])[0]
+    assert vipu["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    config = by_kind(objects, "ConfigMap")["ipucloud-config"]
+    assert config["data"]["IPUCLOUD_VIPU_API_HOST"] == "ipucloud-vipu"
+    services = by_kind(objects, "Service")
+    assert services["ipucloud-vipu"]["spec"]["ports"][0]["port"] == int(config["data"]["IPUCLOUD_VIPU_API_PORT"])
     (job,) = by_kind(objects, "Job").values()
     assert check_ipucloud_command(_containers(job)[0]["args"]) == "migrate"
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"

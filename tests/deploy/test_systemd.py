@@ -48,6 +48,7 @@ def _units() -> dict[str, dict[str, dict[str, list[str]]]]:
 def test_there_is_a_unit_per_component() -> None:
     assert set(_units()) == {
         "ipucloud-api.service",
+        "ipucloud-vipu.service",
         "ipucloud-scheduler.service",
         "ipucloud-worker@.service",
         "ipucloud-migrate.service",
@@ -64,7 +65,7 @@ def test_exec_start_is_a_real_command() -> None:
         seen.add(check_ipucloud_command(argv[1:]))
         assert service["User"] == ["ipucloud"], f"{name} must not run as root"
         assert service["EnvironmentFile"][0] == "/etc/ipucloud/ipucloud.env", name
-    assert seen == {"api", "scheduler", "worker", "migrate"}
+    assert seen == {"api", "vipu-server", "scheduler", "worker", "migrate"}
 
 
 def test_systemd_accepts_the_units(tmp_path: Path) -> None:
