@@ -21,8 +21,6 @@ from typing import Any
 
 import httpx
 
-from ipucloud.sdk import config as sdk_config
-
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
 CLI_CONFIG_NAME = "vipu-cli.hcl"
@@ -157,6 +155,9 @@ def resolve(
     user, _ = first("api-user-id")
     key, key_from = first("api-access-key")
     if key is None:
+        # Only now: the SDK's models take a while to import, and the tools must answer within 2 s.
+        from ipucloud.sdk import config as sdk_config
+
         saved = sdk_config.resolve()
         key, key_from = saved.key, f"the cloud's API key ({saved.source})"
     return Connection(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import shutil
 import sys
@@ -16,6 +15,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from ipucloud.exit_codes import EXIT_CODES_HELP as EXIT_CODES_HELP  # re-exported: the commands read it here
+from ipucloud.exit_codes import Exit as Exit
 from ipucloud.sdk import (
     ApiError,
     AuthError,
@@ -28,25 +29,6 @@ from ipucloud.sdk import (
     RateLimitError,
     ServerError,
     ServiceUnreachable,
-)
-
-
-class Exit(enum.IntEnum):
-    """Exit codes scripts can rely on (documented in docs/cli.md and `ipucloud --help`)."""
-
-    OK = 0
-    JOB_FAILED = 1  # a followed job ended failed or cancelled
-    USAGE = 2  # bad flags or a request the server refused as invalid (400/413/422)
-    AUTH = 3  # no key, unknown/revoked/expired key, or not allowed (401/403)
-    NOT_FOUND = 4  # no such job, tenant, partition... (404)
-    CONFLICT = 5  # state conflict, no capacity, quota or plan limit (409, quota/limit/inactive)
-    UNAVAILABLE = 6  # server unreachable, rate limited after retries, or failing (429/5xx)
-
-
-EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 a followed job failed or was cancelled; 2 usage error or invalid request; "
-    "3 authentication or permission; 4 not found; 5 conflict, quota or plan limit; "
-    "6 server unreachable or unavailable."
 )
 
 UrlOpt = Annotated[

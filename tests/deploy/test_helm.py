@@ -117,7 +117,8 @@ def test_components_run_real_commands_with_probes(objects: list[dict[str, Any]])
     config = by_kind(objects, "ConfigMap")["ipucloud-config"]
     assert config["data"]["IPUCLOUD_VIPU_API_HOST"] == "ipucloud-vipu"
     services = by_kind(objects, "Service")
-    assert services["ipucloud-vipu"]["spec"]["ports"][0]["port"] == int(config["data"]["IPUCLOUD_VIPU_API_PORT"])
+    port = services["ipucloud-vipu"]["spec"]["ports"][0]["port"]
+    assert port == int(config["data"]["IPUCLOUD_VIPU_API_PORT"])
     (job,) = by_kind(objects, "Job").values()
     assert check_ipucloud_command(_containers(job)[0]["args"]) == "migrate"
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"

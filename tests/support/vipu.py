@@ -100,3 +100,79 @@ def vipu_env(port: int, key: str, **extra: str) -> dict[str, str]:
 
 def post(port: int, op: str, key: str, body: dict[str, Any] | None = None) -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}/v1/{op}", json=body or {}, headers=bearer(key), timeout=10)
+
+
+def fill_fleet(
+    db: Any, *, tenants: int, partitions_per_tenant: int, size: int = 16, gcds: int = 4, batch: int = 512
+) -> dict[str, Any]:
+    """A busy fleet through the control plane's own services: `tenants` tenants, each with
+    `partitions_per_tenant` reserved partitions of `size` IPUs in `gcds` GCDs, and a job running on
+    every GCD (submitted, placed by scheduling passes, taken by one agent). Returns the first tenant's
+    key and partitions, and counts."""
+    from pydantic import TypeAdapter
+
+    from scheduler.jobspec import JobSpec
+    from scheduler.models import AttemptState
+    from scheduler.services import fleet, jobs, partitions
+    from scheduler.services import tenants as tenant_service
+    from scheduler.settings import get_settings
+
+    settings = get_settings()
+    allocators = fleet.Allocators()
+    first_key = ""
+    first_parts: list[str] = []
+    requests = []
+    spec = TypeAdapter(JobSpec)
+    per_gcd = size // gcds
+    for t in range(tenants):
+        with db.write() as s:
+            made = tenant_service.create_tenant(
+                session=s,
+                secret=settings.secret(),
+                name=f"bench-{t:04d}",
+                plan="internal",
+                quota_ipu_hours=1e9,
+            )
+            names = [f"t{t:04d}-p{p:04d}" for p in range(partitions_per_tenant)]
+            for name in names:
+                partitions.create_partition(
+                    session=s, name=name, size=size, machine_type="m2000", tenant_id=made.tenant.id,
+                    gcds=gcds, allocators=allocators,
+                )  # fmt: skip
+        if t == 0:
+            first_key, first_parts = made.api_key, names
+        for name in names:
+            for g in range(gcds):
+                body = {**JOB, "name": f"{name}-g{g}", "ipus": per_gcd, "partition": name}
+                requests.append(jobs.SubmitRequest(made.tenant.id, spec.validate_python(body)))
+    for i in range(0, len(requests), batch):
+        with db.write() as s:
+            outcomes = jobs.submit_jobs(session=s, requests=requests[i : i + batch])
+        refused = [o for o in outcomes if not isinstance(o, jobs.Submitted)]
+        assert not refused, refused[:3]
+    loop = leader_loop(db)
+    agent = agentkit.lease(db)
+    running = 0
+    for _ in range(1000):
+        loop.schedule_pass()
+        with db.read() as s:
+            placed = [
+                (a, 0)
+                for a in s.execute(select(Attempt.id).where(Attempt.state == AttemptState.PLACED)).scalars()
+            ]
+        if not placed:
+            break
+        for i in range(0, len(placed), batch):
+            with db.write() as s:
+                from scheduler.services import attempts
+
+                taken = attempts.take_many(
+                    session=s, agent=agent, deliveries=placed[i : i + batch], lease_s=3600, time_scale=1.0
+                )
+            running += len(taken.taken)
+    return {
+        "key": first_key,
+        "partitions": first_parts,
+        "running": running,
+        "partitions_total": tenants * partitions_per_tenant,
+    }
