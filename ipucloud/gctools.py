@@ -91,7 +91,7 @@ def _sections(
     parts: Sequence[dict[str, Any]], active: str | None, gcd: int | None
 ) -> list[tuple[dict[str, Any], int | None, list[str]]]:
     """(partition, GCD or None for a one-GCD partition, the IPUs shown) for each section to print."""
-    out = []
+    out: list[tuple[dict[str, Any], int | None, list[str]]] = []
     for p in parts:
         if p["state"] == "PS_PENDING":
             out.append((p, None, []))

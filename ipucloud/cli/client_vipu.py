@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -72,7 +71,7 @@ def hoist_globals(args: Sequence[str]) -> list[str]:
 
 
 class VipuGroup(TyperGroup):
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist_globals(args))
 
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import TypedDict
 
 from pydantic import ValidationError
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
@@ -160,12 +160,12 @@ class IpuofConfigView(TypedDict):
 # Finding what the caller may see ---------------------------------------------------------------------
 
 
-def _visible(stmt: object, caller: VipuCaller) -> object:
+def _visible(stmt: Select[tuple[Partition]], caller: VipuCaller) -> Select[tuple[Partition]]:
     if caller.attempt is not None:
-        return stmt.where(Partition.pk == caller.attempt.partition_pk)  # type: ignore[attr-defined]
+        return stmt.where(Partition.pk == caller.attempt.partition_pk)
     if caller.admin:
         return stmt
-    return stmt.where(  # type: ignore[attr-defined]
+    return stmt.where(
         or_(
             Partition.tenant_id == caller.tenant_id,
             (Partition.kind == "reserved") & Partition.tenant_id.is_(None),
@@ -181,7 +181,7 @@ def _missing(partition_id: str, caller: VipuCaller) -> NotFound:
 
 def _live_visible(session: Session, caller: VipuCaller, partition_id: str) -> Partition | None:
     stmt = select(Partition).where(Partition.name == partition_id, Partition.released_at.is_(None))
-    return session.execute(_visible(stmt, caller)).scalar_one_or_none()  # type: ignore[call-overload, no-any-return]
+    return session.execute(_visible(stmt, caller)).scalar_one_or_none()
 
 
 def _unended_session(session: Session, caller: VipuCaller, partition_id: str) -> IpuSession | None:
@@ -373,7 +373,7 @@ def list_partitions(
 ) -> list[PartitionStatusView]:
     """`ListPartitions`: the caller's live partitions by name, then its sessions waiting for IPUs."""
     stmt = select(Partition).where(Partition.released_at.is_(None)).order_by(Partition.name).limit(limit)
-    parts = list(session.execute(_visible(stmt, caller)).scalars())  # type: ignore[call-overload]
+    parts = list(session.execute(_visible(stmt, caller)).scalars())
     views = status_views(session=session, caller=caller, parts=parts, now=now)
     if caller.attempt is None:
         pending = select(IpuSession).where(IpuSession.state == SessionState.STARTING).order_by(IpuSession.id)
@@ -464,7 +464,7 @@ def ipuof_config(
 def list_allocations(*, session: Session, caller: VipuCaller, now: datetime) -> list[AllocationView]:
     """`ListAllocations`: one allocation per partition the caller may use, with its machines."""
     stmt = select(Partition).where(Partition.released_at.is_(None)).order_by(Partition.name)
-    parts = list(session.execute(_visible(stmt, caller)).scalars())  # type: ignore[call-overload]
+    parts = list(session.execute(_visible(stmt, caller)).scalars())
     return [
         {
             "id": p.name,
@@ -489,7 +489,7 @@ def ipu_attributes(
         parts = [part] if part is not None else []
     else:
         stmt = select(Partition).where(Partition.released_at.is_(None)).order_by(Partition.name)
-        parts = list(session.execute(_visible(stmt, caller)).scalars())  # type: ignore[call-overload]
+        parts = list(session.execute(_visible(stmt, caller)).scalars())
     unhealthy = _unhealthy_machines(session)
     procs = _processes(session, caller, [p.pk for p in parts], now)
     out: list[IpuAttributesView] = []
