@@ -265,3 +265,25 @@ def test_the_installed_gc_monitor_command_answers(busy_pair: dict[str, Any], end
         "Partition: pair (gcd:0) [active] has 4 IPUs",
         "Partition: pair (gcd:1) [active] has 4 IPUs",
     ]
+
+
+def test_gc_monitor_answers_within_its_two_seconds_on_a_busy_fleet(db: Any, runtime: Any, env: Any) -> None:
+    """The benchmark's shape on 32 POD64s (benchmarks/gc_monitor.py runs 1,024): every IPU in a
+    reserved partition of 4 GCDs, a job on every GCD; the installed gc-monitor, with its 2 s limit,
+    shows a tenant's."""
+    import os
+
+    from tests.support import services
+
+    services.seed(db, pods=32)
+    filled = support.fill_fleet(db, tenants=8, partitions_per_tenant=16)
+    assert filled["running"] == 8 * 16 * 4
+    tool = Path(sys.executable).parent / "gc-monitor"
+    with support.serve(runtime) as port:
+        env_ = {**os.environ, **support.vipu_env(port, filled["key"])}
+        done = subprocess.run([str(tool)], env=env_, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    blocks = parse_monitor(done.stdout)
+    assert len(blocks) == 16 * 4, "each of the tenant's 16 partitions, GCD by GCD"
+    assert all(len(b["processes"]) == 1 and len(b["devices"]) == 4 for b in blocks)
+    assert {b["processes"][0]["User"] for b in blocks} == {"bench-0000"}
