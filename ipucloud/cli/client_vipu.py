@@ -318,7 +318,7 @@ def create_partition(
     """Carve a partition (`vipu create partition p1 --size 16`); with a tenant's key on the V-IPU
     endpoint it starts a session, which waits for IPUs like a job."""
     g = _globals(ctx)
-    if g.given:
+    if g.given and url is None and key is None:  # --url/--key ask for the admin API
         _api_only("--tenant", tenant)
         with endpoint(g, as_json) as client:
             made = client.call(
@@ -355,7 +355,7 @@ def create_partition(
 
 def _list(ctx: typer.Context, tenant: str | None, url: str | None, key: str | None, as_json: bool) -> None:
     g = _globals(ctx)
-    if g.given:
+    if g.given and url is None and key is None:  # --url/--key ask for the admin API
         _api_only("--tenant", tenant)
         with endpoint(g, as_json) as client:
             parts = client.call("ListPartitions")["partitions"]
@@ -444,7 +444,7 @@ def get_partition(
 ) -> None:
     """One partition, with every IPU it holds."""
     g = _globals(ctx)
-    if g.given:
+    if g.given and url is None and key is None:  # --url/--key ask for the admin API
         with endpoint(g, as_json) as client:
             if ipu_configs:
                 conf = client.call("GetPartitionIpuofConfig", {"partition_id": name, "gcd_id": {"id": gcd}})
@@ -493,7 +493,7 @@ def remove_partition(
 ) -> None:
     """Free a partition's IPUs (refused while a job runs in it); a tenant's ends its session."""
     g = _globals(ctx)
-    if g.given:
+    if g.given and url is None and key is None:  # --url/--key ask for the admin API
         with endpoint(g, as_json) as client:
             gone = client.call("RemovePartition", {"partition_id": name})
         if as_json:
@@ -528,7 +528,7 @@ def reset_partition(
 ) -> None:
     """Reset a partition's IPUs; jobs running on it lose their attempts (unbilled) and run again."""
     g = _globals(ctx)
-    if g.given:
+    if g.given and url is None and key is None:  # --url/--key ask for the admin API
         body: dict[str, Any] = {"partition_id": name}
         if num_gcds is not None:
             body["num_gcds"] = num_gcds
