@@ -27,10 +27,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ipucloud.exit_codes import Exit
 from ipucloud.vipu_client import VipuClient, VipuConfigError, VipuError, VipuUnreachable, resolve
@@ -38,6 +39,7 @@ from vipu import ipuof
 from vipu.machine_types import MachineType
 
 SERVER_VERSION = "0.1.0"
+T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 2.0
 
 
@@ -73,18 +75,45 @@ def fetch(
         conn = resolve(api_host=api_host, api_port=api_port, api_access_key=api_access_key, config=config)
     except VipuConfigError as exc:
         raise ToolError(str(exc), Exit.USAGE)
-    try:
+
+    def ask() -> list[dict[str, Any]]:
         with VipuClient(conn, timeout=timeout) as client:
             if shown is not None and not all_partitions:
-                parts = [client.call("GetPartitionStatus", {"partition_id": shown})["status"]]
-            else:
-                parts = client.call("ListPartitions")["partitions"]
+                return [client.call("GetPartitionStatus", {"partition_id": shown})["status"]]
+            return list(client.call("ListPartitions")["partitions"])
+
+    try:
+        parts = within(timeout, ask, f"the V-IPU endpoint at {conn.host}:{conn.port}")
     except VipuUnreachable as exc:
         raise ToolError(str(exc), Exit.UNAVAILABLE)
     except VipuError as exc:
         cause = f", {exc.reason}" if exc.reason else ""
         raise ToolError(f"{exc.detail} ({exc.code}{cause})", _EXIT.get(exc.status, Exit.UNAVAILABLE))
     return parts, active, gcd
+
+
+def within(seconds: float, work: Callable[[], T], what: str) -> T:
+    """`work()`, or VipuUnreachable once `seconds` have passed, whatever it is waiting on.
+
+    httpx's timeout bounds each step (connecting, each read) on its own; an endpoint that trickles its
+    answer, or a host that resolves slowly, could pass them one by one and still keep the user waiting.
+    The work runs in a daemon thread, so a process that gives up exits at once."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="gc-tool-request", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise VipuUnreachable(f"{what} did not answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _sections(

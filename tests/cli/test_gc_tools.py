@@ -194,7 +194,8 @@ def test_the_tools_answer_within_two_seconds_or_say_why(busy_pair: dict[str, Any
         hung = run("gc-info", env=support.vipu_env(silent.getsockname()[1], key))
         waited = time.monotonic() - started
     assert hung.exit_code == 6 and "did not answer within 2 s" in hung.stderr, hung.stderr
-    assert 1.9 < waited < 3.5, waited
+    # The tools keep their own deadline; what passes 2 s here is a loaded machine's scheduling.
+    assert 1.9 < waited < 5, waited
 
     missing = run("gc-monitor", "--partition", "nowhere", env=support.vipu_env(endpoint, key))
     assert missing.exit_code == 4
