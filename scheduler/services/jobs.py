@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import orjson
 from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
@@ -46,7 +46,9 @@ from scheduler.services import attempts, checkpoints, executables, fleet, own_mo
 from scheduler.services.job_state import add_event, finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from scheduler.services.views import RuntimeLimitView, WaitView
-from vipu.emulator.onnxgraph import OnnxWorkload
+
+if TYPE_CHECKING:
+    from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 class IdempotencyRace(Exception):

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -27,18 +27,12 @@ from scheduler.ids import is_valid_id, new_id
 from scheduler.models import Job, JobState, OwnModel, Plan, Tenant, utcnow
 from vipu.emulator import WorkloadError
 from vipu.emulator.catalogue import WORKLOAD_NAMES
-from vipu.emulator.onnxgraph import (
-    GraphError,
-    GraphTooLarge,
-    OnnxGraph,
-    OnnxWorkload,
-    StripError,
-    Stripped,
-    describe,
-    load_graph,
-    strip_any,
-)
 from vipu.emulator.spec import MAX_DIMS
+
+# vipu.emulator.onnxgraph is imported where a graph is handled: it brings in onnx (and ml_dtypes),
+# about a second of every API, scheduler and worker process's start-up, most of which never see one.
+if TYPE_CHECKING:
+    from vipu.emulator.onnxgraph import GraphError, OnnxGraph, OnnxWorkload, Stripped
 
 ID_PREFIX = "mdl"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -135,6 +129,8 @@ def analyse(
     max_graph_bytes: int,
 ) -> Analysed:
     """Strip, check and describe an upload (no database). Every problem is a 4xx ``DomainError``."""
+    from vipu.emulator.onnxgraph import GraphError, GraphTooLarge, StripError, describe, load_graph, strip_any
+
     try:
         stripped = strip_any(data, max_graph_bytes)
     except GraphTooLarge as exc:
@@ -312,6 +308,8 @@ def _graph_of(session: Session, model_id: str, sha256: str, elementwise: list[st
         if hit is not None:
             _graphs.move_to_end(key)
             return hit
+    from vipu.emulator.onnxgraph import load_graph
+
     data = session.execute(select(OwnModel.graph).where(OwnModel.id == model_id)).scalar_one()
     graph = load_graph(data, tuple(elementwise))
     _cache_graph(graph)
@@ -324,6 +322,8 @@ def _source(session: Session, row: Any) -> OnnxWorkload:
         if hit is not None:
             _sources.move_to_end(row.id)
             return hit
+    from vipu.emulator.onnxgraph import OnnxWorkload
+
     graph = _graph_of(session, row.id, row.sha256, list(row.elementwise))
     source = OnnxWorkload(graph, row.name, scope=row.tenant_id, default_dims=row.dims, model_id=row.id)
     with _lock:
