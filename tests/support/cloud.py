@@ -77,11 +77,13 @@ class Proc:
         out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
 
-    def stop(self, timeout: float = 15) -> None:
+    def stop(self, timeout: float = 15, *, term: bool = True) -> None:
+        """SIGTERM (unless `term` is False: already sent), wait up to `timeout`, then SIGKILL."""
         if self.popen is None:
             return
         if self.alive():
-            self.signal(signal.SIGTERM)
+            if term:
+                self.signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -152,9 +154,13 @@ class RunningCloud:
         )
 
     def stop_all(self) -> None:
-        for name in ("api", *[n for n in self.procs if n != "api"]):
-            if name in self.procs:
-                self.procs[name].stop()
+        """SIGTERM every process at once, then wait for each: their graceful shutdowns overlap."""
+        order = [self.procs[n] for n in ("api", *[n for n in self.procs if n != "api"]) if n in self.procs]
+        for proc in order:
+            if proc.alive():
+                proc.signal(signal.SIGTERM)
+        for proc in order:
+            proc.stop(term=False)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
