@@ -69,8 +69,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = os.environ.get("IPUCLOUD_TEST_REDIS_URL")
     if url:
         services.require_redis(url)
-        # One database number per pytest process, so parallel sessions never share keys.
-        yield services.redis_db_url(url, 1 + os.getpid() % 14)
+        # A database number of its own per pytest process (xdist worker), so none flushes another's keys.
+        with services.claimed_redis_db(url) as claimed:
+            yield claimed
         return
     server = services.EmbeddedRedis(tmp_path_factory.mktemp("redis"))
     server.start()

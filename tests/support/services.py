@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -52,6 +57,43 @@ def require_redis(url: str) -> None:
 def redis_db_url(url: str, db: int) -> str:
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+# Redis has 16 database numbers; 0 is left to whoever uses the server by hand.
+REDIS_TEST_DBS = range(1, 16)
+
+
+@contextmanager
+def claimed_redis_db(url: str, wait_s: float = 600) -> Iterator[str]:
+    """`url` with a database number no other pytest process on this machine holds meanwhile.
+
+    Each test process (every xdist worker, every engineer's run) flushes its database between
+    tests, so two must never share one. A number is held by an exclusive lock on a file in the
+    temporary directory, which the kernel drops when the process ends, however it ends; when all
+    fifteen are held, this waits for one (at most `wait_s`)."""
+    parts = urlsplit(url)
+    where = re.sub(r"[^A-Za-z0-9.-]+", "_", parts.netloc or "local")
+    locks = Path(tempfile.gettempdir()) / "ipucloud-test-redis-dbs"
+    locks.mkdir(exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    while True:
+        for n in REDIS_TEST_DBS:
+            fd = os.open(locks / f"{where}-{n}.lock", os.O_WRONLY | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield redis_db_url(url, n)
+            finally:
+                os.close(fd)  # releases the lock
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"all of Redis's test databases at {parts.netloc} stayed taken for {wait_s:g} s"
+            )
+        time.sleep(0.5)
 
 
 class EmbeddedRedis:
