@@ -33,6 +33,37 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("IPUCLOUD_LOG_LEVEL", "WARNING")
 
 
+# How long a test takes, roughly, by its marks: bin/test's workers take the longest first, so
+# that no worker is left with a minute-long test when the others are done.
+COST = {"slow": 3, "e2e": 2, "browser": 2, "faults": 2}
+WIDER = ("package", "module", "class")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """For pytest-xdist (docs/architecture.md, "Tests"): a module whose tests share a fixture wider
+    than a test (module, class or package scope) keeps them on one worker (an `xdist_group`, so the
+    fixture is made once), and the tests are ordered longest first, each group as a whole."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        info = getattr(item, "_fixtureinfo", None)
+        shares = info is not None and any(
+            d.scope in WIDER for defs in info.name2fixturedefs.values() for d in defs
+        )
+        if mark is None and shares:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            mark = item.get_closest_marker("xdist_group")
+        name = (mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
+        groups.setdefault(str(name), []).append(item)
+
+    def cost(item: pytest.Item) -> int:
+        return max((c for m, c in COST.items() if item.get_closest_marker(m)), default=0)
+
+    ordered = sorted(groups.values(), key=lambda group: -max(cost(i) for i in group))  # stable
+    items[:] = [item for group in ordered for item in group]
+
+
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh, migrated database for this test session."""

@@ -25,7 +25,7 @@ from playwright.sync_api import expect
 from tests.support.cloud import RunningCloud
 from tests.support.services import unavailable
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-artifacts" / "screenshots"

@@ -143,6 +143,8 @@ def _ends_within(client: TestClient, seconds: float, status: int) -> float:
         time.sleep(0.05)
 
 
+# serial: a session must end within half a second of the key cache lapsing.
+@pytest.mark.serial
 def test_revocation_suspension_and_sign_out_end_a_session_within_the_cache_window(
     app: Any, seeded: Seeded, db: Any
 ) -> None:

@@ -24,6 +24,9 @@ COMPONENTS = ("api", "scheduler", "worker")
 # Port 1 on loopback: nothing listens, so a connection is refused at once.
 DEAD_DB = "postgresql://ipucloud@127.0.0.1:1/ipucloud"
 DEAD_REDIS = "redis://127.0.0.1:1/0"
+# serial: twelve commands start at once and each must exit within 60 s; beside three busy workers
+# on two cores they did not (and their burst slows the other workers' timed tests).
+pytestmark = pytest.mark.serial
 
 
 @dataclass

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.e2e
 JOB = {"workload": {"model": "resnet50", "task": "train", "batch_size": 64, "steps": 1_500_000}, "ipus": 1}
 
 
+# serial: all 128 must be submitted, started and cancelled within the jobs' 35 s of wall time.
+@pytest.mark.serial
 def test_128_one_ipu_jobs_all_run_at_once_on_128_ipus(cloud: RunningCloud, db: Any) -> None:
     _, key = cloud.create_tenant("full", quota_ipu_hours=100_000, plan="internal")
     ids: list[str] = []

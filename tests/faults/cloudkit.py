@@ -7,6 +7,7 @@ lease 2 s, outbox retry 3 s) and INFO logs, so a scenario can read what each pro
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -127,9 +128,12 @@ def record(scenario: str, report: dict[str, Any]) -> None:
     report = {**report, "database": database}
     print(f"\n[faults] {scenario}: {json.dumps(report, sort_keys=True)}")
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        existing = json.loads(ARTIFACT.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        existing = {}
-    existing[scenario] = report
-    ARTIFACT.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+    # Under a lock: scenarios on other pytest-xdist workers merge into the same file.
+    with open(ARTIFACT.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            existing = json.loads(ARTIFACT.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            existing = {}
+        existing[scenario] = report
+        ARTIFACT.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")

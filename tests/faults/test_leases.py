@@ -213,6 +213,8 @@ def sleep_leading(loop: Any, seconds: float) -> None:
         time.sleep(min(left, 0.5))
 
 
+# serial: each reconcile pass must run within a second of the take it follows.
+@pytest.mark.serial
 def test_a_backlog_being_worked_through_is_not_flooded_with_copies(
     db: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

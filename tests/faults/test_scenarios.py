@@ -40,7 +40,8 @@ from tests.support import netns
 from tests.support.cloud import FAST, free_port
 from tests.support.services import unavailable
 
-pytestmark = [pytest.mark.needs_services, pytest.mark.faults, pytest.mark.e2e]
+# serial: recovery is bounded in wall time (two lease periods and 1.5 s for the SIGKILL), so alone.
+pytestmark = [pytest.mark.needs_services, pytest.mark.faults, pytest.mark.e2e, pytest.mark.serial]
 
 LEASE_S = float(FAST["IPUCLOUD_LEASE_S"])
 LEADER_LEASE_S = float(FAST["IPUCLOUD_LEADER_LEASE_S"])

@@ -62,6 +62,8 @@ def test_the_same_message_delivered_twice_runs_the_attempt_once(
     assert outcome.attempts == {"succeeded": 1}
 
 
+# serial: the cancel must reach the running job within a heartbeat and a second.
+@pytest.mark.serial
 def test_cancel_and_max_runtime_stop_a_running_job_within_a_heartbeat(
     env: dict[str, str], db: Any, tmp_path: Path
 ) -> None:
@@ -97,6 +99,8 @@ def test_cancel_and_max_runtime_stop_a_running_job_within_a_heartbeat(
     assert ipu_ms(limited.size, 3000) == 4 * 3_000_000
 
 
+# serial: the worker must exit within its grace period and a few seconds.
+@pytest.mark.serial
 def test_sigterm_to_a_worker_hands_its_attempts_back_and_others_finish_them(
     env: dict[str, str], db: Any, tmp_path: Path
 ) -> None:

@@ -16,7 +16,8 @@ from scheduler.models import Attempt, IpuAssignment, Job, MeterEvent, Partition
 from tests.multihost.conftest import MultiHostCloud
 from vipu.topology import pods_of
 
-pytestmark = [pytest.mark.needs_services, pytest.mark.netns, pytest.mark.slow]
+# serial: a PostgreSQL of its own and five hosts, with leases of a few seconds: alone on the machine.
+pytestmark = [pytest.mark.needs_services, pytest.mark.netns, pytest.mark.slow, pytest.mark.serial]
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # 8 jobs of 16 IPUs fill both POD64s; each lasts about 11 s of wall time uncompiled, 6 s cached.

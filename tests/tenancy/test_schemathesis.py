@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.cloud import FAST, RunningCloud, free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Deeper runs by hand: IPUCLOUD_TEST_SCHEMATHESIS_EXAMPLES=200 IPUCLOUD_TEST_SCHEMATHESIS_SEED=7 pytest ...
 MAX_EXAMPLES = int(os.environ.get("IPUCLOUD_TEST_SCHEMATHESIS_EXAMPLES", "25"))

@@ -97,6 +97,8 @@ def tenant_key(cloud: RunningCloud, tenant: str, name: str) -> tuple[str, str]:
         return r.json()["id"], r.json()["api_key"]
 
 
+# serial: the streams must end within 5 s (3 s after a sign-out).
+@pytest.mark.serial
 def test_streams_end_within_seconds_of_revocation_sign_out_and_suspension(
     cloud: RunningCloud, db: Any
 ) -> None:
