@@ -21,7 +21,9 @@ import pytest
 
 from tests.support.cloud import FAST, RunningCloud, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# Both identities on one xdist worker, one after the other: each is a minute of two busy processes
+# (schemathesis and the API), and side by side they starved each other and the tests beside them.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("schemathesis")]
 
 # Deeper runs by hand: IPUCLOUD_TEST_SCHEMATHESIS_EXAMPLES=200 IPUCLOUD_TEST_SCHEMATHESIS_SEED=7 pytest ...
 MAX_EXAMPLES = int(os.environ.get("IPUCLOUD_TEST_SCHEMATHESIS_EXAMPLES", "25"))
