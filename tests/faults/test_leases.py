@@ -42,6 +42,8 @@ def tenant(db: Any, seeded: Any) -> str:
     return make_tenant(db)
 
 
+# serial: the first tick must land within the 0.3 s lease of the take.
+@pytest.mark.serial
 def test_a_late_tick_or_finish_after_the_lease_ran_out_changes_nothing(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
     job_id = submit(db, tenant)
