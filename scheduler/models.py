@@ -97,6 +97,10 @@ class AttemptState(enum.StrEnum):
 
 
 LIVE_ATTEMPT_STATES = frozenset({AttemptState.PLACED, AttemptState.RUNNING})
+
+# The task of an inference endpoint's replica: a holder job (hidden from the job list) whose attempt a
+# host agent runs as a model server until it is drained (scheduler/services/endpoints.py).
+SERVE_TASK = "serve"
 PLATFORM_FAULT_STATES = frozenset(
     {AttemptState.LOST, AttemptState.HANDED_BACK, AttemptState.PREEMPTED, AttemptState.INTERRUPTED}
 )
