@@ -16,7 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
-from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, sessions, trials, usage
+from api.routers import (
+    admin,
+    admin_tenants,
+    catalogue,
+    health,
+    inference,
+    jobs,
+    keys,
+    models,
+    sessions,
+    trials,
+    usage,
+)
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
@@ -42,20 +54,32 @@ class BodyLimit:
     tries to send is dropped."""
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, overrides: Mapping[tuple[str, str], tuple[int, str]] | None = None
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        overrides: Mapping[tuple[str, str], tuple[int, str]] | None = None,
+        suffixes: Mapping[tuple[str, str], tuple[int, str]] | None = None,
     ) -> None:
+        """``suffixes``: limits of routes whose path ends so (a v2 infer under any endpoint's URL)."""
         self.app = app
         self.max_bytes = max_bytes
         self.overrides = dict(overrides or {})
+        self.suffixes = dict(suffixes or {})
+
+    def _limit(self, method: str, path: str) -> tuple[int, str]:
+        found = self.overrides.get((method, path))
+        if found is not None:
+            return found
+        for (m, suffix), value in self.suffixes.items():
+            if m == method and path.endswith(suffix):
+                return value
+        return self.max_bytes, f"The request body is larger than {self.max_bytes} bytes."
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, detail = self.overrides.get(
-            (scope.get("method", ""), scope.get("path", "")),
-            (self.max_bytes, f"The request body is larger than {self.max_bytes} bytes."),
-        )
+        limit, detail = self._limit(scope.get("method", ""), scope.get("path", ""))
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -213,9 +237,29 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         overrides={("POST", "/api/v1/models"): upload_limit, ("POST", "/models/upload"): upload_limit},
+        # A v2 request of images in JSON is megabytes; past the limit the protocol's clients read `error`.
+        suffixes={
+            ("POST", "/infer"): (
+                settings.infer_max_body_bytes,
+                f"An inference request is at most {settings.infer_max_body_bytes:,} bytes; send fewer rows "
+                "per request, or the binary tensor extension.",
+            )
+        },
     )
 
-    for module in (jobs, sessions, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
+    for module in (
+        jobs,
+        sessions,
+        inference,
+        catalogue,
+        models,
+        usage,
+        keys,
+        trials,
+        admin,
+        admin_tenants,
+        health,
+    ):
         app.include_router(module.router)
 
     app.include_router(apidocs.router)

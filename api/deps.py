@@ -138,7 +138,32 @@ async def admin(principal: CurrentPrincipal) -> Principal:
     return principal
 
 
+async def invoker(
+    request: Request,
+    db: DbDep,
+    settings: SettingsDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer_scheme)] = None,
+) -> Principal:
+    """A key with the `invoke` scope, checked as `current_principal` checks any key but without the
+    per-key request rate: an endpoint's own queue (`max_queue`, 429) is what bounds its callers, and a
+    model server that refused its tenant's traffic at 600 requests a minute would serve no one."""
+    failures = f"authfail:{client_address(request)}"
+    try:
+        key = bearer_key(request)
+        principal = keys.cached_principal(secret=settings.secret(), key=key)
+    except Unauthorized:
+        await to_thread.run_sync(_failed, failures, settings)
+        raise
+    if principal is None:
+        principal = await to_thread.run_sync(_authenticate, db, settings, key, failures)
+    keys.check_standing(principal)
+    principal.require("invoke")
+    request.state.principal = principal
+    return principal
+
+
 Reader = Annotated[Principal, Depends(reader)]
+Invoker = Annotated[Principal, Depends(invoker)]
 Submitter = Annotated[Principal, Depends(submitter)]
 Admin = Annotated[Principal, Depends(admin)]
 

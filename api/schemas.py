@@ -534,8 +534,8 @@ class PlanUpdate(BaseModel):
 
 # API keys ---------------------------------------------------------------------------------------------
 
-Scope = Literal["read", "submit", "admin"]
-TenantScope = Literal["read", "submit"]
+Scope = Literal["read", "submit", "invoke", "admin"]
+TenantScope = Literal["read", "submit", "invoke"]
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=LINE)]
 
 
@@ -606,7 +606,12 @@ class AdminKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: KeyName
-    scopes: list[TenantScope] | None = Field(None, min_length=1, max_length=2, description="Default: both.")
+    scopes: list[TenantScope] | None = Field(
+        None,
+        min_length=1,
+        max_length=3,
+        description="Default: all three (`invoke`: call inference endpoints).",
+    )
     expires_at: UtcDatetime | None = None
     member_id: Annotated[str, StringConstraints(min_length=1, max_length=40)] | None = Field(
         None, description="The member the key belongs to; default: the tenant's first owner."

@@ -126,6 +126,24 @@ def plan_on_partition(
     return emulator.plan(workload, size, machine_type, pods=len(pods), gw_links=len(pods) > 1), workload
 
 
+def serve_plan_on_partition(
+    spec: dict[str, object], size: int, machine_type: str, *, session: Session | None = None
+) -> tuple[emulator.ServePlan, emulator.WorkloadSpec]:
+    """How a serving replica's model is laid out on the partition it got: what a host agent asks
+    when it takes a replica's attempt, for batches of up to the spec's ``max_batch_size``; raises the
+    emulator's CompileError or WorkloadError when it cannot serve there."""
+    workload = stored_workload_spec(spec["workload"], session=session)  # type: ignore[arg-type]
+    batch = int(spec.get("max_batch_size") or workload.batch_size or 1)  # type: ignore[call-overload]
+    return _serve_plan_cached(workload, size, machine_type, batch), workload
+
+
+@lru_cache(maxsize=1024)
+def _serve_plan_cached(
+    workload: emulator.WorkloadSpec, size: int, machine_type: str, max_batch_size: int
+) -> emulator.ServePlan:
+    return emulator.serve_plan(workload, machine=machine_type, ipus=size, max_batch_size=max_batch_size)
+
+
 _RUNS: dict[tuple[str, bool], emulator.EmulatedRun] = {}
 _RUNS_MAX = 1024
 

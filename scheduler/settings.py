@@ -154,6 +154,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         65536, ge=1024, description="Largest request body accepted (model uploads have their own limit)."
     )
+    infer_max_body_bytes: int = Field(
+        64 * 2**20,
+        ge=1024,
+        le=2**31,
+        description="Largest v2 inference request accepted (JSON or binary tensors).",
+    )
     model_upload_max_bytes: int = Field(
         2 * 2**30,
         ge=1024,

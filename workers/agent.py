@@ -25,6 +25,12 @@ Faults:
 - Shutdown: attempts that end within `IPUCLOUD_WORKER_GRACE_S` finish, the rest are handed back at
   once (ended unbilled and queued again, from a checkpoint taken then), and the lease is released.
 
+Serving replicas (docs/endpoints.md): an endpoint's replica is an attempt like any other (taken,
+billed per tick, ended, handed back), whose run compiles, loads and then serves until the control
+plane drains it. Its requests are answered by `workers/serving.py`, on an asyncio loop of its own
+beside this one; ending the attempt for any reason drains the replica (what it holds is answered,
+what it had not started goes back to the endpoint's queue), losing the lease drops it.
+
 Checkpoints (docs/checkpoints.md): a training attempt notes one every `checkpoint_every_s` of cluster
 time, at its time limit, on shutdown and when warned of a preemption (a notice on the bus: it then
 checkpoints at its next step boundary within the warning and ends itself, to be queued again). The
@@ -58,6 +64,7 @@ from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
 from scheduler.services.checkpoints import CheckpointDue
 from scheduler.settings import Settings
 from workers import faults, ipuof
+from workers.serving import ServingHost
 
 log = logging.getLogger("ipucloud.worker")
 
@@ -188,6 +195,7 @@ class Agent:
         self._retry_delay = 0.0
         self._crash_armed: set[int] = set()
         self._crash_now: set[int] = set()
+        self._serving: ServingHost | None = None
 
     # Life ---------------------------------------------------------------------------------------------
 
@@ -251,6 +259,8 @@ class Agent:
             log.exception("agent %s: its loop failed; everything it ran is left to its lease", self.name)
         finally:
             self._answer_takes("stopping")
+            if self._serving is not None:
+                self._serving.close()
             self._done.set()
 
     def step(self) -> bool:
@@ -431,7 +441,27 @@ class Agent:
         )
         if faults.crash_armed(taken.job_name):
             self._crash_armed.add(taken.attempt_id)
+        if taken.endpoint_id is not None:
+            self._serve(taken, t0)
         self._schedule(r, t0)
+
+    def _serve(self, taken: TakenAttempt, t0: float) -> None:
+        """Hand a replica to the model servers: it takes requests once its run has loaded."""
+        if self._serving is None:
+            self._serving = ServingHost(self.settings.broker_url)
+            self._serving.start()
+        loaded_in = taken.run.run_start_s / self.settings.time_scale - (self.clock() - t0)
+        self._serving.add(
+            attempt_id=taken.attempt_id,
+            endpoint_id=taken.endpoint_id or "",
+            plan=taken.run.plan,  # type: ignore[arg-type]
+            time_scale=self.settings.time_scale,
+            ready_at=time.time() + max(0.0, loaded_in),
+        )
+
+    def _unserve(self, r: _Running) -> None:
+        if r.taken.endpoint_id is not None and self._serving is not None:
+            self._serving.drain(r.taken.attempt_id)
 
     def _ipus_busy(self) -> int:
         return sum(r.taken.partition_size for r in self.running.values())
@@ -543,6 +573,7 @@ class Agent:
 
     def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
         progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
+        self._unserve(r)
         self.running.pop(r.taken.attempt_id, None)
         ipuof.remove_attempt_files(self.settings, r.taken.attempt_id)
         self._crash_armed.discard(r.taken.attempt_id)
@@ -556,6 +587,7 @@ class Agent:
         r = self.running.pop(attempt_id, None)
         if r is not None:
             r.version += 1
+            self._unserve(r)
             ipuof.remove_attempt_files(self.settings, attempt_id)
             log.info("agent %s: attempt %d was ended by the control plane; stopped driving it",
                      self.name, attempt_id)  # fmt: skip
@@ -647,6 +679,8 @@ class Agent:
         for r in self.running.values():
             r.version += 1
             ipuof.remove_attempt_files(self.settings, r.taken.attempt_id)
+        if self._serving is not None:
+            self._serving.drop_all()
         self.running.clear()
         self._timers.clear()
         self._logs, self._bills, self._finishes, self._compiled = [], [], [], []

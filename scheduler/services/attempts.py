@@ -36,6 +36,7 @@ from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
+    SERVE_TASK,
     Attempt,
     AttemptState,
     Job,
@@ -50,6 +51,7 @@ from scheduler.services.agents import AgentLease
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
 from vipu import emulator
+from vipu.emulator.replica import ReplicaRun
 
 TASK_NAME = "ipucloud.run_attempt"
 
@@ -201,7 +203,8 @@ class TakenAttempt:
     gcd: int
     machine_type: str
     started_at: datetime
-    run: emulator.EmulatedRun
+    run: emulator.EmulatedRun | ReplicaRun
+    """A job's run, or a serving replica's (``endpoint_id`` set): compile, load, serve until drained."""
     end_s: float
     """Cluster time at which the agent ends it: the run's end, or `max_runtime_s` if sooner."""
     max_runtime_s: float | None
@@ -210,6 +213,7 @@ class TakenAttempt:
     checkpoint_every_s: float | None = None
     run_base_s: float = 0.0
     unbilled_s: float = 0.0
+    endpoint_id: str | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -297,7 +301,9 @@ def take_many(
             select(Partition).where(Partition.pk.in_({a.partition_pk for a in placed}))
         ).scalars()
     }
-    planned: list[tuple[Attempt, Job, Partition, emulator.Plan, emulator.WorkloadSpec]] = []
+    planned: list[
+        tuple[Attempt, Job, Partition, emulator.Plan | emulator.ServePlan, emulator.WorkloadSpec]
+    ] = []
     for attempt in placed:
         job = jobs[attempt.job_id]
         partition = partitions[attempt.partition_pk]
@@ -319,10 +325,16 @@ def take_many(
             result.refused.append(attempt.id)
             continue
         ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
+        plan: emulator.Plan | emulator.ServePlan
         try:
-            plan, spec = emulation.plan_on_partition(
-                job.spec, len(ipus), partition.machine_type, ipus, session=session
-            )
+            if job.task == SERVE_TASK:
+                plan, spec = emulation.serve_plan_on_partition(
+                    job.spec, len(ipus), partition.machine_type, session=session
+                )
+            else:
+                plan, spec = emulation.plan_on_partition(
+                    job.spec, len(ipus), partition.machine_type, ipus, session=session
+                )
         except (emulator.CompileError, emulator.WorkloadError) as exc:
             add_event(
                 session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
@@ -349,15 +361,20 @@ def take_many(
         session=session, job_ids=[job.id for _, job, _, _, _ in planned if job.task == "train"]
     )
     started_events: list[dict[str, Any]] = []
-    for attempt, job, partition, plan, spec in planned:
+    for attempt, job, partition, planned_plan, spec in planned:
+        plan = planned_plan
         checkpoint = resume_from.get(job.id)
         first_step, run_base = (checkpoint.step, checkpoint.run_s) if checkpoint is not None else (0, 0.0)
         warm = cache_key[attempt.id] in cached
-        try:
-            run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
-        except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
-            first_step, run_base = 0, 0.0
-            run = emulation.emulated_run(plan, spec, cached=warm)
+        run: emulator.EmulatedRun | ReplicaRun
+        if isinstance(plan, emulator.ServePlan):
+            run = ReplicaRun(plan, spec, cached=warm)
+        else:
+            try:
+                run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
+            except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
+                first_step, run_base = 0, 0.0
+                run = emulation.emulated_run(plan, spec, cached=warm)
         # Restoring a checkpoint (compile if need be, load) is the platform's cost, not billed.
         unbilled = run.run_start_s if first_step else 0.0
         end_s = run.total_s
@@ -413,6 +430,7 @@ def take_many(
                 ),
                 run_base_s=run_base,
                 unbilled_s=unbilled,
+                endpoint_id=str(job.spec.get("endpoint")) if job.task == SERVE_TASK else None,
             )
         )
     if started_events:

@@ -30,8 +30,8 @@ LOOKUP_LEN = 12
 SECRET_LEN = 43  # 62**43 > 2**256
 CHECK_LEN = 6
 KEY_LEN = len(PREFIX) + LOOKUP_LEN + SECRET_LEN + CHECK_LEN
-SCOPES = ("read", "submit", "admin")
-TENANT_SCOPES = ("read", "submit")
+SCOPES = ("read", "submit", "invoke", "admin")
+TENANT_SCOPES = ("read", "submit", "invoke")
 
 
 def _b62(n: int, width: int) -> str:

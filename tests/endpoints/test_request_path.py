@@ -1,0 +1,281 @@
+"""The request path alone: the API's v2 routes, the Redis protocol and a host's model servers, with a
+route published by hand (no control plane, no database per request). Real Redis, the real app.
+
+What it proves: answers carry the plan's latency and the graph's output shapes, deterministic for
+the same inputs; batches form under concurrency and never exceed max_batch_size; 429 past
+max_queue; 503 after the cold start timeout with no replica; a replica's requests in flight are
+answered 503 once and never twice when it is gone; malformed tensors get 400 in the protocol's shape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from scheduler import inference
+from scheduler.inference import Route
+from vipu import emulator
+from workers.serving import ServingHost
+
+ENDPOINT = "ep_path1"
+TIME_SCALE = 100.0
+
+
+def _plan(model: str = "resnet50", batch: int = 8) -> emulator.ServePlan:
+    spec = emulator.WorkloadSpec(model=model, task="infer", precision="fp16")
+    return emulator.serve_plan(spec, machine="m2000", ipus=1, max_batch_size=batch)
+
+
+def _route(plan: emulator.ServePlan, tenant_id: str, **over: Any) -> Route:
+    values: dict[str, Any] = {
+        "endpoint_id": ENDPOINT,
+        "tenant_id": tenant_id,
+        "name": "classifier",
+        "state": "ready",
+        "signature": plan.signature.to_dict(),
+        "max_batch_size": plan.max_batch_size,
+        "max_wait_ms": 2.0,
+        "max_queue": 1000,
+        "cold_start_timeout_s": 60.0,
+    }
+    values.update(over)
+    return Route(**values)
+
+
+@pytest.fixture
+def tenant(client: Any, seeded: Any) -> tuple[str, str]:
+    r = client.post(
+        "/api/v1/admin/tenants",
+        json={"name": "servers", "plan": "standard", "quota_ipu_hours": 100},
+        headers={"Authorization": f"Bearer {seeded.admin_key}"},
+    )
+    assert r.status_code == 201, r.text
+    return r.json()["id"], r.json()["api_key"]
+
+
+@pytest.fixture
+def scaled(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from tests.support.services import reload_settings
+
+    monkeypatch.setenv("IPUCLOUD_TIME_SCALE", str(TIME_SCALE))
+    reload_settings(runtime)
+    return runtime
+
+
+@pytest.fixture
+def host(scaled: Any) -> Iterator[ServingHost]:
+    h = ServingHost(scaled.settings.broker_url)
+    h.start()
+    yield h
+    h.close()
+
+
+def _image(batch: int, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((batch, 3, 224, 224)).astype(np.float16)
+    return {
+        "name": "images",
+        "datatype": "FP16",
+        "shape": list(data.shape),
+        "data": data.reshape(-1).tolist(),
+    }
+
+
+def _infer(client: Any, key: str, inputs: list[dict[str, Any]], **extra: Any) -> Any:
+    return client.post(
+        f"/api/v1/endpoints/{ENDPOINT}/v2/models/classifier/infer",
+        json={"inputs": inputs, **extra},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+def _timing(header: str) -> dict[str, float]:
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_answers_carry_the_plans_latency_and_the_graphs_outputs(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any
+) -> None:
+    tenant_id, key = tenant
+    plan = _plan()
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0))
+    host.add(attempt_id=7, endpoint_id=ENDPOINT, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+    auth = {"Authorization": f"Bearer {key}"}
+    meta = client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/models/classifier", headers=auth)
+    assert meta.status_code == 200
+    assert meta.json()["inputs"] == [{"name": "images", "datatype": "FP16", "shape": [-1, 3, 224, 224]}]
+    deadline = time.time() + 10
+    while client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready", headers=auth).status_code != 200:
+        assert time.time() < deadline, "the replica never became ready"
+        time.sleep(0.05)
+
+    first = _infer(client, key, [_image(2)])
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["model_name"] == "classifier"
+    (out,) = body["outputs"]
+    assert out["name"] == "logits" and out["shape"] == [2, 1000] and len(out["data"]) == 2000
+    timing = _timing(first.headers["server-timing"])
+    times = plan.times(2)
+    assert timing["ipu"] == pytest.approx(times.device_s * 1000, rel=1e-3)
+    assert timing["host"] == pytest.approx((times.host_call_s + times.host_s) * 1000, rel=1e-3)
+    assert first.headers["x-ipucloud-batch-size"] == "2"
+    assert first.headers["x-ipucloud-replica"] == "7"
+    # The same inputs give the same outputs; other inputs others.
+    again = _infer(client, key, [_image(2)])
+    assert again.json()["outputs"][0]["data"] == out["data"]
+    other = _infer(client, key, [_image(2, seed=1)])
+    assert other.json()["outputs"][0]["data"] != out["data"]
+
+
+def test_concurrent_requests_form_batches_within_max_batch_size(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any
+) -> None:
+    tenant_id, key = tenant
+    plan = _plan(batch=4)
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=500.0))
+    host.add(attempt_id=8, endpoint_id=ENDPOINT, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda i: _infer(client, key, [_image(1, i)]), range(32)))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    sizes = [int(r.headers["x-ipucloud-batch-size"]) for r in replies]
+    assert max(sizes) <= 4
+    assert max(sizes) > 1, "concurrent requests were never batched"
+    for r in replies:
+        t = _timing(r.headers["server-timing"])
+        assert t["batch"] <= 500.0 + 1e-6
+        b = int(r.headers["x-ipucloud-batch-size"])
+        assert t["ipu"] == pytest.approx(plan.times(b).device_s * 1000, rel=1e-3)
+    time.sleep(0.6)  # the replica's counters are written a few times a second
+    w = inference.windows(scaled.redis, [ENDPOINT])[ENDPOINT]
+    assert w.answered == 32 and w.requests == 32
+    assert 1 < w.mean_batch <= 4
+    assert w.p50_ms is not None and w.p99_ms is not None and w.p50_ms <= w.p99_ms
+    assert w.ready_replicas == 1
+
+
+def test_a_full_queue_answers_429_with_retry_after(client: Any, tenant: tuple[str, str], scaled: Any) -> None:
+    tenant_id, key = tenant
+    plan = _plan()
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, max_queue=2, cold_start_timeout_s=1.0))
+    # No replica: the first two wait in the queue, the third finds it full.
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(_infer(client, key, [_image(1)]))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 5
+    while scaled.redis.llen(inference.queue_key(ENDPOINT)) < 2:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    full = _infer(client, key, [_image(1)])
+    assert full.status_code == 429
+    assert int(full.headers["retry-after"]) >= 1
+    assert "queue is full" in full.json()["error"]
+    for t in threads:
+        t.join()
+    # Nobody served them within the cold start timeout: 503, with Retry-After.
+    assert [r.status_code for r in results] == [503, 503]
+    assert "cold start" in results[0].json()["error"]
+    assert int(results[0].headers["retry-after"]) >= 1
+    w = inference.windows(scaled.redis, [ENDPOINT])[ENDPOINT]
+    assert w.rejected_429 == 1 and w.cold_starts == 2
+
+
+def test_a_lost_replicas_requests_are_answered_503_once(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any
+) -> None:
+    tenant_id, key = tenant
+    # A slow model at a slow clock: the batch is in flight for long enough to lose its replica.
+    spec = emulator.WorkloadSpec(model="bert-large", task="infer", seq_len=384, precision="fp16")
+    plan = emulator.serve_plan(spec, machine="m2000", ipus=4, max_batch_size=4)
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, name="classifier", max_wait_ms=0.0))
+    host.add(attempt_id=9, endpoint_id=ENDPOINT, plan=plan, time_scale=plan.latency_s(1) / 3.0,
+             ready_at=time.time())  # fmt: skip
+    ids = np.zeros((1, 384), dtype=np.int64).reshape(-1).tolist()
+    inputs = [{"name": n, "datatype": "INT64", "shape": [1, 384], "data": ids}
+              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_infer(client, key, inputs)))
+    t.start()
+    inflight = inference.inflight_key(ENDPOINT, 9)
+    deadline = time.time() + 5
+    while scaled.redis.llen(inflight) == 0:
+        assert time.time() < deadline, "the request never reached the replica"
+        time.sleep(0.01)
+    host.drop(9)  # its host's lease is gone: it answers nothing more
+    assert inference.reap_inflight(scaled.redis, ENDPOINT, live_attempt_ids=[]) == 1
+    t.join(10)
+    assert result and result[0].status_code == 503
+    assert "lost" in result[0].json()["error"]
+    assert inference.reap_inflight(scaled.redis, ENDPOINT, live_attempt_ids=[]) == 0
+    # The answer the dropped replica would have sent never comes: the reply list stays empty.
+    time.sleep(3.5)
+    assert scaled.redis.keys(inference.REPLY_PREFIX + "*") == []
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([{"name": "images", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": [0.0]}], "datatype"),
+        ([{"name": "images", "datatype": "FP16", "shape": [1, 3, 224], "data": [0.0]}], "shape"),
+        ([{"name": "images", "datatype": "FP16", "shape": [1, 3, 224, 224], "data": [0.0, 1.0]}], "elements"),
+        (
+            [{"name": "images", "datatype": "FP16", "shape": [1, 3, 224, 224], "data": ["x"] * 150528}],
+            "numbers",
+        ),
+        (
+            [{"name": "pixels", "datatype": "FP16", "shape": [1, 3, 224, 224], "data": [0.0]}],
+            "unexpected input",
+        ),
+        ([{"name": "images", "datatype": "FP16", "shape": [9, 3, 224, 224], "data": [0.0]}], "at most"),
+        (
+            [{"name": "images", "datatype": "FP16", "shape": [1, 3, 224, 224], "data": [[1.0], [1.0, 2.0]]}],
+            "ragged",
+        ),
+    ],
+)
+def test_malformed_tensors_get_400_in_the_protocols_shape(
+    client: Any, tenant: tuple[str, str], scaled: Any, inputs: list[dict[str, Any]], message: str
+) -> None:
+    tenant_id, key = tenant
+    inference.publish_route(scaled.redis, _route(_plan(), tenant_id))
+    r = _infer(client, key, inputs)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]
+    assert scaled.redis.llen(inference.queue_key(ENDPOINT)) == 0
+
+
+def test_other_tenants_and_keys_without_invoke_see_nothing(
+    client: Any, tenant: tuple[str, str], seeded: Any, scaled: Any
+) -> None:
+    tenant_id, key = tenant
+    inference.publish_route(scaled.redis, _route(_plan(), tenant_id))
+    admin = {"Authorization": f"Bearer {seeded.admin_key}"}
+    other = client.post("/api/v1/admin/tenants", json={"name": "others", "plan": "standard"}, headers=admin)
+    other_key = other.json()["api_key"]
+    for path in ("v2/models/classifier", "v2/health/ready"):
+        r = client.get(
+            f"/api/v1/endpoints/{ENDPOINT}/{path}", headers={"Authorization": f"Bearer {other_key}"}
+        )
+        assert r.status_code == 404, r.text
+    assert _infer(client, other_key, [_image(1)]).status_code == 404
+    reader = client.post(
+        "/api/v1/keys",
+        json={"name": "reader", "scopes": ["read"]},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert reader.status_code == 201, reader.text
+    r = _infer(client, reader.json()["api_key"], [_image(1)])
+    assert r.status_code == 403
