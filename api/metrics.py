@@ -165,6 +165,79 @@ class FleetCollector(Collector):
         yield hist
 
 
+class EndpointCollector(Collector):
+    """Every inference endpoint's last minute, read from its Redis counters on every scrape (the same
+    figures `GET /api/v1/endpoints/{id}/metrics` answers): the replicas and the API processes write
+    them, so any API process reports the whole endpoint."""
+
+    WINDOW_S = 60.0
+
+    def collect(self) -> Iterator[Metric]:
+        from scheduler import inference
+        from scheduler.runtime import current
+
+        try:
+            r = current().redis
+            keys = list(r.scan_iter(match=inference.PREFIX + "*:route", count=500))
+            routes = [inference.Route.from_json(raw) for raw in (r.mget(keys) if keys else []) if raw]
+            stats = inference.windows(r, [x.endpoint_id for x in routes], self.WINDOW_S)
+        except Exception as exc:
+            log.warning("endpoint metrics unavailable: %s", exc)
+            return
+        labels = ["endpoint", "name", "tenant"]
+        families = {
+            "rps": GaugeMetricFamily(
+                "ipucloud_endpoint_requests_per_second",
+                "Requests answered per second, last minute",
+                labels=labels,
+            ),
+            "latency": GaugeMetricFamily(
+                "ipucloud_endpoint_latency_ms",
+                "Emulated latency (queue + batch + host + IPU) of the last minute's answers, by quantile",
+                labels=[*labels, "quantile"],
+            ),
+            "batch": GaugeMetricFamily(
+                "ipucloud_endpoint_mean_batch", "Mean batch, last minute", labels=labels
+            ),
+            "queue": GaugeMetricFamily(
+                "ipucloud_endpoint_queue_delay_ms",
+                "Mean time in queue and batching, last minute",
+                labels=labels,
+            ),
+            "replicas": GaugeMetricFamily(
+                "ipucloud_endpoint_ready_replicas", "Replicas serving now", labels=labels
+            ),
+            "queued": GaugeMetricFamily("ipucloud_endpoint_queued", "Requests waiting now", labels=labels),
+            "rejected": GaugeMetricFamily(
+                "ipucloud_endpoint_rejected_last_minute",
+                "Requests refused in the last minute: 429 (queue full), 503 (no replica in time, or lost)",
+                labels=[*labels, "status"],
+            ),
+            "cold": GaugeMetricFamily(
+                "ipucloud_endpoint_cold_starts_last_minute",
+                "Requests that arrived with no replica serving, last minute",
+                labels=labels,
+            ),
+        }
+        for route in routes:
+            w = stats.get(route.endpoint_id)
+            if w is None:
+                continue
+            key = [route.endpoint_id, route.name, route.tenant_id]
+            families["rps"].add_metric(key, w.rps)
+            for q, v in (("0.5", w.p50_ms), ("0.9", w.p90_ms), ("0.99", w.p99_ms)):
+                if v is not None:
+                    families["latency"].add_metric([*key, q], v)
+            families["batch"].add_metric(key, w.mean_batch)
+            families["queue"].add_metric(key, w.queue_delay_ms)
+            families["replicas"].add_metric(key, w.ready_replicas)
+            families["queued"].add_metric(key, w.queued)
+            families["rejected"].add_metric([*key, "429"], w.rejected_429)
+            families["rejected"].add_metric([*key, "503"], w.unavailable_503)
+            families["cold"].add_metric(key, w.cold_starts)
+        yield from families.values()
+
+
 def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
 
@@ -173,6 +246,7 @@ def _bound(value: float) -> str:
 # these stay module-level; they read the process's runtime (`scheduler.runtime.current()`) at scrape.
 _cluster = ClusterCollector()
 _fleet = FleetCollector()
+_endpoints = EndpointCollector()
 _registered = False
 _lock = threading.Lock()
 
@@ -184,10 +258,12 @@ def registry() -> CollectorRegistry:
         multiprocess.MultiProcessCollector(reg)
         reg.register(_cluster)
         reg.register(_fleet)
+        reg.register(_endpoints)
         return reg
     with _lock:
         if not _registered:
             REGISTRY.register(_cluster)
             REGISTRY.register(_fleet)
+            REGISTRY.register(_endpoints)
             _registered = True
     return REGISTRY

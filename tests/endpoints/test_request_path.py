@@ -162,6 +162,13 @@ def test_concurrent_requests_form_batches_within_max_batch_size(
     assert 1 < w.mean_batch <= 4
     assert w.p50_ms is not None and w.p99_ms is not None and w.p50_ms <= w.p99_ms
     assert w.ready_replicas == 1
+    # Prometheus reads the same counters: any API process reports the whole endpoint.
+    text = client.get("/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("ipucloud_endpoint_ready_replicas{"))
+    assert f'endpoint="{ENDPOINT}"' in line and line.endswith(" 1.0")
+    assert any(
+        x.startswith("ipucloud_endpoint_latency_ms{") and 'quantile="0.99"' in x for x in text.splitlines()
+    )
 
 
 def test_a_full_queue_answers_429_with_retry_after(client: Any, tenant: tuple[str, str], scaled: Any) -> None:
