@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
+from api.inference import FastInfer
 from api.metrics import LATENCY, REQUESTS
 from api.routers import (
     admin,
@@ -246,6 +247,9 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             )
         },
     )
+
+    # Outermost of all (added last): v2 infer calls from keys in the cache skip the stack below.
+    app.add_middleware(FastInfer)
 
     for module in (
         jobs,

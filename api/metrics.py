@@ -179,7 +179,8 @@ class EndpointCollector(Collector):
         try:
             r = current().redis
             keys = list(r.scan_iter(match=inference.PREFIX + "*:route", count=500))
-            routes = [inference.Route.from_json(raw) for raw in (r.mget(keys) if keys else []) if raw]
+            raws: list[bytes | None] = list(r.mget(keys)) if keys else []  # type: ignore[arg-type]
+            routes = [inference.Route.from_json(raw) for raw in raws if raw]
             stats = inference.windows(r, [x.endpoint_id for x in routes], self.WINDOW_S)
         except Exception as exc:
             log.warning("endpoint metrics unavailable: %s", exc)

@@ -321,6 +321,9 @@ def bin_ms(b: int) -> float:
     return HIST_RATIO ** (b + 0.5) / 1000.0
 
 
+_FLOAT_FIELDS = frozenset({"queue_ms", "latency_ms"})
+
+
 @dataclass
 class Counts:
     """Counters gathered in memory and written in one pipeline: ``add`` per batch, ``flush`` a few times
@@ -355,10 +358,11 @@ class Counts:
         for (endpoint_id, bucket), f in fields.items():
             key = counter_key(endpoint_id, bucket)
             for name, n in f.items():
-                if float(n).is_integer():
-                    pipe.hincrby(key, name, int(n))
-                else:
+                # A hash field takes integer or float increments, never both.
+                if name in _FLOAT_FIELDS:
                     pipe.hincrbyfloat(key, name, float(n))
+                else:
+                    pipe.hincrby(key, name, int(n))
             pipe.expire(key, COUNTER_TTL_S)
 
 

@@ -261,6 +261,13 @@ def test_malformed_tensors_get_400_in_the_protocols_shape(
     r = _infer(client, key, inputs)
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]
+    # The key is now in the cache: the same request takes the fast path and gets the same answer.
+    again = _infer(client, key, inputs)
+    assert (again.status_code, again.json(), again.headers["content-type"]) == (
+        400,
+        r.json(),
+        r.headers["content-type"],
+    )
     assert scaled.redis.llen(inference.queue_key(ENDPOINT)) == 0
 
 
