@@ -523,8 +523,8 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
         raise InferError(503, f"endpoint {route.name} is {route.state}: it takes no requests", 30.0)
     parsed = parse_request(body, header_length, signature_of_route(route), route.max_batch_size)
     g = gateway(runtime)
-    # The cold start timeout is in cluster seconds, as compile and load times are.
-    cold = max(route.cold_start_timeout_s, 0.0) / runtime.settings.time_scale
+    # The cold start timeout is wall seconds: how long a caller is kept waiting, whatever the time scale.
+    cold = max(route.cold_start_timeout_s, 0.0)
     # Nobody waits past this: a replica that takes the request later drops it unanswered.
     deadline = time.time() + cold + REPLY_GRACE_S
     rid, fut, ready = await g.submit(route, parsed.rows, deadline)
