@@ -289,10 +289,8 @@ def reap_inflight(r: redis.Redis, endpoint_id: str, live_attempt_ids: Iterable[i
             continue
         if attempt_id in live:
             continue
-        n = int(scripts.fail_inflight(keys=[name], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]))
-        if n:
-            r.hincrby(counter_key(endpoint_id, bucket_of(time.time())), "unavailable_503", n)
-        failed += n
+        # The API process that answers each of them 503 counts it (`unavailable_503`), once.
+        failed += int(scripts.fail_inflight(keys=[name], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]))
         r.zrem(ready_key(endpoint_id), attempt_id)
     return failed
 

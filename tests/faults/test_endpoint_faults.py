@@ -104,8 +104,8 @@ def test_a_sigkilled_agents_replica_is_replaced_and_nothing_is_answered_twice(
             t.join(60)
         with cloud.http(key) as c:
             assert c.delete(f"/api/v1/endpoints/{eid}").status_code == 200
-            wait_for("the endpoint to stop", lambda: c.get(f"/api/v1/endpoints/{eid}").json()["state"] == "stopped",
-                     timeout=60)  # fmt: skip
+            stopped = lambda: c.get(f"/api/v1/endpoints/{eid}").json()["state"] == "stopped"  # noqa: E731
+            wait_for("the endpoint to stop", stopped, timeout=60)
         window = inference.windows(current().redis, [eid], seconds=600)[eid]
 
     codes = Counter(code for code, _ in outcomes)
@@ -126,5 +126,5 @@ def test_a_sigkilled_agents_replica_is_replaced_and_nothing_is_answered_twice(
     assert states["lost"] == 1, states
     assert outcome.attempts.get("lost") == 1
     print(
-        f"\n[faults] endpoint: replica replaced {recovered_s:.2f} s after SIGKILL; {dict(codes)}; owner {owner(first)}"
+        f"\n[faults] endpoint: {owner(first)}'s replica replaced in {recovered_s:.2f} s; {dict(codes)}"
     )
