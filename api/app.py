@@ -16,7 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
-from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, sessions, trials, usage
+from api.routers import (
+    admin,
+    admin_tenants,
+    catalogue,
+    endpoints,
+    health,
+    jobs,
+    keys,
+    models,
+    sessions,
+    trials,
+    usage,
+)
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
@@ -215,7 +227,19 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         overrides={("POST", "/api/v1/models"): upload_limit, ("POST", "/models/upload"): upload_limit},
     )
 
-    for module in (jobs, sessions, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
+    for module in (
+        jobs,
+        sessions,
+        endpoints,
+        catalogue,
+        models,
+        usage,
+        keys,
+        trials,
+        admin,
+        admin_tenants,
+        health,
+    ):
         app.include_router(module.router)
 
     app.include_router(apidocs.router)
