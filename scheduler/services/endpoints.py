@@ -663,7 +663,9 @@ def replicas_of(
                 select(Partition.pk, Partition.name).where(
                     Partition.pk.in_({a.partition_pk for a in current.values()})
                 )
-            ).tuples()
+            )
+            .tuples()
+            .all()
         )
         if current
         else {}
@@ -1004,7 +1006,7 @@ def serve_pass(
         .where(
             Job.endpoint_id.in_(ids),
             Job.state.in_(tuple(FINAL_JOB_STATES)),
-            Job.finished_at >= oldest_check,
+            Job.finished_at > oldest_check,
             Job.cancel_requested.is_(False),
         )
         .order_by(Job.id)
@@ -1018,7 +1020,14 @@ def serve_pass(
         checked = ep.checked_at or ep.created_at
         replicas = live[ep.id]
         # Replicas that ended by themselves since the last pass: replaced, unless the grant is spent.
-        gone = [j for j in ended.get(ep.id, []) if j.finished_at is not None and j.finished_at >= checked]
+        gone = [j for j in ended.get(ep.id, []) if j.finished_at is not None and j.finished_at > checked]
+        fault_at = faulted.get(ep.id)
+        # The watermark is the latest end looked at (the clocks that wrote them), not this pass's now:
+        # an end is looked at once, whichever process's clock stamped it.
+        seen = [checked, *(j.finished_at for j in gone if j.finished_at is not None)]
+        if fault_at is not None and fault_at > checked:
+            seen.append(fault_at)
+        ep.checked_at = max(seen)
         quota = next((j for j in gone if j.state == JobState.FAILED and "grant" in (j.reason or "")), None)
         if quota is not None:
             _drain(session, [r.job for r in replicas], f"endpoint {ep.name} stopped: the grant is spent")
@@ -1042,7 +1051,7 @@ def serve_pass(
             result.stopped.append((ep.id, "failed"))
             result.routes.append(RouteFields.of(ep))
             continue
-        if gone or ep.id in faulted:
+        if gone or (fault_at is not None and fault_at > checked):
             ep.degraded_since = ep.degraded_since or now
         current = [r for r in replicas if _matches(r.job, ep) and r.state != "draining"]
         stale = [r for r in replicas if not _matches(r.job, ep) and r.state != "draining"]
@@ -1074,7 +1083,6 @@ def serve_pass(
             stale = []
         ready = ready_now + sum(1 for r in stale if r.state == "ready")
         _set_state(ep, scaled.desired, ready, len(current) + len(stale), why)
-        ep.checked_at = now
         if (ep.state, ep.reason) != before:
             ep.updated_at = now
         if ep.state != before[0] or refresh_routes:
@@ -1086,7 +1094,9 @@ def serve_pass(
                 select(Tenant.id, Plan)
                 .join(Plan, Plan.name == Tenant.plan_name)
                 .where(Tenant.id.in_({ep.tenant_id for ep, _ in grow}))
-            ).tuples()
+            )
+            .tuples()
+            .all()
         )
         for ep, n in sorted(grow, key=lambda g: (g[0].tenant_id, g[0].id)):
             tenant = _lock_tenant(session, ep.tenant_id)
@@ -1105,21 +1115,22 @@ def serve_pass(
     return result
 
 
-def _faulted_since(session: Session, endpoint_ids: Sequence[str], since: datetime) -> set[str]:
-    """Endpoints a replica of which lost its attempt to a platform fault (a lost agent, a failed
-    machine, a preemption) since `since`: its job queued again, to be placed anew."""
+def _faulted_since(session: Session, endpoint_ids: Sequence[str], since: datetime) -> dict[str, datetime]:
+    """Per endpoint, the latest end after `since` of a replica's attempt that a platform fault ended (a
+    lost agent, a failed machine, a preemption): its job is queued again, to be placed anew."""
     return {
-        str(e)
-        for e in session.execute(
-            select(Job.endpoint_id)
+        str(e): at
+        for e, at in session.execute(
+            select(Job.endpoint_id, func.max(Attempt.ended_at))
             .join(Attempt, Attempt.job_id == Job.id)
             .where(
                 Job.endpoint_id.in_(list(endpoint_ids)),
                 Attempt.state.in_(tuple(PLATFORM_FAULT_STATES)),
-                Attempt.ended_at >= since,
+                Attempt.ended_at > since,
             )
-            .distinct()
-        ).scalars()
+            .group_by(Job.endpoint_id)
+        ).tuples()
+        if at is not None
     }
 
 
