@@ -103,16 +103,34 @@ def _inference() -> Any:
 
 
 class WindowLike(Protocol):
-    """What the autoscaler reads of `inference.Window`: the endpoint's last minute."""
+    """`inference.Window`, the endpoint's last minute, as this module reads it."""
 
     @property
     def requests(self) -> int: ...
     @property
+    def answered(self) -> int: ...
+    @property
+    def rejected_429(self) -> int: ...
+    @property
+    def unavailable_503(self) -> int: ...
+    @property
+    def cold_starts(self) -> int: ...
+    @property
+    def rps(self) -> float: ...
+    @property
+    def mean_batch(self) -> float: ...
+    @property
     def queue_delay_ms(self) -> float: ...
+    @property
+    def p50_ms(self) -> float: ...
+    @property
+    def p90_ms(self) -> float: ...
+    @property
+    def p99_ms(self) -> float: ...
     @property
     def queued(self) -> int: ...
     @property
-    def rps(self) -> float: ...
+    def ready_replicas(self) -> int: ...
 
 
 def read_windows(
@@ -979,7 +997,7 @@ def serve_pass(
     session: Session,
     now: datetime,
     time_scale: float,
-    windows: Mapping[str, Any],
+    windows: Mapping[str, WindowLike],
     refresh_routes: bool = False,
 ) -> ServeResult:
     """Scale, replace, stop and roll up every live endpoint (the scheduler leader's transaction).
@@ -1168,7 +1186,7 @@ def _minute(t: datetime) -> datetime:
 def _roll_up(
     session: Session,
     rows: Sequence[Endpoint],
-    windows: Mapping[str, Any],
+    windows: Mapping[str, WindowLike],
     live: Mapping[str, Sequence[Replica]],
     now: datetime,
 ) -> int:
@@ -1280,7 +1298,7 @@ class WindowView(TypedDict):
     ready_replicas: int
 
 
-def window_json(w: Any) -> WindowView | None:
+def window_json(w: WindowLike | None) -> WindowView | None:
     if w is None:
         return None
     return {
