@@ -147,18 +147,18 @@ class Session(SessionHelpers, Model):
 class Endpoint(Model):
     """An inference endpoint. `url` is the base of its Open Inference Protocol (KServe v2) routes."""
 
-    id: str | None = None
-    name: str | None = None
-    url: str | None = None
-    model: str | None = None
+    id: str
+    name: str
+    url: str
+    model: str
     model_id: str | None = None
-    state: str | None = None
+    state: str
     reason: str | None = None
     machine: str | None = None
     ipus_per_replica: int | None = None
     ipus_requested: str | None = None
     workload: dict[str, Any] = Field(default_factory=dict)
-    replicas: EndpointReplicas | None = None
+    replicas: EndpointReplicas
     autoscaling: dict[str, Any] = Field(default_factory=dict)
     batching: dict[str, Any] = Field(default_factory=dict)
     max_queue: int | None = None
@@ -522,10 +522,10 @@ class SessionEvent(Model):
 
 
 class EndpointReplicas(Model):
-    min: int | None = None
-    max: int | None = None
-    desired: int | None = None
-    ready: int | None = None
+    min: int
+    max: int
+    desired: int
+    ready: int
 
 
 class ServePlan(Model):
