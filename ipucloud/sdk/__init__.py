@@ -19,6 +19,8 @@ from ipucloud.sdk.errors import (
 )
 from ipucloud.sdk.models import (
     FINAL_STATES,
+    Endpoint,
+    EndpointMetrics,
     Estimate,
     Fleet,
     Job,
@@ -43,6 +45,8 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "ConflictError",
+    "Endpoint",
+    "EndpointMetrics",
     "Estimate",
     "Fleet",
     "InvalidRequestError",

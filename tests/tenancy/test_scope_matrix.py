@@ -29,9 +29,11 @@ from fastapi.testclient import TestClient
 
 from api.dashboard import admin_pages, model_pages, routes, session_pages, sessions, tenant_pages
 from scheduler.db import Database
+from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import (
     ApiKey,
+    Endpoint,
     IpuSession,
     Job,
     Machine,
@@ -40,6 +42,7 @@ from scheduler.models import (
     Partition,
     TrialApplication,
 )
+from scheduler.services import endpoints as endpoint_service
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
@@ -49,7 +52,8 @@ from tests.support.services import Seeded, reload_settings
 from vipu.topology import rack_id
 
 MODEL = onnx_files.mlp(hidden=32, layers=2, features=16)
-ROLES = ("read", "submit", "member", "owner", "admin", "suspended", "revoked")
+# `invoke`: a key with only that scope, which calls the tenant's inference endpoints and nothing else.
+ROLES = ("read", "submit", "invoke", "member", "owner", "admin", "suspended", "revoked")
 OK, FORBIDDEN, SIGNED_OUT, NOT_FOUND = "ok", "forbidden", "signed out", "not found"
 JOB = {"name": "m", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
 R50_FORM = {"model": "resnet50", "task": "train", "batch_size": "64", "steps": "20", "ipus": "4"}
@@ -63,6 +67,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "read": {
         "read": OK,
         "submit": FORBIDDEN,
+        "invoke": FORBIDDEN,
         "member": OK,
         "owner": OK,
         "admin": OK,
@@ -72,6 +77,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "submit": {
         "read": FORBIDDEN,
         "submit": OK,
+        "invoke": FORBIDDEN,
         "member": OK,
         "owner": OK,
         "admin": OK,
@@ -79,6 +85,17 @@ CLASSES: dict[str, dict[str, str]] = {
         "revoked": SIGNED_OUT,
     },
     "admin": {**dict.fromkeys(ROLES, FORBIDDEN), "admin": OK, "revoked": SIGNED_OUT},
+    # The v2 inference routes (api/inference.py): every key that may invoke, which submit keys may.
+    "invoke": {
+        "read": FORBIDDEN,
+        "submit": OK,
+        "invoke": OK,
+        "member": OK,
+        "owner": OK,
+        "admin": OK,
+        "suspended": FORBIDDEN,
+        "revoked": SIGNED_OUT,
+    },
 }
 
 
@@ -95,6 +112,7 @@ class World:
     suspended_tenant: str = ""
     job: str = ""
     session: str = ""
+    endpoint: str = ""
     ended_job_id: str = ""
     partition: str = "matrix-kept"
     application: str = ""
@@ -113,6 +131,13 @@ class World:
     def new_job(self) -> str:
         with self.db.write() as s:
             return jobs.submit_job(session=s, tenant_id=self.tenant, spec=JobSpec.model_validate(JOB)).job.id
+
+    def new_endpoint(self) -> str:
+        with self.db.write() as s:
+            spec = EndpointSpec.model_validate(
+                {"name": self.unique("ep"), "model": "resnet50", "replicas": {"min": 0, "max": 1}}
+            )
+            return endpoint_service.create_endpoint(session=s, tenant_id=self.tenant, spec=spec).id
 
     def new_session(self, **fields: Any) -> str:
         with self.db.write() as s:
@@ -215,7 +240,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
         _, w.keys["member"] = keys.create_key(
             session=s, secret=secret, tenant_id=w.tenant, name="m", member_id=member.id
         )
-        for scope in ("read", "submit"):
+        for scope in ("read", "submit", "invoke"):
             _, w.keys[scope] = keys.create_key(
                 session=s,
                 secret=secret,
@@ -234,6 +259,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
     w.keys["admin"] = seeded.admin_key
     w.job = w.new_job()
     w.session = w.new_session()
+    w.endpoint = w.new_endpoint()
     w.ended_job_id = w.ended_job()
     w.application = w.new_application()
     w.model_file = model_file
@@ -390,6 +416,27 @@ def _end_session(w: World) -> Call:
     return Call(f"/api/v1/sessions/{session_id}", unchanged=_session_live(w, session_id))
 
 
+def _endpoint_live(w: World, endpoint_id: str, max_queue: int = 256) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            row = s.get(Endpoint, endpoint_id)
+            return row.state != "stopped" and row.max_queue == max_queue
+
+    return check
+
+
+def _change_endpoint(w: World) -> Call:
+    endpoint_id = w.new_endpoint()
+    return Call(
+        f"/api/v1/endpoints/{endpoint_id}", {"max_queue": 7}, unchanged=_endpoint_live(w, endpoint_id)
+    )
+
+
+def _delete_endpoint(w: World) -> Call:
+    endpoint_id = w.new_endpoint()
+    return Call(f"/api/v1/endpoints/{endpoint_id}", unchanged=_endpoint_live(w, endpoint_id))
+
+
 def _delete_key(w: World) -> Call:
     key_id = w.new_key()
     return Call(f"/api/v1/keys/{key_id}", unchanged=_key_live(w, key_id))
@@ -483,6 +530,21 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("POST", "/api/v1/jobs/{job_id}/resume"): ("submit", _resume),
     ("GET", "/api/v1/jobs/{job_id}/logs"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}/logs")),
     ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
+    ("POST", "/api/v1/endpoints"): (
+        "submit",
+        lambda w: Call(
+            "/api/v1/endpoints",
+            {"name": w.unique("ep"), "model": "resnet50", "replicas": {"min": 0, "max": 1}},
+        ),
+    ),
+    ("GET", "/api/v1/endpoints"): ("read", lambda w: Call("/api/v1/endpoints")),
+    ("GET", "/api/v1/endpoints/{endpoint_id}"): ("read", lambda w: Call(f"/api/v1/endpoints/{w.endpoint}")),
+    ("GET", "/api/v1/endpoints/{endpoint_id}/metrics"): (
+        "read",
+        lambda w: Call(f"/api/v1/endpoints/{w.endpoint}/metrics"),
+    ),
+    ("PATCH", "/api/v1/endpoints/{endpoint_id}"): ("submit", _change_endpoint),
+    ("DELETE", "/api/v1/endpoints/{endpoint_id}"): ("submit", _delete_endpoint),
     ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
     ("GET", "/api/v1/sessions/{session_id}"): ("read", lambda w: Call(f"/api/v1/sessions/{w.session}")),
     ("PATCH", "/api/v1/sessions/{session_id}"): ("submit", _extend_session),
@@ -614,6 +676,7 @@ API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},
+    ("POST", "/api/v1/endpoints"): {"admin": FORBIDDEN},
     ("GET", "/api/v1/usage"): {"admin": FORBIDDEN},
     # Models belong to a tenant.
     ("POST", "/api/v1/models"): {"admin": FORBIDDEN},
