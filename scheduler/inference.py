@@ -308,7 +308,7 @@ def reap_inflight(
     for attempt_id in sorted(members - live):
         since = doomed.get(attempt_id)
         if since is None:
-            r.hset(doomed_key(endpoint_id), str(attempt_id), now)
+            r.hset(doomed_key(endpoint_id), str(attempt_id), str(now))
             continue
         if now - since < grace_s:
             continue

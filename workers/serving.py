@@ -157,7 +157,7 @@ class ServingHost:
         try:
             assert self._redis is not None
             # Listed before it takes anything, so that the control plane can find what it holds if it is lost.
-            await self._redis.sadd(inference.replicas_key(replica.endpoint_id), replica.attempt_id)
+            await self._redis.sadd(inference.replicas_key(replica.endpoint_id), replica.attempt_id)  # type: ignore[misc]
         except Exception as exc:
             log.warning(
                 "serving: replica %d could not be listed (%s); it serves anyway", replica.attempt_id, exc
@@ -203,7 +203,7 @@ class ServingHost:
             # Oldest first back to the queue's right end, where replicas take from: they keep their turn.
             while await r.lmove(inflight, queue, "LEFT", "RIGHT") is not None:
                 pass
-            await r.srem(inference.replicas_key(replica.endpoint_id), replica.attempt_id)
+            await r.srem(inference.replicas_key(replica.endpoint_id), replica.attempt_id)  # type: ignore[misc]
         except Exception as exc:
             log.warning("serving: replica %d could not give back its requests: %s", replica.attempt_id, exc)
         self.replicas.pop(replica.attempt_id, None)
