@@ -12,6 +12,8 @@ No request touches the database. Per endpoint:
   removed) or ``FAIL_INFLIGHT`` (503 for everything left of a replica that is gone). Both remove
   before they reply, so no request is answered twice.
 - ``ep:<id>:ready``  replicas serving now: attempt id -> the time its heartbeat runs out.
+- ``ep:<id>:replicas``  every replica that ever took from the queue (the in-flight lists to look at),
+  and ``ep:<id>:doomed``: those found not running, and since when (``reap_inflight``).
 - ``ep:<id>:c:<bucket>``  counters of a ``BUCKET_S`` bucket (hash), written in batches by the API
   (accepted, 429, cold starts, 503) and by the replicas (answered, batches, rows, queue delay,
   latency histogram), read by ``windows``.
@@ -59,6 +61,14 @@ def queue_key(endpoint_id: str) -> str:
 
 def inflight_key(endpoint_id: str, attempt_id: int) -> str:
     return f"{PREFIX}{endpoint_id}:f:{attempt_id}"
+
+
+def replicas_key(endpoint_id: str) -> str:
+    return f"{PREFIX}{endpoint_id}:replicas"
+
+
+def doomed_key(endpoint_id: str) -> str:
+    return f"{PREFIX}{endpoint_id}:doomed"
 
 
 def ready_key(endpoint_id: str) -> str:
@@ -113,6 +123,7 @@ def publish_route(r: redis.Redis, route: Route) -> None:
 def remove_route(r: redis.Redis, endpoint_id: str) -> None:
     """Forget a deleted endpoint: its route and its queue (whoever still waits gets 503 at its deadline)."""
     r.delete(route_key(endpoint_id), queue_key(endpoint_id), ready_key(endpoint_id))
+    # The replicas' sets stay until their in-flight lists are reaped (the serve pass of its last replicas).
 
 
 def get_route(r: redis.Redis, endpoint_id: str) -> Route | None:
@@ -273,25 +284,47 @@ def answer_args(
     return keys, args
 
 
-def reap_inflight(r: redis.Redis, endpoint_id: str, live_attempt_ids: Iterable[int]) -> int:
+def reap_inflight(
+    r: redis.Redis,
+    endpoint_id: str,
+    live_attempt_ids: Iterable[int],
+    *,
+    grace_s: float = 2.0,
+    now: float | None = None,
+) -> int:
     """Answer 503 for the requests in flight on replicas of the endpoint that no longer run (an agent
     lost, a replica stopped without draining); returns how many. The control plane calls it each
-    pass with the attempts it knows are live."""
+    pass with the attempts it knows are running. A replica is failed over only once it has been found
+    not running for ``grace_s``: one whose attempt was just ended is still answering what it holds
+    (a drain), and its answers must win."""
     live = {int(a) for a in live_attempt_ids}
-    prefix = f"{PREFIX}{endpoint_id}:f:"
+    now = time.time() if now is None else now
+    members = {int(x) for x in cast(set[bytes], r.smembers(replicas_key(endpoint_id)))}
+    doomed = {
+        int(k): float(v) for k, v in cast(dict[bytes, bytes], r.hgetall(doomed_key(endpoint_id))).items()
+    }
     scripts = _sync_scripts(r)
     failed = 0
-    for key in r.scan_iter(match=prefix + "*", count=200):
-        name = key.decode() if isinstance(key, bytes) else key
-        try:
-            attempt_id = int(name[len(prefix) :])
-        except ValueError:
+    for attempt_id in sorted(members - live):
+        since = doomed.get(attempt_id)
+        if since is None:
+            r.hset(doomed_key(endpoint_id), str(attempt_id), str(now))
             continue
-        if attempt_id in live:
+        if now - since < grace_s:
             continue
         # The API process that answers each of them 503 counts it (`unavailable_503`), once.
-        failed += int(scripts.fail_inflight(keys=[name], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]))
-        r.zrem(ready_key(endpoint_id), attempt_id)
+        failed += int(
+            scripts.fail_inflight(
+                keys=[inflight_key(endpoint_id, attempt_id)], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]
+            )
+        )
+        pipe = r.pipeline()
+        pipe.zrem(ready_key(endpoint_id), attempt_id)
+        pipe.srem(replicas_key(endpoint_id), attempt_id)
+        pipe.hdel(doomed_key(endpoint_id), str(attempt_id))
+        pipe.execute()
+    for attempt_id in set(doomed) & live:  # a replica taken again after a hiccup: not doomed after all
+        r.hdel(doomed_key(endpoint_id), str(attempt_id))
     return failed
 
 

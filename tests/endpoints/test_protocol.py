@@ -40,7 +40,10 @@ def test_an_answer_after_fail_over_is_never_sent(runtime: Any, db: Any) -> None:
     first = Envelope.decode(taken[0])
     keys, args = inference.answer_args(EP, 5, [(first, Answer("r0", 200, 5, 1, 0, 0, 1, 1))])
     assert s.answer(keys=keys, args=args) == 1
-    assert inference.reap_inflight(r, EP, live_attempt_ids=[]) == 2
+    r.sadd(inference.replicas_key(EP), 5)  # as the replica lists itself before it takes anything
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[5], grace_s=0) == 0  # still running
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[], grace_s=0) == 0  # found gone: doomed
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[], grace_s=0) == 2
     late = [(Envelope.decode(x), Answer(Envelope.decode(x).rid, 200, 5, 1, 0, 0, 1, 1)) for x in taken]
     keys, args = inference.answer_args(EP, 5, late)
     assert s.answer(keys=keys, args=args) == 0
