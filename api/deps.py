@@ -133,11 +133,6 @@ async def submitter(principal: CurrentPrincipal) -> Principal:
     return principal
 
 
-async def invoker(principal: CurrentPrincipal) -> Principal:
-    principal.require("invoke")
-    return principal
-
-
 async def admin(principal: CurrentPrincipal) -> Principal:
     principal.require("admin")
     return principal
@@ -168,7 +163,6 @@ async def invoker(
 
 
 Reader = Annotated[Principal, Depends(reader)]
-Invoker = Annotated[Principal, Depends(invoker)]
 Submitter = Annotated[Principal, Depends(submitter)]
 Admin = Annotated[Principal, Depends(admin)]
 # Calls a tenant's inference endpoints (the v2 routes): a key with only `invoke` can do nothing else.

@@ -23,7 +23,7 @@ from celery import Celery
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.orm import Session
 
-from scheduler import bus, runtime
+from scheduler import bus, inference, runtime
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
@@ -366,6 +366,14 @@ class SchedulerLoop:
             )
         if result.routes:
             endpoints.publish_routes(client, result.routes)
+        for endpoint_id, running in result.running.items():
+            try:
+                failed = inference.reap_inflight(client, endpoint_id, running)
+            except Exception as exc:  # next pass, then
+                log.warning("endpoint %s: could not fail over lost replicas' requests: %s", endpoint_id, exc)
+                continue
+            if failed:
+                log.info("endpoint %s: %d requests of lost replicas answered 503", endpoint_id, failed)
         if refresh:
             self.last_routes = time.monotonic()
         for endpoint_id, reason in result.stopped:

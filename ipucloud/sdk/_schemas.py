@@ -72,6 +72,13 @@ __all__ = [
     "UsageMachineType",
     "UsagePartitionSize",
     "UsageWorkload",
+    "V2InferResponse",
+    "V2Live",
+    "V2ModelMetadata",
+    "V2Output",
+    "V2Ready",
+    "V2ServerMetadata",
+    "V2Tensor",
     "WaitReason",
     "Workload",
 ]
@@ -142,6 +149,36 @@ class Session(SessionHelpers, Model):
     billed_ipu_hours: float = 0.0
     jobs: list[SessionJob] = Field(default_factory=list)
     events: list[SessionEvent] = Field(default_factory=list)
+
+
+class V2ServerMetadata(Model):
+    name: str | None = None
+    version: str | None = None
+    extensions: list[str] = Field(default_factory=list)
+
+
+class V2Live(Model):
+    live: bool = False
+
+
+class V2Ready(Model):
+    ready: bool = False
+
+
+class V2ModelMetadata(Model):
+    name: str | None = None
+    versions: list[str] = Field(default_factory=list)
+    platform: str | None = None
+    inputs: list[V2Tensor] = Field(default_factory=list)
+    outputs: list[V2Tensor] = Field(default_factory=list)
+
+
+class V2InferResponse(Model):
+    model_name: str | None = None
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    outputs: list[V2Output] = Field(default_factory=list)
 
 
 class Endpoint(Model):
@@ -519,6 +556,17 @@ class SessionEvent(Model):
     kind: str
     message: str
     data: dict[str, Any] | None = None
+
+
+class V2Tensor(Model):
+    name: str | None = None
+    datatype: str | None = None
+    shape: list[int] = Field(default_factory=list)
+
+
+class V2Output(V2Tensor):
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class EndpointReplicas(Model):

@@ -971,6 +971,8 @@ class ServeResult:
     stopped: list[tuple[str, str]] = field(default_factory=list)
     routes: list[RouteFields] = field(default_factory=list)
     rolled_up: int = 0
+    running: dict[str, list[int]] = field(default_factory=dict)
+    """Per endpoint, its replicas' running attempts: the data plane fails over what any other holds."""
 
 
 def live_endpoint_ids(*, session: Session) -> list[str]:
@@ -1017,6 +1019,10 @@ def serve_pass(
         return result
     ids = [ep.id for ep in rows]
     live = replicas_of(session=session, endpoint_ids=ids, now=now)
+    result.running = {
+        eid: [r.attempt.id for r in reps if r.attempt is not None and r.attempt.state == AttemptState.RUNNING]
+        for eid, reps in live.items()
+    }
     oldest_check = min((ep.checked_at or ep.created_at) for ep in rows)
     ended: dict[str, list[Job]] = {}
     for job in session.execute(
