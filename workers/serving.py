@@ -284,6 +284,14 @@ class ServingHost:
         wait = rep.ready_at - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
+        # Listed as serving the moment it takes its first request, not at the next heartbeat.
+        try:
+            await r.zadd(
+                inference.ready_key(rep.endpoint_id),
+                {str(rep.attempt_id): self.clock() + inference.READY_TTL_S},
+            )
+        except Exception as exc:
+            log.warning("serving: replica %d could not list itself as ready: %s", rep.attempt_id, exc)
         # What it held before a restart of this loop (never: a new attempt has a new list) is given
         # back by the control plane's reap; it starts empty.
         device_free = self.clock()

@@ -76,7 +76,7 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
 ) -> None:
     cloud = fast_cloud
     _, key = cloud.create_tenant("inferers")
-    auth = {"Authorization": f"Bearer {key}"}
+    auth = {"Authorization": f"Bearer {key}"}  # tritonclient adds to the dict it is given: pass copies
     with cloud.http(key) as c:
         r = c.post(
             "/api/v1/endpoints",
@@ -94,17 +94,19 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         eid, url = ep["id"], ep["url"]
         assert url == f"{cloud.url}/api/v1/endpoints/{eid}"
         client = _triton(cloud, url)
-        meta = client.get_model_metadata("forecaster", headers=auth)
+        meta = client.get_model_metadata("forecaster", headers=dict(auth))
         assert meta["inputs"] == [{"name": "window", "datatype": "FP32", "shape": [-1, 32, 64]}]
-        assert not client.is_server_ready(headers=auth)  # no replica yet: min 0
+        assert not client.is_server_ready(headers=dict(auth))  # no replica yet: min 0
 
         # The first request waits for a cold start (compile, load), then is served.
-        result = client.infer("forecaster", [_lstm_input(0)], headers=auth)
+        result = client.infer("forecaster", [_lstm_input(0)], headers=dict(auth))
         forecast = result.as_numpy("forecast")
         assert forecast.shape == (1, 64) and forecast.dtype == np.float32
-        again = client.infer("forecaster", [_lstm_input(0)], headers=auth)
+        again = client.infer("forecaster", [_lstm_input(0)], headers=dict(auth))
         np.testing.assert_array_equal(again.as_numpy("forecast"), forecast)
-        assert client.is_server_ready(headers=auth) and client.is_model_ready("forecaster", headers=auth)
+        assert client.is_server_ready(headers=dict(auth)) and client.is_model_ready(
+            "forecaster", headers=dict(auth)
+        )
         view = _endpoint(c, eid)
         assert view["state"] == "ready" and view["replicas"]["ready"] == 1
         (replica,) = [x for x in view["replica_list"] if x["state"] == "ready"]
@@ -133,7 +135,7 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         with pytest.raises(InferenceServerException, match="shape"):
             bad = triton.InferInput("window", [1, 16, 64], "FP32")
             bad.set_data_from_numpy(np.zeros((1, 16, 64), np.float32))
-            client.infer("forecaster", [bad], headers=auth)
+            client.infer("forecaster", [bad], headers=dict(auth))
 
         # Metrics: the requests are counted, their latency known, the replica serving.
         m = _wait("the metrics to count the requests", lambda: (
@@ -145,7 +147,7 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         zero = _wait("scale to zero", lambda: (v := _endpoint(c, eid))["state"] == "scaled-to-zero" and v, 60)
         assert zero["replicas"]["ready"] == 0
         # ... and a request then waits for a cold start again (the executable is cached now: load only).
-        result = client.infer("forecaster", [_lstm_input(1)], headers=auth)
+        result = client.infer("forecaster", [_lstm_input(1)], headers=dict(auth))
         assert result.as_numpy("forecast").shape == (1, 64)
 
         # Deleted: it drains, then is stopped; billed for every held IPU-second.
