@@ -17,6 +17,7 @@ from ipucloud.sdk.errors import (
     ServerError,
     ServiceUnreachable,
 )
+from ipucloud.sdk.inference import Inference
 from ipucloud.sdk.models import (
     FINAL_STATES,
     Endpoint,
@@ -49,6 +50,7 @@ __all__ = [
     "EndpointMetrics",
     "Estimate",
     "Fleet",
+    "Inference",
     "InvalidRequestError",
     "IpucloudError",
     "Job",

@@ -18,7 +18,9 @@ from urllib.parse import quote
 
 import orjson
 
+from ipucloud.sdk import inference
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated, text
+from ipucloud.sdk.inference import Inference
 from ipucloud.sdk.models import (
     AdminUsage,
     ApiKey,
@@ -367,6 +369,29 @@ class Operations:
             f"{V1}/endpoints/{seg(endpoint_id)}/metrics",
             model(EndpointMetrics),
             params={"minutes": minutes},
+        )
+
+    @operation
+    def infer(
+        self,
+        endpoint_id: str,
+        model_name: str,
+        inputs: Mapping[str, Any],
+        *,
+        datatypes: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> Call[Inference]:
+        """One inference request (Open Inference Protocol): `inputs` maps each input's name to an array
+        whose batch axis holds the request's rows, in the model's datatype (`Endpoint.signature`, or
+        name it in `datatypes`). Needs a key with the `invoke` scope. Not retried: a request that may
+        have reached a replica is the caller's to send again."""
+        body, headers = inference.request(inputs, datatypes=datatypes, request_id=request_id)
+        return Call(
+            "POST",
+            f"{V1}/endpoints/{seg(endpoint_id)}/v2/models/{seg(model_name)}/infer",
+            lambda r: inference.parse(r.content, r.headers),
+            content=body,
+            headers=headers,
         )
 
     # Jobs --------------------------------------------------------------------------------------------
