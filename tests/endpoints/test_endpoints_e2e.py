@@ -107,8 +107,9 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         assert client.is_server_ready(headers=dict(auth)) and client.is_model_ready(
             "forecaster", headers=dict(auth)
         )
-        view = _endpoint(c, eid)
-        assert view["state"] == "ready" and view["replicas"]["ready"] == 1
+        # The scheduler's serve pass (once a second) says so too.
+        view = _wait("the endpoint to be ready", lambda: (v := _endpoint(c, eid))["state"] == "ready" and v, 30)
+        assert view["replicas"]["ready"] == 1
         (replica,) = [x for x in view["replica_list"] if x["state"] == "ready"]
         assert replica["ipus"] == 1
 
