@@ -1,4 +1,4 @@
-"""`ipucloud endpoints create|list|show|delete`: a model served behind a URL (docs/endpoints.md).
+"""`ipucloud endpoints create|list|show|invoke|delete`: a model served behind a URL (docs/endpoints.md).
 
     ipucloud endpoints create bert --model bert-base --seq-len 128 --max-batch-size 8 --replicas 0:4
     ipucloud endpoints show ep_...                # state, replicas, latency per batch size, last minute
@@ -10,6 +10,7 @@ the `invoke` scope.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import typer
@@ -201,3 +202,71 @@ def delete(endpoint: EndpointArg, url: UrlOpt = None, key: KeyOpt = None, as_jso
         print_json(e)
     else:
         show(f"stopped {e.id} ({e.name}); billed {e.billed_ipu_hours:.4f} IPU-hours")
+
+
+def _input(spec: str) -> tuple[str, Any]:
+    """`NAME=FILE.npy` or `NAME=JSON` (a nested list)."""
+    import numpy as np
+
+    name, sep, value = spec.partition("=")
+    if not sep or not name:
+        fail(f"--input takes NAME=FILE.npy or NAME=JSON, not {spec!r}", Exit.USAGE)
+    if value.endswith(".npy"):
+        try:
+            return name, np.load(value, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            fail(f"--input {name}: cannot read {value}: {exc}", Exit.USAGE)
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(f"--input {name}: neither a .npy file nor JSON: {exc}", Exit.USAGE)
+
+
+@app.command()
+def invoke(
+    endpoint: EndpointArg,
+    inputs: Annotated[
+        list[str],
+        typer.Option(
+            "--input", "-i", help="NAME=FILE.npy or NAME=JSON (a nested list, batch axis first); repeat."
+        ),
+    ],
+    url: UrlOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Send one inference request (Open Inference Protocol) and show the outputs and what the chip took.
+
+    The key needs the `invoke` scope. Inputs are converted to the model's datatypes (its signature)."""
+    arrays = dict(_input(spec) for spec in inputs)
+    with connect(url, key, as_json) as client:
+        e = client.get_endpoint(endpoint)
+        datatypes = {t["name"]: t["datatype"] for t in e.signature.get("inputs", []) if t["name"] in arrays}
+        answer = client.infer(endpoint, e.name, arrays, datatypes=datatypes)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "model_name": answer.model_name,
+                    "replica": answer.replica,
+                    "batch_size": answer.batch_size,
+                    "timing_ms": answer.timing_ms,
+                    "outputs": {k: v.tolist() for k, v in answer.outputs.items()},
+                },
+                indent=2,
+            )
+        )
+        return
+    timing = ", ".join(f"{k} {v:.3f}" for k, v in answer.timing_ms.items())
+    show(
+        f"{e.name}: replica {answer.replica}, batch of {answer.batch_size}; "
+        f"{answer.latency_ms:.3f} ms ({timing})"
+    )
+    rows = []
+    for name, arr in answer.outputs.items():
+        flat = arr.reshape(-1)
+        head = ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in flat[:6].tolist())
+        rows.append(
+            (name, str(arr.dtype), "x".join(map(str, arr.shape)), head + (", ..." if flat.size > 6 else ""))
+        )
+    show(table(None, ["output", "dtype", "shape", "values"], rows))

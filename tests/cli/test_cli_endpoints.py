@@ -69,3 +69,36 @@ def test_create_list_show_and_delete_an_endpoint(cloud: RunningCloud, cli: Cli, 
             assert (await a.delete_endpoint(e.id)).state == "stopped"
 
     asyncio.run(face())
+
+
+def test_invoke_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path: Path) -> None:
+    import numpy as np
+
+    _, key = cloud.create_tenant("endpoint-invoke")
+    assert cli("login", "--url", cloud.url, "--key", key).exit_code == 0
+    made = cli.json(
+        "endpoints", "create", "chains", "--model", "mcmc", "--machine", "m2000", "--replicas", "1",
+        "--max-batch-size", "4",
+    )  # fmt: skip
+    position = np.linspace(-1, 1, 2 * 128, dtype=np.float32).reshape(2, 128)
+    np.save(tmp_path / "position.npy", position)
+    # The first call may wait for the replica's cold start.
+    out = cli.json("endpoints", "invoke", made["id"], "--input", f"position={tmp_path / 'position.npy'}")
+    assert out["model_name"] == "chains" and out["batch_size"] == 2
+    assert np.asarray(out["outputs"]["draw"]).shape == (2, 128)
+    assert len(out["outputs"]["accepted"]) == 2
+    assert set(out["timing_ms"]) == {"queue", "batch", "host", "ipu"}
+    shown = cli("endpoints", "invoke", made["id"], "-i", "position=" + str(position[:1].tolist()))
+    assert shown.exit_code == 0 and "draw" in shown.stdout and "batch of 1" in shown.stdout
+    assert cli("endpoints", "invoke", made["id"], "-i", "position=[[1, 2]]").exit_code != 0  # wrong shape
+
+    with Client(cloud.url, key) as c:
+        answer = c.infer(made["id"], "chains", {"position": position})
+        assert answer.outputs["draw"].shape == (2, 128) and answer.outputs["draw"].dtype == np.float32
+        assert answer.outputs["accepted"].dtype == np.bool_
+        assert answer.batch_size == 2 and answer.latency_ms > 0
+        # The same request in JSON through the CLI gave the same numbers: outputs follow the inputs.
+        np.testing.assert_array_equal(answer.outputs["draw"], np.asarray(out["outputs"]["draw"], np.float32))
+        with pytest.raises(InvalidRequestError):
+            c.infer(made["id"], "chains", {"position": position[:, :10]})
+        c.delete_endpoint(made["id"])
