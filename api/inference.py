@@ -342,7 +342,7 @@ def model_metadata(route: Route) -> dict[str, Any]:
 @dataclass(eq=False)
 class _Pending:
     envelopes: list[bytes] = field(default_factory=list)
-    futures: list[asyncio.Future[tuple[bool, int]]] = field(default_factory=list)
+    futures: list[asyncio.Future[tuple[bool | None, int]]] = field(default_factory=list)
     route: Route | None = None
 
 
@@ -402,7 +402,7 @@ class Gateway:
         env = Envelope(rid, self.waiter, rows, int(deadline * 1000), int(time.time() * 1e6)).encode()
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self.waiting[rid] = answer
-        accepted: asyncio.Future[tuple[bool, int]] = self.loop.create_future()
+        accepted: asyncio.Future[tuple[bool | None, int]] = self.loop.create_future()
         p = self.pending.get(route.endpoint_id)
         if p is None:
             p = self.pending[route.endpoint_id] = _Pending(route=route)
@@ -415,6 +415,10 @@ class Gateway:
         except BaseException:
             self.waiting.pop(rid, None)
             raise
+        if ok is None:
+            self.waiting.pop(rid, None)
+            self.forget_route(route.endpoint_id)
+            raise InferError(404, f"endpoint {route.name} has stopped: it takes no requests")
         if not ok:
             self.waiting.pop(rid, None)
             raise InferError(
@@ -446,7 +450,7 @@ class Gateway:
                 continue
             for j, f in enumerate(futs):
                 if not f.done():
-                    f.set_result((j < int(took), int(ready)))
+                    f.set_result((None if int(took) < 0 else j < int(took), int(ready)))
 
     async def _read_replies(self) -> None:
         key = inference.reply_key(self.waiter)
@@ -534,6 +538,8 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
     except BaseException:
         g.waiting.pop(rid, None)
         raise
+    if answer.status == inference.GONE:
+        raise InferError(404, f"endpoint {route.name} stopped before a replica took this request")
     if answer.status != 200:
         g.unavailable(route.endpoint_id)
         raise InferError(503, "the replica serving this request was lost; try again", 1.0)

@@ -46,6 +46,8 @@ REPLY_TTL_S = 300
 READY_TTL_S = 5.0
 """A replica that has not renewed its place in ``ready`` for this long is not counted as serving."""
 ROUTE_CACHE_S = 1.0
+GONE = 404
+"""The status of an answer to a request still queued when its endpoint stopped."""
 HIST_RATIO = 1.09
 """Latency histogram bins are 9% wide: a percentile read from them is within about 4.5%."""
 _LOG_RATIO = math.log(HIST_RATIO)
@@ -121,8 +123,10 @@ def publish_route(r: redis.Redis, route: Route) -> None:
 
 
 def remove_route(r: redis.Redis, endpoint_id: str) -> None:
-    """Forget a deleted endpoint: its route and its queue (whoever still waits gets 503 at its deadline)."""
-    r.delete(route_key(endpoint_id), queue_key(endpoint_id), ready_key(endpoint_id))
+    """Forget a stopped endpoint: its route goes first (nothing more is queued), then whoever still waits
+    in its queue is answered 404 at once. Its replicas answer what they hold as they drain."""
+    r.delete(route_key(endpoint_id), ready_key(endpoint_id))
+    _sync_scripts(r).fail_inflight(keys=[queue_key(endpoint_id)], args=[REPLY_PREFIX, f"{GONE} 0 0 0 0 0 0"])
     # The replicas' sets stay until their in-flight lists are reaped (the serve pass of its last replicas).
 
 
@@ -185,10 +189,12 @@ class Answer:
 
 # Scripts: each step of a request's path that must be atomic is one Lua script.
 
-# KEYS: queue, ready, counters. ARGV: max_queue, now (s), counter ttl, envelopes...
+# KEYS: queue, ready, counters, route. ARGV: max_queue, now (s), counter ttl, envelopes...
 # Accepts as many envelopes as the queue has room for (the first ones) and counts them; returns
-# {accepted, replicas serving now}.
+# {accepted, replicas serving now}, or {-1, 0} once the route is gone (the endpoint was stopped: an API
+# process's cached route must not queue a request that no replica will ever take).
 _ENQUEUE = """
+if redis.call('EXISTS', KEYS[4]) == 0 then return {-1, 0} end
 local n = #ARGV - 3
 local room = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1])
 local take = math.min(n, math.max(room, 0))
@@ -233,14 +239,15 @@ end
 return sent
 """
 
-# KEYS: in-flight. ARGV: reply prefix, answer suffix. 503 for every envelope left, then gone.
+# KEYS: in-flight (or a queue). ARGV: reply prefix, the answer after the request id (status first).
+# Answers every envelope left, then the list is gone.
 _FAIL_INFLIGHT = f"""
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 redis.call('DEL', KEYS[1])
 for _, e in ipairs(items) do
   local rid, waiter = string.match(e, '^(%S+) (%S+)')
   if rid then
-    redis.call('LPUSH', ARGV[1] .. waiter, rid .. ' 503 ' .. ARGV[2])
+    redis.call('LPUSH', ARGV[1] .. waiter, rid .. ' ' .. ARGV[2])
     redis.call('EXPIRE', ARGV[1] .. waiter, {REPLY_TTL_S})
   end
 end
@@ -261,7 +268,12 @@ class Scripts:
 def enqueue_args(
     endpoint_id: str, envelopes: Sequence[bytes], max_queue: int, now: float
 ) -> tuple[list[str], list[Any]]:
-    keys = [queue_key(endpoint_id), ready_key(endpoint_id), counter_key(endpoint_id, bucket_of(now))]
+    keys = [
+        queue_key(endpoint_id),
+        ready_key(endpoint_id),
+        counter_key(endpoint_id, bucket_of(now)),
+        route_key(endpoint_id),
+    ]
     return keys, [max_queue, now, COUNTER_TTL_S, *envelopes]
 
 
@@ -315,7 +327,8 @@ def reap_inflight(
         # The API process that answers each of them 503 counts it (`unavailable_503`), once.
         failed += int(
             scripts.fail_inflight(
-                keys=[inflight_key(endpoint_id, attempt_id)], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]
+                keys=[inflight_key(endpoint_id, attempt_id)],
+                args=[REPLY_PREFIX, f"503 {attempt_id} 0 0 0 0 0"],
             )
         )
         pipe = r.pipeline()

@@ -17,9 +17,14 @@ def _env(i: int, waiter: str = "w1") -> Envelope:
     return Envelope(f"r{i}", waiter, 1, int((time.time() + 60) * 1000), int(time.time() * 1e6))
 
 
+def _route(r: Any) -> None:
+    r.set(inference.route_key(EP), "{}")  # only its presence matters to the scripts
+
+
 def test_enqueue_takes_what_fits_and_counts_the_rest(runtime: Any, db: Any) -> None:
     r = runtime.redis
     s = inference.Scripts(r)
+    _route(r)
     keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(5)], 3, time.time())
     took, ready = s.enqueue(keys=keys, args=args)
     assert (took, ready) == (3, 0)
@@ -31,6 +36,7 @@ def test_enqueue_takes_what_fits_and_counts_the_rest(runtime: Any, db: Any) -> N
 def test_an_answer_after_fail_over_is_never_sent(runtime: Any, db: Any) -> None:
     r = runtime.redis
     s = inference.Scripts(r)
+    _route(r)
     keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(4)], 100, time.time())
     s.enqueue(keys=keys, args=args)
     inflight = inference.inflight_key(EP, 5)
@@ -50,6 +56,20 @@ def test_an_answer_after_fail_over_is_never_sent(runtime: Any, db: Any) -> None:
     replies = [Answer.decode(x) for x in r.lrange(inference.reply_key("w1"), 0, -1)]
     assert sorted((a.rid, a.status) for a in replies) == [("r0", 200), ("r1", 503), ("r2", 503)]
     assert r.llen(inference.queue_key(EP)) == 1  # r3 still waits for a replica
+
+
+def test_a_stopped_endpoint_answers_its_queue_and_queues_nothing_more(runtime: Any, db: Any) -> None:
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    keys, args = inference.enqueue_args(EP, [_env(i, "w2").encode() for i in range(3)], 100, time.time())
+    assert s.enqueue(keys=keys, args=args) == [3, 0]
+    inference.remove_route(r, EP)
+    replies = sorted(Answer.decode(x).status for x in r.lrange(inference.reply_key("w2"), 0, -1))
+    assert replies == [inference.GONE] * 3
+    keys, args = inference.enqueue_args(EP, [_env(9, "w2").encode()], 100, time.time())
+    assert s.enqueue(keys=keys, args=args) == [-1, 0]
+    assert r.llen(inference.queue_key(EP)) == 0
 
 
 def test_counters_mix_integer_and_float_fields_and_give_percentiles(runtime: Any, db: Any) -> None:
