@@ -177,7 +177,7 @@ def test_a_full_queue_is_429_and_no_replica_in_time_is_503(fast_cloud: RunningCl
         # The only POD64 is held by someone else's session: the replica cannot be placed.
         _, other = cloud.create_tenant("holder")
         with cloud.http(other) as o:
-            held = o.post("/api/v1/sessions", json={"ipus": 64})
+            held = o.post("/api/v1/sessions", json={"ipus": 64, "max_duration_s": 3600})
             assert held.status_code == 202, held.text
             sid = held.json()["id"]
             _wait(
