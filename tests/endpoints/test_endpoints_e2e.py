@@ -174,16 +174,10 @@ def test_a_full_queue_is_429_and_no_replica_in_time_is_503(fast_cloud: RunningCl
     _, key = cloud.create_tenant("queuers")
     body = {"inputs": [{"name": "window", "datatype": "FP32", "shape": [1, 32, 64], "data": [0.5] * ROW}]}
     with cloud.http(key) as c:
-        # The only POD64 is held by someone else's session: the replica cannot be placed.
-        _, other = cloud.create_tenant("holder")
-        with cloud.http(other) as o:
-            held = o.post("/api/v1/sessions", json={"ipus": 64, "max_duration_s": 3600})
-            assert held.status_code == 202, held.text
-            sid = held.json()["id"]
-            _wait(
-                "the session to hold the POD64",
-                lambda: o.get(f"/api/v1/sessions/{sid}").json()["state"] == "active",
-            )
+        # The only rack is drained for maintenance: the replica cannot be placed.
+        with cloud.admin() as a:
+            drained = a.post("/api/v1/admin/fleet/racks/rack0000/drain")
+            assert drained.status_code == 200, drained.text
         r = c.post(
             "/api/v1/endpoints",
             json={"name": "starved", **LSTM, "replicas": {"min": 1, "max": 1}, "max_queue": 2,
