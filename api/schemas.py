@@ -294,12 +294,21 @@ class UsageMachineType(BaseModel):
     charged_ipu_hours: float = Field(description="What they spent of the grant: the type's rate x IPU-hours.")
 
 
+class UsageEndpoint(BaseModel):
+    endpoint_id: str
+    tenant_id: str
+    name: str
+    model: str
+    ipu_hours: float = Field(description="What its replicas were billed: held IPU-hours, busy or idle.")
+
+
 class UsageGroups(BaseModel):
     by_day: list[UsageDay] = Field(default_factory=list)
     by_job: list[UsageJob] = Field(default_factory=list)
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = Field(
         None,
         description="More jobs than `limit` were used in the window: pass as `cursor` for the next page.",

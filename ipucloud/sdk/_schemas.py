@@ -68,6 +68,7 @@ __all__ = [
     "Unmodelled",
     "Usage",
     "UsageDay",
+    "UsageEndpoint",
     "UsageJob",
     "UsageMachineType",
     "UsagePartitionSize",
@@ -282,6 +283,7 @@ class Usage(Model):
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = None
     tenant_id: str
     plan: str
@@ -302,6 +304,7 @@ class AdminUsage(Model):
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = None
     tenants: list[TenantUsage]
     tenants_next_cursor: str | None = None
@@ -707,6 +710,14 @@ class UsageMachineType(Model):
     machine_type: str | None = None
     ipu_hours: float | None = None
     charged_ipu_hours: float | None = None
+
+
+class UsageEndpoint(Model):
+    endpoint_id: str | None = None
+    tenant_id: str | None = None
+    name: str | None = None
+    model: str | None = None
+    ipu_hours: float | None = None
 
 
 class TenantUsage(Model):

@@ -1403,6 +1403,16 @@ def endpoint_json(
     }
 
 
+def endpoint_counts(*, session: Session) -> dict[str, int]:
+    """Endpoints by state, for the Prometheus gauges."""
+    return {
+        str(state): int(n)
+        for state, n in session.execute(
+            select(Endpoint.state, func.count()).group_by(Endpoint.state)
+        ).tuples()
+    }
+
+
 def replica_counts(*, session: Session, now: datetime) -> dict[tuple[str, str], int]:
     """Replicas per (endpoint, state) of every live endpoint, for the Prometheus gauges."""
     ids = live_endpoint_ids(session=session)

@@ -249,3 +249,13 @@ def test_metrics_answer_without_a_data_plane_window(client: Any, seeded: Seeded)
     assert m.status_code == 200, m.text
     assert m.json()["history"] == [] and m.json()["replicas"]["desired"] == 1
     problem(client.get(f"/api/v1/endpoints/{ep['id']}/metrics?minutes=0", headers=h), 422)
+
+
+def test_prometheus_counts_endpoints_and_their_replicas_by_state(client: Any, seeded: Seeded) -> None:
+    h = tenant(client, seeded, "scraped")
+    ep = client.post("/api/v1/endpoints", json={**EP, "replicas": {"min": 2, "max": 2}}, headers=h).json()
+    client.post("/api/v1/endpoints", json={**EP, "name": "idle", "replicas": {"min": 0, "max": 1}}, headers=h)
+    text = client.get("/metrics").text
+    assert f'ipucloud_endpoint_replicas{{endpoint="{ep["id"]}",state="queued"}} 2.0' in text
+    assert 'ipucloud_cluster_endpoints{state="provisioning"} 1.0' in text
+    assert 'ipucloud_cluster_endpoints{state="scaled-to-zero"} 1.0' in text

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from scheduler.endpointspec import EndpointSpec
 from scheduler.models import Attempt, AttemptState, Endpoint, EndpointStat, Job, JobState, Tenant, utcnow
-from scheduler.services import attempts, endpoints
+from scheduler.services import attempts, endpoints, usage
 from scheduler.services.endpoints import ScalePolicy, ScaleState, decide_scale
+from scheduler.services.scope import OneTenant
 from tests.faults.harness import leader_loop, make_tenant
 
 # Minutes ago, on a whole minute: a drain bills up to the database's now, so the test's clock stays
@@ -246,6 +248,16 @@ def test_the_traffic_scales_replicas_up_and_down_and_drains_through_cancel(db: A
         attempt = s.execute(select(Attempt).where(Attempt.job_id == gone.id)).scalar_one()
         # The newest went (nothing it held is lost: the other serves), billed up to the drain.
         assert gone.id == jobs[-1].id and attempt.state == "cancelled" and attempt.cluster_s > 0
+        # Billed like any attempt, and shown per endpoint in the usage.
+        (row,) = usage.by_endpoint(session=s, scope=OneTenant(tenant))
+        assert row["endpoint_id"] == ep and row["name"] == "bert" and row["model"] == "bert-base"
+        assert (
+            row["ipu_hours"]
+            == usage.breakdowns(session=s, scope=OneTenant(tenant))["by_endpoint"][0]["ipu_hours"]
+        )
+        # (The other replica's run is not billed yet: its agent's ticks would.)
+        assert attempt.metered_ipu_ms > 0
+        assert row["ipu_hours"] == pytest.approx(attempt.metered_ipu_ms / 3_600_000, abs=1e-6)
     assert endpoint(db, ep).state == "ready"
 
 
