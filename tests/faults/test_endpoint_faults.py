@@ -125,6 +125,4 @@ def test_a_sigkilled_agents_replica_is_replaced_and_nothing_is_answered_twice(
         )
     assert states["lost"] == 1, states
     assert outcome.attempts.get("lost") == 1
-    print(
-        f"\n[faults] endpoint: {owner(first)}'s replica replaced in {recovered_s:.2f} s; {dict(codes)}"
-    )
+    print(f"\n[faults] endpoint: {owner(first)}'s replica replaced in {recovered_s:.2f} s; {dict(codes)}")

@@ -85,10 +85,11 @@ CLASSES: dict[str, dict[str, str]] = {
         "revoked": SIGNED_OUT,
     },
     "admin": {**dict.fromkeys(ROLES, FORBIDDEN), "admin": OK, "revoked": SIGNED_OUT},
-    # The v2 inference routes (api/inference.py): every key that may invoke, which submit keys may.
+    # The v2 inference routes (api/inference.py): every key with `invoke` (new keys have it by default; a
+    # key made with `submit` alone has not).
     "invoke": {
         "read": FORBIDDEN,
-        "submit": OK,
+        "submit": FORBIDDEN,
         "invoke": OK,
         "member": OK,
         "owner": OK,
@@ -425,6 +426,18 @@ def _endpoint_live(w: World, endpoint_id: str, max_queue: int = 256) -> Callable
     return check
 
 
+def _v2(w: World, path: str, body: Any = None) -> Call:
+    """A v2 route of the world's endpoint (`{model}` is its name); it has no replica."""
+    with w.db.read() as s:
+        name = s.get(Endpoint, w.endpoint).name
+    return Call(f"/api/v1/endpoints/{w.endpoint}/v2{path.format(model=name)}", body)
+
+
+# A request whose tensors are wrong: an allowed caller gets the protocol's 400 (no replica is needed for that).
+BAD_INFER = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1], "data": [0]}]}
+V2 = "/api/v1/endpoints/{endpoint_id}/v2"
+
+
 def _change_endpoint(w: World) -> Call:
     endpoint_id = w.new_endpoint()
     return Call(
@@ -544,6 +557,24 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
         lambda w: Call(f"/api/v1/endpoints/{w.endpoint}/metrics"),
     ),
     ("PATCH", "/api/v1/endpoints/{endpoint_id}"): ("submit", _change_endpoint),
+    ("GET", V2): ("invoke", lambda w: _v2(w, "")),
+    ("GET", V2 + "/health/live"): ("invoke", lambda w: _v2(w, "/health/live")),
+    ("GET", V2 + "/health/ready"): ("invoke", lambda w: _v2(w, "/health/ready")),
+    ("GET", V2 + "/models/{model}"): ("invoke", lambda w: _v2(w, "/models/{model}")),
+    ("GET", V2 + "/models/{model}/ready"): ("invoke", lambda w: _v2(w, "/models/{model}/ready")),
+    ("GET", V2 + "/models/{model}/versions/{version}"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1"),
+    ),
+    ("GET", V2 + "/models/{model}/versions/{version}/ready"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1/ready"),
+    ),
+    ("POST", V2 + "/models/{model}/infer"): ("invoke", lambda w: _v2(w, "/models/{model}/infer", BAD_INFER)),
+    ("POST", V2 + "/models/{model}/versions/{version}/infer"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1/infer", BAD_INFER),
+    ),
     ("DELETE", "/api/v1/endpoints/{endpoint_id}"): ("submit", _delete_endpoint),
     ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
     ("GET", "/api/v1/sessions/{session_id}"): ("read", lambda w: Call(f"/api/v1/sessions/{w.session}")),
@@ -671,8 +702,19 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/metrics"): ("public", lambda w: Call("/metrics")),
 }
 
+_INVOKERS = ("invoke", "member", "owner", "admin")
+
 # Where a route answers otherwise than its kind says, and why.
 API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
+    # The world's endpoint has no replica: not ready (503), and a wrong tensor is a 400 before any wait.
+    **{
+        ("GET", V2 + path): dict.fromkeys(_INVOKERS, "HTTP 503")
+        for path in ("/health/ready", "/models/{model}/ready", "/models/{model}/versions/{version}/ready")
+    },
+    **{
+        ("POST", V2 + path): dict.fromkeys(_INVOKERS, "HTTP 400")
+        for path in ("/models/{model}/infer", "/models/{model}/versions/{version}/infer")
+    },
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},
