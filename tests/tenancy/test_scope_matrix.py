@@ -433,7 +433,7 @@ def _v2(w: World, path: str, body: Any = None) -> Call:
     return Call(f"/api/v1/endpoints/{w.endpoint}/v2{path.format(model=name)}", body)
 
 
-# A request whose tensors are wrong: an allowed caller gets the protocol's 400 (no replica is needed for that).
+# A request whose tensors are wrong: an allowed caller gets the protocol's 400 (it needs no replica).
 BAD_INFER = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1], "data": [0]}]}
 V2 = "/api/v1/endpoints/{endpoint_id}/v2"
 
