@@ -135,7 +135,7 @@ class WindowLike(Protocol):
 
 def read_windows(
     client: redis.Redis, endpoint_ids: Sequence[str], now: float | None = None
-) -> dict[str, Any]:
+) -> dict[str, WindowLike]:
     """Each endpoint's last minute of traffic (`inference.windows`); empty when Redis or the data plane
     cannot say (the autoscaler then holds its replicas as they are)."""
     if not endpoint_ids:
