@@ -10,9 +10,10 @@ import re
 from typing import Any
 
 from api.app import create_app
+from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import SessionSpec
 from scheduler.models import ApiKey, Job
-from scheduler.services import keys, own_models, sessions, trials
+from scheduler.services import endpoints, keys, own_models, sessions, trials
 from scheduler.settings import Settings
 from tests.support import onnx_files
 from tests.tenancy.conftest import World, assert_problem, auth
@@ -44,7 +45,15 @@ def samples(world: World, db: Any) -> dict[str, str]:
         held = sessions.start_session(
             session=s, tenant_id=world.a.id, spec=SessionSpec.model_validate({"ipus": 1})
         )
+        served = endpoints.create_endpoint(
+            session=s,
+            tenant_id=world.a.id,
+            spec=EndpointSpec.model_validate(
+                {"name": "kept", "model": "resnet50", "replicas": {"min": 0, "max": 1}}
+            ),
+        )
     return {
+        "endpoint_id": served.id,
         "session_id": held.id,
         "job_id": world.a.job_id,
         "key_id": world.a.member_key_id,
