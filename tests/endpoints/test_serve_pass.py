@@ -371,3 +371,38 @@ def test_replicas_are_exempt_from_the_plans_job_count_limits() -> None:
     admission = Admission({"t": TenantState("t", max_concurrent_jobs=3, running_jobs=2)}, now=0.0)
     admission.started(replica)
     assert admission.check(job) is None
+
+
+def test_a_new_batch_size_is_rolled_out_without_a_gap(db: Any, seeded: Any) -> None:
+    """PATCH batching: the old replica serves until a replica of the new layout does, then drains."""
+    from scheduler.endpointspec import EndpointChange
+    from scheduler.services.scope import OneTenant
+
+    tenant = make_tenant(db, "roller")
+    loop = leader_loop(db)
+    ep = create(db, tenant)
+    loop.schedule_pass()
+    run_placed(db, ep, started=at(0))
+    serve(db, at(200))
+    with db.write() as s:
+        row = endpoints.change_endpoint(
+            session=s,
+            endpoint_id=ep,
+            scope=OneTenant(tenant),
+            change=EndpointChange.model_validate({"batching": {"max_batch_size": 16, "max_wait_ms": 3}}),
+        )
+        assert row.workload["batch_size"] == 16 and row.batching == {"max_batch_size": 16, "max_wait_ms": 3}
+        assert [b["batch_size"] for b in row.serve["m2000"]["batches"]][-1] == 16
+    result = serve(db, at(201))
+    assert result.created == 1 and result.drained == 0
+    assert sorted(replicas(db, ep, at(201))) == ["queued", "ready"]
+    assert endpoint(db, ep).state == "ready"  # the old one still serves
+    loop.schedule_pass()
+    run_placed(db, ep, started=at(202))
+    serve(db, at(250))
+    assert sorted(replicas(db, ep, at(250))) == ["compiling", "ready"]
+    result = serve(db, at(400))
+    assert result.drained == 1 and replicas(db, ep, at(400)) == ["ready"]
+    with db.read() as s:
+        (live,) = s.execute(select(Job).where(Job.endpoint_id == ep, Job.state == "running")).scalars()
+        assert live.spec["workload"]["batch_size"] == 16

@@ -27,7 +27,15 @@ import redis
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from api.dashboard import admin_pages, model_pages, routes, session_pages, sessions, tenant_pages
+from api.dashboard import (
+    admin_pages,
+    endpoint_pages,
+    model_pages,
+    routes,
+    session_pages,
+    sessions,
+    tenant_pages,
+)
 from scheduler.db import Database
 from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
@@ -959,6 +967,11 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         _dash_end_session,
     ),
     ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
+    ("GET", "/endpoints", ""): (("GET", "/api/v1/endpoints"), lambda w, c: Form("GET", "/endpoints")),
+    ("GET", "/endpoints/{endpoint_id}", ""): (
+        ("GET", "/api/v1/endpoints/{endpoint_id}"),
+        lambda w, c: Form("GET", f"/endpoints/{w.endpoint}"),
+    ),
     ("GET", "/models/{model}", ""): (
         ("GET", "/api/v1/models/{model}"),
         lambda w, c: Form("GET", f"/models/{w.model}"),
@@ -990,6 +1003,7 @@ def dashboard_routes() -> set[tuple[str, str]]:
         admin_pages.router,
         model_pages.router,
         session_pages.router,
+        endpoint_pages.router,
     ):
         for route in router.routes:
             if isinstance(route, APIRoute):
