@@ -136,6 +136,8 @@ class Plan(Base):
     checkpoint_retention_s: Mapped[int] = mapped_column(
         BigInteger, default=7 * 86400, server_default=str(7 * 86400)
     )
+    # Webhooks a tenant on this plan may register (scheduler/services/notifications.py).
+    max_webhooks: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -620,3 +622,7 @@ class IpuSession(Base):
     # The deadline the last warning was about (wall time), so each is announced once.
     warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+# The notification tables (events, webhooks, deliveries) share this metadata.
+from scheduler.notify_models import Event, Webhook, WebhookDelivery  # noqa: E402, F401
