@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api import apidocs, dashboard, problems
 from api.metrics import LATENCY, REQUESTS
 from api.routers import admin, admin_tenants, catalogue, health, jobs, keys, models, sessions, trials, usage
+from api.routers.webhooks import router as webhooks_router
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
@@ -217,6 +218,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     for module in (jobs, sessions, catalogue, models, usage, keys, trials, admin, admin_tenants, health):
         app.include_router(module.router)
+    app.include_router(webhooks_router)
 
     app.include_router(apidocs.router)
     app.include_router(dashboard.router)

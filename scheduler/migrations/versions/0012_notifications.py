@@ -92,9 +92,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"], unique=False
     )
-    op.create_index(
-        "ix_webhook_deliveries_webhook", "webhook_deliveries", ["webhook_id", "id"], unique=False
-    )
+    op.create_index("ix_webhook_deliveries_webhook", "webhook_deliveries", ["webhook_id", "id"], unique=False)
 
 
 def downgrade() -> None:
