@@ -103,7 +103,9 @@ def test_urls_refused_name_the_field(client: Any, world: World, url: str, why: s
 def test_too_long_and_unknown_events_are_422(client: Any, world: World) -> None:
     body = assert_problem(create(client, world.a.owner_key, "https://example.org/" + "a" * 2000), 422)
     assert "url" in json.dumps(body)
-    body = assert_problem(create(client, world.a.owner_key, "https://example.org/", events=["job.exploded"]), 422)
+    body = assert_problem(
+        create(client, world.a.owner_key, "https://example.org/", events=["job.exploded"]), 422
+    )
     assert "events" in json.dumps(body)
 
 
