@@ -14,7 +14,7 @@ from scheduler.jobspec import SessionSpec
 from scheduler.models import ApiKey, Job
 from scheduler.services import keys, own_models, sessions, trials
 from scheduler.settings import Settings
-from tests.support import onnx_files
+from tests.support import onnx_files, webhooks
 from tests.tenancy.conftest import World, assert_problem, auth
 
 PUBLIC = {("POST", "/api/v1/trials")}
@@ -44,6 +44,7 @@ def samples(world: World, db: Any) -> dict[str, str]:
         held = sessions.start_session(
             session=s, tenant_id=world.a.id, spec=SessionSpec.model_validate({"ipus": 1})
         )
+    webhook_id, delivery_id = webhooks.make_webhook(db, world.a.id)
     return {
         "session_id": held.id,
         "job_id": world.a.job_id,
@@ -58,6 +59,8 @@ def samples(world: World, db: Any) -> dict[str, str]:
         "rack_id": "rack0099",
         "unit_id": "srv0099",
         "model": model.id,
+        "webhook_id": webhook_id,
+        "delivery_id": str(delivery_id),
     }
 
 
