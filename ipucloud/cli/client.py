@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from ipucloud.cli import client_admin, client_jobs, client_models, client_sessions, client_vipu
+from ipucloud.cli.client_webhooks import register as register_webhooks
 from ipucloud.cli.client_common import (
     EXIT_CODES_HELP,
     JsonOpt,
@@ -175,3 +176,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(client_admin.keys_app, name="keys")
     app.add_typer(client_admin.app, name="admin")
     app.add_typer(client_vipu.app, name="vipu")
+    register_webhooks(app)

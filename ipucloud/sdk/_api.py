@@ -19,6 +19,7 @@ from urllib.parse import quote
 import orjson
 
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated, text
+from ipucloud.sdk._webhooks import WebhookOperations
 from ipucloud.sdk.models import (
     AdminUsage,
     ApiKey,
@@ -167,7 +168,7 @@ def stream_call(job_id: str) -> Call[str]:
     return Call("GET", logs_stream_path(job_id), text)
 
 
-class Operations:
+class Operations(WebhookOperations):
     """The methods `Client` and `AsyncClient` share (see the module's docstring)."""
 
     # Catalogue and estimates -------------------------------------------------------------------------
