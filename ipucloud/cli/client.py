@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 
 from ipucloud.cli import client_admin, client_jobs, client_models, client_sessions, client_vipu
-from ipucloud.cli.client_webhooks import register as register_webhooks
 from ipucloud.cli.client_common import (
     EXIT_CODES_HELP,
     JsonOpt,
@@ -26,6 +25,7 @@ from ipucloud.cli.client_common import (
     show,
     table,
 )
+from ipucloud.cli.client_webhooks import register as register_webhooks
 from ipucloud.sdk import AuthError, Client, config
 from ipucloud.sdk.config import DEFAULT_URL
 
