@@ -106,6 +106,7 @@ def test_components_run_real_commands_with_probes(objects: list[dict[str, Any]])
         "ipucloud-vipu": "vipu-server",
         "ipucloud-scheduler": "scheduler",
         "ipucloud-worker-general": "worker",
+        "ipucloud-notifier": "notifier",
     }
     api = _containers(deployments["ipucloud-api"])[0]
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
