@@ -69,6 +69,7 @@ def test_every_object_passes_the_kubernetes_schemas(objects: list[dict[str, Any]
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "Job",
         "Secret",
         "Secret",
