@@ -28,7 +28,7 @@ class WebhookCreate(BaseModel):
         description="Where events are POSTed: http(s), at most 2,000 characters, resolving to public "
         "addresses only (unless the cloud allows private ones)."
     )
-    events: list[EventType] = Field(  # type: ignore[valid-type]
+    events: list[EventType] = Field(
         default_factory=list, max_length=len(EVENT_TYPES), description="Event types sent; empty: every type."
     )
     description: WebhookDescription = ""
@@ -38,7 +38,7 @@ class WebhookChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: WebhookUrl | None = None
-    events: list[EventType] | None = Field(None, max_length=len(EVENT_TYPES))  # type: ignore[valid-type]
+    events: list[EventType] | None = Field(None, max_length=len(EVENT_TYPES))
     description: WebhookDescription | None = None
     enabled: bool | None = Field(
         None, description="false pauses it; true enables it again (failures forgotten)."
@@ -129,7 +129,7 @@ class DeliveryOut(BaseModel):
             webhook_id=d.webhook_id,
             event_id=d.event_id,
             event_type=d.event_type,
-            status=d.status,  # type: ignore[arg-type]
+            status=d.status,
             attempts=d.attempts,
             next_attempt_at=d.next_attempt_at if d.status == "pending" else None,
             last_status=d.last_status,

@@ -8,10 +8,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from scheduler.models import Base, BigIntPK, UTCDateTime, utcnow
+from scheduler.models import Base, UTCDateTime, utcnow
+
+# As scheduler.models spells it (SQLite auto-increments only a column declared INTEGER); repeated here
+# because this module is imported while that one is still being read.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Event(Base):

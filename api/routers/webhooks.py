@@ -219,7 +219,7 @@ def list_events(
     db: DbDep,
     cursor: IntCursorParam = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    type: Annotated[list[EventType] | None, Query(max_length=20)] = None,  # type: ignore[valid-type]
+    type: Annotated[list[EventType] | None, Query(max_length=20)] = None,
 ) -> Page[EventOut]:
     with db.read() as s:
         rows = notifications.list_events(

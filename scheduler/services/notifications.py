@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import webhook_http
+from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.ids import new_id
 from scheduler.models import SERVE_TASK, Job, Plan, Tenant, utcnow
@@ -625,20 +626,27 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
             Tenant.expires_at > now - timedelta(days=1),
         )
     ).all()
-    for t in ending:
-        expires = t.expires_at.isoformat()
-        data = {"tenant_id": t.id, "expires_at": expires, "url": "/api/v1/usage"}
-        if t.expires_at <= now:
-            emit(session, tenant_id=t.id, type_="trial.expired", key=f"{t.id}:{expires}", data=data, at=now)
+    for trial in ending:
+        expires = trial.expires_at.isoformat()
+        data = {"tenant_id": trial.id, "expires_at": expires, "url": "/api/v1/usage"}
+        if trial.expires_at <= now:
+            emit(
+                session,
+                tenant_id=trial.id,
+                type_="trial.expired",
+                key=f"{trial.id}:{expires}",
+                data=data,
+                at=now,
+            )
             result["trials"] += 1
             continue
         for name, ahead in TRIAL_WARNINGS:
-            if t.expires_at - ahead <= now:
+            if trial.expires_at - ahead <= now:
                 emit(
                     session,
-                    tenant_id=t.id,
+                    tenant_id=trial.id,
                     type_="trial.expiring",
-                    key=f"{t.id}:{expires}:{name}",
+                    key=f"{trial.id}:{expires}:{name}",
                     data={**data, "within": name},
                     at=now,
                 )
@@ -649,12 +657,12 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
 def prune(*, session: Session, now: datetime) -> int:
     """Forget events and settled deliveries older than 30 days."""
     cutoff = now - EVENTS_KEPT
-    gone = session.execute(
+    gone = changed(
+        session,
         delete(WebhookDelivery).where(
             WebhookDelivery.created_at < cutoff, WebhookDelivery.status != "pending"
-        )
-    ).rowcount
-    gone += session.execute(
-        delete(Event).where(Event.created_at < cutoff, Event.fanned_out_at.is_not(None))
-    ).rowcount
-    return int(gone or 0)
+        ),
+    )
+    return gone + changed(
+        session, delete(Event).where(Event.created_at < cutoff, Event.fanned_out_at.is_not(None))
+    )
