@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 import orjson
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, delete, event, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -91,6 +91,9 @@ def _insert_ignore(session: Session, table: Any, rows: list[dict[str, Any]], key
     session.execute(ins.on_conflict_do_nothing(index_elements=[key]), rows)
 
 
+_PENDING = "ipucloud.events"
+
+
 def emit(
     session: Session,
     *,
@@ -100,22 +103,39 @@ def emit(
     data: dict[str, Any],
     at: datetime | None = None,
 ) -> None:
-    """Write an event in the caller's transaction, unless one of that id exists (a replay)."""
+    """Write an event in the caller's transaction, unless one of that id exists (a replay).
+
+    The rows are inserted together as the transaction commits: an agent's tick or a scheduling pass
+    that ends or starts hundreds of jobs adds one statement, not hundreds."""
     assert type_ in EVENT_TYPES, type_
-    _insert_ignore(
-        session,
-        Event.__table__,
-        [
-            {
-                "id": event_id(type_, key),
-                "tenant_id": tenant_id,
-                "type": type_,
-                "data": data,
-                "created_at": at or utcnow(),
-            }
-        ],
-        "id",
+    pending = session.info.setdefault(_PENDING, [])
+    if not pending:
+        event.listen(session, "before_commit", _insert_pending, once=True)
+        event.listen(session, "after_rollback", _drop_pending, once=True)
+    pending.append(
+        {
+            "id": event_id(type_, key),
+            "tenant_id": tenant_id,
+            "type": type_,
+            "data": data,
+            "created_at": at or utcnow(),
+        }
     )
+
+
+def _insert_pending(session: Session) -> None:
+    rows = session.info.pop(_PENDING, [])
+    if rows:
+        session.flush()  # the rows they name (a tenant made in this transaction) first
+        # The first row of an id stays (here and in the table); a repeat is dropped.
+        unique: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            unique.setdefault(row["id"], row)
+        _insert_ignore(session, Event.__table__, list(unique.values()), "id")
+
+
+def _drop_pending(session: Session) -> None:
+    session.info.pop(_PENDING, None)
 
 
 def job_event(session: Session, job: Job, type_: str, *, key: str, **extra: Any) -> None:
@@ -470,15 +490,15 @@ def outgoing(*, session: Session, delivery_id: int, now: datetime, public_url: s
     ).first()
     if row is None:
         return None
-    delivery, hook, event = row
+    delivery, hook, ev = row
     if delivery.status != "pending" or not hook.enabled:
         return None
     return Outgoing(
         delivery_id=delivery.id,
         webhook_id=hook.id,
         url=hook.url,
-        msg_id=event.id,
-        body=render(event.type, dict(event.data), event.created_at, public_url),
+        msg_id=ev.id,
+        body=render(ev.type, dict(ev.data), ev.created_at, public_url),
         secrets=signing_secrets(hook, now),
     )
 
