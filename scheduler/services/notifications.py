@@ -603,13 +603,73 @@ def _disable(session: Session, hook: Webhook, reason: str, now: datetime) -> boo
 class SweepResult(TypedDict):
     usage: int
     trials: int
+    runtime: int
+
+
+# `job.runtime_warning` at these shares of a job's time limit (`max_runtime_s`).
+RUNTIME_WARNINGS = (50, 80, 90)
+
+
+def _runtime_warnings(session: Session, now: datetime) -> int:
+    """Warn the owners of running jobs that have used 50, 80 or 90% of their time limit. The run
+    time counts as the limit does: what earlier attempts ran since the owner last started or resumed
+    the job, and this attempt's run after its restore (scheduler/services/attempts.py, take_many)."""
+    from scheduler.models import Attempt, AttemptState
+
+    rows = session.execute(
+        select(Attempt, Job)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(
+            Attempt.state == AttemptState.RUNNING,
+            Attempt.gcd >= 0,
+            Job.max_runtime_s.is_not(None),
+            Job.task.not_in(list(HIDDEN_TASKS)),
+        )
+    ).all()
+    due: list[tuple[Job, int, float]] = []
+    for attempt, job in rows:
+        timeline = attempt.timeline or {}
+        if attempt.started_at is None or not timeline or not job.max_runtime_s:
+            continue
+        ran = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+        before = max(0.0, float(timeline.get("run_base_s", 0.0)) - job.runtime_base_s)
+        run_s = before + max(0.0, ran - attempt.unbilled_s)
+        crossed = [pct for pct in RUNTIME_WARNINGS if 100 * run_s >= pct * job.max_runtime_s]
+        if crossed:
+            # Only the highest: a sweep that first sees 85% says 80%, not 50% and 80%.
+            due.append((job, crossed[-1], run_s))
+    keys = {event_id("job.runtime_warning", f"{job.id}:{job.attempts}:{pct}") for job, pct, _ in due}
+    known: set[str] = set()
+    for chunk in _chunks(sorted(keys), 500):
+        known.update(session.execute(select(Event.id).where(Event.id.in_(chunk))).scalars())
+    written = 0
+    for job, pct, run_s in due:
+        key = f"{job.id}:{job.attempts}:{pct}"
+        if event_id("job.runtime_warning", key) in known:
+            continue
+        job_event(
+            session,
+            job,
+            "job.runtime_warning",
+            key=key,
+            percent=pct,
+            max_runtime_s=job.max_runtime_s,
+            run_s=round(run_s, 3),
+        )
+        written += 1
+    return written
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def sweep(*, session: Session, now: datetime) -> SweepResult:
-    """Write the events no single transaction makes: grant thresholds crossed and trials ending.
+    """Write the events no single transaction makes: jobs near their time limit, grant thresholds
+    crossed and trials ending.
     Their ids name the threshold and the grant (or the expiry), so each is written once, and again
     after an admin changes the grant (or the expiry)."""
-    result = SweepResult(usage=0, trials=0)
+    result = SweepResult(usage=0, trials=0, runtime=_runtime_warnings(session, now))
     lowest = min(USAGE_THRESHOLDS) / 100
     crossed = session.execute(
         select(Tenant.id, Tenant.quota_ipu_ms, Tenant.used_ipu_ms, Tenant.reserved_ipu_ms).where(

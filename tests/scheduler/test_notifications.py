@@ -246,3 +246,32 @@ def test_retry_after_reads_seconds_and_dates() -> None:
         (now + timedelta(seconds=90)).strftime("%a, %d %b %Y %H:%M:%S GMT"), now
     ) == pytest.approx(90, abs=1.5)
     assert retry_after("soon", now) is None and retry_after(None, now) is None
+
+
+def test_jobs_are_warned_as_they_near_their_time_limit(db: Any, tenant_id: str) -> None:
+    from scheduler.jobspec import JobSpec
+    from scheduler.models import Attempt, Job
+    from scheduler.services import jobs
+    from tests.tenancy.conftest import JOB, start_attempt
+
+    with db.write() as s:
+        spec = JobSpec.model_validate({**JOB, "max_runtime_s": 1000})
+        job_id = jobs.submit_job(session=s, tenant_id=tenant_id, spec=spec).job.id
+    attempt_id = start_attempt(db, job_id, "warned")
+
+    def at_run_s(run_s: float) -> list[tuple[Any, ...]]:
+        with db.write() as s:
+            attempt = s.get(Attempt, attempt_id)
+            scale = float(attempt.timeline["scale"])
+            ran = run_s + attempt.unbilled_s
+            attempt.started_at = utcnow() - timedelta(seconds=ran / scale)
+        with db.write() as s:
+            notifications.sweep(session=s, now=utcnow())
+        return [(e.data["percent"], e.data["id"]) for e in events(db) if e.type == "job.runtime_warning"]
+
+    assert at_run_s(100) == []
+    assert at_run_s(510) == [(50, job_id)]
+    assert at_run_s(520) == [(50, job_id)]  # once
+    assert at_run_s(950) == [(50, job_id), (90, job_id)]  # 80% was never seen: only the highest
+    with db.read() as s:
+        assert s.get(Job, job_id).max_runtime_s == 1000
