@@ -136,6 +136,13 @@ class Settings(BaseSettings):
     notifier_concurrency: int = Field(
         16, ge=1, le=256, description="Webhook deliveries `ipucloud notifier` sends at once (its threads)."
     )
+    notifier_per_webhook: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Deliveries to one webhook in flight at once: a slow receiver holds this many of the "
+        "notifier's threads, never all of them.",
+    )
     notifier_poll_s: float = Field(
         0.5,
         gt=0,

@@ -86,7 +86,12 @@ class Pump(threading.Thread):
         with db.write() as s:
             fanned = notifications.fan_out(session=s)
         with db.write() as s:
-            claimed = notifications.claim_due(session=s, now=utcnow(), lease_s=claim_lease_s(settings))
+            claimed = notifications.claim_due(
+                session=s,
+                now=utcnow(),
+                lease_s=claim_lease_s(settings),
+                per_webhook=settings.notifier_per_webhook,
+            )
         for delivery_id in claimed:
             app.send_task(TASK_NAME, args=[delivery_id], queue=QUEUE)
         return fanned >= 500 or len(claimed) >= 200

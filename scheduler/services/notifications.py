@@ -444,17 +444,47 @@ def fan_out(*, session: Session, limit: int = 500) -> int:
     return len(events)
 
 
-def claim_due(*, session: Session, now: datetime, lease_s: float, limit: int = 200) -> list[int]:
+def claim_due(
+    *, session: Session, now: datetime, lease_s: float, limit: int = 200, per_webhook: int = 4
+) -> list[int]:
     """Claim the deliveries due now (pending, their time come, not claimed or their claim run out)
-    for `lease_s`; returns their ids. The guarded UPDATE lets one claimant have each."""
+    for `lease_s`; returns their ids. The guarded UPDATE lets one claimant have each.
+
+    At most `per_webhook` deliveries of one webhook are in flight at once, so a slow receiver holds
+    that many of the notifier's threads, not all of them, and the others' deliveries go on."""
     due = and_(
         WebhookDelivery.status == "pending",
         WebhookDelivery.next_attempt_at <= now,
         or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now),
     )
+    ranked = (
+        select(
+            WebhookDelivery.id,
+            WebhookDelivery.webhook_id,
+            WebhookDelivery.next_attempt_at,
+            func.row_number()
+            .over(
+                partition_by=WebhookDelivery.webhook_id,
+                order_by=(WebhookDelivery.next_attempt_at, WebhookDelivery.id),
+            )
+            .label("rank"),
+        )
+        .where(due)
+        .subquery()
+    )
+    in_flight = (
+        select(WebhookDelivery.webhook_id, func.count().label("n"))
+        .where(WebhookDelivery.status == "pending", WebhookDelivery.claimed_until >= now)
+        .group_by(WebhookDelivery.webhook_id)
+        .subquery()
+    )
     ids = list(
         session.execute(
-            select(WebhookDelivery.id).where(due).order_by(WebhookDelivery.next_attempt_at).limit(limit)
+            select(ranked.c.id)
+            .outerjoin(in_flight, in_flight.c.webhook_id == ranked.c.webhook_id)
+            .where(ranked.c.rank <= per_webhook - func.coalesce(in_flight.c.n, 0))
+            .order_by(ranked.c.next_attempt_at, ranked.c.id)
+            .limit(limit)
         ).scalars()
     )
     if not ids:

@@ -275,3 +275,24 @@ def test_jobs_are_warned_as_they_near_their_time_limit(db: Any, tenant_id: str) 
     assert at_run_s(950) == [(50, job_id), (90, job_id)]  # 80% was never seen: only the highest
     with db.read() as s:
         assert s.get(Job, job_id).max_runtime_s == 1000
+
+
+def test_a_webhook_has_at_most_its_share_in_flight(db: Any, tenant_id: str) -> None:
+    slow = hook(db, tenant_id)
+    quick = hook(db, tenant_id)
+    for n in range(10):
+        emit(db, tenant_id, key=f"job_{n}:1")
+    with db.write() as s:
+        notifications.fan_out(session=s)
+    now = utcnow()
+    with db.write() as s:
+        first = notifications.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
+    by_hook = {d.id: d.webhook_id for d in deliveries(db)}
+    assert sorted(by_hook[i] for i in first) == sorted([slow] * 3 + [quick] * 3)
+    # The quick one's settle; the slow one's are still in flight: only the quick one gets more.
+    for delivery_id in first:
+        if by_hook[delivery_id] == quick:
+            settle(db, delivery_id, OK, now)
+    with db.write() as s:
+        second = notifications.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
+    assert [by_hook[i] for i in second] == [quick] * 3
