@@ -498,6 +498,32 @@ def claim_due(
     return sorted(claimed)
 
 
+def claim_next(*, session: Session, webhook_id: str, now: datetime, lease_s: float) -> int | None:
+    """Claim the oldest due delivery of one webhook, for the thread that just settled one of its
+    deliveries to send next: its in-flight count stays where it was, and a busy webhook's deliveries
+    follow one another without waiting for the notifier's next pass. None when none is due."""
+    due = and_(
+        WebhookDelivery.webhook_id == webhook_id,
+        WebhookDelivery.status == "pending",
+        WebhookDelivery.next_attempt_at <= now,
+        or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now),
+    )
+    candidate = session.execute(
+        select(WebhookDelivery.id)
+        .where(due)
+        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+        .limit(1)
+    ).scalar_one_or_none()
+    if candidate is None:
+        return None
+    return session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == candidate, due)
+        .values(claimed_until=now + timedelta(seconds=lease_s))
+        .returning(WebhookDelivery.id)
+    ).scalar_one_or_none()
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """A claimed delivery, ready to send: what `webhook_http.send` needs."""
