@@ -35,11 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import update  # noqa: E402
+from sqlalchemy import delete, update  # noqa: E402
 
 from scheduler.db import Database  # noqa: E402
 from scheduler.migrate import upgrade  # noqa: E402
-from scheduler.models import Plan, Webhook  # noqa: E402
+from scheduler.models import Event, Plan, Webhook, WebhookDelivery  # noqa: E402
 from scheduler.services import notifications, tenants  # noqa: E402
 from tests.support.services import EmbeddedRedis  # noqa: E402
 
@@ -105,16 +105,13 @@ class Receivers:
 
 def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, Any]:
     db_url = args.database_url or f"sqlite:///{workdir / 'bench.db'}"
-    if args.database_url:
-        from sqlalchemy import create_engine, text
-
-        engine = create_engine(args.database_url.replace("postgresql://", "postgresql+psycopg://"))
-        with engine.begin() as conn:
-            for table in ("webhook_deliveries", "events", "webhooks"):
-                conn.execute(text(f"DELETE FROM {table}"))
-        engine.dispose()
     upgrade(db_url)
     db = Database(db_url)
+    if args.database_url:
+        # A database kept between runs: only this benchmark's rows go.
+        with db.write() as s:
+            for table in (WebhookDelivery, Event, Webhook):
+                s.execute(delete(table))
     secret_key = secrets.token_urlsafe(32)
     receivers = Receivers(kinds, args.slow_s)
     with db.write() as s:
@@ -253,7 +250,7 @@ def main() -> None:
     parser.add_argument("--slow-s", type=float, default=2.0, help="how long the slow receiver takes")
     parser.add_argument("--concurrency", type=int, default=16, help="the notifier's threads")
     parser.add_argument("--per-webhook", type=int, default=4, help="IPUCLOUD_NOTIFIER_PER_WEBHOOK")
-    parser.add_argument("--poll-s", type=float, default=0.05, help="IPUCLOUD_NOTIFIER_POLL_S")
+    parser.add_argument("--poll-s", type=float, default=0.5, help="IPUCLOUD_NOTIFIER_POLL_S")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--redis-url", default=None)

@@ -76,7 +76,12 @@ class WebhookDelivery(Base):
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
-        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        # The notifier's claims read what is due in time order, skipping the webhooks that have all the
+        # deliveries in flight they may have, from the index alone.
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at", "webhook_id", "claimed_until"),
+        # A webhook's next due delivery (claimed as one settles), and what is in flight now.
+        Index("ix_webhook_deliveries_webhook_due", "webhook_id", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_claimed_until", "claimed_until"),
         Index("ix_webhook_deliveries_webhook", "webhook_id", "id"),
     )
 

@@ -142,16 +142,13 @@ def deliver(delivery_id: int) -> str:
     rt = runtime.current()
     settings = rt.settings
     until = time.monotonic() + CHAIN_S
-    current: int | None = delivery_id
+    now = utcnow()
+    with rt.db.read() as s:
+        out = notifications.outgoing(
+            session=s, delivery_id=delivery_id, now=now, public_url=settings.public_url
+        )
     status = "nothing to send"
-    while current is not None:
-        now = utcnow()
-        with rt.db.read() as s:
-            out = notifications.outgoing(
-                session=s, delivery_id=current, now=now, public_url=settings.public_url
-            )
-        if out is None:
-            return status
+    while out is not None:
         outcome = webhook_http.send(
             url=out.url,
             msg_id=out.msg_id,
@@ -162,22 +159,27 @@ def deliver(delivery_id: int) -> str:
             allow_private=settings.webhook_allow_private,
             timestamp=now,
         )
+        sent, out = out, None
         with rt.db.write() as s:
+            now = utcnow()
             result = notifications.record_outcome(
                 session=s,
-                delivery_id=current,
+                delivery_id=sent.delivery_id,
                 outcome=outcome,
-                now=utcnow(),
+                now=now,
                 time_scale=settings.time_scale,
                 disable_after_s=settings.webhook_disable_after_s,
                 rng=_rng,
             )
-            current = None
             if result is not None and not result["disabled"] and time.monotonic() < until:
-                current = notifications.claim_next(
-                    session=s, webhook_id=out.webhook_id, now=utcnow(), lease_s=claim_lease_s(settings)
+                following = notifications.claim_next(
+                    session=s, webhook_id=sent.webhook_id, now=now, lease_s=claim_lease_s(settings)
                 )
+                if following is not None:
+                    out = notifications.outgoing(
+                        session=s, delivery_id=following, now=now, public_url=settings.public_url
+                    )
         if result is not None and result["disabled"]:
-            log.warning("webhook %s disabled: %s", out.webhook_id, outcome.error)
+            log.warning("webhook %s disabled: %s", sent.webhook_id, outcome.error)
         status = result["status"] if result else "settled elsewhere"
     return status

@@ -77,6 +77,7 @@ RETRY_SCHEDULE_S = (5, 300, 1800, 7200, 18000, 36000, 36000, 72000, 86400)
 JITTER = 0.2
 MAX_RETRY_AFTER_S = 86400.0
 EXCERPT_STORED = 1000
+MAX_CLAIM_ROUNDS = 20
 MAX_EVENTS_FILTER = 50
 
 
@@ -451,42 +452,40 @@ def claim_due(
     for `lease_s`; returns their ids. The guarded UPDATE lets one claimant have each.
 
     At most `per_webhook` deliveries of one webhook are in flight at once, so a slow receiver holds
-    that many of the notifier's threads, not all of them, and the others' deliveries go on."""
+    that many of the notifier's threads, not all of them, and the others' deliveries go on. The
+    webhooks at their limit are skipped in the index, so a long backlog of one does not hide the
+    others' deliveries from this pass."""
+    in_flight = dict(
+        session.execute(
+            select(WebhookDelivery.webhook_id, func.count())
+            .where(WebhookDelivery.claimed_until >= now, WebhookDelivery.status == "pending")
+            .group_by(WebhookDelivery.webhook_id)
+        ).all()
+    )
+    full = sorted(w for w, n in in_flight.items() if n >= per_webhook)
     due = and_(
         WebhookDelivery.status == "pending",
         WebhookDelivery.next_attempt_at <= now,
         or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now),
     )
-    ranked = (
-        select(
-            WebhookDelivery.id,
-            WebhookDelivery.webhook_id,
-            WebhookDelivery.next_attempt_at,
-            func.row_number()
-            .over(
-                partition_by=WebhookDelivery.webhook_id,
-                order_by=(WebhookDelivery.next_attempt_at, WebhookDelivery.id),
-            )
-            .label("rank"),
-        )
-        .where(due)
-        .subquery()
-    )
-    in_flight = (
-        select(WebhookDelivery.webhook_id, func.count().label("n"))
-        .where(WebhookDelivery.status == "pending", WebhookDelivery.claimed_until >= now)
-        .group_by(WebhookDelivery.webhook_id)
-        .subquery()
-    )
-    ids = list(
-        session.execute(
-            select(ranked.c.id)
-            .outerjoin(in_flight, in_flight.c.webhook_id == ranked.c.webhook_id)
-            .where(ranked.c.rank <= per_webhook - func.coalesce(in_flight.c.n, 0))
-            .order_by(ranked.c.next_attempt_at, ranked.c.id)
-            .limit(limit)
-        ).scalars()
-    )
+    room = {w: per_webhook - n for w, n in in_flight.items()}
+    ids: list[int] = []
+    # Deliveries fanned out together are due at the same instant and sit in the index by webhook:
+    # each round takes what the webhooks it meets have room for, then looks past the ones it filled.
+    for _ in range(MAX_CLAIM_ROUNDS):
+        stmt = select(WebhookDelivery.id, WebhookDelivery.webhook_id).where(due)
+        if full:
+            stmt = stmt.where(WebhookDelivery.webhook_id.not_in(full))
+        rows = session.execute(stmt.order_by(WebhookDelivery.next_attempt_at).limit(limit)).all()
+        for delivery_id, webhook_id in rows:
+            if room.setdefault(webhook_id, per_webhook) > 0 and delivery_id not in ids:
+                room[webhook_id] -= 1
+                ids.append(delivery_id)
+                if room[webhook_id] == 0:
+                    full.append(webhook_id)
+        if len(rows) < limit or len(ids) >= limit:
+            break
+    ids = ids[:limit]
     if not ids:
         return []
     claimed = session.execute(
@@ -508,17 +507,13 @@ def claim_next(*, session: Session, webhook_id: str, now: datetime, lease_s: flo
         WebhookDelivery.next_attempt_at <= now,
         or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now),
     )
-    candidate = session.execute(
-        select(WebhookDelivery.id)
-        .where(due)
-        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
-        .limit(1)
-    ).scalar_one_or_none()
-    if candidate is None:
-        return None
+    oldest = select(WebhookDelivery.id).where(due).order_by(WebhookDelivery.next_attempt_at).limit(1)
+    if session.get_bind().dialect.name == "postgresql":
+        # Two threads of one webhook take two deliveries, not the same one.
+        oldest = oldest.with_for_update(skip_locked=True)
     return session.execute(
         update(WebhookDelivery)
-        .where(WebhookDelivery.id == candidate, due)
+        .where(WebhookDelivery.id == oldest.scalar_subquery(), due)
         .values(claimed_until=now + timedelta(seconds=lease_s))
         .returning(WebhookDelivery.id)
     ).scalar_one_or_none()
@@ -596,9 +591,6 @@ def record_outcome(
     ).scalar_one_or_none()
     if delivery is None or delivery.status != "pending":
         return None
-    hook = session.execute(
-        select(Webhook).where(Webhook.id == delivery.webhook_id).with_for_update()
-    ).scalar_one()
     delivery.attempts += 1
     delivery.last_attempt_at = now
     delivery.last_status = outcome.status
@@ -610,8 +602,16 @@ def record_outcome(
     if outcome.ok:
         delivery.status = "succeeded"
         delivery.delivered_at = now
-        hook.failing_since = None
+        # The common case touches the webhook's row only when it was failing.
+        session.execute(
+            update(Webhook)
+            .where(Webhook.id == delivery.webhook_id, Webhook.failing_since.is_not(None))
+            .values(failing_since=None)
+        )
     else:
+        hook = session.execute(
+            select(Webhook).where(Webhook.id == delivery.webhook_id).with_for_update()
+        ).scalar_one()
         if hook.failing_since is None:
             hook.failing_since = now
         if outcome.status == 410:

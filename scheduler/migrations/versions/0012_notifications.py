@@ -90,13 +90,27 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_webhook_deliveries")),
     )
     op.create_index(
-        "ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"], unique=False
+        "ix_webhook_deliveries_due",
+        "webhook_deliveries",
+        ["status", "next_attempt_at", "webhook_id", "claimed_until"],
+        unique=False,
+    )
+    op.create_index(
+        "ix_webhook_deliveries_webhook_due",
+        "webhook_deliveries",
+        ["webhook_id", "status", "next_attempt_at"],
+        unique=False,
+    )
+    op.create_index(
+        "ix_webhook_deliveries_claimed_until", "webhook_deliveries", ["claimed_until"], unique=False
     )
     op.create_index("ix_webhook_deliveries_webhook", "webhook_deliveries", ["webhook_id", "id"], unique=False)
 
 
 def downgrade() -> None:
     op.drop_index("ix_webhook_deliveries_webhook", table_name="webhook_deliveries")
+    op.drop_index("ix_webhook_deliveries_claimed_until", table_name="webhook_deliveries")
+    op.drop_index("ix_webhook_deliveries_webhook_due", table_name="webhook_deliveries")
     op.drop_index("ix_webhook_deliveries_due", table_name="webhook_deliveries")
     op.drop_table("webhook_deliveries")
     op.drop_index("ix_webhooks_tenant_id", table_name="webhooks")
