@@ -455,13 +455,14 @@ def claim_due(
     that many of the notifier's threads, not all of them, and the others' deliveries go on. The
     webhooks at their limit are skipped in the index, so a long backlog of one does not hide the
     others' deliveries from this pass."""
-    in_flight = dict(
-        session.execute(
+    in_flight: dict[str, int] = {
+        webhook_id: n
+        for webhook_id, n in session.execute(
             select(WebhookDelivery.webhook_id, func.count())
             .where(WebhookDelivery.claimed_until >= now, WebhookDelivery.status == "pending")
             .group_by(WebhookDelivery.webhook_id)
-        ).all()
-    )
+        ).tuples()
+    }
     full = sorted(w for w, n in in_flight.items() if n >= per_webhook)
     due = and_(
         WebhookDelivery.status == "pending",
