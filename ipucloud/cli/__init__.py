@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from ipucloud.cli import client, gctools, server, tools
+from ipucloud.cli.notifier import register as register_notifier
 
 app = typer.Typer(
     name="ipucloud",
@@ -18,6 +19,7 @@ server.register(app)
 tools.register(app)
 client.register(app)
 gctools.register(app)
+register_notifier(app)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from ipucloud.cli.client_common import (
     show,
     table,
 )
+from ipucloud.cli.client_webhooks import register as register_webhooks
 from ipucloud.sdk import AuthError, Client, config
 from ipucloud.sdk.config import DEFAULT_URL
 
@@ -183,3 +184,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(client_admin.keys_app, name="keys")
     app.add_typer(client_admin.app, name="admin")
     app.add_typer(client_vipu.app, name="vipu")
+    register_webhooks(app)

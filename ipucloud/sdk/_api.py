@@ -20,6 +20,7 @@ import orjson
 
 from ipucloud.sdk import inference
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated, text
+from ipucloud.sdk._webhooks import WebhookOperations
 from ipucloud.sdk.inference import Inference
 from ipucloud.sdk.models import (
     AdminUsage,
@@ -172,7 +173,7 @@ def stream_call(job_id: str) -> Call[str]:
     return Call("GET", logs_stream_path(job_id), text)
 
 
-class Operations:
+class Operations(WebhookOperations):
     """The methods `Client` and `AsyncClient` share (see the module's docstring)."""
 
     # Catalogue and estimates -------------------------------------------------------------------------

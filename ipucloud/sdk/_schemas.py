@@ -19,6 +19,7 @@ __all__ = [
     "ApiKeyCreated",
     "Catalogue",
     "Checkpoint",
+    "Delivery",
     "Endpoint",
     "EndpointMetrics",
     "EndpointMinute",
@@ -26,6 +27,7 @@ __all__ = [
     "EndpointReplicas",
     "EndpointWindow",
     "Estimate",
+    "Event",
     "Fleet",
     "FleetIpu",
     "FleetMachine",
@@ -81,6 +83,9 @@ __all__ = [
     "V2ServerMetadata",
     "V2Tensor",
     "WaitReason",
+    "Webhook",
+    "WebhookCreated",
+    "WebhookTest",
     "Workload",
 ]
 
@@ -491,6 +496,51 @@ class Ready(Model):
     checks: dict[str, str] = Field(default_factory=dict)
 
 
+class Webhook(Model):
+    id: str | None = None
+    url: str | None = None
+    description: str | None = None
+    events: list[str] = Field(default_factory=list)
+    enabled: bool = False
+    disabled_reason: str | None = None
+    failing_since: datetime | None = None
+    previous_secret_until: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+class WebhookCreated(Webhook):
+    secret: str | None = None
+
+
+class WebhookTest(Model):
+    """What the receiver answered a signed `webhook.ping`."""
+
+    ok: bool = False
+    status: int | None = None
+    latency_ms: int | None = None
+    body_excerpt: str | None = None
+    error: str | None = None
+    webhook_id_header: str | None = None
+
+
+class Delivery(Model):
+    id: int | None = None
+    webhook_id: str | None = None
+    event_id: str | None = None
+    event_type: str | None = None
+    status: str | None = None
+    attempts: int | None = None
+    next_attempt_at: datetime | None = None
+    last_status: int | None = None
+    last_error: str | None = None
+    last_latency_ms: int | None = None
+    response_excerpt: str | None = None
+    created_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    delivered_at: datetime | None = None
+
+
 class Progress(Model):
     phase: str | None = None
     step: int | None = None
@@ -752,6 +802,13 @@ class RackUnit(Model):
     model: str | None = None
     ipus: int
     machines: dict[str, int] = Field(default_factory=dict)
+
+
+class Event(Model):
+    id: str | None = None
+    type: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
 
 
 class ServeBatch(Model):

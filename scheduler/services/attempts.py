@@ -46,7 +46,7 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import agents, checkpoints, executables, fleet, metering, rates
+from scheduler.services import agents, checkpoints, executables, fleet, metering, notifications, rates
 from scheduler.services.agents import AgentLease
 from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
@@ -395,6 +395,9 @@ def take_many(
         job.state = JobState.RUNNING
         job.started_at = job.started_at or now
         job.updated_at = now
+        notifications.job_event(
+            session, job, "job.started", key=f"{job.id}:{attempt.number}", attempt=attempt.number
+        )
         started_events.append(
             {
                 "job_id": job.id,
@@ -881,6 +884,10 @@ def _move_job_on(
         # its host agent.
         job.state = JobState.QUEUED
         job.updated_at = now
+        if outcome == AttemptState.PREEMPTED:
+            notifications.job_event(
+                session, job, "job.preempted", key=f"{job.id}:{attempt.number}", attempt=attempt.number
+            )
         events.append(
             {
                 "job_id": job.id,

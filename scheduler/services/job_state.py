@@ -9,6 +9,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from scheduler.models import Job, JobEvent, JobState, Tenant, utcnow
+from scheduler.services import notifications
 
 
 def add_event(
@@ -52,6 +53,7 @@ def finalize_job(
     job.updated_at = now
     message = f"{state}" + (f": {reason}" if reason else "")
     data = {"state": str(state), "reason": reason}
+    notifications.job_event(session, job, f"job.{state}", key=f"{job.id}:{job.attempts}", reason=reason)
     if events is not None:
         events.append(
             {

@@ -54,7 +54,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, metering, rates
+from scheduler.services import attempts, fleet, metering, notifications, rates
 from scheduler.services.job_state import add_event, finalize_job
 from scheduler.services.scope import Scope, restrict, sees
 
@@ -650,6 +650,19 @@ def end_many(
         row.ended_reason = reason
         row.ended_detail = detail[:1000]
         row.ended_at = now
+        notifications.emit(
+            session,
+            tenant_id=row.tenant_id,
+            type_="session.ended",
+            key=row.id,
+            data={
+                "id": row.id,
+                "reason": reason,
+                "detail": detail[:1000],
+                "url": f"/api/v1/sessions/{row.id}",
+            },
+            at=now,
+        )
         add_event(
             session,
             row.job_id,
@@ -765,6 +778,20 @@ def sweep(
                 f"session ends in {left:.0f} s ({why})"
                 + ("; submit a job to keep it" if reason == IDLE_TIMEOUT else ""),
                 data={"warning": reason, "ends_in_s": round(left, 3), "ends_at": deadline.isoformat()},
+                at=now,
+            )
+            notifications.emit(
+                session,
+                tenant_id=row.tenant_id,
+                type_="session.ending_soon",
+                key=f"{row.id}:{deadline.isoformat()}",
+                data={
+                    "id": row.id,
+                    "reason": reason,
+                    "ends_at": deadline.isoformat(),
+                    "ends_in_s": round(left, 3),
+                    "url": f"/api/v1/sessions/{row.id}",
+                },
                 at=now,
             )
             result.warned.append(row.id)

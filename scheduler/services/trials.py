@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.ids import new_id
 from scheduler.models import Plan, TrialApplication, utcnow
-from scheduler.services import tenants
+from scheduler.services import notifications, tenants
 from scheduler.services.tenants import TRIAL_PLAN_BY_CATEGORY, CreatedTenant
 
 CATEGORIES = tuple(TRIAL_PLAN_BY_CATEGORY)
@@ -151,6 +151,18 @@ def approve(
     application.plan = plan_name
     application.decided_at = utcnow()
     application.decided_by = decided_by
+    notifications.emit(
+        session,
+        tenant_id=created.tenant.id,
+        type_="trial.approved",
+        key=application.id,
+        data={
+            "tenant_id": created.tenant.id,
+            "plan": plan_name,
+            "expires_at": created.tenant.expires_at.isoformat() if created.tenant.expires_at else None,
+            "url": "/api/v1/usage",
+        },
+    )
     session.flush()
     return application, created
 

@@ -19,6 +19,7 @@ from typing import IO
 
 import httpx
 import pytest
+from pytest_httpserver import HTTPServer
 
 from tests.support.cloud import free_port
 
@@ -115,7 +116,9 @@ def processes_of(tmp: Path) -> list[str]:
     return found
 
 
-def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_state(tmp_path: Path) -> None:
+def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_state(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
     port, vipu_port = free_port(), free_port()
     env = users_shell(
         IPUCLOUD_PORT=str(port), IPUCLOUD_VIPU_API_PORT=str(vipu_port), IPUCLOUD_TIME_SCALE="1000"
@@ -141,6 +144,15 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
         )
         assert made.status_code == 201, made.text
         tenant = {"Authorization": f"Bearer {made.json()['api_key']}"}
+        # `up` runs the notifier and lets webhooks reach this machine: the job's end is delivered.
+        httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+        hook = httpx.post(
+            f"{url}/api/v1/webhooks",
+            headers=tenant,
+            json={"url": httpserver.url_for("/hook"), "events": ["job.succeeded"]},
+            timeout=10,
+        )
+        assert hook.status_code == 201, hook.text
         submitted = httpx.post(f"{url}/api/v1/jobs", headers=tenant, json=JOB, timeout=10)
         assert submitted.status_code == 202, submitted.text
         job_url = f"{url}/api/v1/jobs/{submitted.json()['id']}"
@@ -149,6 +161,11 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
             assert time.monotonic() < deadline and job["state"] in ("queued", "running"), job
             time.sleep(0.2)
         assert job["used_ipu_hours"] > 0
+        deadline = time.monotonic() + 30
+        while not httpserver.log and time.monotonic() < deadline:
+            time.sleep(0.1)
+        delivered = httpserver.log[0][0]
+        assert delivered.json["type"] == "job.succeeded" and delivered.json["data"]["id"] == job["id"]
         # The demo fleet is the seeds' cloud: two IPU-M2000 POD64s and a Dell DSS 8440 of C2 cards.
         racks = httpx.get(f"{url}/api/v1/admin/fleet/racks", headers=admin, timeout=10).json()["racks"]
         units = [(u["id"], u["machine_type"], u["layout"], u["model"]) for r in racks for u in r["units"]]

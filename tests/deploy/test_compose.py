@@ -24,7 +24,7 @@ from tests.deploy.checks import (
 )
 
 COMPOSE = DEPLOY / "compose.yaml"
-OURS = ("migrate", "bootstrap", "api", "vipu", "scheduler", "worker")
+OURS = ("migrate", "bootstrap", "api", "vipu", "scheduler", "worker", "notifier")
 
 
 def _filled_example() -> dict[str, str]:
@@ -63,7 +63,7 @@ def test_every_ipucloud_service_runs_a_real_command(compose: dict[str, Any]) -> 
         svc = compose["services"][name]
         assert svc["image"].startswith("ipucloud:") and svc["build"]["dockerfile"] == "deploy/Dockerfile"
         seen.add(check_ipucloud_command(svc["command"]))
-    assert seen == {"migrate", "bootstrap", "api", "vipu-server", "scheduler", "worker"}
+    assert seen == {"migrate", "bootstrap", "api", "vipu-server", "scheduler", "worker", "notifier"}
 
 
 def test_the_checker_rejects_what_is_not_a_command() -> None:

@@ -69,6 +69,7 @@ def test_every_object_passes_the_kubernetes_schemas(objects: list[dict[str, Any]
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "Job",
         "Secret",
         "Secret",
@@ -106,6 +107,7 @@ def test_components_run_real_commands_with_probes(objects: list[dict[str, Any]])
         "ipucloud-vipu": "vipu-server",
         "ipucloud-scheduler": "scheduler",
         "ipucloud-worker-general": "worker",
+        "ipucloud-notifier": "notifier",
     }
     api = _containers(deployments["ipucloud-api"])[0]
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -52,6 +52,7 @@ def test_there_is_a_unit_per_component() -> None:
         "ipucloud-scheduler.service",
         "ipucloud-worker@.service",
         "ipucloud-migrate.service",
+        "ipucloud-notifier.service",
     }
 
 
@@ -65,7 +66,7 @@ def test_exec_start_is_a_real_command() -> None:
         seen.add(check_ipucloud_command(argv[1:]))
         assert service["User"] == ["ipucloud"], f"{name} must not run as root"
         assert service["EnvironmentFile"][0] == "/etc/ipucloud/ipucloud.env", name
-    assert seen == {"api", "vipu-server", "scheduler", "worker", "migrate"}
+    assert seen == {"api", "vipu-server", "scheduler", "worker", "migrate", "notifier"}
 
 
 def test_systemd_accepts_the_units(tmp_path: Path) -> None:

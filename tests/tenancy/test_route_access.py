@@ -15,7 +15,7 @@ from scheduler.jobspec import SessionSpec
 from scheduler.models import ApiKey, Job
 from scheduler.services import endpoints, keys, own_models, sessions, trials
 from scheduler.settings import Settings
-from tests.support import onnx_files
+from tests.support import onnx_files, webhooks
 from tests.tenancy.conftest import World, assert_problem, auth
 
 PUBLIC = {("POST", "/api/v1/trials")}
@@ -52,6 +52,7 @@ def samples(world: World, db: Any) -> dict[str, str]:
                 {"name": "served", "model": "resnet50", "replicas": {"min": 0, "max": 1}}
             ),
         )
+    webhook_id, delivery_id = webhooks.make_webhook(db, world.a.id)
     return {
         "endpoint_id": served.id,
         "endpoint_name": served.name,
@@ -69,6 +70,8 @@ def samples(world: World, db: Any) -> dict[str, str]:
         "rack_id": "rack0099",
         "unit_id": "srv0099",
         "model": model.id,
+        "webhook_id": webhook_id,
+        "delivery_id": str(delivery_id),
     }
 
 

@@ -49,13 +49,14 @@ from scheduler.models import (
     OwnModel,
     Partition,
     TrialApplication,
+    Webhook,
 )
 from scheduler.services import endpoints as endpoint_service
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
-from tests.support import agentkit, onnx_files
+from tests.support import agentkit, onnx_files, webhooks
 from tests.support.services import Seeded, reload_settings
 from vipu.topology import rack_id
 
@@ -127,6 +128,8 @@ class World:
     application: str = ""
     model: str = ""
     model_file: Path = Path()
+    webhook: str = ""
+    delivery: int = 0
     keys: dict[str, str] = field(default_factory=dict)
     n: Iterator[int] = field(default_factory=itertools.count)
 
@@ -273,6 +276,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
     w.application = w.new_application()
     w.model_file = model_file
     w.model = w.new_model()
+    w.webhook, w.delivery = webhooks.make_webhook(w.db, w.tenant)
     return w
 
 
@@ -712,7 +716,54 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
 
 _INVOKERS = ("invoke", "member", "owner", "admin")
 
+
 # Where a route answers otherwise than its kind says, and why.
+def _webhook_there(w: World, webhook_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            return s.get(Webhook, webhook_id) is not None
+
+    return check
+
+
+def _delete_webhook(w: World) -> Call:
+    webhook_id, _ = webhooks.make_webhook(w.db, w.tenant)
+    return Call(f"/api/v1/webhooks/{webhook_id}", unchanged=_webhook_there(w, webhook_id))
+
+
+WEBHOOK_CASES: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
+    # A public address given as such: created without a DNS look-up, and nothing is sent to it here.
+    ("POST", "/api/v1/webhooks"): (
+        "submit",
+        lambda w: Call("/api/v1/webhooks", {"url": "https://93.184.215.14/"}),
+    ),
+    ("GET", "/api/v1/webhooks"): ("read", lambda w: Call("/api/v1/webhooks")),
+    ("GET", "/api/v1/webhooks/{webhook_id}"): ("read", lambda w: Call(f"/api/v1/webhooks/{w.webhook}")),
+    ("PATCH", "/api/v1/webhooks/{webhook_id}"): (
+        "submit",
+        lambda w: Call(f"/api/v1/webhooks/{w.webhook}", {"description": "changed"}),
+    ),
+    ("DELETE", "/api/v1/webhooks/{webhook_id}"): ("submit", _delete_webhook),
+    ("POST", "/api/v1/webhooks/{webhook_id}/rotate-secret"): (
+        "submit",
+        lambda w: Call(f"/api/v1/webhooks/{w.webhook}/rotate-secret", {"overlap_s": 0}),
+    ),
+    ("POST", "/api/v1/webhooks/{webhook_id}/test"): (
+        "submit",
+        lambda w: Call(f"/api/v1/webhooks/{w.webhook}/test", {}),
+    ),
+    ("GET", "/api/v1/webhooks/{webhook_id}/deliveries"): (
+        "read",
+        lambda w: Call(f"/api/v1/webhooks/{w.webhook}/deliveries"),
+    ),
+    ("POST", "/api/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver"): (
+        "submit",
+        lambda w: Call(f"/api/v1/webhooks/{w.webhook}/deliveries/{w.delivery}/redeliver", {}),
+    ),
+    ("GET", "/api/v1/events"): ("read", lambda w: Call("/api/v1/events")),
+}
+API.update(WEBHOOK_CASES)
+
 API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # The world's endpoint has no replica: not ready (503), and a wrong tensor is a 400 before any wait.
     **{
@@ -723,6 +774,9 @@ API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
         ("POST", V2 + path): dict.fromkeys(_INVOKERS, "HTTP 400")
         for path in ("/models/{model}/infer", "/models/{model}/versions/{version}/infer")
     },
+    # Owners manage a tenant's webhooks, members read them; an admin key has no tenant to own one.
+    **{route: {"member": FORBIDDEN} for route, (kind, _) in WEBHOOK_CASES.items() if kind == "submit"},
+    ("POST", "/api/v1/webhooks"): {"member": FORBIDDEN, "admin": FORBIDDEN},
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},

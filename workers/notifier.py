@@ -1,0 +1,185 @@
+"""The notifier: `ipucloud notifier`, a Celery worker that delivers webhooks.
+
+Its pump thread reads the database, never the broker, for what is to be done: it fans new events out
+into deliveries, claims the deliveries that are due for a lease, and publishes one message per claim
+on the `ipucloud.notify` queue; the threads of the Celery pool send them (`deliver`) and write each
+outcome. The database holds every delivery's state, so a broker or a notifier that restarts loses
+nothing: a claim whose message was lost, or whose worker died, lapses and is claimed and published
+again (at least once). The pump also writes the swept events (grant thresholds, trials ending) and
+prunes what is older than 30 days. Replicas may run side by side: claims are guarded updates.
+
+It has its own Celery app and serves only its own queue, so it never takes a host agent's dispatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+from celery import signals
+
+from scheduler import runtime, webhook_http
+from scheduler.broker import make_celery
+from scheduler.models import utcnow
+from scheduler.runtime import Runtime
+from scheduler.services import notifications
+from scheduler.settings import Settings, get_settings
+
+log = logging.getLogger("ipucloud.notifier")
+
+QUEUE = "ipucloud.notify"
+TASK_NAME = "ipucloud.deliver_webhook"
+SWEEP_EVERY_S = 5.0
+# How long one task goes on sending a webhook's next deliveries before it lets the pump share the
+# threads out again.
+CHAIN_S = 5.0
+PRUNE_EVERY_S = 600.0
+
+app = make_celery()
+app.conf.task_default_queue = QUEUE
+
+
+def claim_lease_s(settings: Settings) -> float:
+    # Long enough for a try to end (its timeout) and its outcome to be written, short enough that a
+    # lost message is sent again soon.
+    return 2 * settings.webhook_timeout_s + 1
+
+
+class Pump(threading.Thread):
+    """Fan-out, claims and publication, every `notifier_poll_s` (see the module's docstring)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(name="notifier-pump", daemon=True)
+        self.rt = rt
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        settings = self.rt.settings
+        next_sweep = next_prune = 0.0
+        while not self.stop_event.is_set():
+            try:
+                busy = self.pass_once(
+                    sweep=time.monotonic() >= next_sweep, prune=time.monotonic() >= next_prune
+                )
+            except Exception:
+                # A database or broker that is away: the next pass tries again; nothing was lost.
+                log.exception("notifier pass failed")
+                busy = False
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + SWEEP_EVERY_S
+            if now >= next_prune:
+                next_prune = now + PRUNE_EVERY_S
+            if not busy:
+                self.stop_event.wait(settings.notifier_poll_s)
+
+    def pass_once(self, *, sweep: bool = False, prune: bool = False) -> bool:
+        """One pass; True if there was more to do than one batch."""
+        settings = self.rt.settings
+        db = self.rt.db
+        if sweep:
+            with db.write() as s:
+                notifications.sweep(session=s, now=utcnow())
+        if prune:
+            with db.write() as s:
+                notifications.prune(session=s, now=utcnow())
+        with db.write() as s:
+            fanned = notifications.fan_out(session=s)
+        with db.write() as s:
+            claimed = notifications.claim_due(
+                session=s,
+                now=utcnow(),
+                lease_s=claim_lease_s(settings),
+                per_webhook=settings.notifier_per_webhook,
+            )
+        for delivery_id in claimed:
+            app.send_task(TASK_NAME, args=[delivery_id], queue=QUEUE)
+        return fanned >= 500 or len(claimed) >= 200
+
+
+_rng = random.Random()
+# This process's pump, started once the worker consumes (a worker process runs one notifier).
+_pump: list[Pump] = []
+
+
+def _ours(sender: Any) -> bool:
+    # Celery's signals are process-wide: act only for this app's worker.
+    return getattr(sender, "app", None) is app
+
+
+@signals.worker_init.connect
+def _start(sender: Any = None, **_: Any) -> None:
+    if _ours(sender):
+        runtime.install(runtime.Runtime.from_settings(get_settings()))
+
+
+@signals.worker_ready.connect
+def _start_pump(sender: Any = None, **_: Any) -> None:
+    if not _ours(sender):
+        return
+    pump = Pump(runtime.current())
+    _pump.append(pump)
+    pump.start()
+    log.info("notifier ready: delivering webhooks from the events outbox")
+
+
+@signals.worker_shutting_down.connect
+def _stop(**_: Any) -> None:
+    while _pump:
+        pump = _pump.pop()
+        pump.stop_event.set()
+        pump.join(timeout=5)
+
+
+@app.task(name=TASK_NAME, ignore_result=True)
+def deliver(delivery_id: int) -> str:
+    """Send one claimed delivery and write what the receiver did; then, for up to `CHAIN_S`, the
+    webhook's next due delivery in the same thread (claimed in the same transaction), so a busy
+    webhook's queue drains at the pace of its receiver rather than of the pump's passes."""
+    rt = runtime.current()
+    settings = rt.settings
+    until = time.monotonic() + CHAIN_S
+    now = utcnow()
+    with rt.db.read() as s:
+        out = notifications.outgoing(
+            session=s, delivery_id=delivery_id, now=now, public_url=settings.public_url
+        )
+    status = "nothing to send"
+    while out is not None:
+        outcome = webhook_http.send(
+            url=out.url,
+            msg_id=out.msg_id,
+            body=out.body,
+            secrets=out.secrets,
+            timeout_s=settings.webhook_timeout_s,
+            max_bytes=settings.webhook_max_response_bytes,
+            allow_private=settings.webhook_allow_private,
+            timestamp=now,
+        )
+        sent, out = out, None
+        with rt.db.write() as s:
+            now = utcnow()
+            result = notifications.record_outcome(
+                session=s,
+                delivery_id=sent.delivery_id,
+                outcome=outcome,
+                now=now,
+                time_scale=settings.time_scale,
+                disable_after_s=settings.webhook_disable_after_s,
+                rng=_rng,
+            )
+            if result is not None and not result["disabled"] and time.monotonic() < until:
+                following = notifications.claim_next(
+                    session=s, webhook_id=sent.webhook_id, now=now, lease_s=claim_lease_s(settings)
+                )
+                if following is not None:
+                    out = notifications.outgoing(
+                        session=s, delivery_id=following, now=now, public_url=settings.public_url
+                    )
+        if result is not None and result["disabled"]:
+            log.warning("webhook %s disabled: %s", sent.webhook_id, outcome.error)
+        status = result["status"] if result else "settled elsewhere"
+    return status
