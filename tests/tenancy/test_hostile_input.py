@@ -36,7 +36,7 @@ from scheduler.services import jobs, keys, own_models, partitions, tenants, tria
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
-from tests.support import onnx_files
+from tests.support import onnx_files, webhooks
 from tests.support.services import Seeded, reload_settings
 
 pytestmark = [pytest.mark.slow]
@@ -374,6 +374,10 @@ API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PATCH", "/api/v1/endpoints/{endpoint_id}"): {"max_queue": 10, "replicas": {"min": 0, "max": 1}},
     ("POST", "/api/v1/estimates"): {"workload": JOB["workload"], "ipus": 4},
     ("POST", "/api/v1/keys"): {"name": "k"},
+    # A public address given as such: accepted without a DNS look-up; nothing is sent to it here.
+    ("POST", "/api/v1/webhooks"): {"url": "https://93.184.215.14/"},
+    ("PATCH", "/api/v1/webhooks/{webhook_id}"): {"description": "d"},
+    ("POST", "/api/v1/webhooks/{webhook_id}/rotate-secret"): {"overlap_s": 60},
     ("POST", "/api/v1/trials"): TRIAL,
     ("POST", "/api/v1/admin/machines/{machine_id}/drain"): {"reason": "fan"},
     ("POST", "/api/v1/admin/machines/{machine_id}/fail"): {"reason": "fan"},
@@ -438,7 +442,10 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
                 {"name": "kept-ep", "model": "resnet50", "replicas": {"min": 0, "max": 1}}
             ),
         )
+    webhook_id, delivery_id = webhooks.make_webhook(db, tid)
     paths = {
+        "webhook_id": webhook_id,
+        "delivery_id": str(delivery_id),
         "endpoint_id": served.id,
         "endpoint_name": served.name,
         "version": "1",
