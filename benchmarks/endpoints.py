@@ -85,9 +85,10 @@ CURVE_MAX_BATCH = 8
 """The endpoints under load form batches of at most 8: the plan's curve from 1 to 8 is what a load
 from a tenth of saturation to saturation walks along."""
 CURVE_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-CURVE_WALL_RPS = 200.0
+CURVE_WALL_RPS = 100.0
 """The wall requests/s at which a curve's endpoint saturates (its clock is slowed to make it so): what
-one Python open-loop generator offers steadily on two shared cores beside the API and the replica."""
+one Python open-loop generator offers on time on two shared cores beside the API and the replica (at
+200 it fell behind by 100-300 ms at times, and its bursts were the p99)."""
 CURVE_WALL_BYTES = 30e6
 """...and at most this many bytes of request bodies a wall second (ResNet-50's image is 301 KB)."""
 
@@ -858,7 +859,7 @@ def main() -> None:
     ap.add_argument("--only", default="overhead,curves,autoscale")
     ap.add_argument("--seconds", type=int, default=10, help="wrk's duration per concurrency (overhead)")
     ap.add_argument("--concurrency", default="1,4,16,64", help="wrk connections, comma-separated (overhead)")
-    ap.add_argument("--curve-seconds", type=float, default=8.0, help="load per point (curves)")
+    ap.add_argument("--curve-seconds", type=float, default=10.0, help="load per point (curves)")
     ap.add_argument("--step", default="20,40", help="seconds at 10 req/s, then at 500 (autoscale)")
     ap.add_argument(
         "--cache-dir",
