@@ -868,9 +868,9 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
         watcher.join(5)
     print(
         "| second (sent) | offered req/s | answered 200 | other | p50 / p99 wall ms | p99 emulated ms | "
-        "replicas ready / desired |"
+        "generator lag p99 ms | replicas ready / desired |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for sec in range(int(before_s + after_s)):
         in_sec = [s for s in samples if sec <= s.due < sec + 1]
         ok = [s for s in in_sec if s.status == 200]
@@ -880,7 +880,8 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
         print(
             f"| {sec} | {low if sec < before_s else high:.0f} | {len(ok)} | {len(in_sec) - len(ok)} | "
             f"{percentile(wall, 0.5):.0f} / {percentile(wall, 0.99):.0f} | "
-            f"{percentile([s.emulated_ms for s in ok if s.emulated_ms is not None], 0.99):.1f} | {ready} |"
+            f"{percentile([s.emulated_ms for s in ok if s.emulated_ms is not None], 0.99):.1f} | "
+            f"{percentile([s.lag_ms for s in in_sec], 0.99):.0f} | {ready} |"
         )
     print(
         "\nreplica changes (s after the load began: ready, desired): "
