@@ -15,11 +15,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
+from api.inference import FastInfer
 from api.metrics import LATENCY, REQUESTS
 from api.routers import (
     admin,
     admin_tenants,
     catalogue,
+    endpoints,
     health,
     inference,
     jobs,
@@ -247,10 +249,14 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         },
     )
 
+    # Outermost of all (added last): v2 infer calls from keys in the cache skip the stack below.
+    app.add_middleware(FastInfer)
+
     for module in (
         jobs,
         sessions,
         inference,
+        endpoints,
         catalogue,
         models,
         usage,

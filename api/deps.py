@@ -163,9 +163,10 @@ async def invoker(
 
 
 Reader = Annotated[Principal, Depends(reader)]
-Invoker = Annotated[Principal, Depends(invoker)]
 Submitter = Annotated[Principal, Depends(submitter)]
 Admin = Annotated[Principal, Depends(admin)]
+# Calls a tenant's inference endpoints (the v2 routes): a key with only `invoke` can do nothing else.
+Invoker = Annotated[Principal, Depends(invoker)]
 
 
 def trial_rate(request: Request, settings: SettingsDep) -> None:

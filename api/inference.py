@@ -23,6 +23,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import time
@@ -33,10 +34,14 @@ from typing import Any, cast
 import numpy as np
 import orjson
 from redis.asyncio import Redis as AsyncRedis
+from starlette.responses import Response
 
+from api.metrics import LATENCY, REQUESTS
+from api.problems import problem
 from scheduler import inference
 from scheduler.inference import Answer, Envelope, Route
 from scheduler.runtime import Runtime
+from scheduler.services import keys
 from vipu.emulator.serving import V2_BYTES, Signature, TensorSpec, outputs_for
 
 log = logging.getLogger("ipucloud.api.inference")
@@ -337,7 +342,7 @@ def model_metadata(route: Route) -> dict[str, Any]:
 @dataclass(eq=False)
 class _Pending:
     envelopes: list[bytes] = field(default_factory=list)
-    futures: list[asyncio.Future[tuple[bool, int]]] = field(default_factory=list)
+    futures: list[asyncio.Future[tuple[bool | None, int]]] = field(default_factory=list)
     route: Route | None = None
 
 
@@ -397,7 +402,7 @@ class Gateway:
         env = Envelope(rid, self.waiter, rows, int(deadline * 1000), int(time.time() * 1e6)).encode()
         answer: asyncio.Future[Answer] = self.loop.create_future()
         self.waiting[rid] = answer
-        accepted: asyncio.Future[tuple[bool, int]] = self.loop.create_future()
+        accepted: asyncio.Future[tuple[bool | None, int]] = self.loop.create_future()
         p = self.pending.get(route.endpoint_id)
         if p is None:
             p = self.pending[route.endpoint_id] = _Pending(route=route)
@@ -410,6 +415,10 @@ class Gateway:
         except BaseException:
             self.waiting.pop(rid, None)
             raise
+        if ok is None:
+            self.waiting.pop(rid, None)
+            self.forget_route(route.endpoint_id)
+            raise InferError(404, f"endpoint {route.name} has stopped: it takes no requests")
         if not ok:
             self.waiting.pop(rid, None)
             raise InferError(
@@ -441,7 +450,7 @@ class Gateway:
                 continue
             for j, f in enumerate(futs):
                 if not f.done():
-                    f.set_result((j < int(took), int(ready)))
+                    f.set_result((None if int(took) < 0 else j < int(took), int(ready)))
 
     async def _read_replies(self) -> None:
         key = inference.reply_key(self.waiter)
@@ -518,8 +527,8 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
         raise InferError(503, f"endpoint {route.name} is {route.state}: it takes no requests", 30.0)
     parsed = parse_request(body, header_length, signature_of_route(route), route.max_batch_size)
     g = gateway(runtime)
-    # The cold start timeout is in cluster seconds, as compile and load times are.
-    cold = max(route.cold_start_timeout_s, 0.0) / runtime.settings.time_scale
+    # The cold start timeout is wall seconds: how long a caller is kept waiting, whatever the time scale.
+    cold = max(route.cold_start_timeout_s, 0.0)
     # Nobody waits past this: a replica that takes the request later drops it unanswered.
     deadline = time.time() + cold + REPLY_GRACE_S
     rid, fut, ready = await g.submit(route, parsed.rows, deadline)
@@ -529,6 +538,8 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
     except BaseException:
         g.waiting.pop(rid, None)
         raise
+    if answer.status == inference.GONE:
+        raise InferError(404, f"endpoint {route.name} stopped before a replica took this request")
     if answer.status != 200:
         g.unavailable(route.endpoint_id)
         raise InferError(503, "the replica serving this request was lost; try again", 1.0)
@@ -558,3 +569,106 @@ async def _wait(
             5.0,
         )
     raise InferError(503, f"no replica of {route.name} answered in time; try again", 5.0)
+
+
+# The fast path ------------------------------------------------------------------------------------------
+
+_INFER_PATH = re.compile(
+    r"^/api/v1/endpoints/(ep_[A-Za-z0-9]{1,61})/v2/models/([^/]{1,63})(/versions/1)?/infer$"
+)
+_INFER_TEMPLATE = "/api/v1/endpoints/{endpoint_id}/v2/models/{model}/infer"
+_VERSION_TEMPLATE = "/api/v1/endpoints/{endpoint_id}/v2/models/{model}/versions/{version}/infer"
+
+
+class FastInfer:
+    """The outermost layer of the app: a v2 infer call from a key verified moments ago, for an
+    endpoint of its tenant, is answered here, without FastAPI's routing, dependency injection and
+    middleware stack, which cost more CPU than the whole of the request's own work (measured:
+    benchmarks/endpoints.py). Anything else, and any infer call this layer is not sure of (a key not
+    in the cache, a key without `invoke`, another tenant's endpoint, no Content-Length, a body over
+    the limit), goes to the app, whose route gives the same answers the slow way and fills the key
+    cache. Latency and counts still reach /metrics under the route's name."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        m = _INFER_PATH.match(scope["path"])
+        if m is None:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        runtime: Runtime = scope["app"].state.runtime if "app" in scope else None  # type: ignore[assignment]
+        headers = dict(scope["headers"])
+        settings = runtime.settings if runtime is not None else None
+        principal = None
+        length = headers.get(b"content-length")
+        if settings is not None and length is not None and length.isdigit():
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, key = auth.partition(" ")
+            if scheme.lower() == "bearer" and key.strip():
+                try:
+                    principal = keys.cached_principal(secret=settings.secret(), key=key.strip())
+                except Exception:
+                    principal = None
+        if (
+            principal is None
+            or principal.suspended
+            or ("invoke" not in principal.scopes and not principal.is_admin)
+            or int(length or 0) > settings.infer_max_body_bytes
+        ):
+            await self.app(scope, receive, send)
+            return
+        endpoint_id, model = m.group(1), m.group(2)
+        g = gateway(runtime)
+        route = await g.route(endpoint_id)
+        if route is None or (principal.tenant_id is not None and route.tenant_id != principal.tenant_id):
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive, int(length or 0))
+        if body is None:
+            return  # the client went away
+        header_length = headers.get(INFERENCE_HEADER.encode())
+        try:
+            reply = await infer(
+                runtime, route, model, body, header_length.decode() if header_length else None
+            )
+        except InferError as exc:
+            status = exc.status
+            resp = error_response(exc)
+            resp.headers["x-content-type-options"] = "nosniff"
+            await resp(scope, receive, send)
+        else:
+            status = reply.status
+            raw = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+            raw += [
+                (b"content-length", str(len(reply.body)).encode()),
+                (b"x-content-type-options", b"nosniff"),
+            ]
+            await send({"type": "http.response.start", "status": status, "headers": raw})
+            await send({"type": "http.response.body", "body": reply.body})
+        template = _VERSION_TEMPLATE if m.group(3) else _INFER_TEMPLATE
+        LATENCY.labels("POST", template).observe(time.perf_counter() - started)
+        REQUESTS.labels("POST", template, str(status)).inc()
+
+
+async def _read_body(receive: Any, length: int) -> bytes | None:
+    chunks: list[bytes] = []
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+
+
+def error_response(exc: InferError) -> Response:
+    """A refusal as a problem (RFC 9457) that also carries the protocol's `error` member, which is what
+    v2 clients read; 429 and 503 say when to try again."""
+    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after is not None else None
+    return problem(exc.status, exc.message, headers=headers, error=exc.message)

@@ -179,7 +179,8 @@ class EndpointCollector(Collector):
         try:
             r = current().redis
             keys = list(r.scan_iter(match=inference.PREFIX + "*:route", count=500))
-            routes = [inference.Route.from_json(raw) for raw in (r.mget(keys) if keys else []) if raw]
+            raws: list[bytes | None] = list(r.mget(keys)) if keys else []  # type: ignore[arg-type]
+            routes = [inference.Route.from_json(raw) for raw in raws if raw]
             stats = inference.windows(r, [x.endpoint_id for x in routes], self.WINDOW_S)
         except Exception as exc:
             log.warning("endpoint metrics unavailable: %s", exc)
@@ -238,6 +239,38 @@ class EndpointCollector(Collector):
         yield from families.values()
 
 
+class EndpointStateCollector(Collector):
+    """Inference endpoints by state and their replicas by state (derived from the replicas' holder jobs,
+    scheduler/services/endpoints.py), read from the database on every scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        from scheduler.runtime import current
+        from scheduler.services import endpoints
+        from scheduler.services.clock import db_now
+
+        try:
+            with current().db.read() as s:
+                states = endpoints.endpoint_counts(session=s)
+                replicas = endpoints.replica_counts(session=s, now=db_now(s))
+        except Exception as exc:  # ipucloud_cluster_scrape_ok already says the database is away
+            log.warning("endpoint metrics unavailable: %s", exc)
+            return
+        by_state = GaugeMetricFamily(
+            "ipucloud_cluster_endpoints", "Inference endpoints by state", labels=["state"]
+        )
+        for state, n in sorted(states.items()):
+            by_state.add_metric([state], n)
+        yield by_state
+        reps = GaugeMetricFamily(
+            "ipucloud_endpoint_replicas",
+            "Replicas of each live inference endpoint by state (queued, compiling, loading, ready, draining)",
+            labels=["endpoint", "state"],
+        )
+        for (endpoint_id, state), n in sorted(replicas.items()):
+            reps.add_metric([endpoint_id, state], n)
+        yield reps
+
+
 def _bound(value: float) -> str:
     return "+Inf" if value == float("inf") else repr(float(value))
 
@@ -247,6 +280,7 @@ def _bound(value: float) -> str:
 _cluster = ClusterCollector()
 _fleet = FleetCollector()
 _endpoints = EndpointCollector()
+_endpoint_states = EndpointStateCollector()
 _registered = False
 _lock = threading.Lock()
 
@@ -259,11 +293,13 @@ def registry() -> CollectorRegistry:
         reg.register(_cluster)
         reg.register(_fleet)
         reg.register(_endpoints)
+        reg.register(_endpoint_states)
         return reg
     with _lock:
         if not _registered:
             REGISTRY.register(_cluster)
             REGISTRY.register(_fleet)
             REGISTRY.register(_endpoints)
+            REGISTRY.register(_endpoint_states)
             _registered = True
     return REGISTRY

@@ -294,12 +294,21 @@ class UsageMachineType(BaseModel):
     charged_ipu_hours: float = Field(description="What they spent of the grant: the type's rate x IPU-hours.")
 
 
+class UsageEndpoint(BaseModel):
+    endpoint_id: str
+    tenant_id: str
+    name: str
+    model: str
+    ipu_hours: float = Field(description="What its replicas were billed: held IPU-hours, busy or idle.")
+
+
 class UsageGroups(BaseModel):
     by_day: list[UsageDay] = Field(default_factory=list)
     by_job: list[UsageJob] = Field(default_factory=list)
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = Field(
         None,
         description="More jobs than `limit` were used in the window: pass as `cursor` for the next page.",
@@ -459,6 +468,11 @@ class PlanOut(BaseModel):
     max_runtime_s: int
     idle_timeout_s: int = Field(description="A session's default idle timeout (cluster seconds).")
     max_session_s: int = Field(description="The longest a session may hold its partition (cluster seconds).")
+    max_endpoints: int = Field(2, description="Inference endpoints a tenant may keep.")
+    max_endpoint_replicas: int = Field(2, description="The most replicas one endpoint may scale to.")
+    max_endpoint_ipus: int = Field(
+        8, description="IPUs a tenant's endpoints may hold together at their maximum replicas."
+    )
     priority: int
     fairshare_weight: float
     rates: dict[str, float] = Field(
@@ -492,6 +506,9 @@ class PlanOut(BaseModel):
             max_runtime_s=p.max_runtime_s,
             idle_timeout_s=p.idle_timeout_s,
             max_session_s=p.max_session_s,
+            max_endpoints=p.max_endpoints,
+            max_endpoint_replicas=p.max_endpoint_replicas,
+            max_endpoint_ipus=p.max_endpoint_ipus,
             priority=p.priority,
             fairshare_weight=p.fairshare_weight,
             rates=plan_rates(p.rates),
@@ -518,6 +535,11 @@ class PlanUpdate(BaseModel):
     max_runtime_s: Seconds | None = None
     idle_timeout_s: Seconds | None = None
     max_session_s: Seconds | None = None
+    max_endpoints: Annotated[int, Field(ge=0, le=1_000_000), _NUMBER] | None = Field(
+        None, description="0: the plan's tenants may not serve models."
+    )
+    max_endpoint_replicas: Annotated[int, Field(ge=1, le=1_000_000), _NUMBER] | None = None
+    max_endpoint_ipus: Annotated[int, Field(ge=0, le=2**31 - 1), _NUMBER] | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
     rates: dict[MachineTypeName, Rate] | None = Field(
@@ -590,7 +612,7 @@ class KeyCreate(BaseModel):
     scopes: list[Scope] | None = Field(
         None,
         min_length=1,
-        max_length=3,
+        max_length=4,
         description="Default: the creating key's scopes. A key never gets a scope its creator lacks.",
     )
     expires_at: UtcDatetime | None = Field(
@@ -610,7 +632,8 @@ class AdminKeyCreate(BaseModel):
         None,
         min_length=1,
         max_length=3,
-        description="Default: all three (`invoke`: call inference endpoints).",
+        description="Default: all three. A key with only `invoke` calls the tenant's inference endpoints "
+        "and nothing else.",
     )
     expires_at: UtcDatetime | None = None
     member_id: Annotated[str, StringConstraints(min_length=1, max_length=40)] | None = Field(

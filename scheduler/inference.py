@@ -12,6 +12,8 @@ No request touches the database. Per endpoint:
   removed) or ``FAIL_INFLIGHT`` (503 for everything left of a replica that is gone). Both remove
   before they reply, so no request is answered twice.
 - ``ep:<id>:ready``  replicas serving now: attempt id -> the time its heartbeat runs out.
+- ``ep:<id>:replicas``  every replica that ever took from the queue (the in-flight lists to look at),
+  and ``ep:<id>:doomed``: those found not running, and since when (``reap_inflight``).
 - ``ep:<id>:c:<bucket>``  counters of a ``BUCKET_S`` bucket (hash), written in batches by the API
   (accepted, 429, cold starts, 503) and by the replicas (answered, batches, rows, queue delay,
   latency histogram), read by ``windows``.
@@ -44,6 +46,8 @@ REPLY_TTL_S = 300
 READY_TTL_S = 5.0
 """A replica that has not renewed its place in ``ready`` for this long is not counted as serving."""
 ROUTE_CACHE_S = 1.0
+GONE = 404
+"""The status of an answer to a request still queued when its endpoint stopped."""
 HIST_RATIO = 1.09
 """Latency histogram bins are 9% wide: a percentile read from them is within about 4.5%."""
 _LOG_RATIO = math.log(HIST_RATIO)
@@ -59,6 +63,14 @@ def queue_key(endpoint_id: str) -> str:
 
 def inflight_key(endpoint_id: str, attempt_id: int) -> str:
     return f"{PREFIX}{endpoint_id}:f:{attempt_id}"
+
+
+def replicas_key(endpoint_id: str) -> str:
+    return f"{PREFIX}{endpoint_id}:replicas"
+
+
+def doomed_key(endpoint_id: str) -> str:
+    return f"{PREFIX}{endpoint_id}:doomed"
 
 
 def ready_key(endpoint_id: str) -> str:
@@ -111,8 +123,11 @@ def publish_route(r: redis.Redis, route: Route) -> None:
 
 
 def remove_route(r: redis.Redis, endpoint_id: str) -> None:
-    """Forget a deleted endpoint: its route and its queue (whoever still waits gets 503 at its deadline)."""
-    r.delete(route_key(endpoint_id), queue_key(endpoint_id), ready_key(endpoint_id))
+    """Forget a stopped endpoint: its route goes first (nothing more is queued), then whoever still waits
+    in its queue is answered 404 at once. Its replicas answer what they hold as they drain."""
+    r.delete(route_key(endpoint_id), ready_key(endpoint_id))
+    _sync_scripts(r).fail_inflight(keys=[queue_key(endpoint_id)], args=[REPLY_PREFIX, f"{GONE} 0 0 0 0 0 0"])
+    # The replicas' sets stay until their in-flight lists are reaped (the serve pass of its last replicas).
 
 
 def get_route(r: redis.Redis, endpoint_id: str) -> Route | None:
@@ -174,10 +189,12 @@ class Answer:
 
 # Scripts: each step of a request's path that must be atomic is one Lua script.
 
-# KEYS: queue, ready, counters. ARGV: max_queue, now (s), counter ttl, envelopes...
+# KEYS: queue, ready, counters, route. ARGV: max_queue, now (s), counter ttl, envelopes...
 # Accepts as many envelopes as the queue has room for (the first ones) and counts them; returns
-# {accepted, replicas serving now}.
+# {accepted, replicas serving now}, or {-1, 0} once the route is gone (the endpoint was stopped: an API
+# process's cached route must not queue a request that no replica will ever take).
 _ENQUEUE = """
+if redis.call('EXISTS', KEYS[4]) == 0 then return {-1, 0} end
 local n = #ARGV - 3
 local room = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1])
 local take = math.min(n, math.max(room, 0))
@@ -222,14 +239,15 @@ end
 return sent
 """
 
-# KEYS: in-flight. ARGV: reply prefix, answer suffix. 503 for every envelope left, then gone.
+# KEYS: in-flight (or a queue). ARGV: reply prefix, the answer after the request id (status first).
+# Answers every envelope left, then the list is gone.
 _FAIL_INFLIGHT = f"""
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 redis.call('DEL', KEYS[1])
 for _, e in ipairs(items) do
   local rid, waiter = string.match(e, '^(%S+) (%S+)')
   if rid then
-    redis.call('LPUSH', ARGV[1] .. waiter, rid .. ' 503 ' .. ARGV[2])
+    redis.call('LPUSH', ARGV[1] .. waiter, rid .. ' ' .. ARGV[2])
     redis.call('EXPIRE', ARGV[1] .. waiter, {REPLY_TTL_S})
   end
 end
@@ -250,7 +268,12 @@ class Scripts:
 def enqueue_args(
     endpoint_id: str, envelopes: Sequence[bytes], max_queue: int, now: float
 ) -> tuple[list[str], list[Any]]:
-    keys = [queue_key(endpoint_id), ready_key(endpoint_id), counter_key(endpoint_id, bucket_of(now))]
+    keys = [
+        queue_key(endpoint_id),
+        ready_key(endpoint_id),
+        counter_key(endpoint_id, bucket_of(now)),
+        route_key(endpoint_id),
+    ]
     return keys, [max_queue, now, COUNTER_TTL_S, *envelopes]
 
 
@@ -273,27 +296,48 @@ def answer_args(
     return keys, args
 
 
-def reap_inflight(r: redis.Redis, endpoint_id: str, live_attempt_ids: Iterable[int]) -> int:
+def reap_inflight(
+    r: redis.Redis,
+    endpoint_id: str,
+    live_attempt_ids: Iterable[int],
+    *,
+    grace_s: float = 2.0,
+    now: float | None = None,
+) -> int:
     """Answer 503 for the requests in flight on replicas of the endpoint that no longer run (an agent
     lost, a replica stopped without draining); returns how many. The control plane calls it each
-    pass with the attempts it knows are live."""
+    pass with the attempts it knows are running. A replica is failed over only once it has been found
+    not running for ``grace_s``: one whose attempt was just ended is still answering what it holds
+    (a drain), and its answers must win."""
     live = {int(a) for a in live_attempt_ids}
-    prefix = f"{PREFIX}{endpoint_id}:f:"
+    now = time.time() if now is None else now
+    members = {int(x) for x in cast(set[bytes], r.smembers(replicas_key(endpoint_id)))}
+    doomed = {
+        int(k): float(v) for k, v in cast(dict[bytes, bytes], r.hgetall(doomed_key(endpoint_id))).items()
+    }
     scripts = _sync_scripts(r)
     failed = 0
-    for key in r.scan_iter(match=prefix + "*", count=200):
-        name = key.decode() if isinstance(key, bytes) else key
-        try:
-            attempt_id = int(name[len(prefix) :])
-        except ValueError:
+    for attempt_id in sorted(members - live):
+        since = doomed.get(attempt_id)
+        if since is None:
+            r.hset(doomed_key(endpoint_id), str(attempt_id), str(now))
             continue
-        if attempt_id in live:
+        if now - since < grace_s:
             continue
-        n = int(scripts.fail_inflight(keys=[name], args=[REPLY_PREFIX, f"{attempt_id} 0 0 0 0 0"]))
-        if n:
-            r.hincrby(counter_key(endpoint_id, bucket_of(time.time())), "unavailable_503", n)
-        failed += n
-        r.zrem(ready_key(endpoint_id), attempt_id)
+        # The API process that answers each of them 503 counts it (`unavailable_503`), once.
+        failed += int(
+            scripts.fail_inflight(
+                keys=[inflight_key(endpoint_id, attempt_id)],
+                args=[REPLY_PREFIX, f"503 {attempt_id} 0 0 0 0 0"],
+            )
+        )
+        pipe = r.pipeline()
+        pipe.zrem(ready_key(endpoint_id), attempt_id)
+        pipe.srem(replicas_key(endpoint_id), attempt_id)
+        pipe.hdel(doomed_key(endpoint_id), str(attempt_id))
+        pipe.execute()
+    for attempt_id in set(doomed) & live:  # a replica taken again after a hiccup: not doomed after all
+        r.hdel(doomed_key(endpoint_id), str(attempt_id))
     return failed
 
 
@@ -319,6 +363,9 @@ def hist_bin(latency_ms: float) -> int:
 def bin_ms(b: int) -> float:
     """A bin's representative latency (its geometric middle), in milliseconds."""
     return HIST_RATIO ** (b + 0.5) / 1000.0
+
+
+_FLOAT_FIELDS = frozenset({"queue_ms", "latency_ms"})
 
 
 @dataclass
@@ -355,10 +402,11 @@ class Counts:
         for (endpoint_id, bucket), f in fields.items():
             key = counter_key(endpoint_id, bucket)
             for name, n in f.items():
-                if float(n).is_integer():
-                    pipe.hincrby(key, name, int(n))
-                else:
+                # A hash field takes integer or float increments, never both.
+                if name in _FLOAT_FIELDS:
                     pipe.hincrbyfloat(key, name, float(n))
+                else:
+                    pipe.hincrby(key, name, int(n))
             pipe.expire(key, COUNTER_TTL_S)
 
 

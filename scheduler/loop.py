@@ -23,7 +23,7 @@ from celery import Celery
 from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy.orm import Session
 
-from scheduler import bus, runtime
+from scheduler import bus, inference, runtime
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
 from scheduler.db import Database
@@ -35,7 +35,17 @@ from scheduler.models import (
 from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import attempts, checkpoints, fleet, leader, outbox, reconciler, scheduling, sessions
+from scheduler.services import (
+    attempts,
+    checkpoints,
+    endpoints,
+    fleet,
+    leader,
+    outbox,
+    reconciler,
+    scheduling,
+    sessions,
+)
 from scheduler.services.clock import db_now
 from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
@@ -63,6 +73,9 @@ MAX_DISPATCH_PER_ITERATION = 10_000
 FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 FORECAST_BUDGET_S = 0.5  # longest a forecast may take inside a pass (it holds the pass's transaction)
 PRUNE_EVERY_S = 60.0  # wall seconds between prunings of checkpoints no one will read again
+# Wall seconds between serve passes (scheduler/services/endpoints.py): the autoscaler's delays are
+# tens of seconds, and on SQLite each pass takes the one write lock.
+SERVE_EVERY_S = 1.0
 
 
 @dataclass
@@ -76,6 +89,8 @@ class SchedulerLoop:
     last_reconcile: float = 0.0
     last_sweep: float = 0.0
     last_prune: float = -math.inf
+    last_serve: float = -math.inf
+    last_routes: float = -math.inf
     # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
     more: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
@@ -158,6 +173,10 @@ class SchedulerLoop:
                 self.last_prune = now
             # Sessions first: one that ends frees its partition for this very pass.
             self.sweep_sessions()
+            # Endpoints next: the replicas they add are placed by this very pass.
+            if now - self.last_serve >= min(SERVE_EVERY_S, self.settings.scheduler_tick_s):
+                self.serve_endpoints()
+                self.last_serve = now
             self.schedule_pass()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
@@ -323,6 +342,42 @@ class SchedulerLoop:
             )
         for session_id, reason in result.ended:
             log.info("session %s ended: %s", session_id, reason)
+        return result
+
+    def serve_endpoints(self) -> endpoints.ServeResult | None:
+        """Scale, replace, stop and roll up the live endpoints (services.endpoints.serve_pass), in one
+        fenced transaction, then publish the routes that changed (every live one now and then)."""
+        with self.db.read() as s:
+            ids = endpoints.live_endpoint_ids(session=s)
+        if not ids:
+            return None
+        assert self.redis_client is not None
+        client = self.redis_client()
+        windows = endpoints.read_windows(client, ids)
+        refresh = time.monotonic() - self.last_routes >= endpoints.ROUTE_REFRESH_S
+        with self.db.write() as s:
+            self._fence(s)
+            result = endpoints.serve_pass(
+                session=s,
+                now=db_now(s),
+                time_scale=self.settings.time_scale,
+                windows=windows,
+                refresh_routes=refresh,
+            )
+        if result.routes:
+            endpoints.publish_routes(client, result.routes)
+        for endpoint_id, running in result.running.items():
+            try:
+                failed = inference.reap_inflight(client, endpoint_id, running)
+            except Exception as exc:  # next pass, then
+                log.warning("endpoint %s: could not fail over lost replicas' requests: %s", endpoint_id, exc)
+                continue
+            if failed:
+                log.info("endpoint %s: %d requests of lost replicas answered 503", endpoint_id, failed)
+        if refresh:
+            self.last_routes = time.monotonic()
+        for endpoint_id, reason in result.stopped:
+            log.info("endpoint %s stopped: %s", endpoint_id, reason)
         return result
 
     def prune_checkpoints(self) -> checkpoints.Pruned:

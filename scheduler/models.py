@@ -138,6 +138,11 @@ class Plan(Base):
     )
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
+    # Inference endpoints (scheduler/services/endpoints.py): how many a tenant may keep, the most
+    # replicas one may scale to, and the IPUs all of a tenant's endpoints may hold at their maxima.
+    max_endpoints: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
+    max_endpoint_replicas: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
+    max_endpoint_ipus: Mapped[int] = mapped_column(Integer, default=8, server_default="8")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -305,6 +310,7 @@ class Job(Base):
         # Counting a tenant's queued jobs at admission reads only its own queued entries.
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
         Index("ix_jobs_session_id", "session_id", "id"),
+        Index("ix_jobs_endpoint_id", "endpoint_id", "state"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -321,6 +327,8 @@ class Job(Base):
     prefer: Mapped[str] = mapped_column(String(8), default="time", server_default="time")  # time | cost
     partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
     session_id: Mapped[str | None] = mapped_column(String(40), nullable=True)  # runs in this session
+    # A replica of this inference endpoint (task `serve`): its holder job (scheduler/services/endpoints.py).
+    endpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # Preemptible work (cheaper; non-preemptible work of any tenant may stop it after a warning) and
@@ -620,3 +628,99 @@ class IpuSession(Base):
     # The deadline the last warning was about (wall time), so each is announced once.
     warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class EndpointState(enum.StrEnum):
+    PROVISIONING = "provisioning"  # replicas asked for, none serving yet
+    READY = "ready"  # as many replicas serving as it wants
+    SCALED_TO_ZERO = "scaled-to-zero"  # idle: no replica held; a request starts one (a cold start)
+    DEGRADED = "degraded"  # a replica was lost or failed and is being replaced
+    FAILED = "failed"  # its replicas fail to start again and again: nothing more is tried
+    STOPPED = "stopped"  # deleted, or its tenant's grant ran out (`reason`)
+
+
+LIVE_ENDPOINT_STATES = frozenset(
+    {EndpointState.PROVISIONING, EndpointState.READY, EndpointState.SCALED_TO_ZERO, EndpointState.DEGRADED}
+)
+
+
+class Endpoint(Base):
+    """An inference endpoint: a model served by replicas, each a holder job (task `serve`) whose
+    attempt a host agent runs as a model server (scheduler/services/endpoints.py). All durations are
+    cluster seconds."""
+
+    __tablename__ = "endpoints"
+    __table_args__ = (
+        Index("ix_endpoints_tenant_id", "tenant_id", "id"),
+        Index("ix_endpoints_state", "state"),
+        # A name is its tenant's among endpoints not stopped, so a deleted one's name can be used again.
+        Index(
+            "uq_endpoints_live_name",
+            "tenant_id",
+            "name",
+            unique=True,
+            sqlite_where=text("state NOT IN ('stopped', 'failed')"),
+            postgresql_where=text("state NOT IN ('stopped', 'failed')"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    model: Mapped[str] = mapped_column(String(40))  # a catalogue name or the tenant's own model's id
+    model_name: Mapped[str] = mapped_column(String(100))  # as asked (an own model's name)
+    workload: Mapped[dict[str, Any]] = mapped_column(JSON)  # a job's stored workload, task infer
+    machine: Mapped[str] = mapped_column(String(16))  # a type or `any`
+    ipus_per_replica: Mapped[int] = mapped_column(Integer)  # resolved (the largest over its types)
+    ipus_requested: Mapped[str] = mapped_column(String(8))  # "auto" or the number asked for
+    # Per machine type it may run on: the replica's IPUs and the serve plan's figures.
+    serve: Mapped[dict[str, Any]] = mapped_column(JSON)
+    signature: Mapped[dict[str, Any]] = mapped_column(JSON)  # vipu.emulator.serving.Signature
+    replicas_min: Mapped[int] = mapped_column(Integer)
+    replicas_max: Mapped[int] = mapped_column(Integer)
+    desired_replicas: Mapped[int] = mapped_column(Integer)
+    autoscaling: Mapped[dict[str, Any]] = mapped_column(JSON)
+    batching: Mapped[dict[str, Any]] = mapped_column(JSON)  # max_batch_size, max_wait_ms
+    max_queue: Mapped[int] = mapped_column(Integer)
+    cold_start_timeout_s: Mapped[float] = mapped_column(Float)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16), default=EndpointState.PROVISIONING)
+    reason: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    # The autoscaler's memory (wall clock): since when the queue delay has been above its target, since
+    # when the load would fit in fewer replicas, since when no request came, and since when replicas
+    # lost or failed are being replaced.
+    above_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    below_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    degraded_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Replica holder jobs that failed in a row (reset by one that serves); `failed` at FAILURE_LIMIT.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Replica jobs that ended before this were looked at by the serve pass.
+    checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The last minute rolled up into endpoint_stats.
+    rolled_up_to: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class EndpointStat(Base):
+    """One minute of an endpoint's traffic, rolled up by the scheduler's serve pass from the data
+    plane's counters (scheduler/inference.py): the history behind the dashboard's charts."""
+
+    __tablename__ = "endpoint_stats"
+
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("endpoints.id"), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, default=0)  # answered 503
+    rejected: Mapped[int] = mapped_column(BigInteger, default=0)  # answered 429
+    cold_starts: Mapped[int] = mapped_column(Integer, default=0)
+    p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p90_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mean_batch: Mapped[float | None] = mapped_column(Float, nullable=True)
+    queue_delay_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    replicas: Mapped[int] = mapped_column(Integer, default=0)  # serving at the minute's end
+    desired: Mapped[int] = mapped_column(Integer, default=0)

@@ -40,6 +40,8 @@ SKIP = {"Problem"}
 # later is optional in the SDK unless it is added here.
 REQUIRED: dict[str, set[str]] = {
     "Job": {"id", "name", "state", "ipus"},
+    "Endpoint": {"id", "name", "url", "model", "state", "replicas"},
+    "EndpointReplicas": {"min", "max", "desired", "ready"},
     "HistoryEntry": {"at", "message"},
     "WaitReason": {"reason", "detail"},
     "Checkpoint": {"step", "steps", "samples", "executable", "reason", "at"},

@@ -154,6 +154,14 @@ class ServingHost:
         if old is not None:
             return
         self.replicas[replica.attempt_id] = replica
+        try:
+            assert self._redis is not None
+            # Listed before it takes anything, so that the control plane can find what it holds if it is lost.
+            await self._redis.sadd(inference.replicas_key(replica.endpoint_id), replica.attempt_id)  # type: ignore[misc]
+        except Exception as exc:
+            log.warning(
+                "serving: replica %d could not be listed (%s); it serves anyway", replica.attempt_id, exc
+            )
         replica.task = asyncio.get_running_loop().create_task(self._serve(replica))
 
     async def _drain(self, attempt_id: int) -> None:
@@ -195,6 +203,7 @@ class ServingHost:
             # Oldest first back to the queue's right end, where replicas take from: they keep their turn.
             while await r.lmove(inflight, queue, "LEFT", "RIGHT") is not None:
                 pass
+            await r.srem(inference.replicas_key(replica.endpoint_id), replica.attempt_id)  # type: ignore[misc]
         except Exception as exc:
             log.warning("serving: replica %d could not give back its requests: %s", replica.attempt_id, exc)
         self.replicas.pop(replica.attempt_id, None)
@@ -275,6 +284,14 @@ class ServingHost:
         wait = rep.ready_at - self.clock()
         if wait > 0:
             await asyncio.sleep(wait)
+        # Listed as serving the moment it takes its first request, not at the next heartbeat.
+        try:
+            await r.zadd(
+                inference.ready_key(rep.endpoint_id),
+                {str(rep.attempt_id): self.clock() + inference.READY_TTL_S},
+            )
+        except Exception as exc:
+            log.warning("serving: replica %d could not list itself as ready: %s", rep.attempt_id, exc)
         # What it held before a restart of this loop (never: a new attempt has a new list) is given
         # back by the control plane's reap; it starts empty.
         device_free = self.clock()

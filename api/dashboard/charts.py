@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from html import escape
 
 
@@ -159,5 +159,91 @@ def latency_throughput_chart(
         tip = escape(f"batch {batch}: {latency:.3f} ms, {throughput:,.0f} samples/s")
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#4b4bc8"><title>{tip}</title></circle>')
         parts.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" font-size="12" fill="#1a1a2e">{batch}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def time_series_chart(
+    times: Sequence[datetime],
+    series: Sequence[tuple[str, str, Sequence[float | None]]],
+    *,
+    title: str,
+    unit: str,
+    chart_id: str,
+    step: bool = False,
+    width: int = 720,
+    height: int = 240,
+) -> str:
+    """Lines over time (one point per minute, say), each `(label, colour, values)` with a legend; a gap
+    where a value is None. `step` draws each value held until the next (replica counts). The y axis
+    starts at zero; each point has a tooltip."""
+    left, right, top, bottom = 56, 16, 30, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
+    values = [v for _, _, vs in series for v in vs if v is not None]
+    y_top = nice_ceiling(max(values, default=0.0))
+    n = len(times)
+
+    def x_at(i: int) -> float:
+        return left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    def y_at(v: float) -> float:
+        return top + plot_h - plot_h * v / y_top
+
+    summary = (
+        "; ".join(
+            f"{label}: last {_fmt(next((v for v in reversed(vs) if v is not None), 0.0))} {unit}"
+            for label, _, vs in series
+        )
+        if n
+        else "no data yet"
+    )
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{chart_id}-t {chart_id}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{chart_id}-t">{escape(title)}</title>',
+        f'<desc id="{chart_id}-d">{escape(summary)}</desc>',
+    ]
+    for i in range(5):
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+            'stroke="#d4d4de" stroke-width="1"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="13" fill="#4a4a5e">'
+            f"{escape(_fmt(y_top * i / 4))}</text>"
+        )
+    if n:
+        for i in sorted({0, n - 1}):
+            anchor = "start" if i == 0 and n > 1 else "end"
+            parts.append(
+                f'<text x="{x_at(i):.1f}" y="{height - 8}" text-anchor="{anchor}" font-size="13" '
+                f'fill="#4a4a5e">{escape(times[i].strftime("%H:%M"))}</text>'
+            )
+    legend_x = float(left)
+    for label, colour, vs in series:
+        parts.append(
+            f'<rect x="{legend_x:.1f}" y="8" width="12" height="12" fill="{escape(colour)}"/>'
+            f'<text x="{legend_x + 16:.1f}" y="18" font-size="13" fill="#1a1a2e">{escape(label)}</text>'
+        )
+        legend_x += 28 + 8 * len(label)
+        runs: list[list[tuple[float, float]]] = [[]]
+        for i, v in enumerate(vs[:n]):
+            if v is None:
+                runs.append([])
+                continue
+            x, y = x_at(i), y_at(v)
+            if step and runs[-1]:
+                runs[-1].append((x, runs[-1][-1][1]))
+            runs[-1].append((x, y))
+            tip = escape(f"{times[i].strftime('%H:%M')} {label}: {_fmt(v)} {unit}")
+            dot = f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{escape(colour)}">'
+            parts.append(f"{dot}<title>{tip}</title></circle>")
+        for run in runs:
+            if len(run) > 1:
+                line = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+                parts.append(
+                    f'<polyline fill="none" stroke="{escape(colour)}" stroke-width="2" points="{line}"/>'
+                )
     parts.append("</svg>")
     return "".join(parts)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from api.dashboard import admin_pages, forms, model_pages, session_pages, sessions, tenant_pages
+from api.dashboard import (
+    admin_pages,
+    endpoint_pages,
+    forms,
+    model_pages,
+    session_pages,
+    sessions,
+    tenant_pages,
+)
 from api.dashboard.web import DashboardRoute, Form, OptionalUser, User, render, safe_next
 from api.deps import DbDep, SettingsDep
 from api.ratelimit import check_rate
@@ -131,4 +139,5 @@ def trial_apply(request: Request, db: DbDep, settings: SettingsDep, form: Form) 
 router.include_router(tenant_pages.router)
 router.include_router(model_pages.router)
 router.include_router(session_pages.router)
+router.include_router(endpoint_pages.router)
 router.include_router(admin_pages.router)

@@ -13,10 +13,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
+from starlette.requests import ClientDisconnect
 
 from api import inference
 from api.deps import Invoker, RuntimeDep
-from api.problems import problem
 from scheduler.inference import Route
 from scheduler.services.keys import Principal
 
@@ -71,8 +71,7 @@ Version = Annotated[str, Path(min_length=1, max_length=16)]
 
 
 def _error(exc: inference.InferError) -> Response:
-    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if exc.retry_after is not None else None
-    return problem(exc.status, exc.message, headers=headers, error=exc.message)
+    return inference.error_response(exc)
 
 
 async def _route(runtime: Any, principal: Principal, endpoint_id: str) -> Route:
@@ -190,6 +189,8 @@ async def _infer(
         reply = await inference.infer(runtime, route, model, body, header_length)
     except inference.InferError as exc:
         return _error(exc)
+    except ClientDisconnect:
+        return Response(status_code=499)  # nobody reads it: the client went away
     media = reply.headers.pop("content-type", "application/json")
     return Response(reply.body, status_code=reply.status, headers=reply.headers, media_type=media)
 

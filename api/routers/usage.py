@@ -38,8 +38,8 @@ from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 
 Format = Literal["json", "csv"]
-Group = Literal["job", "day", "workload", "partition_size", "machine_type"]
-AdminGroup = Literal["tenant", "job", "day", "workload", "partition_size", "machine_type"]
+Group = Literal["job", "day", "workload", "partition_size", "machine_type", "endpoint"]
+AdminGroup = Literal["tenant", "job", "day", "workload", "partition_size", "machine_type", "endpoint"]
 Since = Annotated[UtcDatetime | None, Query(description="Only usage at or after this instant.")]
 Until = Annotated[UtcDatetime | None, Query(description="Only usage before this instant.")]
 Cursor = Annotated[
@@ -54,6 +54,7 @@ COLUMNS: dict[str, list[str]] = {
     "workload": ["workload", "ipu_hours"],
     "partition_size": ["partition_size", "ipu_hours"],
     "machine_type": ["machine_type", "ipu_hours", "charged_ipu_hours"],
+    "endpoint": ["endpoint_id", "tenant_id", "name", "model", "ipu_hours"],
     "tenant": [
         "tenant_id",
         "name",

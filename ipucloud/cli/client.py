@@ -11,7 +11,14 @@ from typing import Annotated
 
 import typer
 
-from ipucloud.cli import client_admin, client_jobs, client_models, client_sessions, client_vipu
+from ipucloud.cli import (
+    client_admin,
+    client_endpoints,
+    client_jobs,
+    client_models,
+    client_sessions,
+    client_vipu,
+)
 from ipucloud.cli.client_common import (
     EXIT_CODES_HELP,
     JsonOpt,
@@ -171,6 +178,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(client_jobs.app, name="jobs")
     app.add_typer(client_models.app, name="models")
     app.add_typer(client_sessions.app, name="sessions")
+    app.add_typer(client_endpoints.app, name="endpoints")
     app.add_typer(trial_app, name="trial")
     app.add_typer(client_admin.keys_app, name="keys")
     app.add_typer(client_admin.app, name="admin")

@@ -17,8 +17,11 @@ from ipucloud.sdk.errors import (
     ServerError,
     ServiceUnreachable,
 )
+from ipucloud.sdk.inference import Inference
 from ipucloud.sdk.models import (
     FINAL_STATES,
+    Endpoint,
+    EndpointMetrics,
     Estimate,
     Fleet,
     Job,
@@ -43,8 +46,11 @@ __all__ = [
     "Client",
     "ConfigurationError",
     "ConflictError",
+    "Endpoint",
+    "EndpointMetrics",
     "Estimate",
     "Fleet",
+    "Inference",
     "InvalidRequestError",
     "IpucloudError",
     "Job",

@@ -48,6 +48,8 @@ class Call(Generic[T_co]):
     files: Any = None
     """Multipart file fields (``httpx``'s ``files``), with ``data`` as the text fields."""
     data: Mapping[str, str] | None = None
+    content: bytes | None = None
+    """A raw body (an inference request's binary tensors)."""
 
     @property
     def retry_safe_on_transport_error(self) -> bool:

@@ -19,6 +19,12 @@ __all__ = [
     "ApiKeyCreated",
     "Catalogue",
     "Checkpoint",
+    "Endpoint",
+    "EndpointMetrics",
+    "EndpointMinute",
+    "EndpointReplica",
+    "EndpointReplicas",
+    "EndpointWindow",
     "Estimate",
     "Fleet",
     "FleetIpu",
@@ -45,6 +51,8 @@ __all__ = [
     "Ready",
     "Retired",
     "RuntimeLimit",
+    "ServeBatch",
+    "ServePlan",
     "ServeRow",
     "ServersAdded",
     "Session",
@@ -60,10 +68,18 @@ __all__ = [
     "Unmodelled",
     "Usage",
     "UsageDay",
+    "UsageEndpoint",
     "UsageJob",
     "UsageMachineType",
     "UsagePartitionSize",
     "UsageWorkload",
+    "V2InferResponse",
+    "V2Live",
+    "V2ModelMetadata",
+    "V2Output",
+    "V2Ready",
+    "V2ServerMetadata",
+    "V2Tensor",
     "WaitReason",
     "Workload",
 ]
@@ -136,6 +152,73 @@ class Session(SessionHelpers, Model):
     events: list[SessionEvent] = Field(default_factory=list)
 
 
+class V2ServerMetadata(Model):
+    name: str | None = None
+    version: str | None = None
+    extensions: list[str] = Field(default_factory=list)
+
+
+class V2Live(Model):
+    live: bool = False
+
+
+class V2Ready(Model):
+    ready: bool = False
+
+
+class V2ModelMetadata(Model):
+    name: str | None = None
+    versions: list[str] = Field(default_factory=list)
+    platform: str | None = None
+    inputs: list[V2Tensor] = Field(default_factory=list)
+    outputs: list[V2Tensor] = Field(default_factory=list)
+
+
+class V2InferResponse(Model):
+    model_name: str | None = None
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    outputs: list[V2Output] = Field(default_factory=list)
+
+
+class Endpoint(Model):
+    """An inference endpoint. `url` is the base of its Open Inference Protocol (KServe v2) routes."""
+
+    id: str
+    name: str
+    url: str
+    model: str
+    model_id: str | None = None
+    state: str
+    reason: str | None = None
+    machine: str | None = None
+    ipus_per_replica: int | None = None
+    ipus_requested: str | None = None
+    workload: dict[str, Any] = Field(default_factory=dict)
+    replicas: EndpointReplicas
+    autoscaling: dict[str, Any] = Field(default_factory=dict)
+    batching: dict[str, Any] = Field(default_factory=dict)
+    max_queue: int | None = None
+    cold_start_timeout_s: float | None = None
+    preemptible: bool = False
+    signature: dict[str, Any] = Field(default_factory=dict)
+    serve_plans: list[ServePlan] = Field(default_factory=list)
+    replica_list: list[EndpointReplica] = Field(default_factory=list)
+    billed_ipu_hours: float | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+class EndpointMetrics(Model):
+    id: str | None = None
+    state: str | None = None
+    replicas: EndpointReplicas | None = None
+    window: EndpointWindow | None = None
+    history: list[EndpointMinute] = Field(default_factory=list)
+
+
 class Catalogue(Model):
     items: list[Workload]
     machines: list[dict[str, Any]] = Field(default_factory=list)
@@ -200,6 +283,7 @@ class Usage(Model):
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = None
     tenant_id: str
     plan: str
@@ -220,6 +304,7 @@ class AdminUsage(Model):
     by_workload: list[UsageWorkload] = Field(default_factory=list)
     by_partition_size: list[UsagePartitionSize] = Field(default_factory=list)
     by_machine_type: list[UsageMachineType] = Field(default_factory=list)
+    by_endpoint: list[UsageEndpoint] = Field(default_factory=list)
     next_cursor: str | None = None
     tenants: list[TenantUsage]
     tenants_next_cursor: str | None = None
@@ -364,6 +449,9 @@ class Plan(Model):
     max_runtime_s: int | None = None
     idle_timeout_s: int | None = None
     max_session_s: int | None = None
+    max_endpoints: int = 2
+    max_endpoint_replicas: int = 2
+    max_endpoint_ipus: int = 8
     priority: int | None = None
     fairshare_weight: float | None = None
     rates: dict[str, float] = Field(default_factory=dict)
@@ -473,6 +561,82 @@ class SessionEvent(Model):
     data: dict[str, Any] | None = None
 
 
+class V2Tensor(Model):
+    name: str | None = None
+    datatype: str | None = None
+    shape: list[int] = Field(default_factory=list)
+
+
+class V2Output(V2Tensor):
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class EndpointReplicas(Model):
+    min: int
+    max: int
+    desired: int
+    ready: int
+
+
+class ServePlan(Model):
+    """A replica on one machine type as the emulator lays it out (cluster time)."""
+
+    machine: str | None = None
+    ipus: int | None = None
+    max_batch_size: int | None = None
+    compile_s: float | None = None
+    load_s: float | None = None
+    pipeline_stages: int | None = None
+    batches: list[ServeBatch] = Field(default_factory=list)
+
+
+class EndpointReplica(Model):
+    """One replica: a partition held for the endpoint (its holder job's id)."""
+
+    id: str | None = None
+    state: str | None = None
+    ipus: int | None = None
+    machine: str | None = None
+    partition: str | None = None
+    started_at: datetime | None = None
+    ready_at: datetime | None = None
+    billed_ipu_hours: float | None = None
+
+
+class EndpointWindow(Model):
+    """The endpoint's last minute as its replicas and the API count it."""
+
+    requests: int | None = None
+    answered: int | None = None
+    rejected_429: int | None = None
+    unavailable_503: int | None = None
+    cold_starts: int | None = None
+    rps: float | None = None
+    mean_batch: float | None = None
+    queue_delay_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    queued: int | None = None
+    ready_replicas: int | None = None
+
+
+class EndpointMinute(Model):
+    minute: datetime | None = None
+    requests: int | None = None
+    errors: int | None = None
+    rejected: int | None = None
+    cold_starts: int | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    mean_batch: float | None = None
+    queue_delay_ms: float | None = None
+    replicas: int | None = None
+    desired: int | None = None
+
+
 class Workload(Model):
     name: str
     family: str | None = None
@@ -548,6 +712,14 @@ class UsageMachineType(Model):
     charged_ipu_hours: float | None = None
 
 
+class UsageEndpoint(Model):
+    endpoint_id: str | None = None
+    tenant_id: str | None = None
+    name: str | None = None
+    model: str | None = None
+    ipu_hours: float | None = None
+
+
 class TenantUsage(Model):
     tenant_id: str
     name: str
@@ -580,6 +752,12 @@ class RackUnit(Model):
     model: str | None = None
     ipus: int
     machines: dict[str, int] = Field(default_factory=dict)
+
+
+class ServeBatch(Model):
+    batch_size: int | None = None
+    latency_ms: float | None = None
+    throughput: float | None = None
 
 
 class FleetMachine(Model):

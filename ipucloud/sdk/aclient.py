@@ -84,6 +84,7 @@ class AsyncClient(Operations, AsyncSender):
                     headers=headers,
                     files=call.files,
                     data=call.data,
+                    content=call.content,
                 )
             except httpx.TransportError as exc:
                 safe = isinstance(exc, NOT_SENT) or call.retry_safe_on_transport_error

@@ -96,6 +96,7 @@ class Client(Operations, Sender):
                     headers=headers,
                     files=call.files,
                     data=call.data,
+                    content=call.content,
                 )
             except httpx.TransportError as exc:
                 safe = isinstance(exc, NOT_SENT) or call.retry_safe_on_transport_error

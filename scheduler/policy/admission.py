@@ -39,7 +39,7 @@ class Admission:
                 f"the plan allows partitions of at most {tenant.max_partition_size} IPUs; "
                 f"this job needs {job.size}",
             )
-        if tenant.max_queued_jobs is not None:
+        if tenant.max_queued_jobs is not None and job.counted:
             seen = self._queued_seen.get(job.tenant_id, 0) + 1
             self._queued_seen[job.tenant_id] = seen
             if seen > tenant.max_queued_jobs:
@@ -57,9 +57,11 @@ class Admission:
                 )
             self._budget[job.tenant_id] = budget - job.cost_ipu_ms
         limit = tenant.max_concurrent_jobs
-        if limit is not None and self._running.get(job.tenant_id, 0) >= limit:
+        if limit is not None and job.counted and self._running.get(job.tenant_id, 0) >= limit:
             return Wait("limit", f"the plan runs at most {limit} jobs at once; that many are running")
         return None
 
     def started(self, job: QueuedJob) -> None:
+        if not job.counted:
+            return
         self._running[job.tenant_id] = self._running.get(job.tenant_id, 0) + 1

@@ -68,6 +68,9 @@ class QueuedJob:
     prefer: str = "time"
     preemptible: bool = False
     user_priority: int = 0
+    # An inference endpoint's replica: exempt from the plan's job-count limits (it counts against the
+    # plan's endpoint limits, judged when the endpoint is created or changed).
+    counted: bool = True
 
 
 @dataclass(frozen=True, slots=True)

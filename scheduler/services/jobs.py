@@ -32,6 +32,7 @@ from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
+    SERVE_TASK,
     Attempt,
     AttemptState,
     Job,
@@ -319,7 +320,12 @@ _LOCK_TENANTS = (
 # most `cap` entries of the (tenant, state) index, however long the queue).
 _QUEUED_JOBS = select(func.count()).select_from(
     select(_jobs.c.id)
-    .where(_jobs.c.tenant_id == bindparam("t"), _jobs.c.state == JobState.QUEUED.value)
+    .where(
+        _jobs.c.tenant_id == bindparam("t"),
+        _jobs.c.state == JobState.QUEUED.value,
+        # Replicas count against the plan's endpoint limits instead (scheduler/services/endpoints.py).
+        _jobs.c.task != SERVE_TASK,
+    )
     .limit(bindparam("cap"))
     .subquery()
 )
@@ -657,8 +663,9 @@ def list_jobs(
 ) -> list[Job]:
     """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
     stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
-    # A session's holder job is the session (GET /sessions), not one of the tenant's jobs.
-    stmt = stmt.where(Job.task != sessions.SESSION_TASK)
+    # A session's holder job is the session (GET /sessions), and an endpoint's replica is the
+    # endpoint's (GET /endpoints): neither is one of the tenant's jobs.
+    stmt = stmt.where(Job.task.not_in((sessions.SESSION_TASK, SERVE_TASK)))
     if state is not None:
         stmt = stmt.where(Job.state == state)
     if after is not None:

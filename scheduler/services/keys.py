@@ -30,6 +30,8 @@ LOOKUP_LEN = 12
 SECRET_LEN = 43  # 62**43 > 2**256
 CHECK_LEN = 6
 KEY_LEN = len(PREFIX) + LOOKUP_LEN + SECRET_LEN + CHECK_LEN
+# `invoke` calls a tenant's inference endpoints and nothing else (api/deps.py, `Invoker`): a key
+# that can only invoke can be handed to the application that serves its users.
 SCOPES = ("read", "submit", "invoke", "admin")
 TENANT_SCOPES = ("read", "submit", "invoke")
 

@@ -27,6 +27,7 @@ from scheduler import billing
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
+    SERVE_TASK,
     Attempt,
     AttemptState,
     Ipu,
@@ -132,6 +133,7 @@ def build_snapshot(
         Job.options,
         Job.prefer,
         Job.preemptible,
+        Job.task,
     ]
     if read_waits:
         columns.append(Job.wait)
@@ -151,7 +153,7 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
-        preemptible, plan_priority = row[11], row[-1]
+        preemptible, task, plan_priority = row[11], row[12], row[-1]
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
         if len(options) == 1:
@@ -175,11 +177,12 @@ def build_snapshot(
                 options=options,
                 prefer=prefer or "time",
                 preemptible=bool(preemptible),
+                counted=task != SERVE_TASK,
             )
         )
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
-            stored[job_id] = row[12]
+            stored[job_id] = row[13]
 
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
@@ -250,7 +253,8 @@ def build_snapshot(
             )
         )
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
-        running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
+        if task != SERVE_TASK:  # replicas count against the plan's endpoint limits instead
+            running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
         if gcd >= 0:
             busy.setdefault(name, []).append(job_id)
 

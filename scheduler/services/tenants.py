@@ -39,6 +39,9 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         preemptible_discount=0.5,
         checkpoint_retention_s=86400,
         max_session_s=6 * 3600,
+        max_endpoints=2,
+        max_endpoint_replicas=2,
+        max_endpoint_ipus=8,
     ),
     dict(
         name="trial-university",
@@ -58,6 +61,9 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         preemptible_discount=0.5,
         checkpoint_retention_s=3 * 86400,
         max_session_s=6 * 3600,
+        max_endpoints=2,
+        max_endpoint_replicas=2,
+        max_endpoint_ipus=8,
     ),
     dict(
         name="trial-business",
@@ -77,6 +83,9 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         preemptible_discount=0.5,
         checkpoint_retention_s=3 * 86400,
         max_session_s=6 * 3600,
+        max_endpoints=2,
+        max_endpoint_replicas=2,
+        max_endpoint_ipus=8,
     ),
     dict(
         name="standard",
@@ -96,6 +105,9 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         preemptible_discount=0.5,
         checkpoint_retention_s=7 * 86400,
         max_session_s=24 * 3600,
+        max_endpoints=20,
+        max_endpoint_replicas=16,
+        max_endpoint_ipus=256,
     ),
     dict(
         name="internal",
@@ -115,6 +127,9 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         preemptible_discount=0.5,
         checkpoint_retention_s=30 * 86400,
         max_session_s=7 * 24 * 3600,
+        max_endpoints=1000,
+        max_endpoint_replicas=256,
+        max_endpoint_ipus=65536,
     ),
 )
 
@@ -168,6 +183,9 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "max_runtime_s",
         "idle_timeout_s",
         "max_session_s",
+        "max_endpoints",
+        "max_endpoint_replicas",
+        "max_endpoint_ipus",
         "priority",
         "fairshare_weight",
         "max_models",

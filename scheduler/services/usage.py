@@ -15,10 +15,10 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.billing import ipu_hours as _hours
-from scheduler.models import Job, MeterEvent, Tenant
+from scheduler.models import Endpoint, Job, MeterEvent, Tenant
 from scheduler.services.scope import Scope, restrict
 
-GROUPS = ("day", "job", "workload", "partition_size", "machine_type")
+GROUPS = ("day", "job", "workload", "partition_size", "machine_type", "endpoint")
 
 
 class UsageDayRow(TypedDict):
@@ -61,14 +61,25 @@ class UsageMachineTypeRow(TypedDict):
     charged_ipu_hours: float
 
 
+class UsageEndpointRow(TypedDict):
+    """IPU-hours billed to one inference endpoint's replicas (held, busy or idle)."""
+
+    endpoint_id: str
+    tenant_id: str
+    name: str
+    model: str
+    ipu_hours: float
+
+
 class UsageBreakdowns(TypedDict):
-    """Usage grouped five ways (`breakdowns`)."""
+    """Usage grouped six ways (`breakdowns`)."""
 
     by_day: list[UsageDayRow]
     by_job: list[UsageJobRow]
     by_workload: list[UsageWorkloadRow]
     by_partition_size: list[UsagePartitionSizeRow]
     by_machine_type: list[UsageMachineTypeRow]
+    by_endpoint: list[UsageEndpointRow]
 
 
 def job_used_ipu_ms(*, session: Session, job_id: str) -> int:
@@ -215,6 +226,34 @@ def by_machine_type(
     ]
 
 
+def by_endpoint(
+    *, session: Session, scope: Scope, since: datetime | None = None, until: datetime | None = None
+) -> list[UsageEndpointRow]:
+    """Per inference endpoint, newest first: what its replicas' holder jobs were billed."""
+    rows = session.execute(
+        _scoped(
+            select(
+                Endpoint.id,
+                Endpoint.tenant_id,
+                Endpoint.name,
+                Endpoint.model_name,
+                func.sum(MeterEvent.ipu_ms),
+            )
+            .join(Job, Job.id == MeterEvent.job_id)
+            .join(Endpoint, Endpoint.id == Job.endpoint_id),
+            scope,
+            since,
+            until,
+        )
+        .group_by(Endpoint.id, Endpoint.tenant_id, Endpoint.name, Endpoint.model_name)
+        .order_by(Endpoint.id.desc())
+    ).all()
+    return [
+        {"endpoint_id": e, "tenant_id": t, "name": n, "model": m, "ipu_hours": _hours(ms)}
+        for e, t, n, m, ms in rows
+    ]
+
+
 def breakdowns(
     *,
     session: Session,
@@ -225,7 +264,7 @@ def breakdowns(
     job_after: str | None = None,
     day_limit: int = 366,
 ) -> UsageBreakdowns:
-    """Usage grouped five ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
+    """Usage grouped six ways, over the scope's meter events (`ALL_TENANTS`: across tenants, for admins).
 
     `by_job` is a page of `limit` jobs (continue with `job_after`); `by_day` the last `day_limit`
     days. Workloads and partition sizes are few, so they are reported whole.
@@ -238,6 +277,7 @@ def breakdowns(
         "by_workload": by_workload(session=session, scope=scope, since=since, until=until),
         "by_partition_size": by_partition_size(session=session, scope=scope, since=since, until=until),
         "by_machine_type": by_machine_type(session=session, scope=scope, since=since, until=until),
+        "by_endpoint": by_endpoint(session=session, scope=scope, since=since, until=until),
     }
 
 

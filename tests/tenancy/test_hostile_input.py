@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from api.dashboard import routes, sessions
+from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import Base
+from scheduler.services import endpoints as endpoint_service
 from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
@@ -363,6 +365,13 @@ API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/jobs"): JOB,
     ("POST", "/api/v1/sessions"): {"ipus": 1},
     ("PATCH", "/api/v1/sessions/{session_id}"): {"idle_timeout_s": 600},
+    ("POST", "/api/v1/endpoints"): {
+        "name": "h",
+        "model": "resnet50",
+        "replicas": {"min": 0, "max": 1},
+        "batching": {"max_batch_size": 4, "max_wait_ms": 1},
+    },
+    ("PATCH", "/api/v1/endpoints/{endpoint_id}"): {"max_queue": 10, "replicas": {"min": 0, "max": 1}},
     ("POST", "/api/v1/estimates"): {"workload": JOB["workload"], "ipus": 4},
     ("POST", "/api/v1/keys"): {"name": "k"},
     ("POST", "/api/v1/trials"): TRIAL,
@@ -422,7 +431,17 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         held = session_service.start_session(
             session=s, tenant_id=tid, spec=SessionSpec.model_validate({"ipus": 1})
         )
+        served = endpoint_service.create_endpoint(
+            session=s,
+            tenant_id=tid,
+            spec=EndpointSpec.model_validate(
+                {"name": "kept-ep", "model": "resnet50", "replicas": {"min": 0, "max": 1}}
+            ),
+        )
     paths = {
+        "endpoint_id": served.id,
+        "endpoint_name": served.name,
+        "version": "1",
         "session_id": held.id,
         "job_id": job.id,
         "ended_job_id": ended.id,
@@ -462,6 +481,8 @@ def fill(path: str, values: dict[str, str], field: Field, hostile: Any) -> str:
             return "reset"
         if name == "job_id" and path.endswith("/events"):
             return values["ended_job_id"]
+        if name == "model" and "/v2/" in path:  # a v2 route's model is the endpoint's name
+            return values["endpoint_name"]
         return values[name]
 
     return re.sub(r"\{(\w+)\}", one, path)

@@ -101,7 +101,7 @@ BAD_KEY_BODIES: list[dict[str, Any]] = [
     {"name": "x" * 101},
     {"name": "tab\there"},
     {"name": "x", "scopes": []},
-    {"name": "x", "scopes": ["read", "read", "read", "read"]},
+    {"name": "x", "scopes": ["read", "read", "read", "read", "read"]},
     {"name": "x", "scopes": ["root"]},
     {"name": "x", "expires_at": "2030-01-01T00:00:00"},
     {"name": "x", "expires_at": "2001-01-01T00:00:00Z"},

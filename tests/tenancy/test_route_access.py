@@ -10,9 +10,10 @@ import re
 from typing import Any
 
 from api.app import create_app
+from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import SessionSpec
 from scheduler.models import ApiKey, Job
-from scheduler.services import keys, own_models, sessions, trials
+from scheduler.services import endpoints, keys, own_models, sessions, trials
 from scheduler.settings import Settings
 from tests.support import onnx_files
 from tests.tenancy.conftest import World, assert_problem, auth
@@ -44,7 +45,17 @@ def samples(world: World, db: Any) -> dict[str, str]:
         held = sessions.start_session(
             session=s, tenant_id=world.a.id, spec=SessionSpec.model_validate({"ipus": 1})
         )
+        served = endpoints.create_endpoint(
+            session=s,
+            tenant_id=world.a.id,
+            spec=EndpointSpec.model_validate(
+                {"name": "served", "model": "resnet50", "replicas": {"min": 0, "max": 1}}
+            ),
+        )
     return {
+        "endpoint_id": served.id,
+        "endpoint_name": served.name,
+        "version": "1",
         "session_id": held.id,
         "job_id": world.a.job_id,
         "key_id": world.a.member_key_id,
@@ -64,6 +75,8 @@ def samples(world: World, db: Any) -> dict[str, str]:
 def fill(path: str, values: dict[str, str]) -> str:
     def one(m: re.Match[str]) -> str:
         name = m.group(1)
+        if name == "model" and "/v2/" in path:  # a v2 route's model is the endpoint's name
+            name = "endpoint_name"
         assert name in values, f"add a sample value for path parameter {{{name}}} to samples() in {__file__}"
         return values[name]
 

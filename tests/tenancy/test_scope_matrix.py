@@ -27,11 +27,21 @@ import redis
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from api.dashboard import admin_pages, model_pages, routes, session_pages, sessions, tenant_pages
+from api.dashboard import (
+    admin_pages,
+    endpoint_pages,
+    model_pages,
+    routes,
+    session_pages,
+    sessions,
+    tenant_pages,
+)
 from scheduler.db import Database
+from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import (
     ApiKey,
+    Endpoint,
     IpuSession,
     Job,
     Machine,
@@ -40,6 +50,7 @@ from scheduler.models import (
     Partition,
     TrialApplication,
 )
+from scheduler.services import endpoints as endpoint_service
 from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
@@ -49,7 +60,8 @@ from tests.support.services import Seeded, reload_settings
 from vipu.topology import rack_id
 
 MODEL = onnx_files.mlp(hidden=32, layers=2, features=16)
-ROLES = ("read", "submit", "member", "owner", "admin", "suspended", "revoked")
+# `invoke`: a key with only that scope, which calls the tenant's inference endpoints and nothing else.
+ROLES = ("read", "submit", "invoke", "member", "owner", "admin", "suspended", "revoked")
 OK, FORBIDDEN, SIGNED_OUT, NOT_FOUND = "ok", "forbidden", "signed out", "not found"
 JOB = {"name": "m", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
 R50_FORM = {"model": "resnet50", "task": "train", "batch_size": "64", "steps": "20", "ipus": "4"}
@@ -63,6 +75,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "read": {
         "read": OK,
         "submit": FORBIDDEN,
+        "invoke": FORBIDDEN,
         "member": OK,
         "owner": OK,
         "admin": OK,
@@ -72,6 +85,7 @@ CLASSES: dict[str, dict[str, str]] = {
     "submit": {
         "read": FORBIDDEN,
         "submit": OK,
+        "invoke": FORBIDDEN,
         "member": OK,
         "owner": OK,
         "admin": OK,
@@ -79,6 +93,18 @@ CLASSES: dict[str, dict[str, str]] = {
         "revoked": SIGNED_OUT,
     },
     "admin": {**dict.fromkeys(ROLES, FORBIDDEN), "admin": OK, "revoked": SIGNED_OUT},
+    # The v2 inference routes (api/inference.py): every key with `invoke` (new keys have it by default; a
+    # key made with `submit` alone has not).
+    "invoke": {
+        "read": FORBIDDEN,
+        "submit": FORBIDDEN,
+        "invoke": OK,
+        "member": OK,
+        "owner": OK,
+        "admin": OK,
+        "suspended": FORBIDDEN,
+        "revoked": SIGNED_OUT,
+    },
 }
 
 
@@ -95,6 +121,7 @@ class World:
     suspended_tenant: str = ""
     job: str = ""
     session: str = ""
+    endpoint: str = ""
     ended_job_id: str = ""
     partition: str = "matrix-kept"
     application: str = ""
@@ -113,6 +140,13 @@ class World:
     def new_job(self) -> str:
         with self.db.write() as s:
             return jobs.submit_job(session=s, tenant_id=self.tenant, spec=JobSpec.model_validate(JOB)).job.id
+
+    def new_endpoint(self) -> str:
+        with self.db.write() as s:
+            spec = EndpointSpec.model_validate(
+                {"name": self.unique("ep"), "model": "resnet50", "replicas": {"min": 0, "max": 1}}
+            )
+            return endpoint_service.create_endpoint(session=s, tenant_id=self.tenant, spec=spec).id
 
     def new_session(self, **fields: Any) -> str:
         with self.db.write() as s:
@@ -215,7 +249,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
         _, w.keys["member"] = keys.create_key(
             session=s, secret=secret, tenant_id=w.tenant, name="m", member_id=member.id
         )
-        for scope in ("read", "submit"):
+        for scope in ("read", "submit", "invoke"):
             _, w.keys[scope] = keys.create_key(
                 session=s,
                 secret=secret,
@@ -234,6 +268,7 @@ def build_world(db: Any, seeded: Seeded, model_file: Path) -> World:
     w.keys["admin"] = seeded.admin_key
     w.job = w.new_job()
     w.session = w.new_session()
+    w.endpoint = w.new_endpoint()
     w.ended_job_id = w.ended_job()
     w.application = w.new_application()
     w.model_file = model_file
@@ -390,6 +425,39 @@ def _end_session(w: World) -> Call:
     return Call(f"/api/v1/sessions/{session_id}", unchanged=_session_live(w, session_id))
 
 
+def _endpoint_live(w: World, endpoint_id: str, max_queue: int = 256) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            row = s.get(Endpoint, endpoint_id)
+            return row.state != "stopped" and row.max_queue == max_queue
+
+    return check
+
+
+def _v2(w: World, path: str, body: Any = None) -> Call:
+    """A v2 route of the world's endpoint (`{model}` is its name); it has no replica."""
+    with w.db.read() as s:
+        name = s.get(Endpoint, w.endpoint).name
+    return Call(f"/api/v1/endpoints/{w.endpoint}/v2{path.format(model=name)}", body)
+
+
+# A request whose tensors are wrong: an allowed caller gets the protocol's 400 (it needs no replica).
+BAD_INFER = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1], "data": [0]}]}
+V2 = "/api/v1/endpoints/{endpoint_id}/v2"
+
+
+def _change_endpoint(w: World) -> Call:
+    endpoint_id = w.new_endpoint()
+    return Call(
+        f"/api/v1/endpoints/{endpoint_id}", {"max_queue": 7}, unchanged=_endpoint_live(w, endpoint_id)
+    )
+
+
+def _delete_endpoint(w: World) -> Call:
+    endpoint_id = w.new_endpoint()
+    return Call(f"/api/v1/endpoints/{endpoint_id}", unchanged=_endpoint_live(w, endpoint_id))
+
+
 def _delete_key(w: World) -> Call:
     key_id = w.new_key()
     return Call(f"/api/v1/keys/{key_id}", unchanged=_key_live(w, key_id))
@@ -483,6 +551,39 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("POST", "/api/v1/jobs/{job_id}/resume"): ("submit", _resume),
     ("GET", "/api/v1/jobs/{job_id}/logs"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}/logs")),
     ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
+    ("POST", "/api/v1/endpoints"): (
+        "submit",
+        lambda w: Call(
+            "/api/v1/endpoints",
+            {"name": w.unique("ep"), "model": "resnet50", "replicas": {"min": 0, "max": 1}},
+        ),
+    ),
+    ("GET", "/api/v1/endpoints"): ("read", lambda w: Call("/api/v1/endpoints")),
+    ("GET", "/api/v1/endpoints/{endpoint_id}"): ("read", lambda w: Call(f"/api/v1/endpoints/{w.endpoint}")),
+    ("GET", "/api/v1/endpoints/{endpoint_id}/metrics"): (
+        "read",
+        lambda w: Call(f"/api/v1/endpoints/{w.endpoint}/metrics"),
+    ),
+    ("PATCH", "/api/v1/endpoints/{endpoint_id}"): ("submit", _change_endpoint),
+    ("GET", V2): ("invoke", lambda w: _v2(w, "")),
+    ("GET", V2 + "/health/live"): ("invoke", lambda w: _v2(w, "/health/live")),
+    ("GET", V2 + "/health/ready"): ("invoke", lambda w: _v2(w, "/health/ready")),
+    ("GET", V2 + "/models/{model}"): ("invoke", lambda w: _v2(w, "/models/{model}")),
+    ("GET", V2 + "/models/{model}/ready"): ("invoke", lambda w: _v2(w, "/models/{model}/ready")),
+    ("GET", V2 + "/models/{model}/versions/{version}"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1"),
+    ),
+    ("GET", V2 + "/models/{model}/versions/{version}/ready"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1/ready"),
+    ),
+    ("POST", V2 + "/models/{model}/infer"): ("invoke", lambda w: _v2(w, "/models/{model}/infer", BAD_INFER)),
+    ("POST", V2 + "/models/{model}/versions/{version}/infer"): (
+        "invoke",
+        lambda w: _v2(w, "/models/{model}/versions/1/infer", BAD_INFER),
+    ),
+    ("DELETE", "/api/v1/endpoints/{endpoint_id}"): ("submit", _delete_endpoint),
     ("GET", "/api/v1/sessions"): ("read", lambda w: Call("/api/v1/sessions")),
     ("GET", "/api/v1/sessions/{session_id}"): ("read", lambda w: Call(f"/api/v1/sessions/{w.session}")),
     ("PATCH", "/api/v1/sessions/{session_id}"): ("submit", _extend_session),
@@ -609,11 +710,23 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/metrics"): ("public", lambda w: Call("/metrics")),
 }
 
+_INVOKERS = ("invoke", "member", "owner", "admin")
+
 # Where a route answers otherwise than its kind says, and why.
 API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
+    # The world's endpoint has no replica: not ready (503), and a wrong tensor is a 400 before any wait.
+    **{
+        ("GET", V2 + path): dict.fromkeys(_INVOKERS, "HTTP 503")
+        for path in ("/health/ready", "/models/{model}/ready", "/models/{model}/versions/{version}/ready")
+    },
+    **{
+        ("POST", V2 + path): dict.fromkeys(_INVOKERS, "HTTP 400")
+        for path in ("/models/{model}/infer", "/models/{model}/versions/{version}/infer")
+    },
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},
+    ("POST", "/api/v1/endpoints"): {"admin": FORBIDDEN},
     ("GET", "/api/v1/usage"): {"admin": FORBIDDEN},
     # Models belong to a tenant.
     ("POST", "/api/v1/models"): {"admin": FORBIDDEN},
@@ -854,6 +967,11 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         _dash_end_session,
     ),
     ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
+    ("GET", "/endpoints", ""): (("GET", "/api/v1/endpoints"), lambda w, c: Form("GET", "/endpoints")),
+    ("GET", "/endpoints/{endpoint_id}", ""): (
+        ("GET", "/api/v1/endpoints/{endpoint_id}"),
+        lambda w, c: Form("GET", f"/endpoints/{w.endpoint}"),
+    ),
     ("GET", "/models/{model}", ""): (
         ("GET", "/api/v1/models/{model}"),
         lambda w, c: Form("GET", f"/models/{w.model}"),
@@ -885,6 +1003,7 @@ def dashboard_routes() -> set[tuple[str, str]]:
         admin_pages.router,
         model_pages.router,
         session_pages.router,
+        endpoint_pages.router,
     ):
         for route in router.routes:
             if isinstance(route, APIRoute):

@@ -1,0 +1,94 @@
+"""The request path's Redis protocol on a real Redis: each script's promise on its own."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from scheduler import inference
+from scheduler.inference import Answer, Envelope
+
+EP = "ep_proto"
+
+
+def _env(i: int, waiter: str = "w1") -> Envelope:
+    return Envelope(f"r{i}", waiter, 1, int((time.time() + 60) * 1000), int(time.time() * 1e6))
+
+
+def _route(r: Any) -> None:
+    r.set(inference.route_key(EP), "{}")  # only its presence matters to the scripts
+
+
+def test_enqueue_takes_what_fits_and_counts_the_rest(runtime: Any, db: Any) -> None:
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(5)], 3, time.time())
+    took, ready = s.enqueue(keys=keys, args=args)
+    assert (took, ready) == (3, 0)
+    assert r.llen(inference.queue_key(EP)) == 3
+    w = inference.windows(r, [EP])[EP]
+    assert (w.requests, w.rejected_429, w.cold_starts, w.queued) == (3, 2, 3, 3)
+
+
+def test_an_answer_after_fail_over_is_never_sent(runtime: Any, db: Any) -> None:
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(4)], 100, time.time())
+    s.enqueue(keys=keys, args=args)
+    inflight = inference.inflight_key(EP, 5)
+    taken = s.take_more(keys=[inference.queue_key(EP), inflight], args=[3])
+    assert [Envelope.decode(x).rid for x in taken] == ["r0", "r1", "r2"]  # oldest first
+    # The replica answers one; then it is lost and the rest fail over; its late answers send nothing.
+    first = Envelope.decode(taken[0])
+    keys, args = inference.answer_args(EP, 5, [(first, Answer("r0", 200, 5, 1, 0, 0, 1, 1))])
+    assert s.answer(keys=keys, args=args) == 1
+    r.sadd(inference.replicas_key(EP), 5)  # as the replica lists itself before it takes anything
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[5], grace_s=0) == 0  # still running
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[], grace_s=0) == 0  # found gone: doomed
+    assert inference.reap_inflight(r, EP, live_attempt_ids=[], grace_s=0) == 2
+    late = [(Envelope.decode(x), Answer(Envelope.decode(x).rid, 200, 5, 1, 0, 0, 1, 1)) for x in taken]
+    keys, args = inference.answer_args(EP, 5, late)
+    assert s.answer(keys=keys, args=args) == 0
+    replies = [Answer.decode(x) for x in r.lrange(inference.reply_key("w1"), 0, -1)]
+    assert sorted((a.rid, a.status) for a in replies) == [("r0", 200), ("r1", 503), ("r2", 503)]
+    assert r.llen(inference.queue_key(EP)) == 1  # r3 still waits for a replica
+
+
+def test_a_stopped_endpoint_answers_its_queue_and_queues_nothing_more(runtime: Any, db: Any) -> None:
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    keys, args = inference.enqueue_args(EP, [_env(i, "w2").encode() for i in range(3)], 100, time.time())
+    assert s.enqueue(keys=keys, args=args) == [3, 0]
+    inference.remove_route(r, EP)
+    replies = sorted(Answer.decode(x).status for x in r.lrange(inference.reply_key("w2"), 0, -1))
+    assert replies == [inference.GONE] * 3
+    keys, args = inference.enqueue_args(EP, [_env(9, "w2").encode()], 100, time.time())
+    assert s.enqueue(keys=keys, args=args) == [-1, 0]
+    assert r.llen(inference.queue_key(EP)) == 0
+
+
+def test_counters_mix_integer_and_float_fields_and_give_percentiles(runtime: Any, db: Any) -> None:
+    r = runtime.redis
+    counts = inference.Counts()
+    now = time.time()
+    counts.add_batch(EP, 4, now)
+    counts.add_batch(EP, 2, now)
+    # Two writes: the first of whole numbers, the second not; each adds to what the first wrote.
+    for queue in (0.0, 0.5):
+        pipe = r.pipeline()
+        for ms in [1.0] * 50 + [2.0] * 40 + [10.0] * 10:
+            counts.add_answer(EP, Answer("x", 200, 1, 1, queue, 0.0, ms / 2, ms / 2), now)
+        counts.write(pipe)
+        pipe.execute()
+    w = inference.windows(r, [EP], now=now + 0.01)[EP]
+    assert w.answered == 200
+    assert w.mean_batch == pytest.approx(3.0)
+    assert w.queue_delay_ms == pytest.approx(0.25)
+    assert w.p50_ms == pytest.approx(1.5, rel=0.05)
+    assert w.p90_ms == pytest.approx(2.5, rel=0.05)
+    assert w.p99_ms == pytest.approx(10.5, rel=0.05)
