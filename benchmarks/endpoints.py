@@ -18,12 +18,14 @@ and an autoscaling step. Three parts, side by side in one run (`--only` picks so
   control plane (`POST /api/v1/endpoints`); without it the part says so and is skipped.
 
 The cloud runs in production shape (PostgreSQL, Redis, `ipucloud api` with one uvicorn process per
-core), as benchmarks/control_plane.py starts it. Until the control plane is on this branch, an
-endpoint is its route published by hand and a serving host (workers/serving.py) in a process of its
-own, as tests/endpoints/test_request_path.py does; `start_endpoint` is the one place that chooses.
+core), as benchmarks/control_plane.py starts it, and an endpoint is created by `POST
+/api/v1/endpoints` and served by a host agent (`ipucloud scheduler`, one `ipucloud worker`). The
+curves, and the overhead with `--hand-route`, use the data plane alone: the endpoint's route
+published to Redis by hand and a serving host (workers/serving.py) in a process of its own, as
+tests/endpoints/test_request_path.py does; `start_endpoint` is the one place that chooses.
 
     .venv/bin/python benchmarks/endpoints.py [--only overhead,curves,autoscale] [--seconds 10]
-        [--concurrency 1,4,16,64] [--cache-dir ~/.cache/ipucloud-bench]
+        [--concurrency 1,4,16,64] [--hand-route] [--cache-dir ~/.cache/ipucloud-bench]
 """
 
 from __future__ import annotations
@@ -663,7 +665,9 @@ def serve_host(args: argparse.Namespace) -> None:
 # Part 1: overhead -------------------------------------------------------------------------------------
 
 
-def part_overhead(setup: Setup, cache: Path, concurrencies: list[int], seconds: int) -> None:
+def part_overhead(
+    setup: Setup, cache: Path, concurrencies: list[int], seconds: int, *, control_plane: bool
+) -> None:
     plan = plan_of(OVERHEAD_MODEL, 64)
     body = v2_body(plan)
     print(
@@ -677,9 +681,15 @@ def part_overhead(setup: Setup, cache: Path, concurrencies: list[int], seconds: 
         with mlserver(cache, setup.work, parallel_workers=workers) as url:
             results[label] = {c: wrk(url, body, None, clients=c, seconds=seconds) for c in concurrencies}
         _progress(label, results[label])
-    label = f"ipucloud endpoint, {setup.api_workers} API processes"
+    how = "replica in a host agent" if control_plane else "hand-published route, serving host process"
+    label = f"ipucloud endpoint, {setup.api_workers} API processes, {how}"
     with start_endpoint(
-        setup, OVERHEAD_MODEL, time_scale=OVERHEAD_SCALE, max_batch=64, max_wait_ms=0.0
+        setup,
+        OVERHEAD_MODEL,
+        time_scale=OVERHEAD_SCALE,
+        max_batch=64,
+        max_wait_ms=0.0,
+        control_plane=control_plane,
     ) as ep:
         results[label] = {
             c: wrk(ep.infer_url, body, ep.key, clients=c, seconds=seconds) for c in concurrencies
@@ -929,6 +939,11 @@ def main() -> None:
     ap.add_argument("--only", default="overhead,curves,autoscale")
     ap.add_argument("--seconds", type=int, default=10, help="wrk's duration per concurrency (overhead)")
     ap.add_argument("--concurrency", default="1,4,16,64", help="wrk connections, comma-separated (overhead)")
+    ap.add_argument(
+        "--hand-route",
+        action="store_true",
+        help="overhead: the data plane alone (a route published by hand, a serving host process)",
+    )
     ap.add_argument("--curve-seconds", type=float, default=10.0, help="load per point (curves)")
     ap.add_argument("--step", default="20,40", help="seconds at 10 req/s, then at 500 (autoscale)")
     ap.add_argument(
@@ -951,7 +966,13 @@ def main() -> None:
     setup = Setup(args.database_url, args.redis_url, work, api_workers=cores)
     try:
         if "overhead" in only:
-            part_overhead(setup, args.cache_dir, [int(c) for c in args.concurrency.split(",")], args.seconds)
+            part_overhead(
+                setup,
+                args.cache_dir,
+                [int(c) for c in args.concurrency.split(",")],
+                args.seconds,
+                control_plane=CONTROL_PLANE and not args.hand_route,
+            )
         if "curves" in only:
             part_curves(setup, args.curve_seconds)
         if "autoscale" in only:
