@@ -945,7 +945,7 @@ def main() -> None:
         help="overhead: the data plane alone (a route published by hand, a serving host process)",
     )
     ap.add_argument("--curve-seconds", type=float, default=10.0, help="load per point (curves)")
-    ap.add_argument("--step", default="20,40", help="seconds at 10 req/s, then at 500 (autoscale)")
+    ap.add_argument("--step", default="10,50", help="seconds at 10 req/s, then at 500 (autoscale)")
     ap.add_argument(
         "--cache-dir",
         type=Path,
