@@ -482,12 +482,13 @@ class Gateway:
             await asyncio.sleep(inference.BUCKET_S / 40)
             if not self.counts:
                 continue
+            pipe = self.redis.pipeline(transaction=False)
+            fields = self.counts.write(pipe)
             try:
-                pipe = self.redis.pipeline(transaction=False)
-                self.counts.write(pipe)
                 await pipe.execute()
             except Exception as exc:
-                log.debug("inference: counters not written: %s", exc)
+                self.counts.restore(fields)
+                log.warning("inference: counters not written (%s); kept for the next flush", exc)
 
     def unavailable(self, endpoint_id: str) -> None:
         self.counts.incr(endpoint_id, "unavailable_503")

@@ -396,8 +396,9 @@ class Counts:
     def __bool__(self) -> bool:
         return bool(self.fields)
 
-    def write(self, pipe: Any) -> None:
-        """Queue the increments on a pipeline (sync or asyncio) and forget them."""
+    def write(self, pipe: Any) -> dict[tuple[str, int], dict[str, float]]:
+        """Queue the increments on a pipeline (sync or asyncio) and forget them; returns them, for
+        ``restore`` when the pipeline fails (a refusal counted once must not vanish with a hiccup)."""
         fields, self.fields = self.fields, defaultdict(dict)
         for (endpoint_id, bucket), f in fields.items():
             key = counter_key(endpoint_id, bucket)
@@ -408,6 +409,14 @@ class Counts:
                 else:
                     pipe.hincrby(key, name, int(n))
             pipe.expire(key, COUNTER_TTL_S)
+        return fields
+
+    def restore(self, fields: Mapping[tuple[str, int], Mapping[str, float]]) -> None:
+        """Put back increments whose write failed, added to any gathered since."""
+        for k, f in fields.items():
+            mine = self.fields[k]
+            for name, n in f.items():
+                mine[name] = mine.get(name, 0) + n
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,8 +271,12 @@ class ServingHost:
             return
         assert self._redis is not None
         pipe = self._redis.pipeline(transaction=False)
-        self.counts.write(pipe)
-        await pipe.execute()
+        fields = self.counts.write(pipe)
+        try:
+            await pipe.execute()
+        except BaseException:
+            self.counts.restore(fields)
+            raise
 
     # A replica ---------------------------------------------------------------------------------------------
 

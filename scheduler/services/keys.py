@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -220,9 +221,12 @@ class _KeyCache:
     tenant's status in this process drops its entries at once; other processes see it within `ttl`.
     """
 
-    def __init__(self, ttl: float = 2.0, size: int = 10_000) -> None:
+    def __init__(
+        self, ttl: float = 2.0, size: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl = ttl
         self.size = size
+        self.clock = clock  # a test can drive expiry without sleeping past a deadline on a loaded machine
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, str, Principal]] = {}  # lookup -> (deadline, hash, principal)
         self._by_id: dict[str, tuple[float, Principal]] = {}
@@ -230,19 +234,19 @@ class _KeyCache:
     def get(self, lookup: str) -> tuple[str, Principal] | None:
         with self._lock:
             entry = self._entries.get(lookup)
-            if entry is None or entry[0] < time.monotonic():
+            if entry is None or entry[0] < self.clock():
                 return None
             return entry[1], entry[2]
 
     def get_id(self, key_id: str) -> Principal | None:
         with self._lock:
             entry = self._by_id.get(key_id)
-            if entry is None or entry[0] < time.monotonic():
+            if entry is None or entry[0] < self.clock():
                 return None
             return entry[1]
 
     def put(self, lookup: str | None, key_hash: str | None, principal: Principal) -> None:
-        deadline = time.monotonic() + self.ttl
+        deadline = self.clock() + self.ttl
         with self._lock:
             if len(self._entries) >= self.size or len(self._by_id) >= self.size:
                 self._entries.clear()
