@@ -185,7 +185,17 @@ def unsubscribe(*, session: Session, secret: bytes, token: str) -> tuple[str, st
         raise NotFound("No such unsubscribe link.")
     row = session.get(NotificationSetting, member_id, with_for_update=True)
     if row is None:
-        row = NotificationSetting(member_id=member_id, tenant_id=member.tenant_id, **_copy(DEFAULTS))
+        defaults = _view(member_id, None)
+        row = NotificationSetting(
+            member_id=member_id,
+            tenant_id=member.tenant_id,
+            job_events=defaults["job_events"],
+            budget_thresholds=defaults["budget_thresholds"],
+            budget_kinds=defaults["budget_kinds"],
+            trial_mail=True,
+            session_mail=True,
+            webhook_mail=True,
+        )
         session.add(row)
     if category == "job":
         row.job_events = []
@@ -200,10 +210,6 @@ def unsubscribe(*, session: Session, secret: bytes, token: str) -> tuple[str, st
     row.updated_at = utcnow()
     session.flush()
     return member_id, category
-
-
-def _copy(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: (list(v) if isinstance(v, list) else v) for k, v in values.items()}
 
 
 # -------------------------------------------------------------------------------------------- the outbox
@@ -243,12 +249,32 @@ def render(body: Body, *, footer: list[tuple[str, str]]) -> tuple[str, str]:
     return text, page
 
 
-def _insert_ignore(session: Session, rows: list[dict[str, Any]]) -> None:
+class MailRow(TypedDict):
+    """One row of `mail_messages` as inserted."""
+
+    key: str
+    kind: str
+    tenant_id: str | None
+    member_id: str | None
+    to_addr: str
+    to_name: str
+    subject: str
+    text: str
+    html: str
+    unsubscribe: str | None
+    sensitive: bool
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    created_at: datetime
+
+
+def _insert_ignore(session: Session, rows: Sequence[MailRow]) -> None:
     table = MailMessage.__table__
     ins = (
         postgresql.insert(table) if session.get_bind().dialect.name == "postgresql" else sqlite.insert(table)
     )
-    session.execute(ins.on_conflict_do_nothing(index_elements=["key"]), rows)
+    session.execute(ins.on_conflict_do_nothing(index_elements=["key"]), [dict(r) for r in rows])
 
 
 def message_row(
@@ -264,7 +290,7 @@ def message_row(
     unsubscribe: tuple[str, str] | None = None,  # (category, absolute URL)
     sensitive: bool = False,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> MailRow:
     """One outbox row, its headers checked: a name, address or subject with a line break is refused
     (mail_wire.HeaderInjection)."""
     mail_wire.address(to_name, to_addr)
@@ -276,23 +302,23 @@ def message_row(
         footer.append(("Unsubscribe from these", unsubscribe[1]))
     text, page = render(body, footer=footer)
     at = now or utcnow()
-    return {
-        "key": key[:200],
-        "kind": kind,
-        "tenant_id": tenant_id,
-        "member_id": member_id,
-        "to_addr": to_addr,
-        "to_name": to_name[:100],
-        "subject": body.subject[:300],
-        "text": text,
-        "html": page,
-        "unsubscribe": unsubscribe[0] if unsubscribe else None,
-        "sensitive": sensitive,
-        "status": "pending",
-        "attempts": 0,
-        "next_attempt_at": at,
-        "created_at": at,
-    }
+    return MailRow(
+        key=key[:200],
+        kind=kind,
+        tenant_id=tenant_id,
+        member_id=member_id,
+        to_addr=to_addr,
+        to_name=to_name[:100],
+        subject=body.subject[:300],
+        text=text,
+        html=page,
+        unsubscribe=unsubscribe[0] if unsubscribe else None,
+        sensitive=sensitive,
+        status="pending",
+        attempts=0,
+        next_attempt_at=at,
+        created_at=at,
+    )
 
 
 def enqueue(session: Session, **fields: Any) -> None:
@@ -487,7 +513,7 @@ def fan_out(*, session: Session, secret: bytes, link_base: str, limit: int = FAN
         if session_ids
         else {}
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[MailRow] = []
     for ev in events:
         category = _category(ev.type)
         body = _body(ev, link_base) if category else None
