@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from scheduler.jobspec import JSON_NUMBER
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
 from scheduler.services.notifications import EVENT_TYPES
 from scheduler.text import NO_HIDDEN, OPTIONAL_TEXT
@@ -46,14 +47,20 @@ class WebhookChange(BaseModel):
 
 
 class RotateSecret(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `false` or "60" is not a number of seconds.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    overlap_s: int = Field(
-        86400,
-        ge=0,
-        le=MAX_OVERLAP_S,
-        description="Wall seconds the old secret keeps signing beside the new one (both signatures sent).",
-    )
+    overlap_s: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=MAX_OVERLAP_S,
+            strict=False,
+            description="Wall seconds the old secret keeps signing beside the new one "
+            "(both signatures sent).",
+        ),
+        JSON_NUMBER,
+    ] = 86400
 
 
 class WebhookOut(BaseModel):
@@ -157,7 +164,8 @@ JobMailEvent = Literal[
     "job.started", "job.succeeded", "job.failed", "job.cancelled", "job.preempted", "job.runtime_warning"
 ]
 BudgetKind = Literal["actual", "forecast"]
-Percent = Annotated[int, Field(ge=1, le=100)]
+# 60.0 is an integer in JSON Schema; `true` and "60" are not numbers (scheduler/jobspec.py, JSON_NUMBER).
+Percent = Annotated[int, Field(ge=1, le=100, strict=False), JSON_NUMBER]
 
 
 class NotificationSettingsOut(BaseModel):
@@ -179,7 +187,7 @@ class NotificationSettingsOut(BaseModel):
 class NotificationSettingsChange(BaseModel):
     """`PUT /api/v1/notification-settings`: a field left out (or null) keeps its value."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     job_events: list[JobMailEvent] | None = Field(None, max_length=6)
     budget_thresholds: list[Percent] | None = Field(

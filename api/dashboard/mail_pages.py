@@ -4,6 +4,7 @@ for admins, the messages kept as `.eml` files when the cloud has no SMTP server 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -21,6 +22,7 @@ router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 Token = Annotated[str, Path(min_length=1, max_length=120)]
 MailName = Annotated[str, Path(min_length=1, max_length=120, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 MAX_SHOWN = 200_000
+THRESHOLDS = re.compile(r"[ ,]*(?:[0-9]{1,3}[ ,]*)*")
 
 
 def _anonymous(
@@ -87,8 +89,8 @@ CATEGORY_NAMES = {
 
 
 @router.get("/unsubscribe/{token}", response_class=HTMLResponse)
-def unsubscribe_page(request: Request, token: Token) -> Response:
-    category = token.split(".")[1] if token.count(".") == 2 else ""
+def unsubscribe_page(request: Request, token: Token, settings: SettingsDep) -> Response:
+    _, category = mail.check_unsubscribe(secret=settings.secret(), token=token)
     return _anonymous(
         request,
         "unsubscribe.html",
@@ -144,12 +146,12 @@ def settings_page(request: Request, db: DbDep, user: TenantReader) -> Response:
 def change_settings(request: Request, db: DbDep, user: TenantSubmitter, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     raw = form.get("budget_thresholds", "")
-    try:
-        if len(raw) > 200:
-            raise InvalidRequest("At most 10 thresholds.", field="budget_thresholds")
-        thresholds = [int(t) for t in raw.replace(",", " ").split()]
-    except ValueError:
-        thresholds = None
+    # Whole percentages in ASCII digits, separated by commas or spaces; nothing else is read as a number.
+    thresholds = (
+        [int(t) for t in raw.replace(",", " ").split(" ") if t]
+        if len(raw) <= 200 and THRESHOLDS.fullmatch(raw)
+        else None
+    )
     changes: dict[str, Any] = {
         "job_events": [e for e in mail.JOB_EVENTS if form.get(f"job:{e}")],
         "budget_kinds": [k for k in mail.BUDGET_KINDS if form.get(f"kind:{k}")],

@@ -171,15 +171,21 @@ def unsubscribe_token(secret: bytes, member_id: str, category: str) -> str:
     return f"{member_id}.{category}.{mac}"
 
 
+def check_unsubscribe(*, secret: bytes, token: str) -> tuple[str, str]:
+    """(member id, category) of a genuine List-Unsubscribe link; a forged or altered one is a 404."""
+    parts = token.split(".")
+    if len(token) > 120 or len(parts) != 3 or parts[1] not in CATEGORIES:
+        raise NotFound("No such unsubscribe link.")
+    member_id, category, _ = parts
+    if not hmac.compare_digest(unsubscribe_token(secret, member_id, category).encode(), token.encode()):
+        raise NotFound("No such unsubscribe link.")
+    return member_id, category
+
+
 def unsubscribe(*, session: Session, secret: bytes, token: str) -> tuple[str, str]:
     """Turn off the category a List-Unsubscribe link names; returns (member id, category). The link is
     its own authority (it was mailed to the member); a forged or altered one is a 404."""
-    parts = token.split(".")
-    if len(parts) != 3 or parts[1] not in CATEGORIES or len(token) > 120:
-        raise NotFound("No such unsubscribe link.")
-    member_id, category, _ = parts
-    if not hmac.compare_digest(unsubscribe_token(secret, member_id, category), token):
-        raise NotFound("No such unsubscribe link.")
+    member_id, category = check_unsubscribe(secret=secret, token=token)
     member = session.get(Member, member_id)
     if member is None or member.tenant_id is None:
         raise NotFound("No such unsubscribe link.")
