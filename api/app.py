@@ -31,6 +31,7 @@ from api.routers import (
     trials,
     usage,
 )
+from api.routers.notification_settings import router as notification_settings_router
 from api.routers.webhooks import router as webhooks_router
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
@@ -269,6 +270,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     ):
         app.include_router(module.router)
     app.include_router(webhooks_router)
+    app.include_router(notification_settings_router)
 
     app.include_router(apidocs.router)
     app.include_router(dashboard.router)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from scheduler.jobspec import JSON_NUMBER
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
 from scheduler.services.notifications import EVENT_TYPES
 from scheduler.text import NO_HIDDEN, OPTIONAL_TEXT
@@ -46,14 +47,20 @@ class WebhookChange(BaseModel):
 
 
 class RotateSecret(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `false` or "60" is not a number of seconds.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    overlap_s: int = Field(
-        86400,
-        ge=0,
-        le=MAX_OVERLAP_S,
-        description="Wall seconds the old secret keeps signing beside the new one (both signatures sent).",
-    )
+    overlap_s: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=MAX_OVERLAP_S,
+            strict=False,
+            description="Wall seconds the old secret keeps signing beside the new one "
+            "(both signatures sent).",
+        ),
+        JSON_NUMBER,
+    ] = 86400
 
 
 class WebhookOut(BaseModel):
@@ -151,3 +158,42 @@ class EventOut(BaseModel):
     @classmethod
     def of(cls, e: Event) -> EventOut:
         return cls(id=e.id, type=e.type, data=dict(e.data), created_at=e.created_at)
+
+
+JobMailEvent = Literal[
+    "job.started", "job.succeeded", "job.failed", "job.cancelled", "job.preempted", "job.runtime_warning"
+]
+BudgetKind = Literal["actual", "forecast"]
+# 60.0 is an integer in JSON Schema; `true` and "60" are not numbers (scheduler/jobspec.py, JSON_NUMBER).
+Percent = Annotated[int, Field(ge=1, le=100, strict=False), JSON_NUMBER]
+
+
+class NotificationSettingsOut(BaseModel):
+    """A member's e-mail choices (the defaults until they change one)."""
+
+    member_id: str
+    job_events: list[JobMailEvent] = Field(description="Which of the tenant's job events are mailed to you.")
+    budget_thresholds: list[int] = Field(
+        description="Shares of the grant (%) at which you are mailed, once per threshold per grant."
+    )
+    budget_kinds: list[BudgetKind] = Field(
+        description="`actual` (used) and/or `forecast` (used + reserved by queued and running work)."
+    )
+    trial_mail: bool = Field(description="Trial warnings: 7 days and 1 day before it ends, and its end.")
+    session_mail: bool = Field(description="Your sessions: ending soon (idle or at their maximum) and ended.")
+    webhook_mail: bool = Field(description="Owners: a webhook of the tenant was disabled.")
+
+
+class NotificationSettingsChange(BaseModel):
+    """`PUT /api/v1/notification-settings`: a field left out (or null) keeps its value."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    job_events: list[JobMailEvent] | None = Field(None, max_length=6)
+    budget_thresholds: list[Percent] | None = Field(
+        None, max_length=10, description="At most 10, each 1-100."
+    )
+    budget_kinds: list[BudgetKind] | None = Field(None, max_length=2)
+    trial_mail: bool | None = None
+    session_mail: bool | None = None
+    webhook_mail: bool | None = None

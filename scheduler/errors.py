@@ -62,6 +62,13 @@ class NotFound(DomainError):
     slug = _register("not-found", "Not found", "No such object is visible to this key.")
 
 
+class Gone(DomainError):
+    status = 410
+    slug = _register(
+        "gone", "Gone", "What the link pointed to was used already or has expired; nothing more is shown."
+    )
+
+
 class Conflict(DomainError):
     status = 409
     slug = _register("conflict", "Conflict", "The request conflicts with the current state of the object.")

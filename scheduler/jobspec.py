@@ -62,6 +62,22 @@ class WorkloadRequest(BaseModel):
         return self
 
 
+NotifyOn = Literal["start", "end", "fail", "requeue", "time_limit", "all"]
+
+
+class JobNotify(BaseModel):
+    """What of a job's life mails its submitter, as Slurm's `--mail-type` (scheduler/services/mail.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    on: list[NotifyOn] = Field(
+        max_length=6,
+        description="`start` (it runs), `end` (succeeded, failed or cancelled), `fail`, "
+        "`requeue` (preempted), "
+        "`time_limit` (50/80/90% of max_runtime_s) or `all`; empty: none.",
+    )
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -105,6 +121,11 @@ class JobSpec(BaseModel):
         le=MAX_CHECKPOINT_EVERY_S,
         description="Training jobs: cluster seconds between checkpoints (default 600). A new attempt "
         "after a platform fault or a preemption resumes from the last one.",
+    )
+    notify: JobNotify | None = Field(
+        None,
+        description='E-mail its submitter about it, e.g. `{"on": ["end", "fail"]}` as Slurm\'s --mail-type, '
+        "whatever their notification settings say.",
     )
 
     @model_validator(mode="after")

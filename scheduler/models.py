@@ -355,6 +355,10 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Who submitted it (the member of the key), and what of its life it asked to be mailed about
+    # (`notify.on`, as Slurm's --mail-type): scheduler/services/mail.py.
+    submitted_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    notify: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class JobEvent(Base):

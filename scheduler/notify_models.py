@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from scheduler.models import Base, UTCDateTime, utcnow
@@ -31,6 +31,7 @@ class Event(Base):
         # What the notifier has not yet turned into deliveries.
         Index("ix_events_fanned_out_at", "fanned_out_at", "seq"),
         Index("ix_events_created_at", "created_at"),
+        Index("ix_events_mailed_at", "mailed_at", "seq"),
     )
 
     seq: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -40,6 +41,8 @@ class Event(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     fanned_out_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # When the notifier turned it into e-mail (or decided none was due); None: not yet.
+    mailed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class Webhook(Base):
@@ -103,3 +106,73 @@ class WebhookDelivery(Base):
     event_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class MailMessage(Base):
+    """One e-mail in the outbox: written in the transaction that decided to send it (a trial's
+    decision) or by the notifier from an event, then sent by the notifier (SMTP, or an `.eml` file
+    under the data directory when no SMTP server is configured). `key` makes it once per cause:
+    `event:<event id>:<member id>`, `claim:<application id>`. A claimed message whose sender died is
+    claimed again when `claimed_until` passes, so none is lost (at least once).
+
+    A `sensitive` message (a claim link) has its bodies blanked once sent: the link lives in the
+    database only until it is on its way."""
+
+    __tablename__ = "mail_messages"
+    __table_args__ = (
+        Index("ix_mail_messages_due", "status", "next_attempt_at", "claimed_until"),
+        Index("ix_mail_messages_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
+    member_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    to_addr: Mapped[str] = mapped_column(String(254))
+    to_name: Mapped[str] = mapped_column(String(100), default="")
+    subject: Mapped[str] = mapped_column(String(300))
+    text: Mapped[str] = mapped_column(Text)
+    html: Mapped[str] = mapped_column(Text)
+    # The settings category its List-Unsubscribe link turns off (None: a message the person asked for).
+    unsubscribe: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    sensitive: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | sent | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class NotificationSetting(Base):
+    """A member's e-mail choices (`GET/PUT /api/v1/notification-settings`); a member without a row
+    has the defaults (scheduler/services/mail.py, DEFAULTS)."""
+
+    __tablename__ = "notification_settings"
+
+    member_id: Mapped[str] = mapped_column(ForeignKey("members.id", ondelete="CASCADE"), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    job_events: Mapped[list[str]] = mapped_column(JSON)
+    budget_thresholds: Mapped[list[int]] = mapped_column(JSON)
+    budget_kinds: Mapped[list[str]] = mapped_column(JSON)
+    trial_mail: Mapped[bool] = mapped_column(Boolean, default=True)
+    session_mail: Mapped[bool] = mapped_column(Boolean, default=True)
+    webhook_mail: Mapped[bool] = mapped_column(Boolean, default=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class ClaimLink(Base):
+    """A single-use link mailed to an approved trial applicant: it shows the tenant's first key once
+    and signs the applicant in. Only a hash of its token is kept."""
+
+    __tablename__ = "claim_links"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    application_id: Mapped[str] = mapped_column(String(40), index=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    member_id: Mapped[str] = mapped_column(String(40))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -150,6 +150,25 @@ class Settings(BaseSettings):
         description="Wall seconds between the notifier's looks at the events outbox and the deliveries due.",
     )
 
+    smtp_url: SecretStr | None = Field(
+        None,
+        description="Where e-mail goes: `smtps://user:password@host:465` (TLS), `smtp+starttls://...:587` "
+        "(STARTTLS, required) or `smtp://host:25` (plain, for a relay on the same host). Unset: every "
+        "message is kept as an `.eml` file under `<data_dir>/mail/`, listed on the admin dashboard's mail "
+        "page.",
+    )
+    smtp_ca_file: Path | None = Field(
+        None, description="CA bundle that verifies the SMTP server's certificate (default: the system's)."
+    )
+    smtp_timeout_s: float = Field(
+        20.0, gt=0, le=300, description="One SMTP conversation must end within this."
+    )
+    mail_from: str = Field(
+        "ipucloud <noreply@localhost>",
+        max_length=300,
+        description="The From of every e-mail: `Name <address>` or an address.",
+    )
+
     worker_queues: str = Field(
         "ipucloud",
         description="Comma-separated Celery queues a worker consumes: `ipucloud` (anything), a machine "
@@ -256,6 +275,19 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'ipucloud.db').resolve()}"
+
+    @property
+    def link_base(self) -> str:
+        """Where links in e-mail point: the public URL, or the API's own address."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def mail_dir(self) -> Path:
+        """Where messages are kept as `.eml` files when no SMTP server is configured."""
+        return self.data_dir / "mail"
 
     @property
     def embedded(self) -> bool:

@@ -1,4 +1,4 @@
-"""The notifier: `ipucloud notifier`, a Celery worker that delivers webhooks.
+"""The notifier: `ipucloud notifier`, a Celery worker that delivers webhooks and e-mail.
 
 Its pump thread reads the database, never the broker, for what is to be done: it fans new events out
 into deliveries, claims the deliveries that are due for a lease, and publishes one message per claim
@@ -7,6 +7,10 @@ outcome. The database holds every delivery's state, so a broker or a notifier th
 nothing: a claim whose message was lost, or whose worker died, lapses and is claimed and published
 again (at least once). The pump also writes the swept events (grant thresholds, trials ending) and
 prunes what is older than 30 days. Replicas may run side by side: claims are guarded updates.
+
+E-mail goes the same way: the pump turns new events into messages for the members who want them
+(scheduler/services/mail.py), claims the messages due and publishes one `send_mail` per claim; the task
+sends it over SMTP, or keeps it as an `.eml` file when no server is configured, and records the outcome.
 
 It has its own Celery app and serves only its own queue, so it never takes a host agent's dispatch.
 """
@@ -21,17 +25,19 @@ from typing import Any
 
 from celery import signals
 
+from scheduler import mail as mail_wire
 from scheduler import runtime, webhook_http
 from scheduler.broker import make_celery
 from scheduler.models import utcnow
 from scheduler.runtime import Runtime
-from scheduler.services import notifications
+from scheduler.services import mail, notifications
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.notifier")
 
 QUEUE = "ipucloud.notify"
 TASK_NAME = "ipucloud.deliver_webhook"
+MAIL_TASK = "ipucloud.send_mail"
 SWEEP_EVERY_S = 5.0
 # How long one task goes on sending a webhook's next deliveries before it lets the pump share the
 # threads out again.
@@ -46,6 +52,10 @@ def claim_lease_s(settings: Settings) -> float:
     # Long enough for a try to end (its timeout) and its outcome to be written, short enough that a
     # lost message is sent again soon.
     return 2 * settings.webhook_timeout_s + 1
+
+
+def mail_lease_s(settings: Settings) -> float:
+    return 2 * settings.smtp_timeout_s + 1
 
 
 class Pump(threading.Thread):
@@ -86,8 +96,15 @@ class Pump(threading.Thread):
         if prune:
             with db.write() as s:
                 notifications.prune(session=s, now=utcnow())
+                mail.prune(session=s, now=utcnow())
         with db.write() as s:
             fanned = notifications.fan_out(session=s)
+        with db.write() as s:
+            mailed = mail.fan_out(session=s, secret=settings.secret(), link_base=settings.link_base)
+        with db.write() as s:
+            letters = mail.claim_due(session=s, now=utcnow(), lease_s=mail_lease_s(settings))
+        for message_id in letters:
+            app.send_task(MAIL_TASK, args=[message_id], queue=QUEUE)
         with db.write() as s:
             claimed = notifications.claim_due(
                 session=s,
@@ -97,7 +114,7 @@ class Pump(threading.Thread):
             )
         for delivery_id in claimed:
             app.send_task(TASK_NAME, args=[delivery_id], queue=QUEUE)
-        return fanned >= 500 or len(claimed) >= 200
+        return fanned >= 500 or len(claimed) >= 200 or mailed >= mail.FAN_OUT_BATCH or len(letters) >= 100
 
 
 _rng = random.Random()
@@ -183,3 +200,44 @@ def deliver(delivery_id: int) -> str:
             log.warning("webhook %s disabled: %s", sent.webhook_id, outcome.error)
         status = result["status"] if result else "settled elsewhere"
     return status
+
+
+@app.task(name=MAIL_TASK, ignore_result=True)
+def send_mail(message_id: int) -> str:
+    """Send one claimed message (SMTP, or an `.eml` file without a server) and record what happened.
+    Sent twice only if this worker dies between the server's acceptance and the record (at least once)."""
+    rt = runtime.current()
+    settings = rt.settings
+    with rt.db.read() as s:
+        found = mail.outgoing(session=s, message_id=message_id)
+    if found is None:
+        return "nothing to send"
+    out, name = found
+    smtp_url = settings.smtp_url.get_secret_value() if settings.smtp_url else None
+    try:
+        msg = mail_wire.compose(out, sender=settings.mail_from)
+        mail_wire.deliver(
+            msg,
+            smtp_url=smtp_url,
+            mail_dir=settings.mail_dir,
+            name=name,
+            timeout_s=settings.smtp_timeout_s,
+            ca_file=settings.smtp_ca_file,
+        )
+    except (mail_wire.MailError, mail_wire.HeaderInjection) as exc:
+        permanent = isinstance(exc, mail_wire.HeaderInjection) or bool(getattr(exc, "permanent", False))
+        with rt.db.write() as s:
+            status = mail.record_failure(
+                session=s,
+                message_id=message_id,
+                error=str(exc),
+                permanent=permanent,
+                now=utcnow(),
+                time_scale=settings.time_scale,
+                rng=_rng,
+            )
+        log.warning("mail %s not sent (%s): %s", message_id, status, exc)
+        return status or "settled elsewhere"
+    with rt.db.write() as s:
+        mail.record_sent(session=s, message_id=message_id, now=utcnow())
+    return "sent"

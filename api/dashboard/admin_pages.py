@@ -564,6 +564,7 @@ def approve_trial(
             application_id=application_id,
             plan=form.get("plan") or None,
             decided_by=user.principal.key_id,
+            link_base=settings.link_base,
         )
         tenant = tenant_out(created.tenant)
         api_key = created.api_key
@@ -579,12 +580,18 @@ def approve_trial(
 
 
 @router.post("/trials/{application_id}/reject")
-def reject_trial(request: Request, application_id: Name, db: DbDep, user: AdminUser, form: Form) -> Response:
+def reject_trial(
+    request: Request, application_id: Name, db: DbDep, settings: SettingsDep, user: AdminUser, form: Form
+) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     reason = forms.valid(REASON, form.get("reason", ""), "reason", "visible text, 1000 characters at most.")
     with db.write() as s:
         trials.reject(
-            session=s, application_id=application_id, reason=reason, decided_by=user.principal.key_id
+            session=s,
+            application_id=application_id,
+            reason=reason,
+            decided_by=user.principal.key_id,
+            link_base=settings.link_base,
         )
     sessions.flash(user, f"Application {application_id} rejected.")
     return RedirectResponse("/admin/trials", status_code=303)

@@ -9,6 +9,7 @@ from api.dashboard import (
     admin_pages,
     endpoint_pages,
     forms,
+    mail_pages,
     model_pages,
     session_pages,
     sessions,
@@ -141,3 +142,4 @@ router.include_router(model_pages.router)
 router.include_router(session_pages.router)
 router.include_router(endpoint_pages.router)
 router.include_router(admin_pages.router)
+router.include_router(mail_pages.router)

@@ -80,7 +80,9 @@ def start(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmit
     try:
         spec = _spec(form)
         with db.write() as s:
-            row = session_service.start_session(session=s, tenant_id=str(user.tenant_id), spec=spec)
+            row = session_service.start_session(
+                session=s, tenant_id=str(user.tenant_id), spec=spec, member_id=user.principal.member_id
+            )
             sid = row.id
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'session'}: {e['msg']}" for e in exc.errors())

@@ -288,6 +288,7 @@ def approve_trial(
             application_id=application_id,
             plan=body.plan if body is not None else None,
             decided_by=principal.key_id,
+            link_base=settings.link_base,
         )
         return TrialDecision(
             application=TrialApplicationOut.of(application),
@@ -300,10 +301,14 @@ def approve_trial(
     "/trials/{application_id}/reject", response_model=TrialApplicationOut, summary="Reject, with a reason"
 )
 def reject_trial(
-    application_id: ApplicationId, body: TrialReject, principal: Admin, db: DbDep
+    application_id: ApplicationId, body: TrialReject, principal: Admin, db: DbDep, settings: SettingsDep
 ) -> TrialApplicationOut:
     with db.write() as s:
         application = trial_service.reject(
-            session=s, application_id=application_id, reason=body.reason, decided_by=principal.key_id
+            session=s,
+            application_id=application_id,
+            reason=body.reason,
+            decided_by=principal.key_id,
+            link_base=settings.link_base,
         )
         return TrialApplicationOut.of(application)

@@ -66,7 +66,7 @@ async def submit_job(
 ) -> Response:
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
-    request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key)
+    request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key, principal.member_id)
     result, body = await asyncio.wrap_future(batcher(runtime, _render).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
     if result.replayed:

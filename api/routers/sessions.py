@@ -32,7 +32,9 @@ def start_session(
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; start a session with a tenant's key.")
     with db.write() as s:
-        row = session_service.start_session(session=s, tenant_id=principal.tenant_id, spec=spec)
+        row = session_service.start_session(
+            session=s, tenant_id=principal.tenant_id, spec=spec, member_id=principal.member_id
+        )
         out = _out(s, row, settings.time_scale)
     bus.wake_scheduler("session")
     response.headers["Location"] = f"/api/v1/sessions/{out.id}"

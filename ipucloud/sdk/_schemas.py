@@ -41,6 +41,7 @@ __all__ = [
     "Member",
     "MemberRemoved",
     "ModelInput",
+    "NotificationSettings",
     "OnnxModel",
     "Partition",
     "PartitionReset",
@@ -539,6 +540,18 @@ class Delivery(Model):
     created_at: datetime | None = None
     last_attempt_at: datetime | None = None
     delivered_at: datetime | None = None
+
+
+class NotificationSettings(Model):
+    """A member's e-mail choices (the defaults until they change one)."""
+
+    member_id: str | None = None
+    job_events: list[str] = Field(default_factory=list)
+    budget_thresholds: list[int] = Field(default_factory=list)
+    budget_kinds: list[str] = Field(default_factory=list)
+    trial_mail: bool = False
+    session_mail: bool = False
+    webhook_mail: bool = False
 
 
 class Progress(Model):

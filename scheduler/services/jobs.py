@@ -86,6 +86,7 @@ class SubmitRequest:
     tenant_id: str
     spec: JobSpec
     idempotency_key: str | None = None
+    member_id: str | None = None  # who submits it: the member of the key, mailed as `notify` asks
 
 
 Outcome = Submitted | DomainError
@@ -98,10 +99,11 @@ def submit_job(
     spec: JobSpec,
     idempotency_key: str | None = None,
     render: Callable[[Job], dict[str, Any]] | None = None,
+    member_id: str | None = None,
 ) -> Submitted:
     """Admit one job (see `submit_jobs`); raises its DomainError when refused."""
     (outcome,) = submit_jobs(
-        session=session, requests=[SubmitRequest(tenant_id, spec, idempotency_key)], render=render
+        session=session, requests=[SubmitRequest(tenant_id, spec, idempotency_key, member_id)], render=render
     )
     if isinstance(outcome, DomainError):
         raise outcome
@@ -518,6 +520,8 @@ def _prepare(
         request_hash=digest,
         submit_response=None,
         created_at=now,
+        submitted_by=r.member_id,
+        notify=list(dict.fromkeys(spec.notify.on)) if spec.notify is not None and spec.notify.on else None,
         updated_at=now,
         started_at=None,
         finished_at=None,
@@ -600,6 +604,7 @@ class StoredSpec(TypedDict):
     max_runtime_s: int | None
     preemptible: bool
     checkpoint_every_s: int | None
+    notify: dict[str, list[str]] | None
 
 
 def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> StoredSpec:

@@ -34,7 +34,7 @@ from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.ids import new_id
 from scheduler.models import SERVE_TASK, Job, Plan, Tenant, utcnow
-from scheduler.notify_models import Event, Webhook, WebhookDelivery
+from scheduler.notify_models import Event, NotificationSetting, Webhook, WebhookDelivery
 from scheduler.services.scope import Scope, restrict, sees
 
 # Every event type. `endpoint.*` are written by inference endpoints (scheduler/services/endpoints.py);
@@ -63,8 +63,9 @@ PING = "webhook.ping"
 # events say what happened, not these jobs'.
 HIDDEN_TASKS = frozenset({"session", SERVE_TASK})
 
-# Share of the grant at which `usage.threshold` fires, actual (used) and forecast (used + reserved).
-USAGE_THRESHOLDS = (80, 100)
+# Share of the grant at which `usage.threshold` fires, actual (used) and forecast (used + reserved),
+# besides every share a member of the tenant chose for their mail.
+USAGE_THRESHOLDS = (50, 80, 100)
 # `trial.expiring` this long before a trial's end.
 TRIAL_WARNINGS = (("7d", timedelta(days=7)), ("1d", timedelta(days=1)))
 EVENTS_KEPT = timedelta(days=30)
@@ -727,7 +728,14 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
     Their ids name the threshold and the grant (or the expiry), so each is written once, and again
     after an admin changes the grant (or the expiry)."""
     result = SweepResult(usage=0, trials=0, runtime=_runtime_warnings(session, now))
-    lowest = min(USAGE_THRESHOLDS) / 100
+    # Members choose their own thresholds (scheduler/services/mail.py): the events are written at every
+    # threshold one of a tenant's members chose, as well as the defaults.
+    chosen: dict[str, set[int]] = {}
+    for tenant_id, thresholds in session.execute(
+        select(NotificationSetting.tenant_id, NotificationSetting.budget_thresholds)
+    ).tuples():
+        chosen.setdefault(tenant_id, set()).update(int(t) for t in thresholds)
+    lowest = min([*USAGE_THRESHOLDS, *(t for ts in chosen.values() for t in ts)]) / 100
     crossed = session.execute(
         select(Tenant.id, Tenant.quota_ipu_ms, Tenant.used_ipu_ms, Tenant.reserved_ipu_ms).where(
             Tenant.quota_ipu_ms > 0,
@@ -736,7 +744,7 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
         )
     ).all()
     for t in crossed:
-        for pct in USAGE_THRESHOLDS:
+        for pct in sorted({*USAGE_THRESHOLDS, *chosen.get(t.id, ())}):
             for kind, amount in (("actual", t.used_ipu_ms), ("forecast", t.used_ipu_ms + t.reserved_ipu_ms)):
                 if amount * 100 >= t.quota_ipu_ms * pct:
                     emit(

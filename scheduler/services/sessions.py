@@ -72,7 +72,9 @@ FAULT = "fault"
 # Starting ------------------------------------------------------------------------------------------
 
 
-def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> IpuSession:
+def start_session(
+    *, session: Session, tenant_id: str, spec: SessionSpec, member_id: str | None = None
+) -> IpuSession:
     """Admit a session: its holder job queued with its whole duration reserved, and its row."""
     plan, tenant = session.execute(
         select(Plan, Tenant).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
@@ -146,6 +148,7 @@ def start_session(*, session: Session, tenant_id: str, spec: SessionSpec) -> Ipu
         id=new_id("job"),
         tenant_id=tenant_id,
         name=f"session {sid}",
+        submitted_by=member_id,  # whom its mail goes to
         spec={"session": sid, "ipus": spec.ipus, "machine": spec.machine or "any"},
         model=SESSION_TASK,
         task=SESSION_TASK,

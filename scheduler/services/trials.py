@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.ids import new_id
 from scheduler.models import Plan, TrialApplication, utcnow
-from scheduler.services import notifications, tenants
+from scheduler.services import claims, mail, notifications, tenants
 from scheduler.services.tenants import TRIAL_PLAN_BY_CATEGORY, CreatedTenant
 
 CATEGORIES = tuple(TRIAL_PLAN_BY_CATEGORY)
@@ -124,10 +124,13 @@ def approve(
     application_id: str,
     plan: str | None = None,
     decided_by: str | None = None,
+    link_base: str | None = None,
 ) -> tuple[TrialApplication, CreatedTenant]:
     """Create the applicant's tenant on its category's trial plan (or `plan`), owned by the applicant.
 
-    The tenant's first key is in the returned CreatedTenant, shown once.
+    The tenant's first key is in the returned CreatedTenant, shown once (to the admin). With
+    `link_base` (where the dashboard is reached) the applicant is mailed, in this transaction, a
+    single-use claim link that mints their own key, shows it once and signs them in.
     """
     application = _lock_pending(session, application_id, "approved")
     plan_name = plan or TRIAL_PLAN_BY_CATEGORY[application.category]
@@ -164,13 +167,49 @@ def approve(
         },
     )
     session.flush()
+    if link_base is not None and created.key.member_id is not None:
+        token = claims.create(
+            session=session,
+            application_id=application.id,
+            tenant_id=created.tenant.id,
+            member_id=created.key.member_id,
+        )
+        expires = created.tenant.expires_at
+        mail.enqueue(
+            session,
+            key=f"claim:{application.id}",
+            kind="trial.approved",
+            to_addr=application.email,
+            to_name=application.name,
+            body=mail.Body(
+                "Your ipucloud trial is approved",
+                [
+                    f"Hello {application.name},",
+                    f"your trial is approved: the tenant {created.tenant.name} on the {plan_name} plan, with "
+                    f"{created.tenant.quota_ipu_ms / 3_600_000:g} IPU-hours"
+                    + (f", until {expires:%Y-%m-%d %H:%M} UTC." if expires else "."),
+                    "The link below shows your API key once and signs you in to the dashboard. "
+                    f"It works once, within {int(claims.CLAIM_TTL.total_seconds() // 3600)} hours; "
+                    "keep the key somewhere safe.",
+                ],
+                ("Get your API key", f"{link_base}/claim/{token}"),
+            ),
+            link_base=link_base,
+            tenant_id=created.tenant.id,
+            sensitive=True,
+        )
     return application, created
 
 
 def reject(
-    *, session: Session, application_id: str, reason: str, decided_by: str | None = None
+    *,
+    session: Session,
+    application_id: str,
+    reason: str,
+    decided_by: str | None = None,
+    link_base: str | None = None,
 ) -> TrialApplication:
-    """Reject with a reason the applicant can be told."""
+    """Reject with a reason the applicant is told: mailed, in this transaction, when `link_base` is given."""
     reason = reason.strip(_BLANKS)
     if not reason:
         raise InvalidRequest("A rejection needs a reason.", field="reason")
@@ -182,4 +221,21 @@ def reject(
     application.decided_at = utcnow()
     application.decided_by = decided_by
     session.flush()
+    if link_base is not None:
+        mail.enqueue(
+            session,
+            key=f"rejected:{application.id}",
+            kind="trial.rejected",
+            to_addr=application.email,
+            to_name=application.name,
+            body=mail.Body(
+                "Your ipucloud trial application",
+                [
+                    f"Hello {application.name},",
+                    "thank you for applying for a free trial. We cannot offer you one at this time.",
+                    f"The reason: {reason}",
+                ],
+            ),
+            link_base=link_base,
+        )
     return application

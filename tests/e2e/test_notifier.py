@@ -204,3 +204,28 @@ def test_no_event_lost_while_the_notifier_is_down_and_the_queue_is_gone(
     )
     assert {p["data"]["id"] for _, p in receiver.got} == {tenant.job_id, second}
     assert deliveries(client, tenant, hook["id"], status="pending") == []
+
+
+def test_the_notifier_process_mails_members_over_smtp_and_loses_none_while_down(
+    client: Any, tenant: TenantWorld, env: dict[str, str], tmp_path: Path
+) -> None:
+    from tests.support.smtp import smtp_server
+
+    with smtp_server() as inbox:
+        mailer = Notifier({**env, "IPUCLOUD_SMTP_URL": f"smtp://127.0.0.1:{inbox.port}"}, tmp_path)
+        r = client.put(
+            "/api/v1/notification-settings",
+            json={"job_events": ["job.cancelled"]},
+            headers=auth(tenant.member_key),
+        )
+        assert r.status_code == 200, r.text
+        # The notifier is down when the job is cancelled: the event waits in the outbox.
+        cancel(client, tenant, tenant.job_id)
+        mailer.start()
+        try:
+            got = wait_for("the member's mail", lambda: inbox.to("m@hooked.example.org"), mailer)
+            (message,) = got
+            assert tenant.job_id in message.text and "cancelled" in message.message["Subject"]
+            assert message.message["List-Unsubscribe"]
+        finally:
+            mailer.stop()

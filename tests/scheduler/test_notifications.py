@@ -189,18 +189,19 @@ def test_thresholds_fire_once_per_grant_and_again_after_it_changes(db: Any, tena
         with db.write() as s:
             notifications.sweep(session=s, now=utcnow())
     kinds = sorted((e.data["kind"], e.data["threshold_percent"]) for e in events(db))
-    assert kinds == [("forecast", 80)]
+    assert kinds == [("actual", 50), ("forecast", 50), ("forecast", 80)]
     with db.write() as s:
         s.get(Tenant, tenant_id).used_ipu_ms = 10 * hour
         notifications.sweep(session=s, now=utcnow())
     kinds = sorted((e.data["kind"], e.data["threshold_percent"]) for e in events(db))
-    assert kinds == [("actual", 80), ("actual", 100), ("forecast", 80), ("forecast", 100)]
+    assert kinds == [(k, p) for k in ("actual", "forecast") for p in (50, 80, 100)]
     with db.write() as s:
         s.get(Tenant, tenant_id).quota_ipu_ms = 12 * hour  # the admin raised the grant: 83% now
     with db.write() as s:
         notifications.sweep(session=s, now=utcnow())
-    # 10 of 12 used (83%), 12 of 12 forecast: 80% actual, 80% and 100% forecast of the new grant.
-    assert len(events(db)) == 4 + 3
+    # 10 of 12 used (83%), 12 of 12 forecast: 50% and 80% actual, 50%, 80% and 100% forecast of the
+    # new grant.
+    assert len(events(db)) == 6 + 5
 
 
 def test_trials_are_warned_a_week_and_a_day_ahead_then_expire(db: Any, tenant_id: str) -> None:

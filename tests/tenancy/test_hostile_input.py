@@ -335,6 +335,14 @@ def dashboard_fields() -> list[Field]:
         Field("dashboard", admin, "POST", "/admin/fleet/units/{unit_id}/retire", "path", "unit_id", "token"),
         Field("dashboard", owner, "POST", "/models/{model}/delete", "path", "model", "token"),
         Field("dashboard", owner, "POST", "/models/{model}/delete", "form", "csrf", "token"),
+        *many(
+            owner, "POST", "/settings/notifications", "form", {"budget_thresholds": "text", "csrf": "token"}
+        ),
+        Field("dashboard", "anonymous", "GET", "/claim/{token}", "path", "token", "token"),
+        Field("dashboard", "anonymous", "POST", "/claim/{token}", "path", "token", "token"),
+        Field("dashboard", "anonymous", "GET", "/unsubscribe/{token}", "path", "token", "token"),
+        Field("dashboard", "anonymous", "POST", "/unsubscribe/{token}", "path", "token", "token"),
+        Field("dashboard", admin, "GET", "/admin/mail/{name}", "path", "name", "token"),
     ]
     return out
 
@@ -378,6 +386,7 @@ API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/webhooks"): {"url": "https://93.184.215.14/"},
     ("PATCH", "/api/v1/webhooks/{webhook_id}"): {"description": "d"},
     ("POST", "/api/v1/webhooks/{webhook_id}/rotate-secret"): {"overlap_s": 60},
+    ("PUT", "/api/v1/notification-settings"): {"budget_thresholds": [50], "session_mail": True},
     ("POST", "/api/v1/trials"): TRIAL,
     ("POST", "/api/v1/admin/machines/{machine_id}/drain"): {"reason": "fan"},
     ("POST", "/api/v1/admin/machines/{machine_id}/fail"): {"reason": "fan"},

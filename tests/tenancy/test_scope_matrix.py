@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 from api.dashboard import (
     admin_pages,
     endpoint_pages,
+    mail_pages,
     model_pages,
     routes,
     session_pages,
@@ -51,8 +52,8 @@ from scheduler.models import (
     TrialApplication,
     Webhook,
 )
+from scheduler.services import claims, fleet, jobs, keys, mail, own_models, partitions, tenants, trials
 from scheduler.services import endpoints as endpoint_service
-from scheduler.services import fleet, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
@@ -763,6 +764,16 @@ WEBHOOK_CASES: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/api/v1/events"): ("read", lambda w: Call("/api/v1/events")),
 }
 API.update(WEBHOOK_CASES)
+# A member's own e-mail choices: each key reads and changes its member's; an admin key has none.
+API.update(
+    {
+        ("GET", "/api/v1/notification-settings"): ("read", lambda w: Call("/api/v1/notification-settings")),
+        ("PUT", "/api/v1/notification-settings"): (
+            "submit",
+            lambda w: Call("/api/v1/notification-settings", {"session_mail": False}),
+        ),
+    }
+)
 
 API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # The world's endpoint has no replica: not ready (503), and a wrong tensor is a 400 before any wait.
@@ -777,6 +788,8 @@ API_EXCEPTIONS: dict[tuple[str, str], dict[str, str]] = {
     # Owners manage a tenant's webhooks, members read them; an admin key has no tenant to own one.
     **{route: {"member": FORBIDDEN} for route, (kind, _) in WEBHOOK_CASES.items() if kind == "submit"},
     ("POST", "/api/v1/webhooks"): {"member": FORBIDDEN, "admin": FORBIDDEN},
+    ("GET", "/api/v1/notification-settings"): {"admin": FORBIDDEN},
+    ("PUT", "/api/v1/notification-settings"): {"admin": FORBIDDEN},
     # Admin keys belong to no tenant: no grant to bill, no tenant usage to show.
     ("POST", "/api/v1/jobs"): {"admin": FORBIDDEN},
     ("POST", "/api/v1/sessions"): {"admin": FORBIDDEN},
@@ -1043,10 +1056,62 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
     ),
     ("GET", "/trial", ""): (dict.fromkeys(ROLES, OK), lambda w, c: Form("GET", "/trial")),
     ("GET", "/admin", ""): (dict.fromkeys(ROLES, OK), lambda w, c: Form("GET", "/admin")),
+    # E-mail (api/dashboard/mail_pages.py): a member's settings, the admin's kept messages, and the links
+    # mailed to people, which are their own authority whoever follows them.
+    ("GET", "/settings/notifications", ""): (
+        ("GET", "/api/v1/notification-settings"),
+        lambda w, c: Form("GET", "/settings/notifications"),
+    ),
+    ("POST", "/settings/notifications", ""): (
+        ("PUT", "/api/v1/notification-settings"),
+        lambda w, c: Form("POST", "/settings/notifications", {"csrf": c, "budget_thresholds": "50"}),
+    ),
+    ("GET", "/admin/mail", ""): (CLASSES["admin"], lambda w, c: Form("GET", "/admin/mail")),
+    ("GET", "/admin/mail/{name}", ""): (
+        CLASSES["admin"],
+        lambda w, c: Form("GET", f"/admin/mail/{_kept(w)}"),
+    ),
+    ("GET", "/claim/{token}", ""): (
+        dict.fromkeys(ROLES, OK),
+        lambda w, c: Form("GET", f"/claim/{_claim_token(w)}"),
+    ),
+    ("GET", "/unsubscribe/{token}", ""): (
+        dict.fromkeys(ROLES, OK),
+        lambda w, c: Form("GET", f"/unsubscribe/{_unsubscribe_token(w)}"),
+    ),
+    ("POST", "/unsubscribe/{token}", ""): (
+        dict.fromkeys(ROLES, OK),
+        lambda w, c: Form("POST", f"/unsubscribe/{_unsubscribe_token(w)}", {"List-Unsubscribe": "One-Click"}),
+    ),
 }
 # Signing in is checked on its own (it needs an anonymous client): what each key gets.
 SIGN_IN = {**dict.fromkeys(ROLES, OK), "suspended": FORBIDDEN, "revoked": SIGNED_OUT}
-ANONYMOUS_FORMS = {("POST", "/login"), ("POST", "/trial")}
+# Using a claim link needs the form token of the page it opens: tests/tenancy/test_mail.py follows one.
+ANONYMOUS_FORMS = {("POST", "/login"), ("POST", "/trial"), ("POST", "/claim/{token}")}
+
+
+def _kept(w: World) -> str:
+    """A message kept as an `.eml` file, as the notifier keeps them without an SMTP server."""
+    from scheduler import mail as mail_wire
+
+    msg = mail_wire.compose(
+        mail_wire.Outgoing("a@example.org", "A", "kept", "text", "<p>html</p>", None, "k"),
+        sender="c@example.org",
+    )
+    name = f"20260101T000000-{next(w.n):010d}"
+    mail_wire.write_eml(msg, get_settings().mail_dir, name)
+    return name
+
+
+def _claim_token(w: World) -> str:
+    with w.db.write() as s:
+        return claims.create(
+            session=s, application_id=w.unique("app"), tenant_id=w.tenant, member_id=w.owner_member
+        )
+
+
+def _unsubscribe_token(w: World) -> str:
+    return mail.unsubscribe_token(w.secret, w.owner_member, "session")
 
 
 def dashboard_routes() -> set[tuple[str, str]]:
@@ -1058,6 +1123,7 @@ def dashboard_routes() -> set[tuple[str, str]]:
         model_pages.router,
         session_pages.router,
         endpoint_pages.router,
+        mail_pages.router,
     ):
         for route in router.routes:
             if isinstance(route, APIRoute):
