@@ -20,6 +20,7 @@ from api.metrics import LATENCY, REQUESTS
 from api.routers import (
     admin,
     admin_tenants,
+    arrays,
     catalogue,
     endpoints,
     health,
@@ -255,6 +256,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     for module in (
         jobs,
+        arrays,
         sessions,
         inference,
         endpoints,
