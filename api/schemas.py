@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     EmailStr,
     Field,
+    RootModel,
     StringConstraints,
 )
 
@@ -211,6 +212,10 @@ class ArrayOut(BaseModel):
     sweep: dict[str, Any] | None = None
     depends_on: DependsOnOut | None = None
     created_at: datetime
+
+
+class SubmitOut(RootModel[JobOut | ArrayOut]):
+    """`POST /jobs`: the job, or with `array` or `sweep` the array (its `id` starts `arr_`)."""
 
 
 class ArrayPatch(BaseModel):

@@ -146,7 +146,7 @@ def array_out(summary: ArraySummary) -> ArrayOut:
         size=a.size,
         indices=a.indices,
         max_running=a.max_running,
-        state=array_state(summary.by_state, a.size),  # type: ignore[arg-type]
+        state=array_state(summary.by_state, a.size),
         elements_by_state=summary.by_state,
         completed_indices=compress_indices(summary.completed),
         failed_indices=compress_indices(summary.failed),

@@ -23,6 +23,7 @@ from api.schemas import (
     LogEntry,
     LogsOut,
     Page,
+    SubmitOut,
     WaitReason,
     decode_cursor,
     decode_int_cursor,
@@ -66,7 +67,7 @@ def _render(job: Job) -> dict[str, object]:
 @router.post(
     "/jobs",
     status_code=202,
-    response_model=JobOut | ArrayOut,
+    response_model=SubmitOut,
     summary="Submit a job, or a job array or sweep (`array`, `sweep`: answered with the array)",
 )
 async def submit_job(

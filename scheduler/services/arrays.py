@@ -21,12 +21,13 @@ import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.db import changed
 from scheduler.errors import Conflict, DomainError, InvalidRequest, NotFound, QuotaExceeded, TenantInactive
 from scheduler.ids import new_id
 from scheduler.jobspec import (
@@ -243,7 +244,7 @@ def _upstreams(session: Session, held: Sequence[Any]) -> dict[str, _Upstream]:
         for array_id in corr:
             up = out.setdefault(array_id, _Upstream())
             up.by_index = {
-                int(i): s
+                int(i or 0): s
                 for i, s in session.execute(
                     select(Job.array_index, Job.state).where(Job.array_id == array_id)
                 ).tuples()
@@ -387,7 +388,7 @@ def submit_array(
     max_running = spec.array.max_running if spec.array is not None else None
     if max_running is not None and max_running > plan_row.max_concurrent_jobs:
         raise InvalidRequest(
-            f"array.max_running: {spec.array.max_running} is more than the {plan_row.name} plan's "
+            f"array.max_running: {max_running} is more than the {plan_row.name} plan's "
             f"{plan_row.max_concurrent_jobs} running jobs.",
             field="array.max_running",
             limit="max_concurrent_jobs",
@@ -501,8 +502,8 @@ def submit_array(
     return SubmittedArray(array, replayed=False)
 
 
-def _request_body(spec: JobSpec) -> dict[str, Any]:
-    return cast(dict[str, Any], spec.model_dump(mode="json", exclude_defaults=True))
+def _request_body(spec: JobSpec) -> dict[str, object]:
+    return spec.model_dump(mode="json", exclude_defaults=True)
 
 
 def _chunks(rows: list[Any], n: int) -> Iterable[list[Any]]:
@@ -551,8 +552,8 @@ def summaries(*, session: Session, arrays: Sequence[JobArray]) -> list[ArraySumm
             .where(Job.array_id.in_(ids))
             .group_by(Job.array_id, Job.state)
         ).tuples():
-            by_state[array_id][state] = int(n)
-            reserved[array_id] += int(held or 0)
+            by_state[str(array_id)][state] = int(n)
+            reserved[str(array_id)] += int(held or 0)
         for array_id, index, state in session.execute(
             select(Job.array_id, Job.array_index, Job.state)
             .where(
@@ -561,11 +562,11 @@ def summaries(*, session: Session, arrays: Sequence[JobArray]) -> list[ArraySumm
             )
             .order_by(Job.array_id, Job.array_index)
         ).tuples():
-            (done if state == JobState.SUCCEEDED else failed)[array_id].append(int(index))
+            (done if state == JobState.SUCCEEDED else failed)[str(array_id)].append(int(index or 0))
     used: dict[str, int] = {}
     if ids:
         used = {
-            a: int(ms or 0)
+            str(a): int(ms or 0)
             for a, ms in session.execute(
                 select(Job.array_id, func.sum(MeterEvent.ipu_ms))
                 .join(MeterEvent, MeterEvent.job_id == Job.id)
@@ -714,7 +715,8 @@ def retry_elements(*, session: Session, array_id: str, scope: Scope, indices: st
     assert tenant is not None
     if tenant.status != "active":
         raise Conflict(f"Tenant {tenant.name} is {tenant.status}.")
-    done = session.execute(
+    done = changed(
+        session,
         update(Tenant)
         .where(
             Tenant.id == tenant.id,
@@ -723,8 +725,8 @@ def retry_elements(*, session: Session, array_id: str, scope: Scope, indices: st
         .values(
             reserved_ipu_ms=Tenant.reserved_ipu_ms + total, queued_jobs_bound=Tenant.queued_jobs_bound + 1
         )
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if done != 1:
         raise QuotaExceeded(
             f"Retrying {len(jobs)} elements is predicted to cost {billing.ipu_hours(total):.3f} IPU-hours, "
@@ -815,7 +817,7 @@ def gate(
                 .tuples()
                 .all()
             )
-            room = {a: max(0, int(m) - int(live.get(a, 0))) for a, m in limits.items()}
+            room = {str(a): max(0, int(m or 0) - int(live.get(a, 0))) for a, m in limits.items()}
     names: set[tuple[str, str]] = set()
     if singleton_names:
         tenants = sorted({t for t, _ in singleton_names})

@@ -3,7 +3,7 @@ them (scheduler/services/arrays.py, `resolve_dependencies`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,9 +15,22 @@ from scheduler.models import Job, JobArray
 DEPENDENCY = "dependency"  # Job.held_for while its dependencies keep it from the scheduler
 
 
+class StoredDependency(TypedDict):
+    job: str
+    type: str
+
+
+class StoredDependencies(TypedDict):
+    """`Job.depends_on`: what a held job waits for."""
+
+    mode: str  # all | any
+    on: list[StoredDependency]
+    on_unsatisfiable: NotRequired[str]  # cancel | hold
+
+
 def check_dependencies(
     *, session: Session, tenant_id: str, depends_on: DependsOn | None, is_array: bool
-) -> dict[str, Any] | None:
+) -> StoredDependencies | None:
     """The stored form of a submission's dependencies, or NotFound naming an id that is not the
     tenant's (another tenant's is as missing as one that never was). Each exists already, so no
     cycle can form."""

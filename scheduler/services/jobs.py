@@ -735,13 +735,14 @@ def folded_elements(*, session: Session, scope: Scope) -> list[Folded]:
             indices = f"{lo}-{hi}" if hi > lo else str(lo)
         else:
             indices = compress_indices(
-                list(
-                    session.execute(
+                [
+                    int(i or 0)
+                    for i in session.execute(
                         select(Job.array_index)
                         .where(Job.array_id == array_id, Job.state == JobState.QUEUED)
                         .order_by(Job.array_index)
                     ).scalars()
-                )
+                ]
             )
         out.append(Folded(first, n, indices))
     return out

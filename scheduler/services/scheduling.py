@@ -374,7 +374,7 @@ def gate_queue(
         tenant = tenants.get(elements[0].tenant_id)
         room = len(elements)
         if tenant is not None:
-            room = max(1, tenant.max_concurrent_jobs - tenant.running_jobs)
+            room = max(1, (tenant.max_concurrent_jobs or 0) - (tenant.running_jobs or 0))
         limit = g.room.get(array_id)
         if limit is not None:
             room = min(room, limit)
