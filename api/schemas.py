@@ -222,7 +222,10 @@ class ArrayPatch(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     max_running: int | None = Field(
-        description="At most this many elements run at once; null lifts the limit.", ge=1, le=10_000
+        None,
+        description="At most this many elements run at once; null lifts the limit, leaving it out keeps it.",
+        ge=1,
+        le=10_000,
     )
 
 

@@ -82,7 +82,11 @@ def array_jobs(
 def patch_array(array_id: ArrayId, body: ArrayPatch, principal: Submitter, db: DbDep) -> ArrayOut:
     with db.write() as s:
         array = array_service.update_array(
-            session=s, array_id=array_id, scope=principal.scope, max_running=body.max_running
+            session=s,
+            array_id=array_id,
+            scope=principal.scope,
+            max_running=body.max_running,
+            change="max_running" in body.model_fields_set,
         )
         out = _view(s, array)
     bus.wake_scheduler("array")
@@ -121,9 +125,10 @@ def cancel_array(
     summary="Queue an array's failed or cancelled elements again (`failed`: all of them)",
 )
 def retry_array(array_id: ArrayId, body: ArrayIndices, principal: Submitter, db: DbDep) -> ArrayActionOut:
-    if body.indices is None:
-        raise InvalidRequest("indices: give `failed` or the indices to retry (`1,5-9`).", field="indices")
     with db.write() as s:
+        array_service.get_array(session=s, array_id=array_id, scope=principal.scope)  # 404 first
+        if body.indices is None:
+            raise InvalidRequest("indices: give `failed` or the indices to retry (`1,5-9`).", field="indices")
         ids = array_service.retry_elements(
             session=s, array_id=array_id, scope=principal.scope, indices=body.indices
         )

@@ -761,8 +761,13 @@ def retry_elements(*, session: Session, array_id: str, scope: Scope, indices: st
     return [j.id for j in jobs]
 
 
-def update_array(*, session: Session, array_id: str, scope: Scope, max_running: int | None) -> JobArray:
+def update_array(
+    *, session: Session, array_id: str, scope: Scope, max_running: int | None, change: bool = True
+) -> JobArray:
+    """Change an array's `max_running` (None lifts it); `change=False` changes nothing."""
     array = get_array(session=session, array_id=array_id, scope=scope)
+    if not change:
+        return array
     if max_running is not None:
         plan = session.execute(
             select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == array.tenant_id)
