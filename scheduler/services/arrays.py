@@ -744,8 +744,8 @@ def retry_elements(*, session: Session, array_id: str, scope: Scope, indices: st
         job.updated_at = now
         job.reserved_ipu_ms = reserve[job.id]
         job.runtime_base_s = 0.0
-        # Dependencies were met (or it would not have run); a cancelled one held for them waits again.
-        job.held_for = DEPENDENCY if job.depends_on is not None and job.started_at is None else None
+        # A retry runs it now: its dependencies were met, or its owner asks for it regardless.
+        job.held_for = None
         events.append(
             {
                 "job_id": job.id,

@@ -32,6 +32,10 @@ def test_arrays_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path
         "on": [{"job": array["id"], "type": "afterok"}],
         "on_unsatisfiable": "cancel",
     }
+    # Held for good: it waits for the array to fail, which it will not, and is kept (not cancelled).
+    gate = cli.json(
+        *base, "--name", "gate", "--dependency", f"afternotok:{array['id']}", "--hold-unsatisfiable"
+    )
     bad = cli(*base, "--array", "0-3%x")
     assert bad.exit_code != 0
     spec = tmp_path / "sweep.yaml"
@@ -39,8 +43,8 @@ def test_arrays_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path
         "name: grid\nworkload: {model: resnet50, steps: 10}\nipus: 1\n"
         "sweep:\n  method: grid\n  parameters:\n    workload.batch_size: {values: [16, 32]}\n"
         "    ipus: {values: [1, 2]}\n"
-        # Held until `after` ends: its elements are still queued when two are cancelled below.
-        f"depends_on: {{all: [{{job: {after['id']}, type: afterok}}]}}\n"
+        # Held behind the gate: its elements are still queued when two are cancelled below.
+        f"depends_on: {{all: [{{job: {gate['id']}, type: afterok}}]}}\n"
     )
     grid = cli.json("jobs", "submit", "-f", str(spec))
     assert grid["size"] == 4 and grid["sweep"]["method"] == "grid"
@@ -62,10 +66,15 @@ def test_arrays_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path
         assert final[after["id"]]["state"] == "succeeded"
         done = c.get_array(array["id"])
         assert done.state == "succeeded" and done.completed_indices == "0-3"
-        retried = c.retry_array(grid["id"])
+        assert c.get_job(gate["id"]).wait.reason == "dependency-never"
+        retried = c.retry_array(grid["id"])  # a retry runs them now, dependencies or not
         assert len(retried.job_ids) == 2
-        grid_ids = [e.id for e in c.iter_array_jobs(grid["id"])]
-        assert {j["state"] for j in cloud.wait_jobs(key, grid_ids, timeout=180).values()} == {"succeeded"}
+        grid_ids = {e.array_index: e.id for e in c.iter_array_jobs(grid["id"])}
+        ran = cloud.wait_jobs(key, [grid_ids[2], grid_ids[3]], timeout=180)
+        assert {j["state"] for j in ran.values()} == {"succeeded"}
+        c.cancel_job(gate["id"])  # the rest can no longer start: cancelled, saying why
+        rest = cloud.wait_jobs(key, [grid_ids[0], grid_ids[1]], timeout=60)
+        assert all(j["state"] == "cancelled" and "never be satisfied" in j["reason"] for j in rest.values())
         throttled = c.update_array(grid["id"], max_running=1)
         assert throttled.max_running == 1
         sweep = c.submit_array(name="more", model="resnet50", steps=10, ipus=1, array={"indices": "0-9"})
