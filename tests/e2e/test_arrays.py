@@ -62,6 +62,10 @@ def test_an_array_runs_throttled_to_completion_then_its_dependent_starts(
         assert done["state"] == "succeeded" and done["completed_indices"] == "0-5"
         assert done["progress_percent"] == 100.0 and done["elements_by_state"] == {"succeeded": 6}
         assert done["used_ipu_hours"] > 0 and done["reserved_ipu_hours"] == 0
+        logs = c.get(f"/api/v1/jobs/{ids[3]}/logs").json()["items"]
+        envs = [e["data"]["env"] for e in logs if (e.get("data") or {}).get("env")]
+        assert envs and envs[0]["SLURM_ARRAY_TASK_ID"] == "3" and envs[0]["IPUCLOUD_ARRAY_ID"] == array["id"]
+        assert envs[0]["SLURM_ARRAY_TASK_COUNT"] == "6"
         history = [h["message"] for h in c.get(f"/api/v1/jobs/{after_id}").json()["history"]]
         assert history[0].startswith("queued")
 

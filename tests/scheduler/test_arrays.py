@@ -130,6 +130,27 @@ def test_grid_of_batch_sizes_by_ipus_yields_each_point(db: Any, tenant: str) -> 
     assert {e.name for e in elements(db, array.id)} == {f"sweep[{i}]" for i in range(6)}
 
 
+def test_an_element_is_given_its_array_environment(db: Any, tenant: str, loop: SchedulerLoop) -> None:
+    array = submit_array(db, tenant, array={"indices": "3-5"}, name="env")
+    assert loop.lead()
+    loop.schedule_pass()
+    taken = {}
+    for attempt in live_attempts(db):
+        got = agentkit.take(db, attempt.id)
+        assert got is not None
+        taken[got.job_name] = got.environment
+    assert taken["env[4]"] == {
+        "IPUCLOUD_ARRAY_ID": array.id,
+        "IPUCLOUD_ARRAY_INDEX": "4",
+        "IPUCLOUD_ARRAY_SIZE": "3",
+        "SLURM_ARRAY_JOB_ID": array.id,
+        "SLURM_ARRAY_TASK_ID": "4",
+        "SLURM_ARRAY_TASK_COUNT": "3",
+        "SLURM_ARRAY_TASK_MIN": "3",
+        "SLURM_ARRAY_TASK_MAX": "5",
+    }
+
+
 def test_random_sweep_draws_the_same_points_for_a_seed(db: Any, tenant: str) -> None:
     body = {
         "method": "random",
