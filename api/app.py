@@ -20,6 +20,7 @@ from api.metrics import LATENCY, REQUESTS
 from api.routers import (
     admin,
     admin_tenants,
+    arrays,
     catalogue,
     endpoints,
     health,
@@ -256,6 +257,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     for module in (
         jobs,
+        arrays,
         sessions,
         inference,
         endpoints,

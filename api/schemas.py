@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     EmailStr,
     Field,
+    RootModel,
     StringConstraints,
 )
 
@@ -164,6 +165,83 @@ class JobOut(BaseModel):
         description="A job stopped by its time limit with a checkpoint: until when its owner may resume it "
         "(`POST /jobs/{id}/resume`), the plan's checkpoint retention after it stopped.",
     )
+    array_id: str | None = Field(None, description="The array or sweep it is an element of (`arr_...`).")
+    array_index: int | None = None
+    params: dict[str, Any] | None = Field(
+        None, description="A sweep's element: the value of each swept parameter (by its path in the spec)."
+    )
+    depends_on: DependsOnOut | None = None
+    singleton: bool = False
+    folded: FoldedOut | None = Field(
+        None,
+        description="`GET /jobs` without `expand`: this row stands for several queued elements of one array "
+        "(`arr_..._[5-99]`), the first of which it shows.",
+    )
+
+
+class DependencyOut(BaseModel):
+    job: str
+    type: Literal["after", "afterany", "afterok", "afternotok", "aftercorr"]
+
+
+class DependsOnOut(BaseModel):
+    mode: Literal["all", "any"]
+    on: list[DependencyOut]
+    on_unsatisfiable: Literal["cancel", "hold"] = "cancel"
+
+
+class FoldedOut(BaseModel):
+    label: str = Field(description="Slurm's way: `arr_..._[5-99]`.")
+    count: int
+    indices: str
+
+
+class ArrayOut(BaseModel):
+    id: str
+    name: str
+    size: int
+    indices: str
+    max_running: int | None = None
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    elements_by_state: dict[str, int]
+    completed_indices: str = Field(description="Elements that succeeded, as `0-3,7`.")
+    failed_indices: str = Field(description="Elements that failed or were cancelled, as `4-6`.")
+    progress_percent: float = Field(description="Share of the elements that ended, 0 to 100.")
+    used_ipu_hours: float
+    reserved_ipu_hours: float = Field(description="What its queued and running elements still hold.")
+    sweep: dict[str, Any] | None = None
+    depends_on: DependsOnOut | None = None
+    created_at: datetime
+
+
+class SubmitOut(RootModel[JobOut | ArrayOut]):
+    """`POST /jobs`: the job, or with `array` or `sweep` the array (its `id` starts `arr_`)."""
+
+
+class ArrayPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_running: int | None = Field(
+        None,
+        description="At most this many elements run at once; null lifts the limit, leaving it out keeps it.",
+        ge=1,
+        le=10_000,
+    )
+
+
+class ArrayIndices(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    indices: Annotated[str, StringConstraints(min_length=1, max_length=1000)] | None = Field(
+        None,
+        description="Slurm's syntax (`1,5,10-20`); `failed` (retry only) for every failed or cancelled "
+        "element; omitted (cancel only) for all of them.",
+    )
+
+
+class ArrayActionOut(BaseModel):
+    array: ArrayOut
+    job_ids: list[str] = Field(description="The elements it changed.")
 
 
 class LogEntry(BaseModel):
@@ -473,6 +551,7 @@ class PlanOut(BaseModel):
     max_endpoint_ipus: int = Field(
         8, description="IPUs a tenant's endpoints may hold together at their maximum replicas."
     )
+    max_array_size: int = Field(64, description="The most elements one job array or sweep may have.")
     priority: int
     fairshare_weight: float
     rates: dict[str, float] = Field(
@@ -509,6 +588,7 @@ class PlanOut(BaseModel):
             max_endpoints=p.max_endpoints,
             max_endpoint_replicas=p.max_endpoint_replicas,
             max_endpoint_ipus=p.max_endpoint_ipus,
+            max_array_size=p.max_array_size,
             priority=p.priority,
             fairshare_weight=p.fairshare_weight,
             rates=plan_rates(p.rates),
@@ -540,6 +620,7 @@ class PlanUpdate(BaseModel):
     )
     max_endpoint_replicas: Annotated[int, Field(ge=1, le=1_000_000), _NUMBER] | None = None
     max_endpoint_ipus: Annotated[int, Field(ge=0, le=2**31 - 1), _NUMBER] | None = None
+    max_array_size: Annotated[int, Field(ge=1, le=10_000), _NUMBER] | None = None
     priority: Priority | None = None
     fairshare_weight: Weight | None = None
     rates: dict[MachineTypeName, Rate] | None = Field(

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from api.schemas import HistoryEntry, JobOut, PartitionOut, Progress, TenantOut
+from api.schemas import (
+    ArrayOut,
+    DependencyOut,
+    DependsOnOut,
+    HistoryEntry,
+    JobOut,
+    PartitionOut,
+    Progress,
+    TenantOut,
+)
 from scheduler.billing import ipu_hours as hours
 from scheduler.billing import remaining_ipu_ms
-from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
+from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S, compress_indices
 from scheduler.models import Attempt, Job, JobEvent, Partition, Tenant, utcnow
 from scheduler.services import attempts
+from scheduler.services.arrays import ArraySummary, array_state
 
 
 def job_out(
@@ -54,6 +64,11 @@ def job_out(
         checkpoint_every_s=(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
         if job.task == "train"
         else None,
+        array_id=job.array_id,
+        array_index=job.array_index,
+        params=job.params,
+        depends_on=None if job.depends_on is None else DependsOnOut(**job.depends_on),
+        singleton=bool(job.singleton),
         history=None
         if history is None
         else [
@@ -118,3 +133,36 @@ def days_left(expires_at: datetime | None) -> float | None:
     if expires_at is None:
         return None
     return round(max(0.0, (expires_at - datetime.now(UTC)).total_seconds() / 86400), 2)
+
+
+def array_out(summary: ArraySummary) -> ArrayOut:
+    """An array with its figures (scheduler/services/arrays.py, `summaries`)."""
+    a = summary.array
+    ended = sum(n for state, n in summary.by_state.items() if state in ("succeeded", "failed", "cancelled"))
+    deps = (a.spec or {}).get("depends_on")
+    return ArrayOut(
+        id=a.id,
+        name=a.name,
+        size=a.size,
+        indices=a.indices,
+        max_running=a.max_running,
+        state=array_state(summary.by_state, a.size),
+        elements_by_state=summary.by_state,
+        completed_indices=compress_indices(summary.completed),
+        failed_indices=compress_indices(summary.failed),
+        progress_percent=round(100.0 * ended / max(1, a.size), 2),
+        used_ipu_hours=hours(summary.used_ipu_ms),
+        reserved_ipu_hours=hours(summary.reserved_ipu_ms),
+        sweep=a.sweep,
+        depends_on=None
+        if not deps
+        else DependsOnOut(
+            mode="all" if "all" in deps else "any",
+            on=[
+                DependencyOut(job=d["job"], type=d.get("type", "afterok"))
+                for d in deps.get("all") or deps.get("any") or []
+            ],
+            on_unsatisfiable=(a.spec or {}).get("on_unsatisfiable", "cancel"),
+        ),
+        created_at=a.created_at,
+    )

@@ -36,6 +36,7 @@ from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
 from scheduler.services import (
+    arrays,
     attempts,
     checkpoints,
     endpoints,
@@ -106,6 +107,7 @@ class SchedulerLoop:
     _seen: set[str] = field(default_factory=set)
     _waits_epoch: int | None = None
     _samples: list[dict[str, Any]] = field(default_factory=list)  # fair-share samples due after a pass
+    _gated: dict[str, Wait] = field(default_factory=dict)  # queued jobs kept from the policy, and why
     # Forecast starts of the queued jobs (scheduler/policy/forecast.py) and when they were made.
     _forecast: dict[str, float] = field(default_factory=dict)
     _forecast_at: float = -math.inf
@@ -177,6 +179,7 @@ class SchedulerLoop:
             if now - self.last_serve >= min(SERVE_EVERY_S, self.settings.scheduler_tick_s):
                 self.serve_endpoints()
                 self.last_serve = now
+            self.resolve_dependencies()
             self.schedule_pass()
             sent = 0
             while sent < MAX_DISPATCH_PER_ITERATION:
@@ -232,6 +235,8 @@ class SchedulerLoop:
             snapshot = self._snapshot(s, alloc)
             QUEUED.set(len(snapshot.queue))
             if not len(snapshot.queue):
+                assert self._waits is not None
+                scheduling.record_waits(session=s, waits=self._gated, known=self._waits)
                 return 0
             forecast = self._forecast_for(snapshot)
             decision = decide(snapshot, self._policy)
@@ -315,9 +320,23 @@ class SchedulerLoop:
             for job_id in started:
                 self._waits.pop(job_id, None)
             waits = {job_id: wait for job_id, wait in decision.waits.items() if job_id not in started}
+            waits.update(self._gated)
             scheduling.record_waits(session=s, waits=waits, known=self._waits)
             self._renew(s)
             return placed
+
+    def resolve_dependencies(self) -> arrays.Resolved | None:
+        """Release jobs whose dependencies are met, cancel those whose can no longer be
+        (services.arrays.resolve_dependencies), in one fenced transaction."""
+        with self.db.read() as s:
+            if not arrays.has_held(session=s):
+                return None
+        with self.db.write() as s:
+            self._fence(s)
+            result = arrays.resolve_dependencies(session=s)
+        for job_id in result.cancelled:
+            log.info("job %s cancelled: its dependencies can never be satisfied", job_id)
+        return result
 
     def sweep_sessions(self) -> sessions.SweepResult | None:
         """Bill, warn and end active sessions (services.sessions.sweep), in one fenced transaction."""
@@ -417,6 +436,7 @@ class SchedulerLoop:
         if first:
             self._waits = live.waits
         self._samples = live.samples
+        self._gated = live.gated
         return live.snapshot
 
     # Dispatch -------------------------------------------------------------------------------------

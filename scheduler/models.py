@@ -145,6 +145,8 @@ class Plan(Base):
     max_endpoints: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     max_endpoint_replicas: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     max_endpoint_ipus: Mapped[int] = mapped_column(Integer, default=8, server_default="8")
+    # The most elements one job array or sweep may have (scheduler/services/arrays.py).
+    max_array_size: Mapped[int] = mapped_column(Integer, default=64, server_default="64")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -313,6 +315,9 @@ class Job(Base):
         Index("ix_jobs_tenant_state", "tenant_id", "state"),
         Index("ix_jobs_session_id", "session_id", "id"),
         Index("ix_jobs_endpoint_id", "endpoint_id", "state"),
+        Index("ix_jobs_array_id", "array_id", "array_index"),
+        # The scheduler reads the jobs held for their dependencies every pass (few, by this index).
+        Index("ix_jobs_held_for", "held_for"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -359,6 +364,37 @@ class Job(Base):
     # (`notify.on`, as Slurm's --mail-type): scheduler/services/mail.py.
     submitted_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
     notify: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # An element of a job array or sweep (scheduler/services/arrays.py): the array, its index there,
+    # and the swept parameters it was given (paths into the spec, e.g. `workload.batch_size`).
+    array_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Dependencies: {"mode": "all" | "any", "on": [{"job": id, "type": ...}], "on_unsatisfiable":
+    # "cancel" | "hold"}; `held_for` is "dependency" while they keep it from the scheduler.
+    depends_on: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    held_for: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    singleton: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+
+
+class JobArray(Base):
+    """One handle for many jobs: a job array or a parameter sweep. Its elements are ordinary jobs
+    (`Job.array_id`, `Job.array_index`); its figures are read from them."""
+
+    __tablename__ = "arrays"
+    __table_args__ = (Index("ix_arrays_tenant_id", "tenant_id", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(Integer)
+    indices: Mapped[str] = mapped_column(String(1000))  # as given, e.g. "0-99:2" or "1,5,7"
+    max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sweep: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the sweep as asked for
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the base spec its elements were made from
+    reserved_at_submit_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class JobEvent(Base):

@@ -429,6 +429,7 @@ class Agent:
             )
             config = None
         env = ipuof.environment(self.settings, taken.partition, taken.gcd, config)
+        env.update(taken.environment or {})  # an array element's IPUCLOUD_ARRAY_* and SLURM_ARRAY_*
         self._logs.append(
             LogLine(
                 taken.job_id,

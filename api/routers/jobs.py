@@ -14,25 +14,29 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import DbDep, Reader, RuntimeDep, Submitter
 from api.schemas import (
+    ArrayOut,
     CheckpointOut,
     CursorParam,
+    FoldedOut,
     IntCursorParam,
     JobOut,
     LogEntry,
     LogsOut,
     Page,
+    SubmitOut,
     WaitReason,
     decode_cursor,
     decode_int_cursor,
     encode_cursor,
 )
 from api.submissions import batcher
-from api.views import job_out
+from api.views import array_out, job_out
 from scheduler import bus
 from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
 from scheduler.runtime import Runtime
+from scheduler.services import arrays as array_service
 from scheduler.services import attempts, keys
 from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import jobs as job_service
@@ -60,12 +64,30 @@ def _render(job: Job) -> dict[str, object]:
     return job_out(job).model_dump(mode="json")
 
 
-@router.post("/jobs", status_code=202, response_model=JobOut, summary="Submit a job")
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=SubmitOut,
+    summary="Submit a job, or a job array or sweep (`array`, `sweep`: answered with the array)",
+)
 async def submit_job(
     spec: JobSpec, principal: Submitter, runtime: RuntimeDep, idempotency_key: IdempotencyKey = None
 ) -> Response:
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
+    if spec.array is not None or spec.sweep is not None:
+        tenant_id = principal.tenant_id
+        out, replayed = await to_thread.run_sync(
+            lambda: submit_array(runtime, tenant_id, spec, idempotency_key, principal.scope)
+        )
+        headers = {"Location": f"/api/v1/arrays/{out.id}"}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        else:
+            bus.wake_scheduler("submit")
+        return Response(
+            out.model_dump_json().encode(), status_code=202, headers=headers, media_type="application/json"
+        )
     request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key, principal.member_id)
     result, body = await asyncio.wrap_future(batcher(runtime, _render).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
@@ -81,15 +103,37 @@ def list_jobs(
     cursor: CursorParam = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     state: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = None,
+    expand: Annotated[
+        bool,
+        Query(description="List every queued element of an array; by default they are one row each array."),
+    ] = False,
 ) -> Page[JobOut]:
     after = decode_cursor(cursor)
     scope = principal.scope
+    fold = not expand and state in (None, "queued")
     with db.read() as s:
-        rows = job_service.list_jobs(session=s, scope=scope, after=after, limit=limit + 1, state=state)
-        items = job_views(s, rows[:limit], scope)
+        rows = job_service.list_jobs(
+            session=s, scope=scope, after=after, limit=limit + 1, state=state, fold=fold
+        )
+        folded = job_service.folded_elements(session=s, scope=scope) if fold and after is None else []
+        items = job_views(s, [f.first for f in folded] + rows[:limit], scope)
+    for f, item in zip(folded, items, strict=False):
+        item.folded = FoldedOut(label=f"{f.first.array_id}_[{f.indices}]", count=f.count, indices=f.indices)
     return Page[JobOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     )
+
+
+def submit_array(
+    runtime: Runtime, tenant_id: str, spec: JobSpec, idempotency_key: str | None, scope: Scope
+) -> tuple[ArrayOut, bool]:
+    with runtime.db.write() as s:
+        result = array_service.submit_array(
+            session=s, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key
+        )
+        s.flush()
+        (summary,) = array_service.summaries(session=s, arrays=[result.array])
+        return array_out(summary), result.replayed
 
 
 def job_views(s: Any, jobs: list[Job], scope: Scope) -> list[JobOut]:

@@ -13,6 +13,7 @@ import typer
 
 from ipucloud.cli import (
     client_admin,
+    client_arrays,
     client_endpoints,
     client_jobs,
     client_models,
@@ -177,6 +178,7 @@ def register(app: typer.Typer) -> None:
     app.command(epilog=EXIT_CODES_HELP)(logout)
     app.command(epilog=EXIT_CODES_HELP)(usage)
     app.add_typer(client_jobs.app, name="jobs")
+    app.add_typer(client_arrays.app, name="arrays")
     app.add_typer(client_models.app, name="models")
     app.add_typer(client_sessions.app, name="sessions")
     app.add_typer(client_endpoints.app, name="endpoints")

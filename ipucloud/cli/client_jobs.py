@@ -185,6 +185,35 @@ def submit(
             "--checkpoint-every", help="Training: cluster seconds between checkpoints (default 600)."
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            "--array",
+            help="Submit a job array, Slurm's way: indices `0-99`, `0-99:2`, `1,5,7`; `%N` runs at most N at "
+            "once (`0-99%10`).",
+        ),
+    ] = None,
+    dependency: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dependency",
+            help="Start after TYPE:ID[:ID...] (repeat): after, afterany, afterok, afternotok, aftercorr; "
+            "ID a job or an array of yours.",
+        ),
+    ] = None,
+    dependency_any: Annotated[
+        bool, typer.Option("--dependency-any", help="Any one --dependency suffices (default: all).")
+    ] = False,
+    hold_unsatisfiable: Annotated[
+        bool,
+        typer.Option(
+            "--hold-unsatisfiable", help="Keep it queued when its dependencies can no longer be met."
+        ),
+    ] = False,
+    singleton: Annotated[
+        bool | None,
+        typer.Option("--singleton", help="Run only when no other job of yours with this name runs."),
+    ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Submitting again with the same key returns the same job.")
     ] = None,
@@ -220,9 +249,27 @@ def submit(
         max_runtime_s=max_runtime,
         preemptible=preemptible,
         checkpoint_every_s=checkpoint_every,
+        singleton=singleton,
     )
+    if array is not None:
+        fields["array"] = parse_array(array)
+    if dependency:
+        fields["depends_on"] = parse_dependencies(dependency, any_=dependency_any)
+        if hold_unsatisfiable:
+            fields["on_unsatisfiable"] = "hold"
     if not base and model is None:
         fail("give --model (or a spec with --file)", Exit.USAGE)
+    if not dry_run and ("array" in fields or "array" in base or "sweep" in base):
+        with connect(url, key, as_json) as client:
+            made = client.submit_array(base, idempotency_key=idempotency_key, **fields)
+        if as_json:
+            print_json(made)
+        else:
+            show(
+                f"submitted array [bold]{made.id}[/] ({made.name}): {made.size} jobs"
+                + (f", at most {made.max_running} at once" if made.max_running else "")
+            )
+        return
     with connect(url, key, as_json) as client:
         if dry_run:
             est = client.estimate(base, **fields)
@@ -252,6 +299,31 @@ def submit(
             console(stderr=True).print(f"submitted [bold]{job.id}[/] ({job.name}), {job.ipus} IPUs")
             final = follow(client, job, as_json=False)
     raise typer.Exit(final_exit(final))
+
+
+def parse_array(text: str) -> dict[str, Any]:
+    """`0-99%10` -> {"indices": "0-99", "max_running": 10}."""
+    indices, _, throttle = text.partition("%")
+    out: dict[str, Any] = {"indices": indices}
+    if throttle:
+        if not throttle.isdigit() or int(throttle) < 1:
+            fail(f"--array {text}: after % comes how many run at once, a positive number", Exit.USAGE)
+        out["max_running"] = int(throttle)
+    return out
+
+
+DEPENDENCY_TYPES = ("after", "afterany", "afterok", "afternotok", "aftercorr")
+
+
+def parse_dependencies(items: list[str], *, any_: bool = False) -> dict[str, Any]:
+    """Slurm's `afterok:job_a:job_b` (repeatable) -> {"all": [{"job": ..., "type": ...}, ...]}."""
+    deps = []
+    for item in items:
+        kind, _, ids = item.partition(":")
+        if kind not in DEPENDENCY_TYPES or not ids:
+            fail(f"--dependency {item}: give TYPE:ID ({', '.join(DEPENDENCY_TYPES)})", Exit.USAGE)
+        deps += [{"job": i, "type": kind} for i in ids.split(":") if i]
+    return {"any" if any_ else "all": deps}
 
 
 def _wait(seconds: float | None) -> str:
@@ -289,23 +361,26 @@ def list_(
     ] = None,
     limit: Annotated[int, typer.Option(help="How many (newest first).", min=1, max=500)] = 20,
     all_: Annotated[bool, typer.Option("--all", help="Every job, page by page.")] = False,
+    expand: Annotated[
+        bool, typer.Option("--expand", help="Every queued element of an array (by default one row each).")
+    ] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Your tenant's jobs, newest first."""
+    """Your tenant's jobs, newest first; an array's queued elements are one row (`arr_..._[5-99]`)."""
     with connect(url, key, as_json) as client:
         if all_:
             jobs = list(client.iter_jobs(state=state, page_size=200))
         else:
-            jobs = client.list_jobs(state=state, limit=limit).items
+            jobs = client.list_jobs(state=state, limit=limit, expand=expand).items
     if as_json:
         print_json(jobs)
         return
     rows = [
         (
-            j.id,
-            j.name,
+            j.folded.label if j.folded is not None else j.id,
+            j.name if j.folded is None else f"{j.folded.count} x {j.name.rsplit('[', 1)[0]}",
             f"[{STATE_STYLE.get(j.state, 'white')}]{j.state}[/]",
             j.ipus,
             j.workload.get("model"),

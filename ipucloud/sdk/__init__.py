@@ -20,6 +20,8 @@ from ipucloud.sdk.errors import (
 from ipucloud.sdk.inference import Inference
 from ipucloud.sdk.models import (
     FINAL_STATES,
+    Array,
+    ArrayAction,
     Endpoint,
     EndpointMetrics,
     Estimate,
@@ -41,6 +43,8 @@ from ipucloud.sdk.models import (
 __all__ = [
     "FINAL_STATES",
     "ApiError",
+    "Array",
+    "ArrayAction",
     "AsyncClient",
     "AuthError",
     "Client",

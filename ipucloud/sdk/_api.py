@@ -26,6 +26,8 @@ from ipucloud.sdk.models import (
     AdminUsage,
     ApiKey,
     ApiKeyCreated,
+    Array,
+    ArrayAction,
     Catalogue,
     Endpoint,
     EndpointMetrics,
@@ -78,6 +80,11 @@ JOB_FIELDS = (
     "max_runtime_s",
     "preemptible",
     "checkpoint_every_s",
+    "array",
+    "sweep",
+    "depends_on",
+    "on_unsatisfiable",
+    "singleton",
 )
 
 
@@ -408,15 +415,74 @@ class Operations(WebhookOperations):
         return Call("POST", f"{V1}/jobs", model(Job), json=body, headers={"Idempotency-Key": key})
 
     @operation
+    def submit_array(
+        self, spec: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None, **fields: Any
+    ) -> Call[Array]:
+        """Submit a job array (`array={"indices": "0-99", "max_running": 10}`) or a parameter sweep
+        (`sweep={"method": "grid", "parameters": {...}}`): one handle for its elements."""
+        key = idempotency_key or f"sdk-{uuid.uuid4()}"
+        body = job_spec(spec, **fields)
+        if "array" not in body and "sweep" not in body:
+            raise ValueError("give `array` or `sweep`")
+        return Call("POST", f"{V1}/jobs", model(Array), json=body, headers={"Idempotency-Key": key})
+
+    @operation
+    def get_array(self, array_id: str) -> Call[Array]:
+        return Call("GET", f"{V1}/arrays/{seg(array_id)}", model(Array))
+
+    @operation
+    def list_arrays(self, *, limit: int = 50, cursor: str | None = None) -> Call[Page[Array]]:
+        """One page of the caller's arrays and sweeps, newest first."""
+        return Call("GET", f"{V1}/arrays", _page(Array), params={"limit": limit, "cursor": cursor})
+
+    @operation
+    def array_jobs(
+        self, array_id: str, *, state: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Call[Page[Job]]:
+        """One page of an array's elements, by index."""
+        params = {"state": state, "limit": limit, "cursor": cursor}
+        return Call("GET", f"{V1}/arrays/{seg(array_id)}/jobs", _page(Job), params=params)
+
+    @paginated
+    def iter_array_jobs(self, array_id: str, *, state: str | None = None, page_size: int = 500) -> Pager[Job]:
+        """Every element of an array, by index, page by page."""
+        return lambda cursor: Operations.array_jobs.build(
+            self, array_id, state=state, limit=page_size, cursor=cursor
+        )
+
+    @operation
+    def cancel_array(self, array_id: str, indices: str | None = None) -> Call[ArrayAction]:
+        """Cancel an array's queued and running elements: all of them, or those of `indices` (`1,5-9`)."""
+        return Call(
+            "POST",
+            f"{V1}/arrays/{seg(array_id)}/cancel",
+            model(ArrayAction),
+            json=_drop_none(indices=indices),
+        )
+
+    @operation
+    def retry_array(self, array_id: str, indices: str = "failed") -> Call[ArrayAction]:
+        """Queue an array's failed or cancelled elements again (`failed`: all of them)."""
+        return Call(
+            "POST", f"{V1}/arrays/{seg(array_id)}/retry", model(ArrayAction), json={"indices": indices}
+        )
+
+    @operation
+    def update_array(self, array_id: str, *, max_running: int | None) -> Call[Array]:
+        """Change how many of its elements run at once (None lifts the limit)."""
+        return Call("PATCH", f"{V1}/arrays/{seg(array_id)}", model(Array), json={"max_running": max_running})
+
+    @operation
     def get_job(self, job_id: str) -> Call[Job]:
         return Call("GET", f"{V1}/jobs/{seg(job_id)}", model(Job))
 
     @operation
     def list_jobs(
-        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None
+        self, *, state: str | None = None, limit: int = 50, cursor: str | None = None, expand: bool = False
     ) -> Call[Page[Job]]:
-        """One page of the caller's jobs, newest first."""
-        params = {"state": state, "limit": limit, "cursor": cursor}
+        """One page of the caller's jobs, newest first; an array's queued elements are one row
+        (`folded`) unless `expand`."""
+        params = {"state": state, "limit": limit, "cursor": cursor, "expand": expand or None}
         return Call("GET", f"{V1}/jobs", _page(Job), params=params)
 
     @paginated

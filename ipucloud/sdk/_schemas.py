@@ -17,9 +17,13 @@ __all__ = [
     "AdminUsage",
     "ApiKey",
     "ApiKeyCreated",
+    "Array",
+    "ArrayAction",
     "Catalogue",
     "Checkpoint",
     "Delivery",
+    "Dependency",
+    "DependsOn",
     "Endpoint",
     "EndpointMetrics",
     "EndpointMinute",
@@ -32,6 +36,7 @@ __all__ = [
     "FleetIpu",
     "FleetMachine",
     "FleetPod",
+    "Folded",
     "Health",
     "HistoryEntry",
     "Job",
@@ -62,6 +67,7 @@ __all__ = [
     "SessionEvent",
     "SessionJob",
     "SessionPartition",
+    "Submit",
     "Tenant",
     "TenantCreated",
     "TenantUsage",
@@ -89,6 +95,12 @@ __all__ = [
     "WebhookTest",
     "Workload",
 ]
+
+
+class Submit(Model):
+    """`POST /jobs`: the job, or with `array` or `sweep` the array (its `id` starts `arr_`)."""
+
+    pass
 
 
 class Job(JobHelpers, Model):
@@ -121,6 +133,12 @@ class Job(JobHelpers, Model):
     checkpoints: list[Checkpoint] | None = None
     checkpoint_count: int | None = None
     resumable_until: datetime | None = None
+    array_id: str | None = None
+    array_index: int | None = None
+    params: dict[str, Any] | None = None
+    depends_on: DependsOn | None = None
+    singleton: bool = False
+    folded: Folded | None = None
 
 
 class Logs(Model):
@@ -128,6 +146,29 @@ class Logs(Model):
     state: str
     items: list[LogEntry]
     next_cursor: str | None = None
+
+
+class Array(Model):
+    id: str | None = None
+    name: str | None = None
+    size: int | None = None
+    indices: str | None = None
+    max_running: int | None = None
+    state: str | None = None
+    elements_by_state: dict[str, int] = Field(default_factory=dict)
+    completed_indices: str | None = None
+    failed_indices: str | None = None
+    progress_percent: float | None = None
+    used_ipu_hours: float | None = None
+    reserved_ipu_hours: float | None = None
+    sweep: dict[str, Any] | None = None
+    depends_on: DependsOn | None = None
+    created_at: datetime | None = None
+
+
+class ArrayAction(Model):
+    array: Array | None = None
+    job_ids: list[str] = Field(default_factory=list)
 
 
 class Session(SessionHelpers, Model):
@@ -458,6 +499,7 @@ class Plan(Model):
     max_endpoints: int = 2
     max_endpoint_replicas: int = 2
     max_endpoint_ipus: int = 8
+    max_array_size: int = 64
     priority: int | None = None
     fairshare_weight: float | None = None
     rates: dict[str, float] = Field(default_factory=dict)
@@ -591,6 +633,18 @@ class Checkpoint(Model):
     run_s: float | None = None
     reason: str
     at: datetime
+
+
+class DependsOn(Model):
+    mode: str | None = None
+    on: list[Dependency] = Field(default_factory=list)
+    on_unsatisfiable: str = "cancel"
+
+
+class Folded(Model):
+    label: str | None = None
+    count: int | None = None
+    indices: str | None = None
 
 
 class LogEntry(Model):
@@ -822,6 +876,11 @@ class Event(Model):
     type: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
+
+
+class Dependency(Model):
+    job: str | None = None
+    type: str | None = None
 
 
 class ServeBatch(Model):

@@ -40,6 +40,7 @@ from scheduler.models import (
     Attempt,
     AttemptState,
     Job,
+    JobArray,
     JobEvent,
     JobState,
     OutboxMessage,
@@ -186,6 +187,32 @@ def _ipu_range(ipus: list[str]) -> str:
     return ipus[0] if len(ipus) == 1 else f"{ipus[0]} .. {ipus[-1]}"
 
 
+def array_environment(session: Session, job: Job) -> dict[str, str] | None:
+    """An array element's environment: its array, index and the array's size and index range, under
+    ipucloud's names and Slurm's (SLURM_ARRAY_JOB_ID, _TASK_ID, _TASK_COUNT, _TASK_MIN, _TASK_MAX)."""
+    if job.array_id is None or job.array_index is None:
+        return None
+    array = session.get(JobArray, job.array_id)
+    size = array.size if array is not None else 0
+    bounds = session.execute(
+        select(func.min(Job.array_index), func.max(Job.array_index)).where(Job.array_id == job.array_id)
+    ).one()
+    lo, hi = int(bounds[0] or 0), int(bounds[1] or 0)
+    env = {
+        "IPUCLOUD_ARRAY_ID": job.array_id,
+        "IPUCLOUD_ARRAY_INDEX": str(job.array_index),
+        "IPUCLOUD_ARRAY_SIZE": str(size),
+        "SLURM_ARRAY_JOB_ID": job.array_id,
+        "SLURM_ARRAY_TASK_ID": str(job.array_index),
+        "SLURM_ARRAY_TASK_COUNT": str(size),
+        "SLURM_ARRAY_TASK_MIN": str(lo),
+        "SLURM_ARRAY_TASK_MAX": str(hi),
+    }
+    for path, value in (job.params or {}).items():
+        env["IPUCLOUD_PARAM_" + path.upper().replace(".", "_")] = str(value)
+    return env
+
+
 @dataclass(frozen=True)
 class TakenAttempt:
     """An attempt a host agent now drives, with everything it needs to emulate it."""
@@ -214,6 +241,8 @@ class TakenAttempt:
     run_base_s: float = 0.0
     unbilled_s: float = 0.0
     endpoint_id: str | None = None
+    # An array element's IPUCLOUD_ARRAY_* and Slurm's SLURM_ARRAY_* variables (docs/sweeps.md).
+    environment: dict[str, str] | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -434,6 +463,7 @@ def take_many(
                 run_base_s=run_base,
                 unbilled_s=unbilled,
                 endpoint_id=str(job.spec.get("endpoint")) if job.task == SERVE_TASK else None,
+                environment=array_environment(session, job),
             )
         )
     if started_events:

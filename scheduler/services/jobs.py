@@ -28,7 +28,7 @@ from scheduler.errors import (
     TenantInactive,
 )
 from scheduler.ids import new_id
-from scheduler.jobspec import JobSpec, WorkloadRequest
+from scheduler.jobspec import JobSpec, WorkloadRequest, compress_indices
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -44,6 +44,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import attempts, checkpoints, executables, fleet, own_models, rates, sessions
+from scheduler.services.dependencies import DEPENDENCY, check_dependencies
 from scheduler.services.job_state import add_event, finalize_job
 from scheduler.services.scope import AllTenants, Scope, restrict, sees
 from scheduler.services.views import RuntimeLimitView, WaitView
@@ -320,8 +321,10 @@ _LOCK_TENANTS = (
 )
 # The tenant's queued jobs, counted no further than its plan's limit needs (an index range of at
 # most `cap` entries of the (tenant, state) index, however long the queue).
+# An array's queued elements count once (scheduler/services/arrays.py).
 _QUEUED_JOBS = select(func.count()).select_from(
-    select(_jobs.c.id)
+    select(func.coalesce(_jobs.c.array_id, _jobs.c.id))
+    .distinct()
     .where(
         _jobs.c.tenant_id == bindparam("t"),
         _jobs.c.state == JobState.QUEUED.value,
@@ -492,6 +495,11 @@ def _prepare(
     size = int(options[fastest]["ipus"])
     predicted = options[fastest]["predicted_runtime_s"]
     reserve = max(billing.option_cost_ipu_ms(option) for option in options.values())
+    depends_on = check_dependencies(
+        session=session, tenant_id=r.tenant_id, depends_on=spec.depends_on, is_array=False
+    )
+    if depends_on is not None:
+        depends_on["on_unsatisfiable"] = spec.on_unsatisfiable
     return Job(
         id=new_id("job"),
         tenant_id=r.tenant_id,
@@ -527,6 +535,12 @@ def _prepare(
         finished_at=None,
         attempts=0,
         cancel_requested=False,
+        array_id=None,
+        array_index=None,
+        params=None,
+        depends_on=depends_on,
+        held_for=DEPENDENCY if depends_on is not None else None,
+        singleton=spec.singleton,
     )
 
 
@@ -609,7 +623,7 @@ class StoredSpec(TypedDict):
 
 def _stored_spec(spec: JobSpec, source: OnnxWorkload | None) -> StoredSpec:
     """The spec as submitted; an own model's name is stored as its id, which the worker plans from."""
-    stored = cast(StoredSpec, spec.model_dump(mode="json"))
+    stored = cast(StoredSpec, spec.model_dump(mode="json", exclude={"array", "sweep"}))
     if source is not None:
         stored["workload"]["model"] = source.model_id
     return stored
@@ -665,17 +679,78 @@ def list_jobs(
     after: str | None,
     limit: int,
     state: str | None = None,
+    fold: bool = False,
 ) -> list[Job]:
-    """The scope's jobs, newest first; `after` is the id of the last job of the previous page."""
+    """The scope's jobs, newest first; `after` is the id of the last job of the previous page.
+    `fold`: without arrays' queued elements (`folded_elements` stands for them)."""
     stmt = restrict(select(Job).order_by(Job.id.desc()).limit(limit), Job.tenant_id, scope)
     # A session's holder job is the session (GET /sessions), and an endpoint's replica is the
     # endpoint's (GET /endpoints): neither is one of the tenant's jobs.
     stmt = stmt.where(Job.task.not_in((sessions.SESSION_TASK, SERVE_TASK)))
     if state is not None:
         stmt = stmt.where(Job.state == state)
+    if fold:
+        stmt = stmt.where((Job.array_id.is_(None)) | (Job.state != JobState.QUEUED))
     if after is not None:
         stmt = stmt.where(Job.id < after)
     return list(session.execute(stmt).scalars())
+
+
+@dataclass
+class Folded:
+    """An array's queued elements, shown as one row: its first element, how many, which."""
+
+    first: Job
+    count: int
+    indices: str
+
+
+def folded_elements(*, session: Session, scope: Scope) -> list[Folded]:
+    """Each array of the scope with queued elements: its first queued element and the rest counted,
+    newest array first (`GET /jobs` shows them atop its first page unless asked to expand)."""
+    groups = session.execute(
+        restrict(
+            select(Job.array_id, func.count(), func.min(Job.array_index), func.max(Job.array_index))
+            .where(Job.state == JobState.QUEUED, Job.array_id.is_not(None))
+            .group_by(Job.array_id)
+            .order_by(Job.array_id.desc())
+            .limit(100),
+            Job.tenant_id,
+            scope,
+        )
+    ).tuples()
+    wanted = {a: (int(n), int(lo), int(hi)) for a, n, lo, hi in groups}
+    if not wanted:
+        return []
+    firsts = {
+        j.array_id: j
+        for j in session.execute(
+            select(Job).where(
+                tuple_(Job.array_id, Job.array_index).in_([(a, lo) for a, (_, lo, _) in wanted.items()]),
+            )
+        ).scalars()
+    }
+    out = []
+    for array_id in sorted(wanted, reverse=True):
+        n, lo, hi = wanted[array_id]
+        first = firsts.get(array_id)
+        if first is None:
+            continue
+        if n == hi - lo + 1:
+            indices = f"{lo}-{hi}" if hi > lo else str(lo)
+        else:
+            indices = compress_indices(
+                [
+                    int(i or 0)
+                    for i in session.execute(
+                        select(Job.array_index)
+                        .where(Job.array_id == array_id, Job.state == JobState.QUEUED)
+                        .order_by(Job.array_index)
+                    ).scalars()
+                ]
+            )
+        out.append(Folded(first, n, indices))
+    return out
 
 
 def job_events(

@@ -51,7 +51,7 @@ from scheduler.policy import (
     add_sample,
     get_policy,
 )
-from scheduler.services import attempts, checkpoints
+from scheduler.services import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
 from vipu.allocator import Allocator
@@ -98,6 +98,8 @@ class LiveSnapshot:
     # kept inside the pass, those tenant row locks would hold up every submission and meter tick
     # of those tenants until the pass commits.
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # Queued jobs kept from the policy (`gate_queue`) and why they wait.
+    gated: dict[str, Wait] = field(default_factory=dict)
 
 
 def build_snapshot(
@@ -137,6 +139,8 @@ def build_snapshot(
     ]
     if read_waits:
         columns.append(Job.wait)
+    # Arrays, singletons and dependencies (scheduler/services/arrays.py, `gate_queue`).
+    columns += [Job.array_id, Job.array_index, Job.singleton, Job.name, Job.held_for]
     # The class ranking a job against every tenant's is its tenant's plan priority as it is now
     # (an admin's plan edit reaches queued jobs); the job's own priority orders its tenant's jobs.
     columns.append(Plan.priority)
@@ -149,6 +153,7 @@ def build_snapshot(
     queued: list[QueuedJob] = []
     held_by_queued: dict[str, int] = {}
     stored: dict[str, Mapping[str, Any] | None] = {}
+    extra: dict[str, tuple[str | None, int | None, bool, str, str | None]] = {}
     for row in rows:
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
@@ -183,6 +188,9 @@ def build_snapshot(
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
             stored[job_id] = row[13]
+        array_id, array_index, singleton, name, held_for = row[-6:-1]
+        if array_id is not None or singleton or held_for is not None:
+            extra[job_id] = (array_id, array_index, bool(singleton), name, held_for)
 
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
@@ -270,6 +278,9 @@ def build_snapshot(
         running_jobs=running_jobs,
         committed=committed,
     )
+    gated: dict[str, Wait] = {}
+    if extra:
+        queued, gated = gate_queue(session=session, queued=queued, extra=extra, tenants=tenants)
     unhealthy = set(
         session.execute(
             select(Partition.name)
@@ -312,7 +323,71 @@ def build_snapshot(
         reserved=reserved,
         arrivals=arrivals,
     )
-    return LiveSnapshot(snapshot, stored, samples)
+    return LiveSnapshot(snapshot, stored, samples, gated)
+
+
+def gate_queue(
+    *,
+    session: Session,
+    queued: list[QueuedJob],
+    extra: Mapping[str, tuple[str | None, int | None, bool, str, str | None]],
+    tenants: Mapping[str, TenantState],
+) -> tuple[list[QueuedJob], dict[str, Wait]]:
+    """The queue the policy sees, and why the jobs kept from it wait: a job held for its
+    dependencies (its wait is the dependency resolver's), a singleton whose name runs already (or
+    an older one of that name waits), and an array's elements past what may start this pass: its
+    `max_running` less its running elements, and no more than its tenant may still start. Those
+    shown are its first by priority, then index; the rest would wait behind them anyway, as
+    Slurm's backfill skips the rest of an array whose element does not fit."""
+    arrays_seen = {e[0] for e in extra.values() if e[0] is not None}
+    singles = {(q.tenant_id, extra[q.id][3]) for q in queued if q.id in extra and extra[q.id][2]}
+    g = arrays.gate(session=session, array_ids=arrays_seen, singleton_names=singles)
+    by_array: dict[str, list[QueuedJob]] = {}
+    shown: list[QueuedJob] = []
+    waits: dict[str, Wait] = {}
+    first_single: dict[tuple[str, str], str] = {}
+    for q in sorted(queued, key=lambda q: (q.submitted_at, q.id)):
+        e = extra.get(q.id)
+        if e is None:
+            shown.append(q)
+            continue
+        array_id, _, singleton, name, held_for = e
+        if held_for is not None:
+            continue
+        if singleton:
+            key = (q.tenant_id, name)
+            if key in g.running_names:
+                waits[q.id] = Wait("singleton", f"a job of yours named {name!r} is running (singleton)")
+                continue
+            if first_single.setdefault(key, q.id) != q.id:
+                waits[q.id] = Wait(
+                    "singleton",
+                    f"an older job of yours named {name!r} starts first (singleton)",
+                    behind=(first_single[key],),
+                )
+                continue
+        if array_id is not None:
+            by_array.setdefault(array_id, []).append(q)
+            continue
+        shown.append(q)
+    for array_id, elements in by_array.items():
+        tenant = tenants.get(elements[0].tenant_id)
+        room = len(elements)
+        if tenant is not None:
+            room = max(1, (tenant.max_concurrent_jobs or 0) - (tenant.running_jobs or 0))
+        limit = g.room.get(array_id)
+        if limit is not None:
+            room = min(room, limit)
+        elements.sort(key=lambda q: (-q.user_priority, extra[q.id][1] or 0))
+        shown.extend(elements[:room])
+        for q in elements[room:]:
+            if limit is not None and room == limit:
+                waits[q.id] = Wait(
+                    "array-throttle", f"its array {array_id} runs at most its max_running elements at once"
+                )
+            else:
+                waits[q.id] = Wait("array", f"behind earlier elements of its array {array_id}")
+    return shown, waits
 
 
 def checkpoint_every(checkpoint_every_s: int | None, task: str) -> float:

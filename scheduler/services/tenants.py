@@ -42,6 +42,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_endpoints=2,
         max_endpoint_replicas=2,
         max_endpoint_ipus=8,
+        max_array_size=64,
     ),
     dict(
         name="trial-university",
@@ -64,6 +65,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_endpoints=2,
         max_endpoint_replicas=2,
         max_endpoint_ipus=8,
+        max_array_size=256,
     ),
     dict(
         name="trial-business",
@@ -86,6 +88,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_endpoints=2,
         max_endpoint_replicas=2,
         max_endpoint_ipus=8,
+        max_array_size=256,
     ),
     dict(
         name="standard",
@@ -108,6 +111,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_endpoints=20,
         max_endpoint_replicas=16,
         max_endpoint_ipus=256,
+        max_array_size=1000,
     ),
     dict(
         name="internal",
@@ -130,6 +134,7 @@ DEFAULT_PLANS: tuple[dict[str, object], ...] = (
         max_endpoints=1000,
         max_endpoint_replicas=256,
         max_endpoint_ipus=65536,
+        max_array_size=10000,
     ),
 )
 
@@ -186,6 +191,7 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "max_endpoints",
         "max_endpoint_replicas",
         "max_endpoint_ipus",
+        "max_array_size",
         "priority",
         "fairshare_weight",
         "max_models",

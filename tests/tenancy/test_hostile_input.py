@@ -31,8 +31,8 @@ from api.dashboard import routes, sessions
 from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import Base
+from scheduler.services import arrays, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import endpoints as endpoint_service
-from scheduler.services import jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import sessions as session_service
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
@@ -372,6 +372,9 @@ JOB = {"name": "h", "workload": {"model": "resnet50", "batch_size": 64, "steps":
 API_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/api/v1/jobs"): JOB,
     ("POST", "/api/v1/sessions"): {"ipus": 1},
+    ("PATCH", "/api/v1/arrays/{array_id}"): {"max_running": 2},
+    ("POST", "/api/v1/arrays/{array_id}/cancel"): {"indices": "3"},
+    ("POST", "/api/v1/arrays/{array_id}/retry"): {"indices": "failed"},
     ("PATCH", "/api/v1/sessions/{session_id}"): {"idle_timeout_s": 600},
     ("POST", "/api/v1/endpoints"): {
         "name": "h",
@@ -439,6 +442,9 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         job = jobs.submit_job(session=s, tenant_id=tid, spec=JobSpec.model_validate(JOB)).job
         ended = jobs.submit_job(session=s, tenant_id=tid, spec=JobSpec.model_validate(JOB)).job
         jobs.request_cancel(session=s, job_id=ended.id, scope=OneTenant(tid))
+        array = arrays.submit_array(
+            session=s, tenant_id=tid, spec=JobSpec.model_validate({**JOB, "array": {"indices": "0-3"}})
+        ).array
         analysed = own_models.analyse(data=MODEL_FILE[1], dims={}, elementwise=(), max_graph_bytes=10**8)
         model = own_models.create_model(session=s, tenant_id=tid, name="kept-model", analysed=analysed)
         held = session_service.start_session(
@@ -453,6 +459,7 @@ def build_world(app: Any, db: Any, seeded: Seeded) -> World:
         )
     webhook_id, delivery_id = webhooks.make_webhook(db, tid)
     paths = {
+        "array_id": array.id,
         "webhook_id": webhook_id,
         "delivery_id": str(delivery_id),
         "endpoint_id": served.id,

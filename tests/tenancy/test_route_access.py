@@ -11,9 +11,9 @@ from typing import Any
 
 from api.app import create_app
 from scheduler.endpointspec import EndpointSpec
-from scheduler.jobspec import SessionSpec
+from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import ApiKey, Job
-from scheduler.services import endpoints, keys, own_models, sessions, trials
+from scheduler.services import arrays, endpoints, keys, own_models, sessions, trials
 from scheduler.settings import Settings
 from tests.support import onnx_files, webhooks
 from tests.tenancy.conftest import World, assert_problem, auth
@@ -53,7 +53,21 @@ def samples(world: World, db: Any) -> dict[str, str]:
             ),
         )
     webhook_id, delivery_id = webhooks.make_webhook(db, world.a.id)
+    with db.write() as s:
+        array = arrays.submit_array(
+            session=s,
+            tenant_id=world.a.id,
+            spec=JobSpec.model_validate(
+                {
+                    "name": "sampled",
+                    "workload": {"model": "resnet50", "steps": 10},
+                    "ipus": 1,
+                    "array": {"indices": "0-1"},
+                }
+            ),
+        ).array
     return {
+        "array_id": array.id,
         "endpoint_id": served.id,
         "endpoint_name": served.name,
         "version": "1",

@@ -45,6 +45,7 @@ from scheduler.models import (
     Endpoint,
     IpuSession,
     Job,
+    JobArray,
     Machine,
     Member,
     OwnModel,
@@ -52,6 +53,7 @@ from scheduler.models import (
     TrialApplication,
     Webhook,
 )
+from scheduler.services import arrays as array_service
 from scheduler.services import claims, fleet, jobs, keys, mail, own_models, partitions, tenants, trials
 from scheduler.services import endpoints as endpoint_service
 from scheduler.services import sessions as session_service
@@ -144,6 +146,16 @@ class World:
     def new_job(self) -> str:
         with self.db.write() as s:
             return jobs.submit_job(session=s, tenant_id=self.tenant, spec=JobSpec.model_validate(JOB)).job.id
+
+    def new_array(self, *, cancelled: bool = False) -> str:
+        with self.db.write() as s:
+            spec = JobSpec.model_validate({**JOB, "array": {"indices": "0-1"}})
+            array_id = array_service.submit_array(session=s, tenant_id=self.tenant, spec=spec).array.id
+            if cancelled:
+                array_service.cancel_elements(
+                    session=s, array_id=array_id, scope=OneTenant(self.tenant), indices=None
+                )
+            return array_id
 
     def new_endpoint(self) -> str:
         with self.db.write() as s:
@@ -385,6 +397,40 @@ def _dash_resume(w: World, csrf: str) -> Form:
     return Form("POST", f"/jobs/{job_id}/resume", {"csrf": csrf}, unchanged=_still_stopped(w, job_id))
 
 
+def _array_states(w: World, array_id: str, states: set[str], max_running: int | None) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            got = {j.state for j in s.query(Job).filter(Job.array_id == array_id)}
+            return got == states and s.get(JobArray, array_id).max_running == max_running
+
+    return check
+
+
+def _cancel_array(w: World) -> Call:
+    array_id = w.new_array()
+    return Call(
+        f"/api/v1/arrays/{array_id}/cancel", {}, unchanged=_array_states(w, array_id, {"queued"}, None)
+    )
+
+
+def _retry_array(w: World) -> Call:
+    array_id = w.new_array(cancelled=True)
+    return Call(
+        f"/api/v1/arrays/{array_id}/retry",
+        {"indices": "failed"},
+        unchanged=_array_states(w, array_id, {"cancelled"}, None),
+    )
+
+
+def _patch_array(w: World) -> Call:
+    array_id = w.new_array()
+    return Call(
+        f"/api/v1/arrays/{array_id}",
+        {"max_running": 1},
+        unchanged=_array_states(w, array_id, {"queued"}, None),
+    )
+
+
 def _cancel(w: World) -> Call:
     job_id = w.new_job()
     return Call(f"/api/v1/jobs/{job_id}/cancel", unchanged=_job_untouched(w, job_id))
@@ -553,6 +599,15 @@ API: dict[tuple[str, str], tuple[str, Callable[[World], Call]]] = {
     ("GET", "/api/v1/jobs"): ("read", lambda w: Call("/api/v1/jobs")),
     ("GET", "/api/v1/jobs/{job_id}"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}")),
     ("POST", "/api/v1/jobs/{job_id}/cancel"): ("submit", _cancel),
+    ("GET", "/api/v1/arrays"): ("read", lambda w: Call("/api/v1/arrays")),
+    ("GET", "/api/v1/arrays/{array_id}"): ("read", lambda w: Call(f"/api/v1/arrays/{w.new_array()}")),
+    ("GET", "/api/v1/arrays/{array_id}/jobs"): (
+        "read",
+        lambda w: Call(f"/api/v1/arrays/{w.new_array()}/jobs"),
+    ),
+    ("PATCH", "/api/v1/arrays/{array_id}"): ("submit", _patch_array),
+    ("POST", "/api/v1/arrays/{array_id}/cancel"): ("submit", _cancel_array),
+    ("POST", "/api/v1/arrays/{array_id}/retry"): ("submit", _retry_array),
     ("POST", "/api/v1/jobs/{job_id}/resume"): ("submit", _resume),
     ("GET", "/api/v1/jobs/{job_id}/logs"): ("read", lambda w: Call(f"/api/v1/jobs/{w.job}/logs")),
     ("POST", "/api/v1/sessions"): ("submit", lambda w: Call("/api/v1/sessions", {"ipus": 1})),
