@@ -173,3 +173,15 @@ def test_bad_models_are_refused_by_the_cli_and_store_nothing(
     assert local.exit_code == 2 and "cycle" in local.stderr
     local = cli("estimate", "--model-file", write(tmp_path, "dyn.onnx", onnx_files.sequence_model()))
     assert local.exit_code == 2 and "--seq-len" in local.stderr
+
+
+def test_dim_sizes_are_ascii_digits() -> None:
+    """`--dim seq=²` was a traceback from `int`; Arabic-Indic digits were taken as a size."""
+    import typer
+
+    from ipucloud.cli.client_models import parse_dims
+
+    assert parse_dims(["seq=128"]) == {"seq": 128}
+    for bad in ("seq=\u00b2", "seq=\u0661\u0662", "seq=0", "seq=" + "9" * 5000):
+        with pytest.raises(typer.Exit):
+            parse_dims([bad])
