@@ -46,7 +46,7 @@ class WebhookChange(BaseModel):
 
 
 class RotateSecret(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a number of seconds
 
     overlap_s: int = Field(
         86400,

@@ -1,0 +1,37 @@
+"""Issue 32 (the third round of hardening): what a new user and an attacker met, each now answered
+right, one test each (items with their own files are named in them)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from scheduler.models import OwnModel, Tenant, utcnow
+from scheduler.services import keys
+from tests.support import onnx_files
+from tests.tenancy.conftest import World, assert_problem, auth
+
+MODEL = ("m.onnx", onnx_files.mlp(hidden=32, layers=2, features=16), "application/octet-stream")
+
+
+def models(db: Any) -> int:
+    with db.read() as s:
+        return int(s.execute(select(func.count()).select_from(OwnModel)).scalar_one())
+
+
+def test_item_5_an_expired_trial_cannot_upload_models(client: Any, world: World, db: Any) -> None:
+    with db.write() as s:
+        s.execute(
+            update(Tenant).where(Tenant.id == world.a.id).values(expires_at=utcnow() - timedelta(days=1))
+        )
+    keys.key_cache.forget()
+    r = client.post("/api/v1/models", files={"file": MODEL}, headers=auth(world.a.owner_key))
+    body = assert_problem(r, 403, "tenant-inactive")
+    assert "ended on" in body["detail"], body
+    assert models(db) == 0
+    # B's trial is whole: it uploads.
+    r = client.post("/api/v1/models", files={"file": MODEL}, headers=auth(world.b.owner_key))
+    assert r.status_code == 201, r.text
+    assert models(db) == 1
