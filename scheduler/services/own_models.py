@@ -67,8 +67,10 @@ def parse_dims(raw: str | Mapping[str, Any] | None) -> dict[str, int]:
         return {}
     if isinstance(raw, str):
         try:
+            if len(raw) > 10_000:
+                raise ValueError("too long")
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # 1,000 nested arrays exhaust the decoder's stack
             raise InvalidRequest('dims must be a JSON object such as {"sequence": 128}.', field="dims")
     else:
         value = dict(raw)
