@@ -77,7 +77,7 @@ def test_bad_uploads_and_forged_forms_store_nothing(client: TestClient, seeded: 
     assert sign_in(client, key).status_code == 303
     csrf = csrf_of(client, "/models")
     for data, filename, fields, words in (
-        (b"hello", "text.onnx", {}, "malformed protobuf"),
+        (b"hello", "text.onnx", {}, "not an ONNX model"),
         (onnx_files.custom_op_model(), "custom.onnx", {}, "acme::FastSwish"),
         (onnx_files.sequence_model(), "seq.onnx", {}, "&#39;sequence&#39;"),
         (onnx_files.cycle_model(), "cycle.onnx", {}, "cycle"),
