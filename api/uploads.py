@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from anyio import to_thread
 from fastapi import Request
-from starlette.requests import ClientDisconnect
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from scheduler.errors import DomainError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
