@@ -205,6 +205,13 @@ def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> P
     unknown = sorted(set(changes) - EDITABLE_PLAN_FIELDS)
     if unknown:
         raise InvalidRequest(f"These plan fields cannot be changed: {unknown}.")
+    size = changes.get("max_partition_size")
+    if isinstance(size, int) and (size < 1 or size & (size - 1)):
+        # Partitions are powers of two (vipu/partitions.py): 48 would admit nothing larger than 32.
+        raise InvalidRequest(
+            f"max_partition_size: partitions are a power of two IPUs (1, 2, 4 ... 65536), not {size}.",
+            field="max_partition_size",
+        )
     plan = get_plan(session=session, name=name)
     for field, value in changes.items():
         if value is None:

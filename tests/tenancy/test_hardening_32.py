@@ -35,3 +35,34 @@ def test_item_5_an_expired_trial_cannot_upload_models(client: Any, world: World,
     r = client.post("/api/v1/models", files={"file": MODEL}, headers=auth(world.b.owner_key))
     assert r.status_code == 201, r.text
     assert models(db) == 1
+
+
+def test_item_7_a_plans_largest_partition_is_a_power_of_two(
+    client: Any, world: World, db: Any, seeded: Any
+) -> None:
+    from tests.browser.test_dashboard_http import csrf_of, sign_in
+
+    def largest() -> int:
+        r = client.get("/api/v1/admin/plans/standard", headers=auth(world.admin_key))
+        return int(r.json()["max_partition_size"])
+
+    before = largest()
+    for bad in (3, 48, 100, 65535):
+        r = client.patch(
+            "/api/v1/admin/plans/standard", json={"max_partition_size": bad}, headers=auth(world.admin_key)
+        )
+        body = assert_problem(r, 422)
+        assert "power of two" in body["detail"], body
+    assert largest() == before
+    r = client.patch(
+        "/api/v1/admin/plans/standard", json={"max_partition_size": 128}, headers=auth(world.admin_key)
+    )
+    assert r.status_code == 200 and r.json()["max_partition_size"] == 128, r.text
+
+    assert sign_in(client, seeded.admin_key).status_code == 303
+    csrf = csrf_of(client, "/admin/tenants")
+    r = client.post(
+        "/admin/plans/standard", data={"csrf": csrf, "max_partition_size": "48"}, follow_redirects=False
+    )
+    assert r.status_code == 422 and "power of two" in r.text, r.text[:500]
+    assert largest() == 128
