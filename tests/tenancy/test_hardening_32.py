@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from scheduler.models import OwnModel, Tenant, utcnow
 from scheduler.services import keys
@@ -66,3 +66,53 @@ def test_item_7_a_plans_largest_partition_is_a_power_of_two(
     )
     assert r.status_code == 422 and "power of two" in r.text, r.text[:500]
     assert largest() == 128
+
+
+def test_item_8_tenant_names_are_unique_whatever_their_case(client: Any, world: World, db: Any) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    from scheduler.ids import new_id
+
+    def create(name: str) -> Any:
+        return client.post(
+            "/api/v1/admin/tenants",
+            json={"name": name, "plan": "standard", "quota_ipu_hours": 1},
+            headers=auth(world.admin_key),
+        )
+
+    assert create("Acme Labs").status_code == 201
+    for same in ("acme labs", "ACME LABS", "Acme labs"):
+        body = assert_problem(create(same), 409)
+        assert "Acme Labs" in body["detail"], body
+    with db.read() as s:
+        names = [n for (n,) in s.execute(select(Tenant.name)).all() if n.lower() == "acme labs"]
+    assert names == ["Acme Labs"]
+    # The database holds the rule too (a service that forgot it, or two racing requests).
+    try:
+        with db.write() as s:
+            s.add(Tenant(id=new_id("ten"), name="ACME LABS", plan_name="standard", quota_ipu_ms=0))
+        raise AssertionError("a second ACME LABS was stored")
+    except IntegrityError:
+        pass
+
+
+def test_item_8_the_migration_renames_names_alike_but_for_case(db: Any, seeded: Any) -> None:
+    from tests.scheduler.test_migrations import _migration
+
+    migration = _migration("0013_hardening")
+    with db.engine.begin() as conn:
+        conn.execute(text("DROP INDEX uq_tenants_name_lower"))
+        for i, name in enumerate(["Zeta", "zeta", "ZETA", "zeta-2"]):
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (id, name, plan_name, status, quota_ipu_ms, used_ipu_ms, "
+                    "reserved_ipu_ms, fairshare_weight, created_at, updated_at) VALUES (:id, :name, "
+                    "'standard', 'active', 0, 0, 0, 1.0, :at, :at)"
+                ),
+                {"id": f"ten_z{i}", "name": name, "at": utcnow() + timedelta(seconds=i)},
+            )
+        renamed = dict(migration.rename_duplicates(conn))
+        conn.execute(text("CREATE UNIQUE INDEX uq_tenants_name_lower ON tenants (lower(name))"))
+        names = dict(conn.execute(text("SELECT id, name FROM tenants WHERE id LIKE 'ten_z%'")).all())
+    assert names["ten_z0"] == "Zeta" and names["ten_z3"] == "zeta-2"
+    assert renamed == {"ten_z1": "zeta-3", "ten_z2": "ZETA-4"}, renamed
