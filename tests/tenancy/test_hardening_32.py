@@ -116,3 +116,15 @@ def test_item_8_the_migration_renames_names_alike_but_for_case(db: Any, seeded: 
         names = dict(conn.execute(text("SELECT id, name FROM tenants WHERE id LIKE 'ten_z%'")).all())
     assert names["ten_z0"] == "Zeta" and names["ten_z3"] == "zeta-2"
     assert renamed == {"ten_z1": "zeta-3", "ten_z2": "ZETA-4"}, renamed
+
+
+def test_item_17_accept_text_csv_on_usage_answers_csv(client: Any, world: World) -> None:
+    h = auth(world.a.owner_key)
+    for path in ("/api/v1/usage", "/api/v1/admin/usage"):
+        key = h if path == "/api/v1/usage" else auth(world.admin_key)
+        r = client.get(path, headers={**key, "Accept": "text/csv"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), (path, r.text[:200])
+        r = client.get(path, headers={**key, "Accept": "application/json, text/csv"})
+        assert r.headers["content-type"].startswith("application/json"), path
+        r = client.get(f"{path}?format=json", headers={**key, "Accept": "text/csv"})
+        assert r.headers["content-type"].startswith("application/json"), path
