@@ -609,7 +609,7 @@ class PlanUpdate(BaseModel):
     description: Annotated[str, StringConstraints(max_length=500, pattern=OPTIONAL_TEXT)] | None = None
     quota_ipu_hours: Hours | None = None
     trial_days: Days | None = None
-    max_partition_size: Size | None = None
+    max_partition_size: Size | None = Field(None, description="A power of two (IPUs).")
     max_concurrent_jobs: Count | None = None
     max_queued_jobs: Count | None = None
     max_runtime_s: Seconds | None = None

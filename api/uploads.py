@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -18,6 +19,7 @@ from anyio import to_thread
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from scheduler.errors import DomainError, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -42,8 +44,15 @@ class Upload:
 
 
 class _State:
-    def __init__(self, fields: frozenset[str], max_bytes: int, spool: IO[bytes]) -> None:
+    def __init__(
+        self,
+        fields: frozenset[str],
+        max_bytes: int,
+        spool: IO[bytes],
+        before_file: Callable[[dict[str, str]], None] | None = None,
+    ) -> None:
         self.allowed = fields
+        self.before_file = before_file
         self.max_bytes = max_bytes
         self.spool = spool
         self.header_field = bytearray()
@@ -97,6 +106,11 @@ class _State:
         elif self.name == "file":
             if self.file_seen:
                 self.fail(InvalidRequest("Send one `file` per upload.", field="file"))
+            elif self.before_file is not None:
+                try:  # the fields sent before the file (a form's CSRF token), judged before it is read
+                    self.before_file(self.fields)
+                except DomainError as exc:
+                    self.fail(exc)
             self.file_seen = True
             self.file_filename = self.filename
 
@@ -136,9 +150,18 @@ class _State:
 
 
 async def receive_upload(
-    request: Request, *, fields: frozenset[str], max_bytes: int, spool_dir: Path | None
+    request: Request,
+    *,
+    fields: frozenset[str],
+    max_bytes: int,
+    spool_dir: Path | None,
+    before_file: Callable[[dict[str, str]], None] | None = None,
 ) -> Upload:
-    """Parse the multipart body, spooling its ``file`` part to disk. Raises a 4xx ``DomainError``."""
+    """Parse the multipart body, spooling its ``file`` part to disk. Raises a 4xx ``DomainError``.
+
+    ``before_file`` is called with the text fields sent before the file part, as that part begins:
+    an error it raises ends the upload there, without reading the file. A client that goes away
+    mid-upload is an ``InvalidRequest`` (nobody hears it), not an unhandled error."""
     content_type = request.headers.get("content-type", "")
     kind, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
@@ -152,7 +175,7 @@ async def receive_upload(
     spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, removed by the caller)
         prefix="ipucloud-upload-", suffix=".onnx", dir=spool_dir, delete=False
     )
-    state = _State(fields, max_bytes, spool)
+    state = _State(fields, max_bytes, spool, before_file)
     callbacks = {
         "on_part_begin": state.on_part_begin,
         "on_part_data": state.on_part_data,
@@ -175,6 +198,8 @@ async def receive_upload(
             parser.finalize()
         except MultipartParseError as exc:
             raise InvalidRequest(f"The multipart body is malformed: {exc}.", field="file")
+        except ClientDisconnect:
+            raise InvalidRequest("The client went away before the upload ended.", field="file")
         if state.error is not None:
             raise state.error
         await _flush(state)

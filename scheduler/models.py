@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -179,6 +180,11 @@ class Tenant(Base):
     queued_jobs_bound: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+# Tenant names are unique whatever their case (`Acme` and `acme` would be one customer to a person);
+# `name` keeps its own unique constraint as well (migration 0015_hardening).
+Index("uq_tenants_name_lower", func.lower(Tenant.name), unique=True)
 
 
 class Member(Base):

@@ -143,6 +143,19 @@ class _Running:
     preempt_at: float | None = None  # cluster time at which it checkpoints and ends, once warned
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this host (one we may not signal still runs)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Agent:
     """A host agent. `start()` it, hand it deliveries with `take()` (from any thread), `stop()` it."""
 
@@ -156,9 +169,11 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         hints: Hints | None = None,
         redis_client: Callable[[], redis.Redis] | None = None,
+        on_name_taken: Callable[[str], None] | None = None,
     ) -> None:
         """`redis_client`: the bus's client; by default the process's runtime's (workers/app.py
-        installs the worker's at start-up)."""
+        installs the worker's at start-up). `on_name_taken`: called with what to tell the operator
+        when another live agent holds this name (the agent has stopped by then; the worker exits)."""
         redis_client = redis_client or _process_redis
         self.settings = settings
         self.db = db
@@ -196,6 +211,8 @@ class Agent:
         self._crash_armed: set[int] = set()
         self._crash_now: set[int] = set()
         self._serving: ServingHost | None = None
+        self.on_name_taken = on_name_taken
+        self.name_taken: str | None = None
 
     # Life ---------------------------------------------------------------------------------------------
 
@@ -294,21 +311,33 @@ class Agent:
         return True
 
     def _register(self) -> bool:
-        try:
-            with self.db.write() as s:
-                lease, ended = attempts.register_agent(
-                    session=s,
-                    name=self.name,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    queues=self.queues,
-                    lease_s=self.settings.lease_s,
-                    max_attempts=self.settings.max_attempts,
-                )
-            started = self.clock()
-        except Exception as exc:
-            log.warning("agent %s cannot register (%s); trying again", self.name, exc)
+        host, takeover = socket.gethostname(), False
+        for _ in range(2):
+            try:
+                with self.db.write() as s:
+                    lease, ended = attempts.register_agent(
+                        session=s,
+                        name=self.name,
+                        host=host,
+                        pid=os.getpid(),
+                        queues=self.queues,
+                        lease_s=self.settings.lease_s,
+                        max_attempts=self.settings.max_attempts,
+                        takeover=takeover,
+                    )
+                break
+            except agents.NameTaken as exc:
+                if exc.host == host and not _pid_alive(exc.pid):
+                    takeover = True  # this host's previous agent died: a restart takes its place
+                    continue
+                self._refuse_name(str(exc))
+                return False
+            except Exception as exc:
+                log.warning("agent %s cannot register (%s); trying again", self.name, exc)
+                return False
+        else:
             return False
+        started = self.clock()
         self.lease = lease
         self._lease_deadline = started + self.settings.lease_s
         self._next_tick = started + self.settings.heartbeat_s
@@ -322,6 +351,16 @@ class Agent:
         if ended:
             self.hints.send([(bus.WAKE_CHANNEL, "agent")])
         return True
+
+    def _refuse_name(self, message: str) -> None:
+        """Another live agent holds this name: stop for good (retrying would take its lease from
+        it every few seconds, and it ours) and say what to set."""
+        log.error("agent %s not started: %s", self.name, message)
+        self.name_taken = message
+        self._stopping = True
+        self._registered.set()
+        if self.on_name_taken is not None:
+            self.on_name_taken(message)
 
     def _answer_takes(self, outcome: str) -> None:
         while True:

@@ -10,6 +10,8 @@ never read.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -66,9 +68,21 @@ def current_agent() -> Agent:
                 name=node,
                 queues=[q.strip() for q in settings.worker_queues.split(",") if q.strip()],
                 redis_client=state.runtime.redis_client(),
+                on_name_taken=_exit_name_taken,
             )
             state.agent.start()
         return state.agent
+
+
+EXIT_NAME_TAKEN = 3
+
+
+def _exit_name_taken(message: str) -> None:
+    """Another live worker holds this agent's name: say so where the operator looks, and exit (the
+    agent never registered, so nothing runs here)."""
+    print(f"ipucloud worker: {message}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(EXIT_NAME_TAKEN)
 
 
 @signals.celeryd_init.connect

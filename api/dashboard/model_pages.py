@@ -57,12 +57,20 @@ def models_page(request: Request, db: DbDep, user: TenantReader) -> Response:
 @router.post("/models/upload", response_class=HTMLResponse)
 async def upload(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmitter) -> Response:
     # Async to stream the file to disk as it arrives; everything that reads the database or Redis
-    # runs in a worker thread, never on the event loop.
+    # runs in a worker thread, never on the event loop. A cross-site request is refused before any of
+    # its body is read, a forged CSRF token (the form sends it before the file) before its file is.
+    sessions.check_origin(request)
+    await to_thread.run_sync(_may_upload, db, str(user.tenant_id))
+
+    def check_token(fields: dict[str, str]) -> None:
+        sessions.check_csrf(request, fields.get("csrf"), user.csrf)
+
     received = await receive_upload(
         request,
         fields=UPLOAD_FIELDS,
         max_bytes=settings.model_upload_max_bytes,
         spool_dir=settings.upload_dir,
+        before_file=check_token,
     )
     values = {k: received.fields.get(k, "") for k in ("name", "dims", "elementwise")}
     try:
@@ -98,6 +106,11 @@ async def upload(request: Request, db: DbDep, settings: SettingsDep, user: Tenan
         received.remove()
     await to_thread.run_sync(sessions.flash, user, f"Model {name} uploaded.")
     return RedirectResponse(f"/models/{model_id}", status_code=303)
+
+
+def _may_upload(db: DbDep, tenant_id: str) -> None:
+    with db.read() as s:
+        own_models.may_upload(session=s, tenant_id=tenant_id)
 
 
 def _store(db: DbDep, tenant_id: str, name: str, analysed: own_models.Analysed) -> str:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from api.dashboard import sessions
+from api.dashboard import forms, sessions
 from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, TenantSubmitter, render
 from api.deps import DbDep, SettingsDep
 from api.routers.jobs import job_views
@@ -66,10 +66,14 @@ def sessions_page(request: Request, db: DbDep, settings: SettingsDep, user: Read
 def _spec(form: dict[str, str]) -> SessionSpec:
     body: dict[str, Any] = {}
     for name in START_FIELDS:
-        raw = (form.get(name) or "").strip()
+        raw = (form.get(name) or "").strip(forms.BLANKS)
         if not raw or (name == "machine" and raw == "any"):
             continue
-        body[name] = raw if name in ("machine", "name") else int(raw) if raw.isdigit() else raw
+        # ASCII digits only, as the API reads them (forms.whole_number): `str.isdigit` takes `²`, `①`
+        # (a 500 from `int`) and Arabic-Indic digits; a value that is not a number stays text for the
+        # strict model to refuse.
+        number = None if name in ("machine", "name") else forms.whole_number(raw)
+        body[name] = raw if number is None else number
     return SessionSpec.model_validate(body)
 
 
@@ -137,15 +141,16 @@ def extend(
 ) -> Response:
     """`PATCH /api/v1/sessions/{id}` with the maximum duration `add_s` cluster seconds longer."""
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    raw = (form.get("add_s") or "").strip()
+    raw = (form.get("add_s") or "").strip(forms.BLANKS)
     scope = user.principal.scope
     error: tuple[str, int] | None = None
     try:
-        if not raw.isdigit() or int(raw) < 1:
+        add = forms.whole_number(raw)
+        if add is None or add < 1:
             raise ValueError(raw)
         with db.write() as s:
             row = session_service.get_session(session=s, session_id=session_id, scope=scope)
-            change = SessionChange.model_validate({"max_duration_s": row.max_duration_s + int(raw)})
+            change = SessionChange.model_validate({"max_duration_s": row.max_duration_s + add})
             session_service.change_session(
                 session=s, session_id=session_id, scope=scope, max_duration_s=change.max_duration_s
             )

@@ -185,6 +185,7 @@ def _json(body: object, status_code: int = 200, headers: dict[str, str] | None =
 )
 async def upload_model(request: Request, principal: Submitter, db: DbDep, settings: SettingsDep) -> Response:
     tenant_id = _tenant(principal)
+    await to_thread.run_sync(_may_upload, db, tenant_id)  # before the body is read
     upload = await receive_upload(
         request,
         fields=UPLOAD_FIELDS,
@@ -211,6 +212,11 @@ async def upload_model(request: Request, principal: Submitter, db: DbDep, settin
         upload.remove()
     out = await to_thread.run_sync(_store, db, tenant_id, name, analysed)
     return _json(out, 201, {"Location": f"/api/v1/models/{out['id']}"})
+
+
+def _may_upload(db: DbDep, tenant_id: str) -> None:
+    with db.read() as s:
+        own_models.may_upload(session=s, tenant_id=tenant_id)
 
 
 def _store(db: DbDep, tenant_id: str, name: str, analysed: own_models.Analysed) -> dict[str, Any]:

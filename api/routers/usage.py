@@ -86,6 +86,20 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def wants_csv(request: Request, format: str) -> bool:
+    """CSV when `format=csv`, or when no `format` is given and the Accept header names `text/csv`
+    before JSON (or without it): `Accept: text/csv` answered JSON before."""
+    if format == "csv" or "format" in request.query_params:
+        return format == "csv"
+    for part in request.headers.get("accept", "").split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media == "text/csv":
+            return True
+        if media in ("application/json", "application/problem+json", "*/*", "application/*"):
+            return False
+    return False
+
+
 def usage_csv(rows: Sequence[Mapping[str, Any]], fields: list[str]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
@@ -153,7 +167,7 @@ def get_usage(
     jobs = groups["by_job"]
     next_cursor = encode_cursor(jobs[limit - 1]["job_id"]) if len(jobs) > limit else None
     groups["by_job"] = jobs[:limit]
-    if format == "csv":
+    if wants_csv(request, format):
         more = next_cursor is not None and group == "job"
         url = request.url.include_query_params(cursor=next_cursor) if more else None
         by_name: Mapping[str, Any] = groups
@@ -219,7 +233,7 @@ def admin_usage(
     jobs = groups["by_job"]
     next_cursor = encode_cursor(jobs[limit - 1]["job_id"]) if len(jobs) > limit else None
     groups["by_job"] = jobs[:limit]
-    if format == "csv":
+    if wants_csv(request, format):
         if group == "tenant":
             url = request.url.include_query_params(tenants_cursor=tenants_next) if tenants_next else None
             return _csv_response([t.model_dump(mode="json") for t in tenants], group, "usage-all", url)

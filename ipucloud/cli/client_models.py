@@ -50,7 +50,8 @@ def parse_dims(values: list[str] | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in values or []:
         name, sep, size = item.partition("=")
-        if not sep or not name or not size.isdigit() or int(size) < 1:
+        ascii_digits = size.isascii() and size.isdigit() and len(size) <= 12  # not `²` nor `١٢`
+        if not sep or not name or not ascii_digits or int(size) < 1:
             fail(f"--dim must be NAME=SIZE with a positive size, got {item!r}", Exit.USAGE)
         out[name] = int(size)
     return out

@@ -43,6 +43,22 @@ class AgentLease:
     epoch: int
 
 
+class NameTaken(Exception):
+    """Another live process holds the lease of this agent name (two workers on one host without
+    `--hostname` take the same Celery node name). ``host`` and ``pid`` are the holder's."""
+
+    def __init__(self, name: str, host: str, pid: int, until: datetime) -> None:
+        self.name = name
+        self.host = host
+        self.pid = pid
+        self.until = until
+        super().__init__(
+            f"another host agent named {name!r} is running (host {host}, pid {pid}; its lease runs until "
+            f"{until:%H:%M:%S} UTC): each agent needs its own name. Start this one with "
+            f"`ipucloud worker --hostname NAME` (a Celery node name such as worker2@%h), or stop the other."
+        )
+
+
 def register(
     *,
     session: Session,
@@ -51,13 +67,26 @@ def register(
     pid: int,
     queues: Sequence[str],
     lease_s: float,
+    takeover: bool = False,
 ) -> tuple[AgentLease, AgentLease | None]:
     """Start a new incarnation of agent `name`; returns its lease and the previous incarnation's,
-    whose attempts the caller ends (`attempts.register_agent` does both)."""
+    whose attempts the caller ends (`attempts.register_agent` does both).
+
+    Raises `NameTaken` while another process (another host, or another pid) holds a current lease
+    under the name, unless `takeover` (the caller knows that process is gone: a restart)."""
     now = db_now(session)
     row = session.execute(
         select(Agent).where(Agent.name == name).with_for_update().execution_options(populate_existing=True)
     ).scalar_one_or_none()
+    if (
+        row is not None
+        and not takeover
+        and row.state == AgentState.ACTIVE
+        and row.lease_expires_at is not None
+        and row.lease_expires_at >= now
+        and (row.host != host[:200] or row.pid != pid)
+    ):
+        raise NameTaken(name, row.host or "?", row.pid or 0, row.lease_expires_at)
     previous: AgentLease | None = None
     if row is None:
         row = Agent(name=name, epoch=0)

@@ -989,11 +989,12 @@ def register_agent(
     queues: Sequence[str],
     lease_s: float,
     max_attempts: int,
+    takeover: bool = False,
 ) -> tuple[AgentLease, list[Attempt]]:
     """Start a new incarnation of agent `name` (`agents.register`) and end what the previous one
     still held; returns the new lease and the attempts ended."""
     lease, previous = agents.register(
-        session=session, name=name, host=host, pid=pid, queues=queues, lease_s=lease_s
+        session=session, name=name, host=host, pid=pid, queues=queues, lease_s=lease_s, takeover=takeover
     )
     if previous is None:
         return lease, []

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -22,7 +23,15 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from scheduler.errors import Conflict, InvalidModel, InvalidRequest, LimitExceeded, NotFound, PayloadTooLarge
+from scheduler.errors import (
+    Conflict,
+    InvalidModel,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PayloadTooLarge,
+    TenantInactive,
+)
 from scheduler.ids import is_valid_id, new_id
 from scheduler.models import Job, JobState, OwnModel, Plan, Tenant, utcnow
 from vipu.emulator import WorkloadError
@@ -58,8 +67,10 @@ def parse_dims(raw: str | Mapping[str, Any] | None) -> dict[str, int]:
         return {}
     if isinstance(raw, str):
         try:
+            if len(raw) > 10_000:
+                raise ValueError("too long")
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # 1,000 nested arrays exhaust the decoder's stack
             raise InvalidRequest('dims must be a JSON object such as {"sequence": 128}.', field="dims")
     else:
         value = dict(raw)
@@ -171,17 +182,37 @@ def analyse(
 # -------------------------------------------------------------------------------------------- storage
 
 
+def check_standing(tenant: Any, now: datetime) -> None:
+    """An expired trial (or a suspended tenant) stores no model, as it submits no job: TenantInactive."""
+    if tenant.status != "active":
+        raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
+    if tenant.expires_at is not None and tenant.expires_at <= now:
+        raise TenantInactive(
+            f"The trial of {tenant.name} ended on {tenant.expires_at:%Y-%m-%d}: its models can be read "
+            "and removed, not uploaded."
+        )
+
+
+def may_upload(*, session: Session, tenant_id: str) -> None:
+    """`check_standing` before an upload is read, so a refused tenant's file is not spooled first."""
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFound("No such tenant.")
+    check_standing(tenant, utcnow())
+
+
 def create_model(*, session: Session, tenant_id: str, name: str, analysed: Analysed) -> OwnModel:
     """Store an analysed upload under the tenant's plan quota (judged under the tenant's row lock)."""
     check_name(name)
     row = session.execute(
-        select(Tenant.id, Plan.max_models, Plan.max_model_bytes)
+        select(Tenant.name, Tenant.status, Tenant.expires_at, Plan.max_models, Plan.max_model_bytes)
         .join(Plan, Plan.name == Tenant.plan_name)
         .where(Tenant.id == tenant_id)
         .with_for_update(of=Tenant, key_share=True)
     ).first()
     if row is None:
         raise NotFound("No such tenant.")
+    check_standing(row, utcnow())
     count, used = session.execute(
         select(func.count(OwnModel.id), func.coalesce(func.sum(OwnModel.graph_bytes), 0)).where(
             OwnModel.tenant_id == tenant_id

@@ -211,6 +211,13 @@ def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> P
     unknown = sorted(set(changes) - EDITABLE_PLAN_FIELDS)
     if unknown:
         raise InvalidRequest(f"These plan fields cannot be changed: {unknown}.")
+    size = changes.get("max_partition_size")
+    if isinstance(size, int) and (size < 1 or size & (size - 1)):
+        # Partitions are powers of two (vipu/partitions.py): 48 would admit nothing larger than 32.
+        raise InvalidRequest(
+            f"max_partition_size: partitions are a power of two IPUs (1, 2, 4 ... 65536), not {size}.",
+            field="max_partition_size",
+        )
     plan = get_plan(session=session, name=name)
     for field, value in changes.items():
         if value is None:
@@ -251,8 +258,9 @@ def create_tenant(
     plan_row = session.get(Plan, plan)
     if plan_row is None:
         raise InvalidRequest(f"No plan named {plan!r}; GET /api/v1/admin/plans lists them.", field="plan")
-    if session.execute(select(Tenant.id).where(Tenant.name == name)).first() is not None:
-        raise Conflict(f"A tenant named {name!r} already exists.")
+    same = session.execute(select(Tenant.name).where(func.lower(Tenant.name) == name.lower())).first()
+    if same is not None:
+        raise Conflict(f"A tenant named {same.name!r} already exists (names are unique whatever their case).")
     hours = plan_row.quota_ipu_hours if quota_ipu_hours is None else quota_ipu_hours
     if expires_at is None and plan_row.trial_days is not None:
         expires_at = utcnow() + timedelta(days=plan_row.trial_days)
@@ -274,7 +282,7 @@ def create_tenant(
     try:
         session.flush()
     except IntegrityError:
-        raise Conflict(f"A tenant named {name!r} already exists.")
+        raise Conflict(f"A tenant named {name!r} already exists (names are unique whatever their case).")
     owner = Member(
         id=new_id("mem"),
         tenant_id=tenant.id,

@@ -77,7 +77,7 @@ def test_bad_uploads_and_forged_forms_store_nothing(client: TestClient, seeded: 
     assert sign_in(client, key).status_code == 303
     csrf = csrf_of(client, "/models")
     for data, filename, fields, words in (
-        (b"hello", "text.onnx", {}, "malformed protobuf"),
+        (b"hello", "text.onnx", {}, "not an ONNX model"),
         (onnx_files.custom_op_model(), "custom.onnx", {}, "acme::FastSwish"),
         (onnx_files.sequence_model(), "seq.onnx", {}, "&#39;sequence&#39;"),
         (onnx_files.cycle_model(), "cycle.onnx", {}, "cycle"),
@@ -89,3 +89,88 @@ def test_bad_uploads_and_forged_forms_store_nothing(client: TestClient, seeded: 
     forged = upload(client, "not-the-token", onnx_files.mlp(), "mlp.onnx")
     assert forged.status_code == 403
     assert "No models yet." in client.get("/models").text
+
+
+# Issue 32 item 6: the upload read its whole body (up to 2 GiB) to disk before its Origin and CSRF
+# checks, and a client that went away mid-upload was logged as an unhandled error. These drive the
+# ASGI app a chunk at a time, as a server does, and count the chunks it asked for.
+
+BOUNDARY = "hardening32"
+CHUNK = 256 * 1024
+
+
+def _multipart_chunks(csrf: str, file_chunks: int) -> list[bytes]:
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="csrf"\r\n\r\n{csrf}\r\n'
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="big.onnx"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    return [head] + [b"\x08" * CHUNK] * file_chunks + [f"\r\n--{BOUNDARY}--\r\n".encode()]
+
+
+def _drive(
+    client: TestClient, chunks: list[bytes], *, origin: str | None = None, disconnect: bool = False
+) -> tuple[int | None, int]:
+    """POST /models/upload straight into the app; (status, chunks the app read)."""
+    import anyio
+
+    consumed = 0
+    status: int | None = None
+
+    async def receive() -> dict[str, Any]:
+        nonlocal consumed
+        if consumed < len(chunks):
+            consumed += 1
+            return {"type": "http.request", "body": chunks[consumed - 1], "more_body": True}
+        if disconnect:
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    headers = {
+        "host": "testserver",
+        "content-type": f"multipart/form-data; boundary={BOUNDARY}",
+        "cookie": "; ".join(f"{k}={v}" for k, v in client.cookies.items()),
+    }
+    if origin is not None:
+        headers["origin"] = origin
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/models/upload",
+        "raw_path": b"/models/upload",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    anyio.run(client.app, scope, receive, send)  # type: ignore[arg-type]
+    return status, consumed
+
+
+def test_a_cross_site_or_forged_upload_is_refused_before_its_file_is_read(
+    client: TestClient, seeded: Seeded, db: Any, caplog: Any
+) -> None:
+    _, key = make_tenant(db, "acme", plan="standard")
+    assert sign_in(client, key).status_code == 303
+    csrf = csrf_of(client, "/models")
+    chunks = _multipart_chunks(csrf, 40)  # 10 MiB of file
+
+    status, read = _drive(client, chunks, origin="https://evil.example")
+    assert status == 403 and read == 0, (status, read)
+    status, read = _drive(client, _multipart_chunks("forged", 40))
+    assert status == 403 and read <= 2, (status, read)  # the csrf field, not the file
+
+    caplog.clear()
+    status, read = _drive(client, chunks[:10], disconnect=True)
+    assert read == 10
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors]

@@ -120,3 +120,29 @@ def test_the_submit_form_offers_only_the_tenants_live_sessions(
     assert starting.status_code == 409 and "form-error" in starting.text, starting.text
     assert f'<option value="{sid}" selected>' in starting.text  # the choice is kept for a retry
     assert jobs() == 0
+
+
+def test_session_forms_take_ascii_digits_only(client: TestClient, seeded: Seeded, db: Any) -> None:
+    """Issue 32 item 1: `²`, `①` or 5,000 digits were a 500 and Arabic-Indic digits started a session;
+    every number field of both forms is refused with the form's own error, and nothing is stored."""
+    _, key = make_tenant(db, "acme", plan="trial")
+    assert sign_in(client, key).status_code == 303
+    csrf = csrf_of(client, "/sessions")
+    odd = ("\u00b2", "\u2460", "9" * 5000, "\u0664", "\uff14", "4\u0660", "1_0", "+4", " 4 \u00a0")
+    for field in ("ipus", "max_duration_s", "idle_timeout_s", "gcds"):
+        for raw in odd:
+            data = {"csrf": csrf, "ipus": "1", field: raw}
+            r = client.post("/sessions", data=data, follow_redirects=False)
+            assert r.status_code == 422 and "form-error" in r.text, (field, raw[:8], r.status_code)
+    assert count(db) == 0
+
+    r = client.post("/sessions", data={"csrf": csrf, "ipus": "1"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    sid = r.headers["location"].rsplit("/", 1)[1]
+    with db.read() as s:
+        before = s.get(IpuSession, sid).max_duration_s
+    for raw in odd:
+        r = client.post(f"/sessions/{sid}/extend", data={"csrf": csrf, "add_s": raw}, follow_redirects=False)
+        assert r.status_code == 422 and "whole number" in r.text, (raw[:8], r.status_code)
+    with db.read() as s:
+        assert s.get(IpuSession, sid).max_duration_s == before

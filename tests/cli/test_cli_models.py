@@ -128,7 +128,7 @@ def test_bad_models_are_refused_by_the_cli_and_store_nothing(
     assert cli("login", "--url", small_cloud.url, "--key", key).exit_code == 0
     bert = render_bytes("bert-base", "infer", 128)
     cases: list[tuple[str, bytes, list[str], int, list[str]]] = [
-        ("text.onnx", b"not a model at all\n", [], 2, ["malformed protobuf"]),
+        ("text.onnx", b"not a model at all\n", [], 2, ["not an ONNX model"]),
         ("truncated.onnx", bert[: len(bert) // 3], [], 2, ["truncated"]),
         ("empty.onnx", b"", [], 2, ["empty file"]),
         ("cycle.onnx", onnx_files.cycle_model(), [], 2, ["cycle", "first"]),
@@ -173,3 +173,15 @@ def test_bad_models_are_refused_by_the_cli_and_store_nothing(
     assert local.exit_code == 2 and "cycle" in local.stderr
     local = cli("estimate", "--model-file", write(tmp_path, "dyn.onnx", onnx_files.sequence_model()))
     assert local.exit_code == 2 and "--seq-len" in local.stderr
+
+
+def test_dim_sizes_are_ascii_digits() -> None:
+    """`--dim seq=²` was a traceback from `int`; Arabic-Indic digits were taken as a size."""
+    import typer
+
+    from ipucloud.cli.client_models import parse_dims
+
+    assert parse_dims(["seq=128"]) == {"seq": 128}
+    for bad in ("seq=\u00b2", "seq=\u0661\u0662", "seq=0", "seq=" + "9" * 5000):
+        with pytest.raises(typer.Exit):
+            parse_dims([bad])

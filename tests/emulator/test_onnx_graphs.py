@@ -106,7 +106,8 @@ def test_constant_nodes_and_training_info_are_stripped_too() -> None:
     ("data", "message"),
     [
         (b"", "empty file"),
-        (b"\x0f\x00", "wire type 7"),
+        (b"\x0f\x00", "not an ONNX model"),
+        (b"\x08\x01\x3a\x02\x0f\x00", "wire type 7"),  # an ONNX model whose graph breaks
         (b"\x08\x07", "no graph"),
         (render_bytes("resnet50")[:5000], "truncated"),
         (b"\xff" * 11, "varint longer"),

@@ -86,10 +86,10 @@ def test_another_tenants_model_is_a_404(client: Any, alpha: Any, beta: Any) -> N
 
 
 BAD_INPUTS = [
-    ("not-onnx", b"this is a text file, not a model\n", "corrupt", ()),
+    ("not-onnx", b"this is a text file, not a model\n", "not-onnx", ()),
     ("empty", b"", "not-onnx", ()),
     ("truncated", BERT[: len(BERT) // 2], "corrupt", ()),
-    ("garbage", bytes(range(256)) * 64, "corrupt", ()),
+    ("garbage", bytes(range(256)) * 64, "not-onnx", ()),
     ("no-graph", b"\x08\x07", "not-onnx", ()),
     ("cycle", onnx_files.cycle_model(), "cycle", ("first", "second", "third")),
     ("dangling", onnx_files.dangling_model(), "dangling-input", ("ghost",)),

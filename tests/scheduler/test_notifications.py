@@ -247,6 +247,8 @@ def test_retry_after_reads_seconds_and_dates() -> None:
         (now + timedelta(seconds=90)).strftime("%a, %d %b %Y %H:%M:%S GMT"), now
     ) == pytest.approx(90, abs=1.5)
     assert retry_after("soon", now) is None and retry_after(None, now) is None
+    # Unicode digits are not a number of seconds (`float("²")` raised out of the notifier).
+    assert retry_after("\u00b2", now) is None and retry_after("\u0664\u0665", now) is None
 
 
 def test_jobs_are_warned_as_they_near_their_time_limit(db: Any, tenant_id: str) -> None:

@@ -119,3 +119,54 @@ def shape_mismatch_model() -> bytes:
 def rendering(name: str = "bert-base", task: str = "infer", seq_len: int | None = 128) -> bytes:
     """A catalogue model rendered as ONNX, stripped as the CLI sends it."""
     return strip_bytes(render_bytes(name, task, seq_len)).data  # type: ignore[arg-type]
+
+
+# Hostile files (issue 32 item 3), built on the wire where onnx.helper would refuse or recurse.
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def nested_subgraphs(depth: int) -> bytes:
+    """A model whose graph holds an ``If`` whose branch holds an ``If``... ``depth`` deep."""
+    inner = _field(2, b"g")
+    for _ in range(depth):
+        attr = _field(1, b"then_branch") + _field(6, inner) + _varint(20 << 3) + _varint(5)
+        node = _field(4, b"If") + _field(1, b"c") + _field(2, b"y") + _field(5, attr)
+        inner = _field(1, node) + _field(2, b"g")
+    return _varint(1 << 3) + _varint(8) + _field(7, inner) + _field(8, _varint(2 << 3) + _varint(17))
+
+
+def nested_sequence_types(depth: int) -> bytes:
+    """An MLP with a value_info whose type is a sequence of a sequence of ... ``depth`` deep."""
+    raw = helper.make_tensor_type_proto(F, ["batch", 4]).SerializeToString()
+    for _ in range(depth):
+        raw = _field(4, _field(1, raw))  # TypeProto.sequence_type { elem_type }
+    return mlp(hidden=8, layers=1, features=4) + _field(7, _field(13, _field(1, b"h0") + _field(2, raw)))
+
+
+def external_initializer(*dims: int) -> bytes:
+    """A graph with an initializer of ``dims`` whose data is external (so any dims can be declared)."""
+    x = helper.make_tensor_value_info("x", F, ["batch", 4])
+    w = TensorProto(name="w", data_type=F, dims=list(dims), data_location=TensorProto.EXTERNAL)
+    w.external_data.add(key="location", value="w.bin")
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["w"], ["z"])]
+    outputs = [helper.make_tensor_value_info(o, F, None) for o in ("y", "z")]
+    graph = helper.make_graph(nodes, "g", [x], outputs, [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def negative_input() -> bytes:
+    """A graph whose input declares a negative dimension."""
+    x = helper.make_tensor_value_info("x", F, ["batch", -4])
+    return _model([helper.make_node("Relu", ["x"], ["y"])], [x], ["y"], [])

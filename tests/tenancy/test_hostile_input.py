@@ -48,6 +48,8 @@ MODEL_FILE = ("m.onnx", onnx_files.mlp(hidden=32, layers=2, features=16), "appli
 HIDDEN = ["\x00", "\x07", "\x1b", "\x7f", "\x85", "\u061c", "\u200b", "\u200e", "\u2028", "\u2029",
           "\u202a", "\u202e", "\u2066", "\u2069", "\ufeff"]  # fmt: skip
 BLANKS = [" ", "\xa0", "\u1680", "\u2007", "\u202f", "\u3000"]
+# Nothing visible at all (issue 32 item 2): fillers, a lone combining mark, selectors, tag characters.
+INVISIBLE = ["\u3164", "\u2800", "\u034f", "\ufe0f", "\u0301", "\U000e0041\U000e0042", "\uffa0\u115f"]
 UNICODE_DIGITS = ["²", "①", "⁴", "١٢", "１２", "߂", "৩", "𝟗", "٣٠٠"]
 BAD_DATES = [
     "0001-01-01T00:00:00+14:00",
@@ -71,6 +73,7 @@ def _with_hidden() -> st.SearchStrategy[str]:
 TEXT = st.one_of(
     _with_hidden(),
     st.lists(st.sampled_from(BLANKS), min_size=1, max_size=4).map("".join).filter(lambda v: v.strip(" ")),
+    st.sampled_from(INVISIBLE),
     st.integers(6_000, 20_000).map(lambda n: "a" * n),
 )
 NUMBER_TEXT = st.one_of(

@@ -11,6 +11,7 @@ import hashlib
 import heapq
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx
@@ -149,6 +150,40 @@ def _shape_of(vi: onnx.ValueInfoProto) -> tuple[Dim, ...] | None:
     return tuple(dims)
 
 
+MAX_DIM = 2**31 - 1
+"""The largest dimension a tensor of the graph may declare."""
+MAX_ELEMENTS = 2**40
+"""The most elements one weight may have (about a trillion: five times GPT-3's 175 billion in all)."""
+
+
+def _check_dims(graph: onnx.GraphProto, weights: Mapping[str, tuple[int, tuple[int, ...]]]) -> None:
+    """Every declared dimension from 0 to ``MAX_DIM``, every weight at most ``MAX_ELEMENTS`` elements:
+    a negative or 2**62 dimension would be stored, then break every estimate naming the model."""
+    constants = {
+        f"{_node_label(n, i)}.value": (attr.t.data_type, tuple(int(d) for d in attr.t.dims))
+        for i, n in enumerate(graph.node)
+        for attr in n.attribute
+        if attr.type == onnx.AttributeProto.TENSOR
+    }
+    for name, (_, dims) in {**weights, **constants}.items():
+        if any(not 0 <= d <= MAX_DIM for d in dims) or _numel(dims) > MAX_ELEMENTS:
+            raise GraphError(
+                "corrupt",
+                f"the tensor {name!r} declares dimensions {list(dims)[:8]}: each must be from 0 to "
+                f"{MAX_DIM:,} and a tensor at most {MAX_ELEMENTS:,} elements",
+                (name,),
+            )
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        shape = _shape_of(vi) or ()
+        if any(isinstance(d, int) and not 0 <= d <= MAX_DIM for d in shape):
+            raise GraphError(
+                "corrupt",
+                f"the tensor {vi.name!r} declares the shape {list(shape)[:8]}: a dimension must be from 0 "
+                f"to {MAX_DIM:,}",
+                (vi.name,),
+            )
+
+
 def _listed(names: list[str]) -> str:
     shown = ", ".join(names[:MAX_LISTED])
     return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
@@ -195,6 +230,7 @@ def load_graph(data: bytes, elementwise: tuple[str, ...] | frozenset[str] = ()) 
     weights = {t.name: (t.data_type, tuple(int(d) for d in t.dims)) for t in graph.initializer}
     for sparse in graph.sparse_initializer:
         weights[sparse.values.name] = (sparse.values.data_type, tuple(int(d) for d in sparse.dims))
+    _check_dims(graph, weights)
     inputs = tuple(
         GraphInput(
             vi.name,

@@ -32,6 +32,12 @@ STRIPPED_LOCATION = "ipucloud:stripped"
 MAX_FIELD_BYTES = 64 * 2**20
 """A kept field larger than this (a huge doc string, a graph of millions of nodes) is refused."""
 _IN_MEMORY = 256 * 2**10  # sub-messages up to this size are read at once and walked in memory
+MAX_DEPTH = 64
+"""Messages within messages the walk follows (a subgraph in a node's attribute in a graph is three
+deeper): real exports nest a few levels; 3,000 nested subgraphs would exhaust Python's stack."""
+# ModelProto's fields and their wire types (onnx.proto): a file whose first field is none of them is
+# not an ONNX model, whatever else it is.
+_MODEL_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 
 # Message kinds and, for each, the length-delimited fields that are messages we walk into.
 _MODEL, _GRAPH, _NODE, _ATTR, _TENSOR, _SPARSE, _FUNCTION = range(7)
@@ -179,12 +185,14 @@ class _Walker:
             raise StripError(f"a field of {end - start:,} bytes is larger than {MAX_FIELD_BYTES:,}", start)
         return self.source.read(start, end - start)
 
-    def walk(self, start: int, end: int, kind: int) -> bytes:
+    def walk(self, start: int, end: int, kind: int, depth: int = 0) -> bytes:
+        if depth > MAX_DEPTH:
+            raise StripError(f"nested too deep: more than {MAX_DEPTH} messages within each other", start)
         if kind != _TENSOR and end - start <= _IN_MEMORY and self.source.buf is None:
             # Small sub-message: one read, then walk it in memory.
             inner = _Walker(_Source(None, self.source.read(start, end - start), end - start), self.max_output)
             inner.counts = self.counts
-            return inner.walk(0, end - start, kind)
+            return inner.walk(0, end - start, kind, depth)
         fields = self._fields(start, end)
         strip_data = kind == _TENSOR and self._strip_tensor(fields)
         children = _CHILDREN[kind]
@@ -200,7 +208,7 @@ class _Walker:
                 if field in (_TENSOR_EXTERNAL, _TENSOR_LOCATION):
                     continue  # replaced by the stripped marker below
             if wire == 2 and field in children:
-                body = self.walk(payload, payload_end, children[field])
+                body = self.walk(payload, payload_end, children[field], depth + 1)
                 out += _encode_varint(field << 3 | 2) + _encode_varint(len(body)) + body
             else:
                 out += self._copy(header, payload_end)
@@ -249,7 +257,15 @@ def _strip(source: _Source, max_graph_bytes: int | None) -> Stripped:
     walker = _Walker(source, max_graph_bytes)
     if source.size == 0:
         raise StripError("empty file: not an ONNX model")
-    fields = walker._fields(0, source.size)
+    tag, _ = source.varint(0, source.size)
+    if _MODEL_FIELDS.get(tag >> 3) != tag & 7:
+        raise StripError("not an ONNX model: the file does not start as an ONNX protobuf does")
+    try:
+        fields = walker._fields(0, source.size)
+    except StripError as exc:
+        if str(exc).startswith("truncated"):
+            raise
+        raise StripError(f"not an ONNX model: {exc}") from exc
     if not any(f == _MODEL_GRAPH and w == 2 for f, w, *_ in fields):
         raise StripError("not an ONNX model: the file has no graph")
     data = walker.walk(0, source.size, _MODEL)
