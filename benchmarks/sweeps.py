@@ -9,8 +9,9 @@ real app and middleware, Redis at 127.0.0.1:6379/15 for its rate limits):
 
 1. `POST /api/v1/jobs` with `array: {"indices": "0-9999"}`: validation, admission of every element, the
    bulk inserts and the one guarded reservation, and the commit, as the client waits for them;
-2. `SchedulerLoop.schedule_pass` (a broker stub): the first pass, which places as many elements as fit,
-   then passes with the rest queued and the fleet full;
+2. `SchedulerLoop.schedule_pass`, its Celery sends counted rather than sent (as benchmarks/live_loop.py
+   does): the first pass, which places as many elements as fit, then passes
+   with the rest queued and the fleet full;
 3. after an agent took the placed elements (running), `GET /api/v1/jobs` (the first page, queued
    elements folded) and `GET /api/v1/jobs?expand=true`, each timed `--requests` times: p50 and p99.
 
