@@ -438,6 +438,10 @@ class Window:
     p99_ms: float | None
     queued: int
     ready_replicas: int
+    arrival_rps: float = 0.0
+    """Requests offered a second lately (accepted or refused 429), for the autoscaler: ``rps`` is what
+    was answered over the whole window, which under a load step is the old load, or what the replicas
+    serving manage, not what arrives (``recent_arrivals``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -456,8 +460,39 @@ def percentile(hist: Mapping[int, float], q: float) -> float | None:
     return bin_ms(max(hist))
 
 
+RECENT_MIN_S = 2.0
+"""The current bucket alone says what arrives once it is this old (a shorter span is too noisy)."""
+
+
+def _offered(counter: Mapping[bytes | str, bytes | str]) -> float:
+    total = 0.0
+    for k, v in counter.items():
+        if (k.decode() if isinstance(k, bytes) else k) in ("requests", "rejected_429"):
+            total += float(v)
+    return total
+
+
+def recent_arrivals(
+    previous: Mapping[bytes | str, bytes | str], current: Mapping[bytes | str, bytes | str], now: float
+) -> float:
+    """Requests offered a second lately, from the bucket under way and the one before it: the larger of
+    their joint rate (10 to 20 s) and, once it is ``RECENT_MIN_S`` old, the current bucket's own, so a
+    step up is seen within a bucket rather than averaged over a minute. Counted as the API accepts
+    or refuses them (``ENQUEUE``), never late."""
+    into = max(now - bucket_of(now) * BUCKET_S, 1e-9)
+    cur = _offered(current)
+    rate = (_offered(previous) + cur) / (BUCKET_S + into)
+    if into >= RECENT_MIN_S:
+        rate = max(rate, cur / into)
+    return rate
+
+
 def summarise(
-    counters: Iterable[Mapping[bytes | str, bytes | str]], seconds: float, queued: int, ready: int
+    counters: Iterable[Mapping[bytes | str, bytes | str]],
+    seconds: float,
+    queued: int,
+    ready: int,
+    arrival_rps: float = 0.0,
 ) -> Window:
     total: dict[str, float] = defaultdict(float)
     hist: dict[int, float] = defaultdict(float)
@@ -486,6 +521,7 @@ def summarise(
         p99_ms=percentile(hist, 0.99),
         queued=queued,
         ready_replicas=ready,
+        arrival_rps=arrival_rps,
     )
 
 
@@ -509,7 +545,9 @@ def windows(
     result: dict[str, Window] = {}
     for i, eid in enumerate(endpoint_ids):
         chunk = out[i * (n + 2) : (i + 1) * (n + 2)]
-        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]))
+        previous = chunk[n - 2] if n >= 2 else {}
+        arriving = recent_arrivals(previous, chunk[n - 1], now)
+        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]), arriving)
     return result
 
 

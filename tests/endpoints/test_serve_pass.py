@@ -41,6 +41,7 @@ class Window:
     p99_ms: float = 0.0
     queued: int = 0
     ready_replicas: int = 0
+    arrival_rps: float = 0.0
 
 
 BUSY = Window(requests=600, answered=600, rps=10.0, mean_batch=4, queue_delay_ms=200.0, p50_ms=30, p99_ms=90)
@@ -79,6 +80,45 @@ def test_scale_up_waits_for_the_delay_and_at_most_doubles() -> None:
     assert state.desired == 4  # the delay ran since the last step
     state, _ = decide_scale(POLICY, state, BUSY, serving=4, now=at(200))
     assert state.desired == 4  # replicas.max
+
+
+def test_a_load_step_asks_at_once_for_the_replicas_the_arriving_load_needs() -> None:
+    # The benchmark's step: the LSTM at batch 1 serves 120 requests/s a replica; 500 arrive.
+    policy = ScalePolicy(
+        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0}
+    )
+    step = Window(requests=1400, answered=1300, rps=22.0, queue_delay_ms=900.0, queued=800, arrival_rps=500.0)
+    state, _ = decide_scale(policy, ScaleState(desired=1), step, serving=1, now=at(0))
+    assert state.desired == 1
+    state, why = decide_scale(policy, state, step, serving=1, now=at(2))
+    # ceil(500 / 120) = 5 at once, not 1 -> 2 -> 4 -> 8 one doubling (and one warm load) at a time.
+    assert state.desired == 5, why
+    assert why is not None and "500 requests/s arriving need 5 replicas" in why and "1 -> 5" in why
+    # Nothing more while the four new ones start.
+    state, _ = decide_scale(policy, state, step, serving=1, now=at(10))
+    assert state.desired == 5
+    # Bounded by replicas.max.
+    flood = Window(requests=9000, queue_delay_ms=900.0, arrival_rps=5000.0)
+    state, _ = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), flood, serving=1, now=at(2))
+    assert state.desired == 8
+    # When the arrivals need no more than it has (a backlog to drain), the queue delay's ratio still
+    # adds replicas, at most doubling; without plan figures, likewise.
+    backlog = Window(requests=3000, queue_delay_ms=900.0, arrival_rps=100.0)
+    state, _ = decide_scale(policy, ScaleState(desired=2, above_since=at(0)), backlog, serving=2, now=at(2))
+    assert state.desired == 4
+    blind = ScalePolicy(**{**policy.__dict__, "capacity_rps": None})
+    state, _ = decide_scale(blind, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
+    assert state.desired == 2
+
+
+def test_replicas_needed_is_the_ceiling_of_load_over_a_replicas_throughput() -> None:
+    assert endpoints.replicas_needed(500.0, 120.0) == 5
+    assert endpoints.replicas_needed(480.0, 120.0) == 4
+    assert endpoints.replicas_needed(480.0000001, 120.0) == 4  # a measured rate's wobble
+    assert endpoints.replicas_needed(481.0, 120.0) == 5
+    assert endpoints.replicas_needed(1.0, 120.0) == 1
+    assert endpoints.replicas_needed(0.0, 120.0) == 0
+    assert endpoints.replicas_needed(500.0, None) == 0
 
 
 def test_a_dip_below_target_restarts_the_up_delay() -> None:
