@@ -813,12 +813,14 @@ def _drain(session: Session, jobs: Sequence[Job], reason: str) -> list[str]:
     ids = sorted(j.id for j in jobs)
     if not ids:
         return []
+    # FOR NO KEY UPDATE, as attempts._lock_jobs: an agent's meter event (a foreign key to the job)
+    # written while it holds the attempt must not wait for this lock while this waits for the attempt.
     locked = list(
         session.execute(
             select(Job)
             .where(Job.id.in_(ids))
             .order_by(Job.id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         ).scalars()
     )

@@ -5,17 +5,20 @@ plane's take is stood in for by writing the running attempt and its timeline as 
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from scheduler.endpointspec import EndpointSpec
 from scheduler.models import Attempt, AttemptState, Endpoint, EndpointStat, Job, JobState, Tenant, utcnow
 from scheduler.services import attempts, endpoints, usage
 from scheduler.services.endpoints import ScalePolicy, ScaleState, decide_scale
+from scheduler.services.job_state import add_event
 from scheduler.services.scope import OneTenant
 from tests.faults.harness import leader_loop, make_tenant
 
@@ -446,3 +449,68 @@ def test_a_new_batch_size_is_rolled_out_without_a_gap(db: Any, seeded: Any) -> N
     with db.read() as s:
         (live,) = s.execute(select(Job).where(Job.endpoint_id == ep, Job.state == "running")).scalars()
         assert live.spec["workload"]["batch_size"] == 16
+
+
+def test_deleting_an_endpoint_does_not_deadlock_with_its_agents_billing_tick(db: Any, seeded: Any) -> None:
+    """DELETE locks the replica's job, then its attempt; the agent's tick locks the attempt it bills,
+    then writes a meter event whose foreign key takes a KEY SHARE lock on the job. With the job
+    locked FOR UPDATE the two waited on each other, PostgreSQL aborted one, and DELETE answered 503
+    ("the database is unavailable"), as the endpoint fault test saw once. Jobs are locked FOR NO KEY
+    UPDATE, which a foreign key's check does not wait for."""
+    if db.sqlite:
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    tenant = make_tenant(db, "server")
+    loop = leader_loop(db)
+    ep = create(db, tenant)
+    serve(db, at(0))
+    assert loop.schedule_pass() == 1
+    run_placed(db, ep, started=at(0))
+    with db.read() as s:
+        attempt = s.execute(
+            select(Attempt).join(Job, Job.id == Attempt.job_id).where(Job.endpoint_id == ep)
+        ).scalar_one()
+        job_id, attempt_id = attempt.job_id, attempt.id
+
+    billed = threading.Event()
+    errors: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            billed.wait(10)
+            with db.write() as s:
+                endpoints.delete_endpoint(session=s, endpoint_id=ep, scope=OneTenant(tenant))
+        except BaseException as exc:
+            errors.append(exc)
+
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    try:
+        with db.write() as tick:
+            # The tick's `_lock_billing`: the attempt it bills, locked.
+            tick.execute(select(Attempt).where(Attempt.id == attempt_id).with_for_update()).scalar_one()
+            billed.set()
+            # DELETE now holds the job and waits for the attempt.
+            deadline = time.monotonic() + 10
+            while not _lock_waiters(db):
+                assert time.monotonic() < deadline and deleter.is_alive(), errors
+                time.sleep(0.02)
+            # Its meter event: a row whose foreign key names the job.
+            add_event(tick, job_id, "meter", "billed a tick", at=at(1))
+            tick.flush()
+    finally:
+        billed.set()
+        deleter.join(30)
+    assert not errors, errors
+    assert endpoint(db, ep).state == "stopped"
+
+
+def _lock_waiters(db: Any) -> int:
+    with db.read() as probe:
+        return int(
+            probe.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
