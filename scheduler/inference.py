@@ -17,6 +17,8 @@ No request touches the database. Per endpoint:
 - ``ep:<id>:c:<bucket>``  counters of a ``BUCKET_S`` bucket (hash), written in batches by the API
   (accepted, 429, cold starts, 503) and by the replicas (answered, batches, rows, queue delay,
   latency histogram), read by ``windows``.
+- ``ep:<id>:a:<second>``  requests offered (accepted or refused 429) in one wall second, counted by
+  ``ENQUEUE`` as they arrive: what the autoscaler reads to size a step in the load at once.
 - ``reply:<waiter>``  one list per API process: replicas push answers there, one reader per process
   hands them to the waiting requests.
 
@@ -48,6 +50,9 @@ READY_TTL_S = 5.0
 ROUTE_CACHE_S = 1.0
 GONE = 404
 """The status of an answer to a request still queued when its endpoint stopped."""
+ARRIVALS_TTL_S = 120
+RECENT_S = 3
+"""The autoscaler's arrival rate is that of the last this many whole seconds."""
 HIST_RATIO = 1.09
 """Latency histogram bins are 9% wide: a percentile read from them is within about 4.5%."""
 _LOG_RATIO = math.log(HIST_RATIO)
@@ -79,6 +84,10 @@ def ready_key(endpoint_id: str) -> str:
 
 def counter_key(endpoint_id: str, bucket: int) -> str:
     return f"{PREFIX}{endpoint_id}:c:{bucket}"
+
+
+def arrivals_key(endpoint_id: str, second: int) -> str:
+    return f"{PREFIX}{endpoint_id}:a:{second}"
 
 
 def reply_key(waiter: str) -> str:
@@ -189,13 +198,15 @@ class Answer:
 
 # Scripts: each step of a request's path that must be atomic is one Lua script.
 
-# KEYS: queue, ready, counters, route. ARGV: max_queue, now (s), counter ttl, envelopes...
-# Accepts as many envelopes as the queue has room for (the first ones) and counts them; returns
-# {accepted, replicas serving now}, or {-1, 0} once the route is gone (the endpoint was stopped: an API
-# process's cached route must not queue a request that no replica will ever take).
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[4]) == 0 then return {-1, 0} end
+# KEYS: queue, ready, counters, route, this second's arrivals. ARGV: max_queue, now (s), counter ttl,
+# envelopes... Accepts as many envelopes as the queue has room for (the first ones) and counts them;
+# returns {accepted, replicas serving now}, or {-1, 0} once the route is gone (the endpoint was stopped:
+# an API process's cached route must not queue a request that no replica will ever take).
+_ENQUEUE = f"""
+if redis.call('EXISTS', KEYS[4]) == 0 then return {{-1, 0}} end
 local n = #ARGV - 3
+redis.call('INCRBY', KEYS[5], n)
+redis.call('EXPIRE', KEYS[5], {ARRIVALS_TTL_S})
 local room = tonumber(ARGV[1]) - redis.call('LLEN', KEYS[1])
 local take = math.min(n, math.max(room, 0))
 if take > 0 then
@@ -208,7 +219,7 @@ if take > 0 then
 end
 if n > take then redis.call('HINCRBY', KEYS[3], 'rejected_429', n - take) end
 redis.call('EXPIRE', KEYS[3], ARGV[3])
-return {take, ready}
+return {{take, ready}}
 """
 
 # KEYS: queue, in-flight. ARGV: how many. Moves up to that many envelopes, oldest first.
@@ -273,6 +284,7 @@ def enqueue_args(
         ready_key(endpoint_id),
         counter_key(endpoint_id, bucket_of(now)),
         route_key(endpoint_id),
+        arrivals_key(endpoint_id, int(now)),
     ]
     return keys, [max_queue, now, COUNTER_TTL_S, *envelopes]
 
@@ -438,6 +450,10 @@ class Window:
     p99_ms: float | None
     queued: int
     ready_replicas: int
+    arrival_rps: float = 0.0
+    """Requests offered a second over the last ``RECENT_S`` whole seconds (accepted or refused 429),
+    for the autoscaler: ``rps`` is what was answered over the whole window, which under a load step is
+    the old load, or what the replicas serving manage, not what arrives."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -457,7 +473,11 @@ def percentile(hist: Mapping[int, float], q: float) -> float | None:
 
 
 def summarise(
-    counters: Iterable[Mapping[bytes | str, bytes | str]], seconds: float, queued: int, ready: int
+    counters: Iterable[Mapping[bytes | str, bytes | str]],
+    seconds: float,
+    queued: int,
+    ready: int,
+    arrival_rps: float = 0.0,
 ) -> Window:
     total: dict[str, float] = defaultdict(float)
     hist: dict[int, float] = defaultdict(float)
@@ -486,6 +506,7 @@ def summarise(
         p99_ms=percentile(hist, 0.99),
         queued=queued,
         ready_replicas=ready,
+        arrival_rps=arrival_rps,
     )
 
 
@@ -498,18 +519,21 @@ def windows(
     last = bucket_of(now)
     first = bucket_of(now - seconds) + 1
     span = max(now - first * BUCKET_S, 1e-9)
+    this_second = int(now)
     pipe = r.pipeline(transaction=False)
     for eid in endpoint_ids:
         for b in range(first, last + 1):
             pipe.hgetall(counter_key(eid, b))
         pipe.llen(queue_key(eid))
         pipe.zcount(ready_key(eid), now, "+inf")
+        pipe.mget([arrivals_key(eid, sec) for sec in range(this_second - RECENT_S, this_second)])
     out = pipe.execute()
     n = last - first + 1
     result: dict[str, Window] = {}
     for i, eid in enumerate(endpoint_ids):
-        chunk = out[i * (n + 2) : (i + 1) * (n + 2)]
-        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]))
+        chunk = out[i * (n + 3) : (i + 1) * (n + 3)]
+        arriving = sum(int(x) for x in chunk[n + 2] if x is not None) / RECENT_S
+        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]), arriving)
     return result
 
 

@@ -601,7 +601,12 @@ def record_tick(
 
 
 def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
-    """The jobs of these attempts, locked in id order (jobs before attempts, always)."""
+    """The jobs of these attempts, locked in id order (jobs before attempts, always).
+
+    FOR NO KEY UPDATE (`key_share=True`), not FOR UPDATE: a row inserted with a foreign key to the job
+    (a job event, an agent tick's meter event) takes a KEY SHARE lock on it, which FOR UPDATE blocks.
+    An agent's tick locks the attempt it bills and only then writes its meter event, so a stop (an
+    endpoint's DELETE) holding the job FOR UPDATE and waiting for that attempt deadlocked with it."""
     ids = sorted(attempt_ids)
     if not ids:
         return {}
@@ -611,7 +616,7 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
             select(Job)
             .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
             .order_by(Job.id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         ).scalars()
     }

@@ -131,6 +131,8 @@ class WindowLike(Protocol):
     def queued(self) -> int: ...
     @property
     def ready_replicas(self) -> int: ...
+    @property
+    def arrival_rps(self) -> float: ...
 
 
 def read_windows(
@@ -811,12 +813,14 @@ def _drain(session: Session, jobs: Sequence[Job], reason: str) -> list[str]:
     ids = sorted(j.id for j in jobs)
     if not ids:
         return []
+    # FOR NO KEY UPDATE, as attempts._lock_jobs: an agent's meter event (a foreign key to the job)
+    # written while it holds the attempt must not wait for this lock while this waits for the attempt.
     locked = list(
         session.execute(
             select(Job)
             .where(Job.id.in_(ids))
             .order_by(Job.id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         ).scalars()
     )
@@ -881,8 +885,11 @@ def decide_scale(
     """How many replicas an endpoint wants now, and why it changed (None: unchanged).
 
     Up when the mean queue delay stays above target for `scale_up_delay_s` while every wanted replica
-    serves (replicas still starting would only be doubled up): by the ratio of delay to target, at most
-    doubling. Down by one after the queue delay stays under half the target and the load would fit in
+    serves (replicas still starting would only be doubled up): to as many as the requests arriving
+    need at a replica's throughput at the configured batch (`capacity_rps`), at once, or, when that
+    says no more (a backlog to drain, no plan figures), by the ratio of delay to target, at most
+    doubling; never past `replicas_max` (which create and change keep within the plan's limits).
+    Down by one after the queue delay stays under half the target and the load would fit in
     one replica fewer for `scale_down_delay_s`. To zero after `scale_to_zero_after_s` with no request
     (only with replicas.min 0). From zero at once when a request waits. No window (the data plane
     cannot say): as it is."""
@@ -909,13 +916,19 @@ def decide_scale(
         above = above or now
         below = None
         if waited(above, policy.scale_up_delay_s) and serving >= desired and desired < hi:
-            grown = min(
-                hi, 2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target))
-            )
+            by_delay = min(2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target)))
+            need = replicas_needed(window.arrival_rps, policy.capacity_rps)
+            grown = min(hi, max(by_delay, need))
             why = (
                 f"queue delay {window.queue_delay_ms:.1f} ms above the target {target:g} ms for "
-                f"{policy.scale_up_delay_s:g} s: {desired} -> {grown} replicas"
+                f"{policy.scale_up_delay_s:g} s"
             )
+            if need > by_delay:
+                why += (
+                    f", {window.arrival_rps:.0f} requests/s arriving need {need} replicas of "
+                    f"{policy.capacity_rps:.0f}/s"
+                )
+            why += f": {desired} -> {grown} replicas"
             return ScaleState(grown, now, None, idle_since), why
         return ScaleState(desired, above, below, idle_since), why
     above = None
@@ -941,13 +954,29 @@ def decide_scale(
     return ScaleState(desired, above, below, idle_since), why
 
 
+def replicas_needed(arrival_rps: float, capacity_rps: float | None) -> int:
+    """Replicas that serve `arrival_rps` at `capacity_rps` each (0: the figures cannot say)."""
+    if not capacity_rps or capacity_rps <= 0 or arrival_rps <= 0:
+        return 0
+    # A hair under a whole number of replicas is that number (a rate measured over a bucket wobbles).
+    return max(1, math.ceil(arrival_rps / capacity_rps - 1e-6))
+
+
+def _throughput_at(figures: ServeFigures, batch: int) -> float | None:
+    """A replica's planned throughput (cluster requests/s) at the largest planned batch up to `batch`."""
+    rows = [r for r in figures["batches"] if int(r["batch_size"]) <= batch] or list(figures["batches"][:1])
+    return float(rows[-1]["throughput"]) if rows else None
+
+
 def policy_of(ep: Endpoint, time_scale: float) -> ScalePolicy:
     a = ep.autoscaling
     capacity = None
-    figures = list(ep.serve.values())
-    if figures and figures[0]["batches"]:
-        # Throughput at the largest batch is cluster requests/s; the wall clock sees it time_scale faster.
-        capacity = min(float(f["batches"][-1]["throughput"]) for f in figures) * time_scale
+    batch = int(ep.batching["max_batch_size"])
+    # At the configured batch, on the slowest machine type the replicas may be placed on. The plan's
+    # figures are cluster requests/s; the wall clock sees them time_scale faster.
+    each = [t for t in (_throughput_at(f, batch) for f in ep.serve.values()) if t is not None]
+    if each:
+        capacity = min(each) * time_scale
     zero = a.get("scale_to_zero_after_s")
     return ScalePolicy(
         replicas_min=ep.replicas_min,

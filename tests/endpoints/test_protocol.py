@@ -72,6 +72,32 @@ def test_a_stopped_endpoint_answers_its_queue_and_queues_nothing_more(runtime: A
     assert r.llen(inference.queue_key(EP)) == 0
 
 
+def test_arrivals_are_counted_by_the_second_as_they_are_offered(runtime: Any, db: Any) -> None:
+    """The autoscaler sizes a step in the load from the last seconds' arrivals (accepted or refused),
+    not from the minute's answers: a step is seen whole within RECENT_S seconds."""
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    now = float(int(time.time()))
+    # 10 a second for a minute before, then 500 a second for the last three seconds; the queue holds
+    # 1,200, so some of the last are refused 429 and still counted as offered.
+    for sec in range(60, 3, -1):
+        keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(10)], 1200, now - sec + 0.5)
+        s.enqueue(keys=keys, args=args)
+    r.delete(inference.queue_key(EP))
+    for sec in (3, 2, 1):
+        keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(500)], 1200, now - sec + 0.5)
+        s.enqueue(keys=keys, args=args)
+    w = inference.windows(r, [EP], now=now + 0.5)[EP]
+    assert w.arrival_rps == pytest.approx(500.0)
+    assert w.rejected_429 == 300 and w.queued == 1200
+    # What arrives in the second under way is not counted until it is whole.
+    keys, args = inference.enqueue_args(EP, [_env(i).encode() for i in range(50)], 10**6, now + 0.2)
+    s.enqueue(keys=keys, args=args)
+    assert inference.windows(r, [EP], now=now + 0.5)[EP].arrival_rps == pytest.approx(500.0)
+    assert inference.windows(r, [EP], now=now + 1.5)[EP].arrival_rps == pytest.approx((500 + 500 + 50) / 3)
+
+
 def test_counters_mix_integer_and_float_fields_and_give_percentiles(runtime: Any, db: Any) -> None:
     r = runtime.redis
     counts = inference.Counts()

@@ -230,6 +230,9 @@ def test_a_lost_replicas_requests_are_answered_503_once(
     t.join(10)
     assert result and result[0].status_code == 503
     assert "lost" in result[0].json()["error"]
+    # Counted before it was answered: whoever reads the counters once a client has its 503 (the
+    # fault test reads them right after a DELETE) finds it there, not a flush later.
+    assert inference.windows(scaled.redis, [ENDPOINT])[ENDPOINT].unavailable_503 == 1
     assert inference.reap_inflight(scaled.redis, ENDPOINT, live_attempt_ids=[]) == 0
     # The answer the dropped replica would have sent never comes: the reply list stays empty.
     time.sleep(3.5)

@@ -5,17 +5,20 @@ plane's take is stood in for by writing the running attempt and its timeline as 
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from scheduler.endpointspec import EndpointSpec
 from scheduler.models import Attempt, AttemptState, Endpoint, EndpointStat, Job, JobState, Tenant, utcnow
 from scheduler.services import attempts, endpoints, usage
 from scheduler.services.endpoints import ScalePolicy, ScaleState, decide_scale
+from scheduler.services.job_state import add_event
 from scheduler.services.scope import OneTenant
 from tests.faults.harness import leader_loop, make_tenant
 
@@ -41,6 +44,7 @@ class Window:
     p99_ms: float = 0.0
     queued: int = 0
     ready_replicas: int = 0
+    arrival_rps: float = 0.0
 
 
 BUSY = Window(requests=600, answered=600, rps=10.0, mean_batch=4, queue_delay_ms=200.0, p50_ms=30, p99_ms=90)
@@ -79,6 +83,45 @@ def test_scale_up_waits_for_the_delay_and_at_most_doubles() -> None:
     assert state.desired == 4  # the delay ran since the last step
     state, _ = decide_scale(POLICY, state, BUSY, serving=4, now=at(200))
     assert state.desired == 4  # replicas.max
+
+
+def test_a_load_step_asks_at_once_for_the_replicas_the_arriving_load_needs() -> None:
+    # The benchmark's step: the LSTM at batch 1 serves 120 requests/s a replica; 500 arrive.
+    policy = ScalePolicy(
+        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0}
+    )
+    step = Window(requests=1400, answered=1300, rps=22.0, queue_delay_ms=900.0, queued=800, arrival_rps=500.0)
+    state, _ = decide_scale(policy, ScaleState(desired=1), step, serving=1, now=at(0))
+    assert state.desired == 1
+    state, why = decide_scale(policy, state, step, serving=1, now=at(2))
+    # ceil(500 / 120) = 5 at once, not 1 -> 2 -> 4 -> 8 one doubling (and one warm load) at a time.
+    assert state.desired == 5, why
+    assert why is not None and "500 requests/s arriving need 5 replicas" in why and "1 -> 5" in why
+    # Nothing more while the four new ones start.
+    state, _ = decide_scale(policy, state, step, serving=1, now=at(10))
+    assert state.desired == 5
+    # Bounded by replicas.max.
+    flood = Window(requests=9000, queue_delay_ms=900.0, arrival_rps=5000.0)
+    state, _ = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), flood, serving=1, now=at(2))
+    assert state.desired == 8
+    # When the arrivals need no more than it has (a backlog to drain), the queue delay's ratio still
+    # adds replicas, at most doubling; without plan figures, likewise.
+    backlog = Window(requests=3000, queue_delay_ms=900.0, arrival_rps=100.0)
+    state, _ = decide_scale(policy, ScaleState(desired=2, above_since=at(0)), backlog, serving=2, now=at(2))
+    assert state.desired == 4
+    blind = ScalePolicy(**{**policy.__dict__, "capacity_rps": None})
+    state, _ = decide_scale(blind, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
+    assert state.desired == 2
+
+
+def test_replicas_needed_is_the_ceiling_of_load_over_a_replicas_throughput() -> None:
+    assert endpoints.replicas_needed(500.0, 120.0) == 5
+    assert endpoints.replicas_needed(480.0, 120.0) == 4
+    assert endpoints.replicas_needed(480.0000001, 120.0) == 4  # a measured rate's wobble
+    assert endpoints.replicas_needed(481.0, 120.0) == 5
+    assert endpoints.replicas_needed(1.0, 120.0) == 1
+    assert endpoints.replicas_needed(0.0, 120.0) == 0
+    assert endpoints.replicas_needed(500.0, None) == 0
 
 
 def test_a_dip_below_target_restarts_the_up_delay() -> None:
@@ -406,3 +449,68 @@ def test_a_new_batch_size_is_rolled_out_without_a_gap(db: Any, seeded: Any) -> N
     with db.read() as s:
         (live,) = s.execute(select(Job).where(Job.endpoint_id == ep, Job.state == "running")).scalars()
         assert live.spec["workload"]["batch_size"] == 16
+
+
+def test_deleting_an_endpoint_does_not_deadlock_with_its_agents_billing_tick(db: Any, seeded: Any) -> None:
+    """DELETE locks the replica's job, then its attempt; the agent's tick locks the attempt it bills,
+    then writes a meter event whose foreign key takes a KEY SHARE lock on the job. With the job
+    locked FOR UPDATE the two waited on each other, PostgreSQL aborted one, and DELETE answered 503
+    ("the database is unavailable"), as the endpoint fault test saw once. Jobs are locked FOR NO KEY
+    UPDATE, which a foreign key's check does not wait for."""
+    if db.sqlite:
+        pytest.skip("SQLite has no row locks: one writer at a time")
+    tenant = make_tenant(db, "server")
+    loop = leader_loop(db)
+    ep = create(db, tenant)
+    serve(db, at(0))
+    assert loop.schedule_pass() == 1
+    run_placed(db, ep, started=at(0))
+    with db.read() as s:
+        attempt = s.execute(
+            select(Attempt).join(Job, Job.id == Attempt.job_id).where(Job.endpoint_id == ep)
+        ).scalar_one()
+        job_id, attempt_id = attempt.job_id, attempt.id
+
+    billed = threading.Event()
+    errors: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            billed.wait(10)
+            with db.write() as s:
+                endpoints.delete_endpoint(session=s, endpoint_id=ep, scope=OneTenant(tenant))
+        except BaseException as exc:
+            errors.append(exc)
+
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    try:
+        with db.write() as tick:
+            # The tick's `_lock_billing`: the attempt it bills, locked.
+            tick.execute(select(Attempt).where(Attempt.id == attempt_id).with_for_update()).scalar_one()
+            billed.set()
+            # DELETE now holds the job and waits for the attempt.
+            deadline = time.monotonic() + 10
+            while not _lock_waiters(db):
+                assert time.monotonic() < deadline and deleter.is_alive(), errors
+                time.sleep(0.02)
+            # Its meter event: a row whose foreign key names the job.
+            add_event(tick, job_id, "meter", "billed a tick", at=at(1))
+            tick.flush()
+    finally:
+        billed.set()
+        deleter.join(30)
+    assert not errors, errors
+    assert endpoint(db, ep).state == "stopped"
+
+
+def _lock_waiters(db: Any) -> int:
+    with db.read() as probe:
+        return int(
+            probe.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
