@@ -10,15 +10,23 @@ refused on its Origin before anything is read.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, ValidationError
 
-from api.dashboard import sessions
+from api.dashboard import forms, sessions
 from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, render
 from api.deps import DbDep, SettingsDep
-from api.schemas_notifications import MAX_OVERLAP_S, DeliveryOut, WebhookCreated, WebhookOut
+from api.schemas_notifications import (
+    MAX_OVERLAP_S,
+    DeliveryOut,
+    WebhookChange,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookOut,
+)
 from scheduler import webhook_http
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.ids import new_id
@@ -38,6 +46,7 @@ OVERLAPS = (
     (604800, "7 days"),
 )
 FIELDS_MAX = 2000
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _is_manager(user: sessions.DashSession) -> bool:
@@ -49,11 +58,14 @@ def _chosen_events(form: dict[str, str]) -> list[str]:
     return [e for e in notifications.EVENT_TYPES if form.get(f"event:{e}")]
 
 
-def _text(form: dict[str, str], name: str, limit: int) -> str:
-    value = form.get(name, "").strip()
-    if len(value) > limit:
-        raise InvalidRequest(f"{name} is at most {limit:,} characters.", field=name)
-    return value
+def _checked(model: type[Body], data: dict[str, Any]) -> Body:
+    """The form's fields validated by the API's own body (the same limits and refused characters on
+    both faces); else a 422 naming the first field wrong."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        name, message = next(iter(forms._errors(exc).items()))
+        raise InvalidRequest(f"{name}: {message}", field=name)
 
 
 def _list_page(
@@ -100,13 +112,21 @@ def create(request: Request, db: DbDep, settings: SettingsDep, user: SubmitterUs
         "events": _chosen_events(form),
     }
     try:
+        body = _checked(
+            WebhookCreate,
+            {
+                "url": form.get("url", ""),
+                "events": values["events"],
+                "description": form.get("description", ""),
+            },
+        )
         with db.write() as s:
             row, secret = notifications.create_webhook(
                 session=s,
                 principal=user.principal,
-                url=_text(form, "url", webhook_http.MAX_URL_LENGTH),
-                events=values["events"],
-                description=_text(form, "description", 500),
+                url=body.url,
+                events=list(body.events),
+                description=body.description,
                 allow_private=settings.webhook_allow_private,
             )
             created = WebhookCreated.created(row, secret)
@@ -187,11 +207,15 @@ def change(
         "events": _chosen_events(form),
     }
     try:
-        changes = {
-            "url": _text(form, "url", webhook_http.MAX_URL_LENGTH) or None,
-            "description": _text(form, "description", 500),
-            "events": values["events"],
-        }
+        # An empty URL leaves it as it is; the description and events are what the form shows.
+        changes = _checked(
+            WebhookChange,
+            {
+                "url": form.get("url", "") or None,
+                "description": form.get("description", ""),
+                "events": values["events"],
+            },
+        ).model_dump(exclude_none=True)
         with db.write() as s:
             notifications.update_webhook(
                 session=s,
