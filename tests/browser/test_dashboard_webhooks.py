@@ -122,6 +122,7 @@ def test_an_owner_runs_a_webhook_from_the_dashboard(
     page.get_by_role("button", name=re.compile(r"Redeliver job\.succeeded")).click()
     expect(page.get_by_role("status")).to_contain_text("queued again")
     poll(lambda: sum(e["type"] == "job.succeeded" for e in received) >= 2, 30)
+    assert fits_the_screen(page)
     shot(page, "33-webhook-deliveries")
 
     page.get_by_role("button", name="Disable").click()
