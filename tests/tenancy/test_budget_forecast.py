@@ -29,9 +29,11 @@ def test_the_recent_burn_to_expiry_fires_forecast_thresholds_once(db: Any, world
     attempt_id = start_attempt(db, world.a.job_id, "burn-a")
     bill(db, attempt_id, 1, 10.0)  # 4 IPUs for 10 cluster seconds, charged just now
     with db.write() as s:
-        burn = s.execute(
-            select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == world.a.id)
-        ).scalar_one()
+        burn = int(  # PostgreSQL sums BIGINTs as NUMERIC
+            s.execute(
+                select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == world.a.id)
+            ).scalar_one()
+        )
         t = s.get(Tenant, world.a.id)
         held = t.used_ipu_ms + t.reserved_ipu_ms
         assert burn == t.used_ipu_ms == 40_000
