@@ -177,7 +177,8 @@ class NotificationSettingsOut(BaseModel):
         description="Shares of the grant (%) at which you are mailed, once per threshold per grant."
     )
     budget_kinds: list[BudgetKind] = Field(
-        description="`actual` (used) and/or `forecast` (used + reserved by queued and running work)."
+        description="`actual` (used) and/or `forecast` (used + reserved by queued and running work + the "
+        "last 24 h's charge carried on at that rate to the grant's expiry)."
     )
     trial_mail: bool = Field(description="Trial warnings: 7 days and 1 day before it ends, and its end.")
     session_mail: bool = Field(description="Your sessions: ending soon (idle or at their maximum) and ended.")

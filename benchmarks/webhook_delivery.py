@@ -9,14 +9,20 @@ each in a transaction as a job's end writes it, and waits until every healthy re
 Prints, per kind of receiver, the delivery latency from the state change (the event's commit time, on
 this host's clock) to the receiver reading the request: p50, p99 and the largest; the healthy receivers'
 figures are the ones the slow and the failing receiver must not spoil. With `--compare` it first runs
-the same load with every receiver healthy, for the baseline.
+the same load with every receiver healthy, for the baseline, and ends with the verdict: the healthy
+receivers' p50 and p99 beside the baseline's, and the worst single healthy receiver's p99 (a receiver
+held up behind the slow one would show there). The machine's load average is printed with each run, since
+on a shared machine it moves the figures more than anything measured here. `--json` keeps the results.
 
-    .venv/bin/python benchmarks/webhook_delivery.py --events 10000 --endpoints 10 --rate 200 --compare
+    .venv/bin/python benchmarks/webhook_delivery.py --events 10000 --endpoints 10 --rate 10 --slow-s 1 \
+        --compare --database-url postgresql://postgres@127.0.0.1:5432/ipucloud_bench_webhooks \
+        --redis-url redis://127.0.0.1:6379/11
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -162,6 +168,7 @@ def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, 
         start_new_session=True,
     )
     written: dict[str, float] = {}
+    load_before = os.getloadavg()
     try:
         time.sleep(3)  # the worker's start-up, so it is not counted as latency
         batch = max(1, round(args.rate * 0.05)) if args.rate else args.events
@@ -209,7 +216,11 @@ def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, 
         if redis is not None:
             redis.stop()
         db.dispose()
-    result: dict[str, Any] = {"wall_s": finished - started, "kinds": {}}
+    result: dict[str, Any] = {
+        "wall_s": finished - started,
+        "load_average": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
+        "kinds": {},
+    }
     for kind in sorted(set(kinds)):
         indexes = [i for i, k in enumerate(kinds) if k == kind]
         latencies = [
@@ -218,7 +229,15 @@ def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, 
             for e in receivers.got[i]
             if e in written
         ]
+        per_endpoint_p99 = [
+            percentile(
+                [(receivers.got[i][e] - written[e]) * 1000 for e in receivers.got[i] if e in written], 0.99
+            )
+            for i in indexes
+            if receivers.got[i]
+        ]
         result["kinds"][kind] = {
+            "worst_endpoint_p99_ms": max(per_endpoint_p99) if per_endpoint_p99 else float("nan"),
             "endpoints": len(indexes),
             "delivered": sum(len(receivers.got[i]) for i in indexes),
             "requests": sum(receivers.tries[i] for i in indexes),
@@ -230,7 +249,10 @@ def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, 
 
 
 def report(title: str, r: dict[str, Any], events: int) -> None:
-    print(f"\n{title}: {events:,} events written, {r['wall_s']:.1f} s to the last healthy receipt")
+    print(
+        f"\n{title}: {events:,} events written, {r['wall_s']:.1f} s to the last healthy receipt "
+        f"(load average {r['load_average'][0]} at the start, {r['load_average'][1]} at the end)"
+    )
     heads = ("endpoints", "delivered", "requests", "p50 ms", "p99 ms", "max ms")
     print(f"{'receiver':<10} " + " ".join(f"{h:>9}" for h in heads))
     for kind, k in r["kinds"].items():
@@ -238,6 +260,18 @@ def report(title: str, r: dict[str, Any], events: int) -> None:
             f"{kind:<10} {k['endpoints']:>9} {k['delivered']:>9,} {k['requests']:>9,} "
             f"{k['p50_ms']:>9.0f} {k['p99_ms']:>9.0f} {k['max_ms']:>9.0f}"
         )
+
+
+def verdict(base: dict[str, Any], mixed: dict[str, Any], events: int) -> None:
+    """The healthy receivers beside a slow and a failing one, against the same receivers all healthy."""
+    b, m = base["kinds"]["healthy"], mixed["kinds"]["healthy"]
+    complete = m["delivered"] == m["endpoints"] * events
+    print(
+        f"\nhealthy receivers, all healthy -> beside a slow and a failing one: "
+        f"p50 {b['p50_ms']:.0f} -> {m['p50_ms']:.0f} ms, p99 {b['p99_ms']:.0f} -> {m['p99_ms']:.0f} ms, "
+        f"worst receiver's p99 {b['worst_endpoint_p99_ms']:.0f} -> {m['worst_endpoint_p99_ms']:.0f} ms; "
+        f"{'every event reached every healthy receiver' if complete else 'NOT every event arrived'}"
+    )
 
 
 def main() -> None:
@@ -255,16 +289,24 @@ def main() -> None:
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--compare", action="store_true", help="first run with every receiver healthy")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     mixed = ["slow", "failing"] + ["healthy"] * (args.endpoints - 2)
+    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
     with tempfile.TemporaryDirectory(prefix="ipucloud-webhooks-") as tmp:
         if args.compare:
             base = Path(tmp) / "baseline"
             base.mkdir()
-            report("every receiver healthy", run(args, ["healthy"] * args.endpoints, base), args.events)
+            results["baseline"] = run(args, ["healthy"] * args.endpoints, base)
+            report("every receiver healthy", results["baseline"], args.events)
         work = Path(tmp) / "mixed"
         work.mkdir()
-        report("one slow, one failing", run(args, mixed, work), args.events)
+        results["mixed"] = run(args, mixed, work)
+        report("one slow, one failing", results["mixed"], args.events)
+    if args.compare:
+        verdict(results["baseline"], results["mixed"], args.events)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
     db = args.database_url.split("@")[-1] if args.database_url else "SQLite"
     print(
         f"\n{datetime.now(UTC):%Y-%m-%d}, {os.cpu_count()} CPUs, {db}; reproduce: .venv/bin/python "

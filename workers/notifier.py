@@ -92,7 +92,7 @@ class Pump(threading.Thread):
         db = self.rt.db
         if sweep:
             with db.write() as s:
-                notifications.sweep(session=s, now=utcnow())
+                notifications.sweep(session=s, now=utcnow(), time_scale=settings.time_scale)
         if prune:
             with db.write() as s:
                 notifications.prune(session=s, now=utcnow())

@@ -14,6 +14,7 @@ from api.dashboard import (
     session_pages,
     sessions,
     tenant_pages,
+    webhook_pages,
 )
 from api.dashboard.web import DashboardRoute, Form, OptionalUser, User, render, safe_next
 from api.deps import DbDep, SettingsDep
@@ -143,3 +144,4 @@ router.include_router(session_pages.router)
 router.include_router(endpoint_pages.router)
 router.include_router(admin_pages.router)
 router.include_router(mail_pages.router)
+router.include_router(webhook_pages.router)

@@ -318,7 +318,9 @@ def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form:
     if user.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; submit with a tenant's key.")
     try:
-        job_id = _submit(db, str(user.tenant_id), spec, values["idempotency"] or None)
+        job_id = _submit(
+            db, str(user.tenant_id), spec, values["idempotency"] or None, user.principal.member_id
+        )
     except DomainError as exc:
         context = _submit_context(values, {"form": exc.detail}, None, own, live)
         return render(request, "submit.html", context, status_code=exc.status, user=user)
@@ -327,7 +329,9 @@ def submit(request: Request, db: DbDep, settings: SettingsDep, user: User, form:
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 
-def _submit(db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | None) -> str:
+def _submit(
+    db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | None, member_id: str | None
+) -> str:
     # The form carries a key made when it was shown: a double click or a resent form is one job.
     key = f"dashboard-{idempotency_key}" if idempotency_key else None
     for attempt in range(2):
@@ -338,6 +342,9 @@ def _submit(db: DbDep, tenant_id: str, spec: JobSpec, idempotency_key: str | Non
                     tenant_id=tenant_id,
                     spec=spec,
                     idempotency_key=key,
+                    # The member signed in, as the API records the key's member: its `notify` mail goes
+                    # to them.
+                    member_id=member_id,
                     render=lambda job: job_out(job).model_dump(mode="json"),
                 )
                 return result.job.id

@@ -78,7 +78,9 @@ async def submit_job(
     if spec.array is not None or spec.sweep is not None:
         tenant_id = principal.tenant_id
         out, replayed = await to_thread.run_sync(
-            lambda: submit_array(runtime, tenant_id, spec, idempotency_key, principal.scope)
+            lambda: submit_array(
+                runtime, tenant_id, spec, idempotency_key, principal.scope, principal.member_id
+            )
         )
         headers = {"Location": f"/api/v1/arrays/{out.id}"}
         if replayed:
@@ -125,11 +127,16 @@ def list_jobs(
 
 
 def submit_array(
-    runtime: Runtime, tenant_id: str, spec: JobSpec, idempotency_key: str | None, scope: Scope
+    runtime: Runtime,
+    tenant_id: str,
+    spec: JobSpec,
+    idempotency_key: str | None,
+    scope: Scope,
+    member_id: str | None = None,
 ) -> tuple[ArrayOut, bool]:
     with runtime.db.write() as s:
         result = array_service.submit_array(
-            session=s, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key
+            session=s, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key, member_id=member_id
         )
         s.flush()
         (summary,) = array_service.summaries(session=s, arrays=[result.array])

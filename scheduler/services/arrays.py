@@ -363,7 +363,12 @@ _plans = Plan.__table__
 
 
 def submit_array(
-    *, session: Session, tenant_id: str, spec: JobSpec, idempotency_key: str | None = None
+    *,
+    session: Session,
+    tenant_id: str,
+    spec: JobSpec,
+    idempotency_key: str | None = None,
+    member_id: str | None = None,
 ) -> SubmittedArray:
     """Admit an array or sweep in the caller's transaction: all of it, or nothing stored or reserved."""
     if idempotency_key is not None:
@@ -408,7 +413,8 @@ def submit_array(
     for e in elements:
         if id(e.spec) in prepared:
             continue
-        request = job_service.SubmitRequest(tenant_id, e.spec, None)
+        # `member_id`: who submits it, whom the elements' `notify` mail goes to, as for a single job.
+        request = job_service.SubmitRequest(tenant_id, e.spec, None, member_id)
         try:
             prepared[id(e.spec)] = job_service._prepare(
                 session, request, job_service.request_hash(e.spec), plan_row, now, fleet_pods

@@ -389,13 +389,20 @@ def _body(ev: Event, link_base: str) -> Body | None:
         return _job_body(ev, link_base)
     if ev.type == "usage.threshold":
         pct, kind = d.get("threshold_percent"), d.get("kind")
-        verb = "is used" if kind == "actual" else "will be used by what is queued and running"
+        verb = "is used" if kind == "actual" else "will be used at the present pace"
+        burn = float(d.get("recent_burn_ipu_hours") or 0)
+        pace = (
+            f", and {burn:.2f} spent in the last 24 hours, which at that rate until the grant expires makes "
+            f"{float(d.get('forecast_ipu_hours', 0)):.2f}"
+            if kind == "forecast" and burn > 0 and d.get("expires_at")
+            else ""
+        )
         return Body(
             f"{pct}% of your IPU-hour grant {verb}",
             [
                 f"{pct}% of your grant of {float(d.get('grant_ipu_hours', 0)):.2f} IPU-hours {verb}: "
                 f"{float(d.get('used_ipu_hours', 0)):.2f} used, {float(d.get('reserved_ipu_hours', 0)):.2f} "
-                "reserved by queued and running work.",
+                f"reserved by queued and running work{pace}.",
                 "Work that would pass the grant is refused; ask your administrator for more.",
             ],
             ("Your usage", f"{link_base}/"),

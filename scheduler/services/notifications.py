@@ -33,7 +33,7 @@ from scheduler import webhook_http
 from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.ids import new_id
-from scheduler.models import SERVE_TASK, Job, Plan, Tenant, utcnow
+from scheduler.models import SERVE_TASK, Job, MeterEvent, Plan, Tenant, utcnow
 from scheduler.notify_models import Event, NotificationSetting, Webhook, WebhookDelivery
 from scheduler.services.scope import Scope, restrict, sees
 
@@ -722,11 +722,50 @@ def _chunks(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def sweep(*, session: Session, now: datetime) -> SweepResult:
+# The forecast's recent burn: the grant's charge over this much cluster time, as a rate.
+BURN_WINDOW_CLUSTER_S = 86400.0
+
+
+def forecast_ipu_ms(
+    *,
+    used_ipu_ms: int,
+    reserved_ipu_ms: int,
+    burn_ipu_ms: int,
+    window_s: float,
+    now: datetime,
+    expires_at: datetime | None,
+) -> int:
+    """What the grant will have spent by its expiry: what is used, what queued and running work holds,
+    and the recent burn (`burn_ipu_ms` charged over the last `window_s` wall seconds) carried on at the
+    same rate until `expires_at`. A grant with no expiry, or one already past it, has no burn to come;
+    a window of refunds burns nothing."""
+    ahead_s = (expires_at - now).total_seconds() if expires_at is not None else 0.0
+    burn = max(0, burn_ipu_ms) * max(0.0, ahead_s) / window_s if window_s > 0 else 0.0
+    return used_ipu_ms + reserved_ipu_ms + int(burn)
+
+
+def _recent_burn(session: Session, tenant_ids: list[str], since: datetime) -> dict[str, int]:
+    """Each tenant's charge (rate x IPU-ms, refunds netted) metered since `since`."""
+    found: dict[str, int] = {}
+    for chunk in _chunks(tenant_ids, 500):
+        rows = session.execute(
+            select(MeterEvent.tenant_id, func.coalesce(func.sum(MeterEvent.ipu_ms), 0))
+            .where(MeterEvent.tenant_id.in_(chunk), MeterEvent.at >= since)
+            .group_by(MeterEvent.tenant_id)
+        ).tuples()
+        found.update((tenant_id, int(total)) for tenant_id, total in rows)
+    return found
+
+
+def sweep(*, session: Session, now: datetime, time_scale: float = 1.0) -> SweepResult:
     """Write the events no single transaction makes: jobs near their time limit, grant thresholds
     crossed and trials ending.
     Their ids name the threshold and the grant (or the expiry), so each is written once, and again
-    after an admin changes the grant (or the expiry)."""
+    after an admin changes the grant (or the expiry).
+
+    A threshold's `forecast` counts used + reserved + the recent burn to the grant's expiry: the charge
+    of the last 24 h of cluster time (`time_scale` cluster seconds a wall second) extrapolated at that
+    rate to `expires_at`."""
     result = SweepResult(usage=0, trials=0, runtime=_runtime_warnings(session, now))
     # Members choose their own thresholds (scheduler/services/mail.py): the events are written at every
     # threshold one of a tenant's members chose, as well as the defaults.
@@ -736,16 +775,42 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
     ).tuples():
         chosen.setdefault(tenant_id, set()).update(int(t) for t in thresholds)
     lowest = min([*USAGE_THRESHOLDS, *(t for ts in chosen.values() for t in ts)]) / 100
-    crossed = session.execute(
-        select(Tenant.id, Tenant.quota_ipu_ms, Tenant.used_ipu_ms, Tenant.reserved_ipu_ms).where(
-            Tenant.quota_ipu_ms > 0,
-            Tenant.status == "active",
-            Tenant.used_ipu_ms + Tenant.reserved_ipu_ms >= Tenant.quota_ipu_ms * lowest,
+    window_s = BURN_WINDOW_CLUSTER_S / time_scale
+    columns = (Tenant.id, Tenant.quota_ipu_ms, Tenant.used_ipu_ms, Tenant.reserved_ipu_ms, Tenant.expires_at)
+    live = (Tenant.quota_ipu_ms > 0, Tenant.status == "active")
+    crossed = list(
+        session.execute(
+            select(*columns).where(
+                *live,
+                Tenant.used_ipu_ms + Tenant.reserved_ipu_ms >= Tenant.quota_ipu_ms * lowest,
+            )
+        ).all()
+    )
+    # A grant that expires may cross a forecast threshold on its burn alone: those below the lowest
+    # threshold on used + reserved are read with their burn (only they: a grant with no expiry has none).
+    below = list(
+        session.execute(
+            select(*columns).where(
+                *live,
+                Tenant.expires_at > now,
+                Tenant.used_ipu_ms + Tenant.reserved_ipu_ms < Tenant.quota_ipu_ms * lowest,
+            )
+        ).all()
+    )
+    burning = [t.id for t in [*crossed, *below] if t.expires_at is not None and t.expires_at > now]
+    burns = _recent_burn(session, burning, now - timedelta(seconds=window_s)) if burning else {}
+    for t in [*crossed, *below]:
+        burn = burns.get(t.id, 0)
+        forecast = forecast_ipu_ms(
+            used_ipu_ms=t.used_ipu_ms,
+            reserved_ipu_ms=t.reserved_ipu_ms,
+            burn_ipu_ms=burn,
+            window_s=window_s,
+            now=now,
+            expires_at=t.expires_at,
         )
-    ).all()
-    for t in crossed:
         for pct in sorted({*USAGE_THRESHOLDS, *chosen.get(t.id, ())}):
-            for kind, amount in (("actual", t.used_ipu_ms), ("forecast", t.used_ipu_ms + t.reserved_ipu_ms)):
+            for kind, amount in (("actual", t.used_ipu_ms), ("forecast", forecast)):
                 if amount * 100 >= t.quota_ipu_ms * pct:
                     emit(
                         session,
@@ -759,6 +824,9 @@ def sweep(*, session: Session, now: datetime) -> SweepResult:
                             "grant_ipu_hours": t.quota_ipu_ms / 3_600_000,
                             "used_ipu_hours": t.used_ipu_ms / 3_600_000,
                             "reserved_ipu_hours": t.reserved_ipu_ms / 3_600_000,
+                            "recent_burn_ipu_hours": burn / 3_600_000,
+                            "forecast_ipu_hours": forecast / 3_600_000,
+                            "expires_at": t.expires_at.isoformat() if t.expires_at else None,
                             "url": "/api/v1/usage",
                         },
                         at=now,

@@ -299,3 +299,28 @@ def test_a_webhook_has_at_most_its_share_in_flight(db: Any, tenant_id: str) -> N
     with db.write() as s:
         second = notifications.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
     assert [by_hook[i] for i in second] == [quick] * 3
+
+
+def test_the_forecast_carries_the_recent_burn_on_to_the_grants_expiry() -> None:
+    now = utcnow()
+    hour = 3_600_000
+    day = 86400.0
+
+    def forecast(burn: int, window_s: float = day, expires: Any = now + timedelta(days=3)) -> int:
+        return notifications.forecast_ipu_ms(
+            used_ipu_ms=10 * hour,
+            reserved_ipu_ms=5 * hour,
+            burn_ipu_ms=burn,
+            window_s=window_s,
+            now=now,
+            expires_at=expires,
+        )
+
+    assert forecast(2 * hour) == 15 * hour + 3 * 2 * hour  # 2 IPU-hours a day, for three more days
+    assert forecast(0) == 15 * hour
+    assert forecast(2 * hour, expires=None) == 15 * hour, "a grant that never expires has no burn to come"
+    assert forecast(2 * hour, expires=now - timedelta(seconds=1)) == 15 * hour, "nor one already expired"
+    assert forecast(-2 * hour) == 15 * hour, "a window of refunds burns nothing"
+    # At a time scale of 1000, 24 h of cluster time is 86.4 s: three days of wall time to expiry is 3,000
+    # of those windows.
+    assert forecast(hour, window_s=day / 1000) == 15 * hour + 3000 * hour

@@ -20,6 +20,7 @@ class Received:
     mail_from: str
     rcpt_tos: list[str]
     message: EmailMessage
+    tls: str | None = None  # the TLS version the message came over; None: in the clear
 
     @property
     def text(self) -> str:
@@ -49,7 +50,9 @@ class Inbox:
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         msg = message_from_bytes(envelope.content, policy=policy.default)
         assert isinstance(msg, EmailMessage)
-        self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), msg))
+        ssl_object = server.transport.get_extra_info("ssl_object") if server.transport else None
+        tls = ssl_object.version() if ssl_object is not None else None
+        self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos), msg, tls))
         return "250 Message accepted for delivery"
 
     def wait_for(self, count: int, timeout_s: float = 30.0) -> list[Received]:
@@ -70,9 +73,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def smtp_server() -> Iterator[Inbox]:
+def smtp_server(**tls: Any) -> Iterator[Inbox]:
+    """`tls`: aiosmtpd's `tls_context` and `require_starttls` (STARTTLS), or `ssl_context` (TLS from the
+    first byte)."""
     inbox = Inbox(port=free_port())
-    controller = Controller(inbox, hostname="127.0.0.1", port=inbox.port)
+    controller = Controller(inbox, hostname="127.0.0.1", port=inbox.port, **tls)
     controller.start()
     try:
         yield inbox

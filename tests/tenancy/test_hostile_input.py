@@ -346,6 +346,23 @@ def dashboard_fields() -> list[Field]:
         Field("dashboard", "anonymous", "GET", "/unsubscribe/{token}", "path", "token", "token"),
         Field("dashboard", "anonymous", "POST", "/unsubscribe/{token}", "path", "token", "token"),
         Field("dashboard", admin, "GET", "/admin/mail/{name}", "path", "name", "token"),
+        # The webhook pages (api/dashboard/webhook_pages.py) validate with the API's own bodies.
+        *many(owner, "POST", "/webhooks", "form", {"url": "text", "description": "text", "csrf": "token"}),
+        Field("dashboard", owner, "GET", "/webhooks/{webhook_id}", "path", "webhook_id", "token"),
+        *many(owner, "GET", "/webhooks/{webhook_id}", "query", {"status": "token", "before": "int"}),
+        *many(owner, "POST", "/webhooks/{webhook_id}", "form", {"url": "text", "description": "text"}),
+        Field("dashboard", owner, "POST", "/webhooks/{webhook_id}/disable", "path", "webhook_id", "token"),
+        Field("dashboard", owner, "POST", "/webhooks/{webhook_id}/rotate-secret", "form", "overlap_s", "int"),
+        Field("dashboard", owner, "POST", "/webhooks/{webhook_id}/test", "form", "csrf", "token"),
+        Field(
+            "dashboard",
+            owner,
+            "POST",
+            "/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver",
+            "path",
+            "delivery_id",
+            "int",
+        ),
     ]
     return out
 
@@ -423,6 +440,9 @@ DASHBOARD_FORMS: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/admin/tenants"): {"name": "hostile", "plan": "trial"},
     ("POST", "/admin/trials/{application_id}/reject"): {"reason": "no"},
     ("POST", "/sessions/{session_id}/extend"): {"add_s": "60"},
+    ("POST", "/webhooks"): {"url": "https://93.184.215.14/", "event:job.failed": "on"},
+    ("POST", "/webhooks/{webhook_id}"): {"url": "https://93.184.215.14/", "description": "d"},
+    ("POST", "/webhooks/{webhook_id}/rotate-secret"): {"overlap_s": "60"},
 }
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from scheduler import mail as mail_wire
 from scheduler.errors import InvalidRequest
-from scheduler.models import AttemptState, Member, Tenant, utcnow
+from scheduler.models import AttemptState, Job, Member, Tenant, utcnow
 from scheduler.notify_models import MailMessage
 from scheduler.services import mail, notifications
 from tests.support import services
@@ -199,6 +199,43 @@ def test_a_job_asks_to_mail_its_submitter(client: Any, world: World, db: Any, in
     assert "List-Unsubscribe" not in got.message  # the job asked; settings do not turn it off
     bad = {**spec, "notify": {"on": ["sometimes"]}}
     assert_problem(client.post("/api/v1/jobs", json=bad, headers=auth(world.a.member_key)), 422)
+
+
+def test_jobs_from_the_dashboard_and_arrays_record_their_submitter(
+    client: Any, world: World, db: Any, inbox: Inbox
+) -> None:
+    """A job submitted from the dashboard records the member signed in, as the API records the key's
+    member; so does every element of an array, so that their `notify` mail has someone to go to."""
+    token = FORM_TOKEN.search(client.get("/login").text).group(1)  # type: ignore[union-attr]
+    client.post("/login", data={"form_token": token, "api_key": world.a.member_key})
+    form = client.get("/jobs/new").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form).group(1)  # type: ignore[union-attr]
+    values = {"model": "resnet50", "task": "train", "batch_size": "64", "steps": "20", "ipus": "4"}
+    r = client.post("/jobs/new", data={**values, "action": "submit", "csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    dashboard_job = r.headers["location"].rsplit("/", 1)[-1]
+    spec = {
+        "name": "sweep",
+        "workload": {"model": "resnet50", "batch_size": 64, "steps": 20},
+        "ipus": 4,
+        "array": {"indices": "0-1"},
+        "notify": {"on": ["fail"]},
+    }
+    r = client.post("/api/v1/jobs", json=spec, headers=auth(world.a.member_key))
+    assert r.status_code == 202, r.text
+    array_id = r.json()["id"]
+    with db.read() as s:
+        assert s.get(Job, dashboard_job).submitted_by == world.a.member_id
+        elements = list(s.execute(select(Job).where(Job.array_id == array_id)).scalars())
+    assert len(elements) == 2 and {j.submitted_by for j in elements} == {world.a.member_id}
+    # An element that fails mails its submitter, as the array asked.
+    for key in (world.a.owner_key, world.a.member_key):
+        assert client.put(SETTINGS, json={"job_events": []}, headers=auth(key)).status_code == 200
+    attempt = start_attempt(db, elements[0].id, "p-element")
+    finish(db, attempt, AttemptState.FAILED, 10.0, reason="diverged")
+    assert send_due_mail(db) == ["sent"]
+    (got,) = inbox.wait_for(1)
+    assert got.rcpt_tos == ["m@alpha.example.org"] and elements[0].id in got.text
 
 
 def test_budget_thresholds_a_member_chose_fire_once_per_grant(

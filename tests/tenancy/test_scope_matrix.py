@@ -36,6 +36,7 @@ from api.dashboard import (
     session_pages,
     sessions,
     tenant_pages,
+    webhook_pages,
 )
 from scheduler.db import Database
 from scheduler.endpointspec import EndpointSpec
@@ -1139,6 +1140,77 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         lambda w, c: Form("POST", f"/unsubscribe/{_unsubscribe_token(w)}", {"List-Unsubscribe": "One-Click"}),
     ),
 }
+
+
+def _hook_enabled(w: World, webhook_id: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with w.db.read() as s:
+            row = s.get(Webhook, webhook_id)
+            return row is not None and row.enabled
+
+    return check
+
+
+def _dash_disable_webhook(w: World, csrf: str) -> Form:
+    webhook_id, _ = webhooks.make_webhook(w.db, w.tenant)
+    return Form(
+        "POST", f"/webhooks/{webhook_id}/disable", {"csrf": csrf}, unchanged=_hook_enabled(w, webhook_id)
+    )
+
+
+def _dash_delete_webhook(w: World, csrf: str) -> Form:
+    webhook_id, _ = webhooks.make_webhook(w.db, w.tenant)
+    return Form(
+        "POST", f"/webhooks/{webhook_id}/delete", {"csrf": csrf}, unchanged=_webhook_there(w, webhook_id)
+    )
+
+
+# Webhooks (api/dashboard/webhook_pages.py): each page and form answers as its API twin does.
+DASHBOARD.update(
+    {
+        ("GET", "/webhooks", ""): (("GET", "/api/v1/webhooks"), lambda w, c: Form("GET", "/webhooks")),
+        ("POST", "/webhooks", ""): (
+            ("POST", "/api/v1/webhooks"),
+            lambda w, c: Form("POST", "/webhooks", {"csrf": c, "url": "https://93.184.215.14/"}),
+        ),
+        ("GET", "/webhooks/{webhook_id}", ""): (
+            ("GET", "/api/v1/webhooks/{webhook_id}/deliveries"),
+            lambda w, c: Form("GET", f"/webhooks/{w.webhook}"),
+        ),
+        ("POST", "/webhooks/{webhook_id}", ""): (
+            ("PATCH", "/api/v1/webhooks/{webhook_id}"),
+            lambda w, c: Form("POST", f"/webhooks/{w.webhook}", {"csrf": c, "description": "changed"}),
+        ),
+        ("POST", "/webhooks/{webhook_id}/enable", ""): (
+            ("PATCH", "/api/v1/webhooks/{webhook_id}"),
+            lambda w, c: Form("POST", f"/webhooks/{w.webhook}/enable", {"csrf": c}),
+        ),
+        ("POST", "/webhooks/{webhook_id}/disable", ""): (
+            ("PATCH", "/api/v1/webhooks/{webhook_id}"),
+            _dash_disable_webhook,
+        ),
+        ("POST", "/webhooks/{webhook_id}/rotate-secret", ""): (
+            ("POST", "/api/v1/webhooks/{webhook_id}/rotate-secret"),
+            lambda w, c: Form("POST", f"/webhooks/{w.webhook}/rotate-secret", {"csrf": c, "overlap_s": "0"}),
+        ),
+        ("POST", "/webhooks/{webhook_id}/test", ""): (
+            ("POST", "/api/v1/webhooks/{webhook_id}/test"),
+            lambda w, c: Form("POST", f"/webhooks/{w.webhook}/test", {"csrf": c}),
+        ),
+        ("POST", "/webhooks/{webhook_id}/delete", ""): (
+            ("DELETE", "/api/v1/webhooks/{webhook_id}"),
+            _dash_delete_webhook,
+        ),
+        ("POST", "/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver", ""): (
+            ("POST", "/api/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver"),
+            lambda w, c: Form(
+                "POST", f"/webhooks/{w.webhook}/deliveries/{w.delivery}/redeliver", {"csrf": c}
+            ),
+        ),
+    }
+)
+
+
 # Signing in is checked on its own (it needs an anonymous client): what each key gets.
 SIGN_IN = {**dict.fromkeys(ROLES, OK), "suspended": FORBIDDEN, "revoked": SIGNED_OUT}
 # Using a claim link needs the form token of the page it opens: tests/tenancy/test_mail.py follows one.
@@ -1179,6 +1251,7 @@ def dashboard_routes() -> set[tuple[str, str]]:
         session_pages.router,
         endpoint_pages.router,
         mail_pages.router,
+        webhook_pages.router,
     ):
         for route in router.routes:
             if isinstance(route, APIRoute):
