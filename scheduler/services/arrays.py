@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import billing
@@ -367,11 +368,7 @@ def submit_array(
 ) -> SubmittedArray:
     """Admit an array or sweep in the caller's transaction: all of it, or nothing stored or reserved."""
     if idempotency_key is not None:
-        prior = session.execute(
-            select(JobArray).where(
-                JobArray.tenant_id == tenant_id, JobArray.idempotency_key == idempotency_key
-            )
-        ).scalar_one_or_none()
+        prior = _keyed(session, tenant_id, idempotency_key)
         if prior is not None:
             if prior.spec != _request_body(spec):
                 raise job_service.IdempotencyConflict(
@@ -423,6 +420,10 @@ def submit_array(
 
     # Judged under the tenant's row lock, as single jobs are (jobs.submit_jobs): one guarded UPDATE.
     tenant = conn.execute(job_service._LOCK_TENANTS, {"ids": [tenant_id]}).one()
+    if idempotency_key is not None and _keyed(session, tenant_id, idempotency_key) is not None:
+        # A request with this key was admitted while this one waited for the lock: replay it rather
+        # than judge this one against a grant that request has already taken.
+        raise job_service.IdempotencyRace()
     if tenant.status != "active":
         raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
     if tenant.expires_at is not None and tenant.expires_at <= now:
@@ -465,9 +466,18 @@ def submit_array(
         created_at=now,
         updated_at=now,
     )
-    conn.execute(
-        insert(JobArray.__table__), [{c.key: getattr(array, c.key) for c in JobArray.__table__.columns}]
-    )
+    array_row = [{c.key: getattr(array, c.key) for c in JobArray.__table__.columns}]
+    if idempotency_key is not None:
+        # The key's unique index decides a race the read above cannot see: another request with
+        # this key committed after that read (it held the tenant's lock first). The caller retries
+        # in a new transaction, which replays that request's array.
+        try:
+            with session.begin_nested():
+                conn.execute(insert(JobArray.__table__), array_row)
+        except IntegrityError as exc:
+            raise job_service.IdempotencyRace() from exc
+    else:
+        conn.execute(insert(JobArray.__table__), array_row)
     columns = job_service._JOB_COLUMNS
     rows: list[dict[str, Any]] = []
     events: list[Any] = []
@@ -500,6 +510,14 @@ def submit_array(
     ).rowcount
     assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
     return SubmittedArray(array, replayed=False)
+
+
+def _keyed(session: Session, tenant_id: str, key: str) -> JobArray | None:
+    return session.execute(
+        select(JobArray)
+        .where(JobArray.tenant_id == tenant_id, JobArray.idempotency_key == key)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
 
 
 def _request_body(spec: JobSpec) -> dict[str, object]:
