@@ -20,7 +20,7 @@ import itertools
 import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, update
@@ -813,12 +813,18 @@ class Gate:
 
     room: dict[str, int]  # array id -> elements it may start this pass
     running_names: set[tuple[str, str]]  # (tenant, name) of running singleton-guarded jobs
+    # array id -> its max_running and its elements running now (arrays with a max_running only),
+    # for the forecast (policy.HeldArray)
+    caps: dict[str, int] = field(default_factory=dict)
+    live: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def gate(
     *, session: Session, array_ids: Collection[str], singleton_names: Collection[tuple[str, str]]
 ) -> Gate:
     room: dict[str, int] = {}
+    caps: dict[str, int] = {}
+    live: dict[str, frozenset[str]] = {}
     if array_ids:
         limits = dict(
             session.execute(
@@ -830,17 +836,16 @@ def gate(
             .all()
         )
         if limits:
-            live = dict(
-                session.execute(
-                    select(Job.array_id, func.count())
-                    .join(Attempt, Attempt.job_id == Job.id)
-                    .where(Job.array_id.in_(sorted(limits)), Attempt.state.in_(LIVE_ATTEMPT_STATES))
-                    .group_by(Job.array_id)
-                )
-                .tuples()
-                .all()
-            )
-            room = {str(a): max(0, int(m or 0) - int(live.get(a, 0))) for a, m in limits.items()}
+            running: dict[str, set[str]] = {}
+            for array_id, job_id in session.execute(
+                select(Job.array_id, Job.id)
+                .join(Attempt, Attempt.job_id == Job.id)
+                .where(Job.array_id.in_(sorted(limits)), Attempt.state.in_(LIVE_ATTEMPT_STATES))
+            ).tuples():
+                running.setdefault(str(array_id), set()).add(job_id)
+            room = {str(a): max(0, int(m or 0) - len(running.get(a, ()))) for a, m in limits.items()}
+            caps = {str(a): int(m or 0) for a, m in limits.items()}
+            live = {a: frozenset(running.get(a, ())) for a in caps}
     names: set[tuple[str, str]] = set()
     if singleton_names:
         tenants = sorted({t for t, _ in singleton_names})
@@ -851,7 +856,7 @@ def gate(
         ).tuples():
             if (tenant_id, name) in singleton_names:
                 names.add((tenant_id, name))
-    return Gate(room, names)
+    return Gate(room, names, caps, live)
 
 
 __all__ = [
