@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, update
@@ -625,6 +626,70 @@ def elements(
     return list(session.execute(stmt).scalars())
 
 
+@dataclass(frozen=True)
+class ElementResult:
+    """One element of an array as its results table shows it: its run so far or as it ended."""
+
+    index: int
+    job_id: str
+    state: str
+    params: dict[str, Any] | None
+    run_s: float | None  # cluster seconds its latest attempt ran
+    throughput: float | None  # samples/s of that attempt (its average once it ended)
+    ipu_hours: float  # billed to it, every attempt
+
+
+def results(*, session: Session, array_id: str, scope: Scope, now: datetime) -> list[ElementResult]:
+    """Every element of the array by index, with its latest attempt's run time and throughput and
+    the IPU-hours billed to it: three queries, whatever the array's size."""
+    get_array(session=session, array_id=array_id, scope=scope)
+    rows = list(
+        session.execute(
+            select(Job.id, Job.array_index, Job.state, Job.params, Job.attempts)
+            .where(Job.array_id == array_id)
+            .order_by(Job.array_index)
+        ).tuples()
+    )
+    latest: dict[str, Attempt] = {
+        a.job_id: a
+        for a in session.execute(
+            select(Attempt)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.array_id == array_id, Attempt.number == Job.attempts)
+        ).scalars()
+    }
+    billed = dict(
+        session.execute(
+            select(MeterEvent.job_id, func.sum(MeterEvent.ipu_ms))
+            .join(Job, Job.id == MeterEvent.job_id)
+            .where(Job.array_id == array_id)
+            .group_by(MeterEvent.job_id)
+        )
+        .tuples()
+        .all()
+    )
+    out = []
+    for job_id, index, state, params, _ in rows:
+        attempt = latest.get(job_id)
+        progress = attempts.progress_of(attempt, now) if attempt is not None else None
+        if progress is None and attempt is not None and attempt.timeline and attempt.cluster_s > 0:
+            # Ended without its agent's last progress (handed back, stopped by the control plane):
+            # where its timeline had it when it stopped.
+            progress = attempts.progress_at(attempt, attempt.cluster_s)
+        out.append(
+            ElementResult(
+                index=int(index or 0),
+                job_id=job_id,
+                state=state,
+                params=params,
+                run_s=None if attempt is None else float(progress["cluster_s"] if progress else attempt.cluster_s),
+                throughput=None if not progress or not progress.get("throughput") else float(progress["throughput"]),
+                ipu_hours=billing.ipu_hours(int(billed.get(job_id) or 0)),
+            )
+        )
+    return out
+
+
 # -------------------------------------------------------------------------------------- changing
 
 
@@ -863,6 +928,7 @@ __all__ = [
     "DEPENDENCY",
     "ArraySummary",
     "Element",
+    "ElementResult",
     "Gate",
     "Resolved",
     "SubmittedArray",
@@ -871,6 +937,7 @@ __all__ = [
     "check_dependencies",
     "elements",
     "expand",
+    "results",
     "gate",
     "get_array",
     "has_held",
