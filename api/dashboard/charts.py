@@ -302,8 +302,9 @@ def sweep_chart(
         )
     for x in sorted(set(xs))[:12] if len(set(xs)) <= 12 else [x_lo + (x_hi - x_lo) * i / 4 for i in range(5)]:
         px, _ = at(x, 0)
+        anchor = "start" if px <= left + 1 else "end" if px >= left + plot_w - 1 else "middle"
         parts.append(
-            f'<text x="{px:.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="13" '
+            f'<text x="{px:.1f}" y="{top + plot_h + 16}" text-anchor="{anchor}" font-size="13" '
             f'fill="#4a4a5e">{escape(_fmt(x))}</text>'
         )
     parts.append(
