@@ -120,7 +120,9 @@ def _page(
         raise InvalidRequest(f"sort: one of {choices}.", field="sort")
     numeric = [p for p in params if any(_numeric((r.params or {}).get(p)) for r in results)]
     if x is not None and x not in numeric and x != "index":
-        raise InvalidRequest(f"x: a swept parameter with numbers ({', '.join(numeric) or 'none'}).", field="x")
+        raise InvalidRequest(
+            f"x: a swept parameter with numbers ({', '.join(numeric) or 'none'}).", field="x"
+        )
     if x is None:
         x = numeric[0] if numeric else "index"
     chart = _chart(results, params, x, array.name)
@@ -200,7 +202,9 @@ def _cell(value: object) -> str:
 
 
 @router.post("/arrays/{array_id}/retry", response_class=HTMLResponse)
-def retry_failed(request: Request, array_id: ArrayRef, db: DbDep, user: SubmitterUser, form: Form) -> Response:
+def retry_failed(
+    request: Request, array_id: ArrayRef, db: DbDep, user: SubmitterUser, form: Form
+) -> Response:
     """Queue every failed or cancelled element again, as `POST /api/v1/arrays/{id}/retry` with
     `{"indices": "failed"}` does (reserving their cost again)."""
     sessions.check_csrf(request, form.get("csrf"), user.csrf)

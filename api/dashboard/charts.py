@@ -331,6 +331,8 @@ def sweep_chart(
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{line}"/>')
         for (x, y), (px, py) in zip(ordered, coords, strict=True):
             tip = escape(f"{label + ': ' if label else ''}{x_label} {_fmt(x)}: {_fmt(y)} {y_label}")
-            parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}"><title>{tip}</title></circle>')
+            parts.append(
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}"><title>{tip}</title></circle>'
+            )
     parts.append("</svg>")
     return "".join(parts)

@@ -372,7 +372,13 @@ def _print_array_estimate(est: Any) -> None:
         ]
         for e in est.elements or []
     ]
-    show(table(None, ["index", "params", "fits", "IPUs", "machine", "time", "samples/s", "IPU-hours", "wait"], rows))
+    show(
+        table(
+            None,
+            ["index", "params", "fits", "IPUs", "machine", "time", "samples/s", "IPU-hours", "wait"],
+            rows,
+        )
+    )
     t = est.totals
     if est.elements_truncated:
         show(f"(the first {len(rows)} of {t.elements} elements; --json or the API's max_rows for more)")

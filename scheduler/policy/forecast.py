@@ -13,16 +13,17 @@ hours; the forecast spans the queue ahead), jobs submitted later, and run times 
 Jobs bound to reserved partitions wait for their own partition, not for the shared pool, so they are
 left out. An array's elements the live pass kept back (``Snapshot.held``: past its ``max_running``)
 join the replay's queue only as its running elements end, so no more than ``max_running`` of them
-are forecast to run at once. The replay stops after ``max_passes`` passes (or ``budget_s`` seconds); jobs it has not
-started by then have no forecast (None), which callers show as unknown rather than guess.
+are forecast to run at once. The replay stops after ``max_passes`` passes (or ``budget_s`` seconds);
+jobs it has not started by then have no forecast (None), which callers show as unknown rather than
+guess.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 
 from scheduler.policy.config import PolicyConfig, get_policy

@@ -682,8 +682,12 @@ def results(*, session: Session, array_id: str, scope: Scope, now: datetime) -> 
                 job_id=job_id,
                 state=state,
                 params=params,
-                run_s=None if attempt is None else float(progress["cluster_s"] if progress else attempt.cluster_s),
-                throughput=None if not progress or not progress.get("throughput") else float(progress["throughput"]),
+                run_s=None
+                if attempt is None
+                else float(progress["cluster_s"] if progress else attempt.cluster_s),
+                throughput=None
+                if not progress or not progress.get("throughput")
+                else float(progress["throughput"]),
                 ipu_hours=billing.ipu_hours(int(billed.get(job_id) or 0)),
             )
         )
@@ -937,12 +941,12 @@ __all__ = [
     "check_dependencies",
     "elements",
     "expand",
-    "results",
     "gate",
     "get_array",
     "has_held",
     "list_arrays",
     "resolve_dependencies",
+    "results",
     "retry_elements",
     "submit_array",
     "summaries",

@@ -498,7 +498,7 @@ def estimate_array(
                 }
             )
     for key in ("total_s", "ipu_hours", "charged_ipu_hours"):
-        totals[key] = round(totals[key], 6)  # type: ignore[literal-required]
+        totals[key] = round(totals[key], 6)
     if waits:
         totals["expected_wait_s"] = min(waits.values())
         if len(ends) == totals["fitting"]:
@@ -549,7 +549,10 @@ def _forecast_elements(
         )
     if not targets:
         return {}
-    held = {**snapshot.held, ESTIMATE_ARRAY_ID: HeldArray(cap=max(1, cap), members=frozenset(), waiting=tuple(targets))}
+    held = {
+        **snapshot.held,
+        ESTIMATE_ARRAY_ID: HeldArray(cap=max(1, cap), members=frozenset(), waiting=tuple(targets)),
+    }
     view = dataclasses.replace(snapshot, held=held, arrivals=[*snapshot.arrivals, *targets[:cap]])
     starts = forecast(view, policy, until=set(index_of), budget_s=ESTIMATE_BUDGET_S)
     return {

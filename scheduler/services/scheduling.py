@@ -280,9 +280,11 @@ def build_snapshot(
         committed=committed,
     )
     gated: dict[str, Wait] = {}
-    held: dict[str, HeldArray] = {}
+    held_arrays: dict[str, HeldArray] = {}
     if extra:
-        queued, gated = gate_queue(session=session, queued=queued, extra=extra, tenants=tenants, held=held)
+        queued, gated = gate_queue(
+            session=session, queued=queued, extra=extra, tenants=tenants, held=held_arrays
+        )
     unhealthy = set(
         session.execute(
             select(Partition.name)
@@ -324,7 +326,7 @@ def build_snapshot(
         allocator=allocator,
         reserved=reserved,
         arrivals=arrivals,
-        held=held,
+        held=held_arrays,
     )
     return LiveSnapshot(snapshot, stored, samples, gated)
 

@@ -57,13 +57,16 @@ def run_sweep(db: Any, array_id: str) -> None:
             continue
         with db.read() as s:
             progress = attempts.progress_at(s.get(Attempt, attempt_id), runtime)  # as an agent reports it
-        done = agentkit.tick(db, finishes=[Finish(attempt_id, AttemptState.SUCCEEDED, runtime, None, progress)])
+        done = agentkit.tick(
+            db, finishes=[Finish(attempt_id, AttemptState.SUCCEEDED, runtime, None, progress)]
+        )
         assert attempt_id in done.finished
 
 
 def cells(page: str) -> dict[int, str]:
     return {
-        int(i): state for state, i in re.findall(r'class="cell cell-(\w+)" href="/jobs/\w+" title="(\d+): ', page)
+        int(i): state
+        for state, i in re.findall(r'class="cell cell-(\w+)" href="/jobs/\w+" title="(\d+): ', page)
     }
 
 
@@ -96,8 +99,8 @@ def test_an_arrays_page_shows_its_elements_results_and_plot_and_retries_the_fail
     assert 'value="100.0"' in page and "100% ended" in page
     assert "Retry failed (2)" in page
     # The plot: throughput against the batch size, a series per IPU count, drawn on the server.
-    assert "<svg class=\"chart\"" in page, page.split("plot-h", 1)[1][:2000]
-    chart = page.split("<svg class=\"chart\"", 1)[1].split("</svg>", 1)[0]
+    assert '<svg class="chart"' in page, page.split("plot-h", 1)[1][:2000]
+    chart = page.split('<svg class="chart"', 1)[1].split("</svg>", 1)[0]
     assert "throughput against workload.batch_size" in chart and "ipus=1" in chart and "ipus=2" in chart
     # Only elements that ran report a throughput: the failed ones stopped half-way, still compiling.
     assert chart.count("<circle") == 4 and "<script" not in chart
@@ -108,7 +111,16 @@ def test_an_arrays_page_shows_its_elements_results_and_plot_and_retries_the_fail
         jobs = {j.array_index: j for j in s.execute(select(Job).where(Job.array_id == array_id)).scalars()}
     rows = list(csv.DictReader(io.StringIO(client.get(f"/arrays/{array_id}/results.csv").text)))
     assert [int(r["index"]) for r in rows] == list(range(6))
-    assert list(rows[0]) == ["index", "job_id", "state", "workload.batch_size", "ipus", "run_s", "throughput", "ipu_hours"]
+    assert list(rows[0]) == [
+        "index",
+        "job_id",
+        "state",
+        "workload.batch_size",
+        "ipus",
+        "run_s",
+        "throughput",
+        "ipu_hours",
+    ]
     for r in rows:
         job = jobs[int(r["index"])]
         assert r["job_id"] == job.id and r["state"] == job.state

@@ -114,5 +114,7 @@ def test_a_dry_run_of_an_array_or_sweep_shows_each_element_and_the_whole(
         )
         assert [e.index for e in est.elements] == [0, 1, 2, 3, 4] and est.elements_truncated
         assert est.totals.elements == 100
-        assert est.totals.charged_ipu_hours == pytest.approx(100 * est.elements[0].charged_ipu_hours, abs=1e-3)
+        assert est.totals.charged_ipu_hours == pytest.approx(
+            100 * est.elements[0].charged_ipu_hours, abs=1e-3
+        )
         assert c.list_arrays().items == [], "a dry run stores nothing"

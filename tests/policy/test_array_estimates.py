@@ -20,7 +20,9 @@ def post(client: Any, key: str, body: dict[str, Any]) -> Any:
 
 
 def single(client: Any, key: str, batch_size: int, ipus: int) -> dict[str, Any]:
-    r = post(client, key, {"workload": {**WORKLOAD, "batch_size": batch_size}, "ipus": ipus, "machine": "m2000"})
+    r = post(
+        client, key, {"workload": {**WORKLOAD, "batch_size": batch_size}, "ipus": ipus, "machine": "m2000"}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -51,7 +53,8 @@ def test_a_sweep_is_estimated_per_point_and_in_total_within_its_max_running(
     out = r.json()
     rows = out["elements"]
     assert [(row["index"], row["params"]) for row in rows] == [
-        (i, {"workload.batch_size": b, "ipus": n}) for i, (b, n) in enumerate((b, n) for b in (256, 1024) for n in (4, 8, 16))
+        (i, {"workload.batch_size": b, "ipus": n})
+        for i, (b, n) in enumerate((b, n) for b in (256, 1024) for n in (4, 8, 16))
     ]
     for row in rows:
         alone = single(client, key, row["params"]["workload.batch_size"], row["params"]["ipus"])
@@ -60,7 +63,9 @@ def test_a_sweep_is_estimated_per_point_and_in_total_within_its_max_running(
             assert row[field] == alone[field], (row, field)
     totals = out["totals"]
     assert totals["elements"] == totals["fitting"] == 6 and totals["max_running"] == 2
-    assert totals["charged_ipu_hours"] == pytest.approx(sum(row["charged_ipu_hours"] for row in rows), abs=1e-5)
+    assert totals["charged_ipu_hours"] == pytest.approx(
+        sum(row["charged_ipu_hours"] for row in rows), abs=1e-5
+    )
     assert totals["ipu_hours"] == pytest.approx(sum(row["ipu_hours"] for row in rows), abs=1e-5)
     assert out["charged_ipu_hours"] == totals["charged_ipu_hours"] and out["fits"] is True
     assert out["elements_truncated"] is False
@@ -83,7 +88,13 @@ def test_a_sweep_is_estimated_per_point_and_in_total_within_its_max_running(
 def test_rows_are_capped_but_the_totals_count_every_element(db: Any, seeded: Any, client: Any) -> None:
     tenant, key = new_tenant(db, "acme", quota_ipu_hours=10_000)
     alone = single(client, key, 256, 4)
-    body = {"workload": WORKLOAD, "ipus": 4, "machine": "m2000", "array": {"indices": "0-99:3"}, "max_rows": 10}
+    body = {
+        "workload": WORKLOAD,
+        "ipus": 4,
+        "machine": "m2000",
+        "array": {"indices": "0-99:3"},
+        "max_rows": 10,
+    }
     out = post(client, key, body).json()
     assert [row["index"] for row in out["elements"]] == list(range(0, 30, 3))
     assert out["elements_truncated"] is True and out["totals"]["elements"] == 34
@@ -112,18 +123,32 @@ def test_bad_array_input_is_refused_naming_the_field(db: Any, seeded: Any, clien
     base = {"workload": WORKLOAD, "ipus": 4}
     cases = [
         (key, {**base, "array": {"max_running": 2}}, 422, None),
-        (key, {**base, "array": {"indices": "0-3"}, "sweep": {"parameters": {"ipus": {"values": [4]}}}}, 422, None),
+        (
+            key,
+            {**base, "array": {"indices": "0-3"}, "sweep": {"parameters": {"ipus": {"values": [4]}}}},
+            422,
+            None,
+        ),
         (key, {**base, "array": {"indices": "5-1"}}, 422, None),
         (key, {**base, "array": {"indices": "0-3", "max_running": 100_000}}, 422, None),
         (key, {**base, "array": {"indices": "0-3", "max_running": 5000}}, 422, "array.max_running"),
         (trial_key, {**base, "array": {"indices": "0-99"}}, 422, "array.indices"),
-        (key, {**base, "sweep": {"method": "grid", "parameters": {"workload.steps": {"min": 1, "max": 9}}}}, 422, None),
+        (
+            key,
+            {**base, "sweep": {"method": "grid", "parameters": {"workload.steps": {"min": 1, "max": 9}}}},
+            422,
+            None,
+        ),
         (key, {**base, "sweep": {"parameters": {"workload.nope": {"values": [1]}}}}, 422, None),
         (key, {**base, "ipus": 3, "array": {"indices": "0-3"}}, 422, "ipus"),
         (
             key,
-            {"workload": {**WORKLOAD, "task": "infer"}, "ipus": 4, "array": {"indices": "0-1"},
-             "serve": {"batch_sizes": [1]}},
+            {
+                "workload": {**WORKLOAD, "task": "infer"},
+                "ipus": 4,
+                "array": {"indices": "0-1"},
+                "serve": {"batch_sizes": [1]},
+            },
             422,
             None,
         ),

@@ -27,7 +27,9 @@ def _submit_replaying(db: Any, tenant: str, races: list[int]) -> tuple[str, bool
     for _ in range(3):
         try:
             with db.write() as s:
-                made = arrays.submit_array(session=s, tenant_id=tenant, spec=spec(**BODY), idempotency_key=KEY)
+                made = arrays.submit_array(
+                    session=s, tenant_id=tenant, spec=spec(**BODY), idempotency_key=KEY
+                )
                 return made.array.id, made.replayed
         except jobs.IdempotencyRace:
             races.append(1)
@@ -83,7 +85,7 @@ def test_two_first_submissions_with_one_key_admit_one_array(db: Any, seeded: Any
                 results["first"] = (made.array.id, made.replayed)
                 first_in.set()  # admitted, not yet committed: the second submission starts now
                 _wait_for_lock_waiter(db)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+        except BaseException as exc:
             errors.append(exc)
             first_in.set()
 
@@ -91,7 +93,7 @@ def test_two_first_submissions_with_one_key_admit_one_array(db: Any, seeded: Any
         try:
             first_in.wait(10)
             results["second"] = _submit_replaying(db, tenant, races)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
@@ -107,9 +109,9 @@ def test_two_first_submissions_with_one_key_admit_one_array(db: Any, seeded: Any
         assert races == [1]
     with db.read() as s:
         assert s.execute(select(func.count()).select_from(JobArray)).scalar_one() == 1
-        assert s.execute(
-            select(func.count()).select_from(Job).where(Job.tenant_id == tenant)
-        ).scalar_one() == 6
+        assert (
+            s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tenant)).scalar_one() == 6
+        )
         assert s.get(Tenant, tenant).reserved_ipu_ms == cost, "reserved once"
 
 
@@ -140,7 +142,10 @@ def test_the_unique_index_stops_what_the_reads_miss(
     with db.write() as s:
         s.execute(
             insert(JobArray.__table__),
-            [{**row, "id": "arr_n1", "idempotency_key": None}, {**row, "id": "arr_n2", "idempotency_key": None}],
+            [
+                {**row, "id": "arr_n1", "idempotency_key": None},
+                {**row, "id": "arr_n2", "idempotency_key": None},
+            ],
         )
 
 
@@ -158,7 +163,9 @@ def test_the_migration_keeps_the_oldest_array_its_key(db: Any, seeded: Any) -> N
         conn.execute(insert(JobArray.__table__), [{**row, "id": "arr_dup", "created_at": later}])
         cleared = migration.clear_duplicate_keys(conn)
         conn.execute(
-            text("CREATE UNIQUE INDEX uq_arrays_tenant_idempotency_key ON arrays (tenant_id, idempotency_key)")
+            text(
+                "CREATE UNIQUE INDEX uq_arrays_tenant_idempotency_key ON arrays (tenant_id, idempotency_key)"
+            )
         )
         keys = dict(conn.execute(text("SELECT id, idempotency_key FROM arrays")).all())
     assert cleared == ["arr_dup"]

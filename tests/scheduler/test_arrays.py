@@ -3,6 +3,7 @@ admission, the scheduler's throttle, cancel and retry, dependency chains, quota 
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from typing import Any
 
@@ -484,7 +485,7 @@ def test_forecasts_keep_an_arrays_elements_to_its_max_running(
         starts.append(datetime.fromisoformat(e.wait["estimated_start"]).timestamp())
     waves = sorted(set(starts))
     assert [starts.count(t) for t in waves] == [3, 3, 3], starts
-    for earlier, later in zip(waves, waves[1:], strict=False):
+    for earlier, later in itertools.pairwise(waves):
         assert later - earlier == pytest.approx(runtime, abs=1.5)
     # Each start and the predicted run time (starts are whole seconds): never more than 3 elements
     # at once, the 3 placed running until the first wave starts.

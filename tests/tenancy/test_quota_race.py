@@ -159,16 +159,24 @@ def test_concurrent_retries_of_an_array_with_one_idempotency_key_make_one_array(
             ThreadPoolExecutor(max_workers=20) as pool,
         ):
             responses = list(pool.map(lambda _: c.post("/api/v1/jobs", json=body), range(20)))
-        assert {r.status_code for r in responses} == {202}, [r.text for r in responses if r.status_code != 202]
+        assert {r.status_code for r in responses} == {202}, [
+            r.text for r in responses if r.status_code != 202
+        ]
         assert len({r.json()["id"] for r in responses}) == 1, "every retry names the first array"
         assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 19
         with db.read() as s:
-            assert s.execute(
-                select(func.count()).select_from(JobArray).where(JobArray.tenant_id == tenant_id)
-            ).scalar_one() == 1
-            assert s.execute(
-                select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
-            ).scalar_one() == 4
+            assert (
+                s.execute(
+                    select(func.count()).select_from(JobArray).where(JobArray.tenant_id == tenant_id)
+                ).scalar_one()
+                == 1
+            )
+            assert (
+                s.execute(
+                    select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
+                ).scalar_one()
+                == 4
+            )
             t = s.get(Tenant, tenant_id)
             assert t.reserved_ipu_ms == s.execute(select(JobArray.reserved_at_submit_ipu_ms)).scalar_one()
     finally:

@@ -1108,7 +1108,10 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         ("GET", "/api/v1/arrays/{array_id}/jobs"),
         lambda w, c: Form("GET", f"/arrays/{w.new_array()}/results.csv"),
     ),
-    ("POST", "/arrays/{array_id}/retry", ""): (("POST", "/api/v1/arrays/{array_id}/retry"), _dash_retry_array),
+    ("POST", "/arrays/{array_id}/retry", ""): (
+        ("POST", "/api/v1/arrays/{array_id}/retry"),
+        _dash_retry_array,
+    ),
     ("GET", "/endpoints", ""): (("GET", "/api/v1/endpoints"), lambda w, c: Form("GET", "/endpoints")),
     ("GET", "/endpoints/{endpoint_id}", ""): (
         ("GET", "/api/v1/endpoints/{endpoint_id}"),
