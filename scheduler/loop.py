@@ -236,11 +236,14 @@ class SchedulerLoop:
             QUEUED.set(len(snapshot.queue))
             if not len(snapshot.queue):
                 assert self._waits is not None
+                if snapshot.held:  # arrays at their max_running: when their next elements start
+                    _date_waits(self._gated, self._forecast_for(snapshot))
                 scheduling.record_waits(session=s, waits=self._gated, known=self._waits)
                 return 0
             forecast = self._forecast_for(snapshot)
             decision = decide(snapshot, self._policy)
             _date_waits(decision.waits, forecast)
+            _date_waits(self._gated, forecast)
             if decision.preempt:
                 assert decision.reservation is not None
                 stopped = scheduling.preempt(
@@ -567,4 +570,6 @@ def _date_waits(waits: dict[str, Wait], forecast: dict[str, float]) -> None:
             waits[job_id] = dataclasses.replace(wait, estimated_start=start)
 
 
-ROOM_WAITS = frozenset({"reserved", "behind", "no-room"})
+# An array's elements held back by its max_running (or behind its earlier elements) wait for room
+# too: the forecast lets them in as the throttle would (scheduler/policy/forecast.py).
+ROOM_WAITS = frozenset({"reserved", "behind", "no-room", "array-throttle", "array"})

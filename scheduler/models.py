@@ -387,7 +387,12 @@ class JobArray(Base):
     (`Job.array_id`, `Job.array_index`); its figures are read from them."""
 
     __tablename__ = "arrays"
-    __table_args__ = (Index("ix_arrays_tenant_id", "tenant_id", "id"),)
+    __table_args__ = (
+        Index("ix_arrays_tenant_id", "tenant_id", "id"),
+        # Two first submissions with one key cannot both land (migration 0016_array_idem); NULLs
+        # (no key) never collide.
+        Index("uq_arrays_tenant_idempotency_key", "tenant_id", "idempotency_key", unique=True),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))

@@ -247,3 +247,92 @@ def time_series_chart(
                 )
     parts.append("</svg>")
     return "".join(parts)
+
+
+SERIES_COLOURS = ("#4b4bc8", "#c8654b", "#2e8b57", "#a04bc8", "#c8a04b", "#4ba0c8", "#6b6b7e", "#c84b8a")
+
+
+def sweep_chart(
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    chart_id: str,
+    width: int = 720,
+    height: int = 280,
+) -> str:
+    """A sweep's results: for each series `(label, [(x, y), ...])` (one per value of the parameters
+    not on the x axis; a lone series has the label ""), its points joined in x order, each with a
+    tooltip, a legend when there are several. The y axis starts at zero; x spans the values swept."""
+    left, right, top, bottom = 64, 16, 30, 44
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [x for _, pts in series for x, _ in pts]
+    ys = [y for _, pts in series for _, y in pts]
+    y_top = nice_ceiling(max(ys, default=0.0))
+    x_lo, x_hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return left + plot_w * (x - x_lo) / (x_hi - x_lo), top + plot_h - plot_h * y / y_top
+
+    best = max(((y, x, label) for label, pts in series for x, y in pts), default=None)
+    summary = (
+        f"{len(ys)} points; highest {_fmt(best[0])} {y_label} at {x_label} {_fmt(best[1])}"
+        + (f" ({best[2]})" if best and best[2] else "")
+        if best
+        else "no results yet"
+    )
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-labelledby="{chart_id}-t {chart_id}-d" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{chart_id}-t">{escape(title)}</title>',
+        f'<desc id="{chart_id}-d">{escape(summary)}</desc>',
+    ]
+    for i in range(5):
+        y = top + plot_h - plot_h * i / 4
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+            'stroke="#d4d4de" stroke-width="1"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="13" fill="#4a4a5e">'
+            f"{escape(_fmt(y_top * i / 4))}</text>"
+        )
+    for x in sorted(set(xs))[:12] if len(set(xs)) <= 12 else [x_lo + (x_hi - x_lo) * i / 4 for i in range(5)]:
+        px, _ = at(x, 0)
+        anchor = "start" if px <= left + 1 else "end" if px >= left + plot_w - 1 else "middle"
+        parts.append(
+            f'<text x="{px:.1f}" y="{top + plot_h + 16}" text-anchor="{anchor}" font-size="13" '
+            f'fill="#4a4a5e">{escape(_fmt(x))}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="13" '
+        f'fill="#4a4a5e">{escape(x_label)}</text>'
+    )
+    parts.append(
+        f'<text x="14" y="{top + plot_h / 2:.1f}" text-anchor="middle" font-size="13" fill="#4a4a5e" '
+        f'transform="rotate(-90 14 {top + plot_h / 2:.1f})">{escape(y_label)}</text>'
+    )
+    legend_x = float(left)
+    for n, (label, pts) in enumerate(series):
+        colour = SERIES_COLOURS[n % len(SERIES_COLOURS)]
+        if label and len(series) > 1:
+            parts.append(
+                f'<rect x="{legend_x:.1f}" y="8" width="12" height="12" fill="{colour}"/>'
+                f'<text x="{legend_x + 16:.1f}" y="18" font-size="13" fill="#1a1a2e">{escape(label)}</text>'
+            )
+            legend_x += 28 + 8 * len(label)
+        ordered = sorted(pts)
+        coords = [at(x, y) for x, y in ordered]
+        if len(coords) > 1:
+            line = " ".join(f"{px:.1f},{py:.1f}" for px, py in coords)
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{line}"/>')
+        for (x, y), (px, py) in zip(ordered, coords, strict=True):
+            tip = escape(f"{label + ': ' if label else ''}{x_label} {_fmt(x)}: {_fmt(y)} {y_label}")
+            parts.append(
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}"><title>{tip}</title></circle>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)

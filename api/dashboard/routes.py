@@ -7,6 +7,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from api.dashboard import (
     admin_pages,
+    array_pages,
     endpoint_pages,
     forms,
     mail_pages,
@@ -141,6 +142,7 @@ def trial_apply(request: Request, db: DbDep, settings: SettingsDep, form: Form) 
 router.include_router(tenant_pages.router)
 router.include_router(model_pages.router)
 router.include_router(session_pages.router)
+router.include_router(array_pages.router)
 router.include_router(endpoint_pages.router)
 router.include_router(admin_pages.router)
 router.include_router(mail_pages.router)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.deps import DbDep, Reader, SettingsDep
 from api.schemas import CatalogueOut, ServeRequest, ServeRowOut
-from scheduler.jobspec import WorkloadRequest
+from scheduler.errors import InvalidRequest
+from scheduler.jobspec import MAX_ARRAY_SIZE, ArrayRequest, JobSpec, SweepRequest, WorkloadRequest
+from scheduler.models import Plan
 from scheduler.services import estimates, rates
 from scheduler.services import jobs as job_service
 from scheduler.services.tenants import get_tenant
@@ -36,6 +38,64 @@ class EstimateRequest(BaseModel):
         None,
         description="Inference only: also time one serving replica (of `ipus` IPUs, or for `auto` the "
         "fewest that hold the largest batch) at these batch sizes; the answer's `serve` has a row each.",
+    )
+    array: ArrayRequest | None = Field(
+        None,
+        description="As in a job spec: estimate a job array, each element and in total (`elements`, "
+        "`totals`); `max_running` is honoured in the forecast of when its elements start.",
+    )
+    sweep: SweepRequest | None = Field(
+        None, description="As in a job spec: estimate a parameter sweep, each point and in total."
+    )
+    max_rows: int = Field(
+        estimates.DEFAULT_ESTIMATE_ROWS,
+        ge=1,
+        le=estimates.MAX_ESTIMATE_ROWS,
+        description="With `array` or `sweep`: answer at most this many `elements` rows (the totals count "
+        "every element).",
+    )
+
+    @model_validator(mode="after")
+    def _array(self) -> EstimateRequest:
+        if self.array is not None and self.array.indices is None and self.sweep is None:
+            raise ValueError("an array needs `indices` (or a `sweep` to make its elements)")
+        if self.array is not None and self.array.indices is not None and self.sweep is not None:
+            raise ValueError("a sweep makes its own indices: give `array` only its `max_running`")
+        if (self.array is not None or self.sweep is not None) and self.serve is not None:
+            raise ValueError("`serve` times one endpoint replica: not with an array or sweep")
+        return self
+
+
+class ElementEstimateOut(BaseModel):
+    index: int
+    params: dict[str, Any] | None = Field(None, description="A sweep's point (null for a plain array).")
+    fits: bool
+    ipus: int | None = None
+    machine: str | None = None
+    total_s: float | None = Field(None, description="Predicted run time, cluster seconds.")
+    throughput: float | None = Field(None, description="samples/s")
+    ipu_hours: float | None = None
+    charged_ipu_hours: float | None = Field(None, description="IPU-hours x the type's rate: grant spent")
+    expected_wait_s: float | None = Field(
+        None,
+        description="Cluster seconds until it would start, its array's `max_running` honoured; null when "
+        "not within the forecast (only the first 1,000 elements are forecast).",
+    )
+    error: str | None = None
+
+
+class ArrayTotalsOut(BaseModel):
+    elements: int
+    fitting: int = Field(description="Elements that fit; the sums below are theirs.")
+    max_running: int | None = None
+    total_s: float = Field(description="The elements' predicted run times added up (cluster seconds).")
+    ipu_hours: float
+    charged_ipu_hours: float = Field(description="The grant the whole array is predicted to spend.")
+    expected_wait_s: float | None = Field(None, description="Cluster seconds until its first element starts.")
+    expected_end_s: float | None = Field(
+        None,
+        description="Cluster seconds until its last element is predicted to end, no more than `max_running` "
+        "at once; null when the forecast does not reach it.",
     )
 
 
@@ -79,6 +139,13 @@ class EstimateOut(BaseModel):
     serve: list[ServeRowOut] | None = Field(
         None, description="With `serve`: per batch size, a request's latency and a replica's throughput."
     )
+    elements: list[ElementEstimateOut] | None = Field(
+        None, description="With `array` or `sweep`: a row per element, in index order, up to `max_rows`."
+    )
+    elements_truncated: bool | None = Field(
+        None, description="With `array` or `sweep`: there are more elements than `elements` rows."
+    )
+    totals: ArrayTotalsOut | None = Field(None, description="With `array` or `sweep`: the whole array.")
     serve_plan: dict[str, Any] | None = Field(
         None,
         description="With `serve`: the serving replica (IPUs, pipeline stages x copies, largest batch, "
@@ -105,6 +172,8 @@ def list_workloads(principal: Reader) -> dict[str, Any]:
 def create_estimate(
     body: EstimateRequest, principal: Reader, db: DbDep, settings: SettingsDep
 ) -> EstimateOut:
+    if body.array is not None or body.sweep is not None:
+        return _estimate_array(body, principal.tenant_id, db, settings)
     with db.read() as s:
         plan_rates = None
         if principal.tenant_id is not None:
@@ -131,3 +200,62 @@ def create_estimate(
                 max_runtime_s=body.max_runtime_s,
             )
     return EstimateOut(**out)
+
+
+def _estimate_array(body: EstimateRequest, tenant_id: str | None, db: Any, settings: Any) -> EstimateOut:
+    """An array's or sweep's dry run, judged as its submission would be (the plan's array size and
+    running limits) but storing nothing."""
+    try:
+        spec = JobSpec.model_validate(
+            {
+                "name": "estimate",
+                "workload": body.workload.model_dump(mode="json", exclude_defaults=True),
+                "ipus": body.ipus,
+                "machine": body.machine,
+                "max_runtime_s": body.max_runtime_s,
+                "array": body.array.model_dump(mode="json", exclude_none=True) if body.array else None,
+                "sweep": body.sweep.model_dump(mode="json", exclude_defaults=True) if body.sweep else None,
+            }
+        )
+    except ValidationError as exc:  # what a job spec refuses beyond an estimate's own rules (ipus)
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "ipus"
+        raise InvalidRequest(f"{where}: {first['msg']}", field=where) from exc
+    with db.read() as s:
+        plan_rates = None
+        limit, running_limit = MAX_ARRAY_SIZE, None
+        if tenant_id is not None:
+            plan_name = get_tenant(session=s, tenant_id=tenant_id).plan_name
+            plan_rates = rates.plan_terms(session=s, plan_name=plan_name)[0]
+            plan = s.get(Plan, plan_name)
+            assert plan is not None
+            limit, running_limit = int(plan.max_array_size), int(plan.max_concurrent_jobs)
+            max_running = body.array.max_running if body.array is not None else None
+            if max_running is not None and max_running > running_limit:
+                raise InvalidRequest(
+                    f"array.max_running: {max_running} is more than the {plan.name} plan's "
+                    f"{running_limit} running jobs.",
+                    field="array.max_running",
+                    limit="max_concurrent_jobs",
+                )
+        out = estimates.estimate_array(
+            session=s,
+            spec=spec,
+            limit=limit,
+            max_rows=body.max_rows,
+            settings=settings,
+            rates=plan_rates,
+            tenant_id=tenant_id,
+            max_running_limit=running_limit,
+        )
+    totals = out["totals"]
+    return EstimateOut(
+        fits=totals["fitting"] == totals["elements"],
+        total_s=totals["total_s"],
+        ipu_hours=totals["ipu_hours"],
+        charged_ipu_hours=totals["charged_ipu_hours"],
+        expected_wait_s=totals["expected_wait_s"],
+        elements=[ElementEstimateOut(**row) for row in out["elements"]],
+        elements_truncated=out["elements_truncated"],
+        totals=ArrayTotalsOut(**totals),
+    )

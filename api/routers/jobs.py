@@ -134,13 +134,24 @@ def submit_array(
     scope: Scope,
     member_id: str | None = None,
 ) -> tuple[ArrayOut, bool]:
-    with runtime.db.write() as s:
-        result = array_service.submit_array(
-            session=s, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key, member_id=member_id
-        )
-        s.flush()
-        (summary,) = array_service.summaries(session=s, arrays=[result.array])
-        return array_out(summary), result.replayed
+    for attempt in range(3):
+        try:
+            with runtime.db.write() as s:
+                result = array_service.submit_array(
+                    session=s,
+                    tenant_id=tenant_id,
+                    spec=spec,
+                    idempotency_key=idempotency_key,
+                    member_id=member_id,
+                )
+                s.flush()
+                (summary,) = array_service.summaries(session=s, arrays=[result.array])
+                return array_out(summary), result.replayed
+        except job_service.IdempotencyRace:
+            # Another request with this key was admitted first: the retry replays its array.
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def job_views(s: Any, jobs: list[Job], scope: Scope) -> list[JobOut]:

@@ -275,6 +275,8 @@ def submit(
             est = client.estimate(base, **fields)
             if as_json:
                 print_json(est)
+            elif est.totals is not None:
+                _print_array_estimate(est)
             else:
                 _print_estimate(est)
             raise typer.Exit(Exit.OK if est.fits else Exit.USAGE)
@@ -349,6 +351,46 @@ def _print_estimate(est: Any) -> None:
                 ("total time", duration(est.total_s)),
                 ("IPU-hours", f"{est.ipu_hours:,.4f}" if est.ipu_hours is not None else None),
                 ("expected wait", _wait(wait)),
+            ]
+        )
+    )
+
+
+def _print_array_estimate(est: Any) -> None:
+    """An array's or sweep's dry run: a row per element (as many as the API answered), then the whole."""
+    rows = [
+        [
+            str(e.index),
+            ", ".join(f"{k}={v}" for k, v in (e.params or {}).items()) or "-",
+            "yes" if e.fits else f"no: {e.error}",
+            str(e.ipus or "-"),
+            e.machine or "-",
+            duration(e.total_s),
+            f"{e.throughput:,.1f}" if e.throughput else "-",
+            f"{e.charged_ipu_hours:,.4f}" if e.charged_ipu_hours is not None else "-",
+            _wait(e.expected_wait_s),
+        ]
+        for e in est.elements or []
+    ]
+    show(
+        table(
+            None,
+            ["index", "params", "fits", "IPUs", "machine", "time", "samples/s", "IPU-hours", "wait"],
+            rows,
+        )
+    )
+    t = est.totals
+    if est.elements_truncated:
+        show(f"(the first {len(rows)} of {t.elements} elements; --json or the API's max_rows for more)")
+    show(
+        kv_table(
+            [
+                ("elements", f"{t.elements} ({t.fitting} fit)"),
+                ("at most running", t.max_running or "no limit"),
+                ("run time, added up", duration(t.total_s)),
+                ("IPU-hours (grant spent)", f"{t.charged_ipu_hours:,.4f}"),
+                ("first starts in", _wait(t.expected_wait_s)),
+                ("last ends in", _wait(t.expected_end_s)),
             ]
         )
     )

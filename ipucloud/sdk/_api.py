@@ -196,14 +196,22 @@ class Operations(WebhookOperations):
         spec: Mapping[str, Any] | None = None,
         *,
         serve_batch_sizes: Sequence[int] | None = None,
+        max_rows: int | None = None,
         **fields: Any,
     ) -> Call[Estimate]:
         """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes;
-        with `serve_batch_sizes` (inference), also a serving replica's latency and throughput at each."""
+        with `serve_batch_sizes` (inference), also a serving replica's latency and throughput at each.
+        With `array` or `sweep` (what `submit_array` takes), a row per element (`elements`, at most
+        `max_rows`) and the whole (`totals`), starts forecast within its `max_running`."""
         full = job_spec(spec, **fields)
         body: dict[str, Any] = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
         if full.get("machine"):
             body["machine"] = full["machine"]
+        for key in ("max_runtime_s", "array", "sweep"):
+            if full.get(key) is not None:
+                body[key] = full[key]
+        if max_rows is not None:
+            body["max_rows"] = max_rows
         if serve_batch_sizes is not None:
             body["serve"] = {"batch_sizes": list(serve_batch_sizes)}
         return Call("POST", f"{V1}/estimates", model(Estimate), json=body)

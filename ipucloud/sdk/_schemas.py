@@ -19,11 +19,13 @@ __all__ = [
     "ApiKeyCreated",
     "Array",
     "ArrayAction",
+    "ArrayTotals",
     "Catalogue",
     "Checkpoint",
     "Delivery",
     "Dependency",
     "DependsOn",
+    "ElementEstimate",
     "Endpoint",
     "EndpointMetrics",
     "EndpointMinute",
@@ -287,6 +289,9 @@ class Estimate(Model):
     error: str | None = None
     runtime_limit: RuntimeLimit | None = None
     serve: list[ServeRow] | None = None
+    elements: list[ElementEstimate] | None = None
+    elements_truncated: bool | None = None
+    totals: ArrayTotals | None = None
     serve_plan: dict[str, Any] | None = None
 
 
@@ -784,6 +789,31 @@ class ServeRow(Model):
     device_ms: float | None = None
     step_ms: float | None = None
     error: str | None = None
+
+
+class ElementEstimate(Model):
+    index: int | None = None
+    params: dict[str, Any] | None = None
+    fits: bool = False
+    ipus: int | None = None
+    machine: str | None = None
+    total_s: float | None = None
+    throughput: float | None = None
+    ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
+    expected_wait_s: float | None = None
+    error: str | None = None
+
+
+class ArrayTotals(Model):
+    elements: int | None = None
+    fitting: int | None = None
+    max_running: int | None = None
+    total_s: float | None = None
+    ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
+    expected_wait_s: float | None = None
+    expected_end_s: float | None = None
 
 
 class ModelInput(Model):

@@ -8,6 +8,7 @@ from scheduler.policy.config import BASELINES, POLICIES, REFERENCES, PolicyConfi
 from scheduler.policy.fairshare import DEFAULT_HALF_LIFE_S, accrue, add_sample, decay, standing
 from scheduler.policy.model import (
     Decision,
+    HeldArray,
     JobQueue,
     MachineOption,
     PassStats,
@@ -28,6 +29,7 @@ __all__ = [
     "POLICIES",
     "REFERENCES",
     "Decision",
+    "HeldArray",
     "JobQueue",
     "MachineOption",
     "PassStats",

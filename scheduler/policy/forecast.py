@@ -11,8 +11,11 @@ forecast start is the instant the replay starts it.
 What it cannot know, it holds constant: tenants' fair-share standing (usage moves with a half-life of
 hours; the forecast spans the queue ahead), jobs submitted later, and run times other than predicted.
 Jobs bound to reserved partitions wait for their own partition, not for the shared pool, so they are
-left out. The replay stops after ``max_passes`` passes (or ``budget_s`` seconds); jobs it has not
-started by then have no forecast (None), which callers show as unknown rather than guess.
+left out. An array's elements the live pass kept back (``Snapshot.held``: past its ``max_running``)
+join the replay's queue only as its running elements end, so no more than ``max_running`` of them
+are forecast to run at once. The replay stops after ``max_passes`` passes (or ``budget_s`` seconds);
+jobs it has not started by then have no forecast (None), which callers show as unknown rather than
+guess.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 
 from scheduler.policy.config import PolicyConfig, get_policy
@@ -39,10 +43,12 @@ def forecast(
     max_passes: int = DEFAULT_MAX_PASSES,
     name_for: Callable[[str], str] = partition_name_for,
     budget_s: float | None = None,
+    until: Collection[str] = (),
 ) -> dict[str, float]:
     """Forecast start (on the snapshot's clock) of every queued job the replay starts within
     ``max_passes`` passes. With ``target`` (a job not in the queue: "what if I submitted this?") the
-    target joins the queue as the newest arrival, and the replay stops once it starts.
+    target joins the queue as the newest arrival, and the replay stops once it starts. ``until``
+    (ids, e.g. the elements of an array put in ``snapshot.held``) stops it once all of those started.
 
     Nothing of ``snapshot`` is changed: the replay places on a clone of its allocator. ``budget_s``
     bounds the replay's processor time too (the live loop forecasts inside its pass's transaction)."""
@@ -64,11 +70,14 @@ def forecast(
     arrivals: Collection[QueuedJob] = list(snapshot.arrivals)
     if target is not None and target.partition is None:
         arrivals = [*arrivals, target]
+    throttle = _Throttle(snapshot, queue, running)
+    waited = set(until)
     starts: dict[str, float] = {}
     passes = 0
-    while queue and passes < max_passes:
+    while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
             break
+        throttle.release(queue)
         passes += 1
         view = Snapshot(
             now=now,
@@ -100,6 +109,8 @@ def forecast(
             _count(tenants, job, +1)
         if target is not None and target.id in starts:
             break
+        if waited and waited <= starts.keys():
+            break
         if decision.preempt:
             for victim in decision.preempt:
                 # As the live loop does: the victim stops, goes back to the queue, starts again later.
@@ -129,10 +140,45 @@ def forecast(
             ended = running.pop(job_id, None)
             if ended is None:
                 continue
+            throttle.ended(job_id)
             alloc.release(ended.partition)
             table.remove(ended.partition)
             _count(tenants, QueuedJob(ended.id, ended.tenant_id, ended.size, now, 0.0), -1)
     return starts
+
+
+class _Throttle:
+    """Lets an array's held elements into the replay's queue as its `max_running` allows."""
+
+    def __init__(self, snapshot: Snapshot, queue: JobQueue, running: dict[str, RunningJob]) -> None:
+        self.array_of: dict[str, str] = {}  # element -> its capped array, while it runs or is queued
+        self.active: dict[str, int] = {}
+        self.cap: dict[str, int] = {}
+        self.waiting: dict[str, deque[QueuedJob]] = {}
+        for array_id, held in snapshot.held.items():
+            todo = [q for q in held.waiting if q.partition is None]
+            live = [m for m in held.members if m in running or m in queue]
+            self.array_of.update(dict.fromkeys(live, array_id))
+            self.active[array_id] = len(live)
+            self.cap[array_id] = held.cap
+            if todo:
+                self.waiting[array_id] = deque(todo)
+
+    def release(self, queue: JobQueue) -> None:
+        for array_id in list(self.waiting):
+            todo = self.waiting[array_id]
+            while todo and self.active[array_id] < self.cap[array_id]:
+                q = todo.popleft()
+                queue.add(q)
+                self.array_of[q.id] = array_id
+                self.active[array_id] += 1
+            if not todo:
+                del self.waiting[array_id]
+
+    def ended(self, job_id: str) -> None:
+        array_id = self.array_of.pop(job_id, None)
+        if array_id is not None:
+            self.active[array_id] -= 1
 
 
 def _count(tenants: dict[str, TenantState], job: QueuedJob, delta: int) -> None:

@@ -74,6 +74,20 @@ class QueuedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldArray:
+    """A job array's queued elements kept from a pass (past its ``max_running`` less its running
+    elements, or past its tenant's room), as the forecast needs them: ``waiting`` (in the order
+    they would be shown) join the replay's queue one by one while fewer than ``cap`` of the array's
+    elements run or wait in that queue; ``members`` are those running or shown to the pass now.
+    ``cap`` is the array's ``max_running``, or without one its tenant's running limit (the
+    replay's policy holds the tenant to that limit; the cap keeps its queue as short as the pass's)."""
+
+    cap: int
+    members: frozenset[str]
+    waiting: tuple[QueuedJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TenantState:
     """One tenant as admission and fair share see it. ``None`` limits mean "no limit".
 
@@ -273,6 +287,9 @@ class Snapshot:
     reserved: Mapping[str, ReservedPartition] = field(default_factory=dict)
     arrivals: Sequence[QueuedJob] = ()
     timetable: TimeTable | None = None
+    # Arrays whose queued elements were kept from the policy (scheduling.gate_queue), by array id:
+    # the pass never sees them, the forecast lets them in as the array's throttle would.
+    held: Mapping[str, HeldArray] = field(default_factory=dict)
 
     @classmethod
     def build(

@@ -20,10 +20,12 @@ import itertools
 import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import billing
@@ -372,11 +374,7 @@ def submit_array(
 ) -> SubmittedArray:
     """Admit an array or sweep in the caller's transaction: all of it, or nothing stored or reserved."""
     if idempotency_key is not None:
-        prior = session.execute(
-            select(JobArray).where(
-                JobArray.tenant_id == tenant_id, JobArray.idempotency_key == idempotency_key
-            )
-        ).scalar_one_or_none()
+        prior = _keyed(session, tenant_id, idempotency_key)
         if prior is not None:
             if prior.spec != _request_body(spec):
                 raise job_service.IdempotencyConflict(
@@ -429,6 +427,10 @@ def submit_array(
 
     # Judged under the tenant's row lock, as single jobs are (jobs.submit_jobs): one guarded UPDATE.
     tenant = conn.execute(job_service._LOCK_TENANTS, {"ids": [tenant_id]}).one()
+    if idempotency_key is not None and _keyed(session, tenant_id, idempotency_key) is not None:
+        # A request with this key was admitted while this one waited for the lock: replay it rather
+        # than judge this one against a grant that request has already taken.
+        raise job_service.IdempotencyRace()
     if tenant.status != "active":
         raise TenantInactive(f"Tenant {tenant.name} is {tenant.status}.")
     if tenant.expires_at is not None and tenant.expires_at <= now:
@@ -471,9 +473,18 @@ def submit_array(
         created_at=now,
         updated_at=now,
     )
-    conn.execute(
-        insert(JobArray.__table__), [{c.key: getattr(array, c.key) for c in JobArray.__table__.columns}]
-    )
+    array_row = [{c.key: getattr(array, c.key) for c in JobArray.__table__.columns}]
+    if idempotency_key is not None:
+        # The key's unique index decides a race the read above cannot see: another request with
+        # this key committed after that read (it held the tenant's lock first). The caller retries
+        # in a new transaction, which replays that request's array.
+        try:
+            with session.begin_nested():
+                conn.execute(insert(JobArray.__table__), array_row)
+        except IntegrityError as exc:
+            raise job_service.IdempotencyRace() from exc
+    else:
+        conn.execute(insert(JobArray.__table__), array_row)
     columns = job_service._JOB_COLUMNS
     rows: list[dict[str, Any]] = []
     events: list[Any] = []
@@ -506,6 +517,14 @@ def submit_array(
     ).rowcount
     assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
     return SubmittedArray(array, replayed=False)
+
+
+def _keyed(session: Session, tenant_id: str, key: str) -> JobArray | None:
+    return session.execute(
+        select(JobArray)
+        .where(JobArray.tenant_id == tenant_id, JobArray.idempotency_key == key)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
 
 
 def _request_body(spec: JobSpec) -> dict[str, object]:
@@ -611,6 +630,74 @@ def elements(
     if state is not None:
         stmt = stmt.where(Job.state == state)
     return list(session.execute(stmt).scalars())
+
+
+@dataclass(frozen=True)
+class ElementResult:
+    """One element of an array as its results table shows it: its run so far or as it ended."""
+
+    index: int
+    job_id: str
+    state: str
+    params: dict[str, Any] | None
+    run_s: float | None  # cluster seconds its latest attempt ran
+    throughput: float | None  # samples/s of that attempt (its average once it ended)
+    ipu_hours: float  # billed to it, every attempt
+
+
+def results(*, session: Session, array_id: str, scope: Scope, now: datetime) -> list[ElementResult]:
+    """Every element of the array by index, with its latest attempt's run time and throughput and
+    the IPU-hours billed to it: three queries, whatever the array's size."""
+    get_array(session=session, array_id=array_id, scope=scope)
+    rows = list(
+        session.execute(
+            select(Job.id, Job.array_index, Job.state, Job.params, Job.attempts)
+            .where(Job.array_id == array_id)
+            .order_by(Job.array_index)
+        ).tuples()
+    )
+    latest: dict[str, Attempt] = {
+        a.job_id: a
+        for a in session.execute(
+            select(Attempt)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.array_id == array_id, Attempt.number == Job.attempts)
+        ).scalars()
+    }
+    billed = dict(
+        session.execute(
+            select(MeterEvent.job_id, func.sum(MeterEvent.ipu_ms))
+            .join(Job, Job.id == MeterEvent.job_id)
+            .where(Job.array_id == array_id)
+            .group_by(MeterEvent.job_id)
+        )
+        .tuples()
+        .all()
+    )
+    out = []
+    for job_id, index, state, params, _ in rows:
+        attempt = latest.get(job_id)
+        progress = attempts.progress_of(attempt, now) if attempt is not None else None
+        if progress is None and attempt is not None and attempt.timeline and attempt.cluster_s > 0:
+            # Ended without its agent's last progress (handed back, stopped by the control plane):
+            # where its timeline had it when it stopped.
+            progress = attempts.progress_at(attempt, attempt.cluster_s)
+        out.append(
+            ElementResult(
+                index=int(index or 0),
+                job_id=job_id,
+                state=state,
+                params=params,
+                run_s=None
+                if attempt is None
+                else float(progress["cluster_s"] if progress else attempt.cluster_s),
+                throughput=None
+                if not progress or not progress.get("throughput")
+                else float(progress["throughput"]),
+                ipu_hours=billing.ipu_hours(int(billed.get(job_id) or 0)),
+            )
+        )
+    return out
 
 
 # -------------------------------------------------------------------------------------- changing
@@ -801,12 +888,18 @@ class Gate:
 
     room: dict[str, int]  # array id -> elements it may start this pass
     running_names: set[tuple[str, str]]  # (tenant, name) of running singleton-guarded jobs
+    # array id -> its max_running and its elements running now (arrays with a max_running only),
+    # for the forecast (policy.HeldArray)
+    caps: dict[str, int] = field(default_factory=dict)
+    live: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def gate(
     *, session: Session, array_ids: Collection[str], singleton_names: Collection[tuple[str, str]]
 ) -> Gate:
     room: dict[str, int] = {}
+    caps: dict[str, int] = {}
+    live: dict[str, frozenset[str]] = {}
     if array_ids:
         limits = dict(
             session.execute(
@@ -818,17 +911,16 @@ def gate(
             .all()
         )
         if limits:
-            live = dict(
-                session.execute(
-                    select(Job.array_id, func.count())
-                    .join(Attempt, Attempt.job_id == Job.id)
-                    .where(Job.array_id.in_(sorted(limits)), Attempt.state.in_(LIVE_ATTEMPT_STATES))
-                    .group_by(Job.array_id)
-                )
-                .tuples()
-                .all()
-            )
-            room = {str(a): max(0, int(m or 0) - int(live.get(a, 0))) for a, m in limits.items()}
+            running: dict[str, set[str]] = {}
+            for array_id, job_id in session.execute(
+                select(Job.array_id, Job.id)
+                .join(Attempt, Attempt.job_id == Job.id)
+                .where(Job.array_id.in_(sorted(limits)), Attempt.state.in_(LIVE_ATTEMPT_STATES))
+            ).tuples():
+                running.setdefault(str(array_id), set()).add(job_id)
+            room = {str(a): max(0, int(m or 0) - len(running.get(a, ()))) for a, m in limits.items()}
+            caps = {str(a): int(m or 0) for a, m in limits.items()}
+            live = {a: frozenset(running.get(a, ())) for a in caps}
     names: set[tuple[str, str]] = set()
     if singleton_names:
         tenants = sorted({t for t, _ in singleton_names})
@@ -839,13 +931,14 @@ def gate(
         ).tuples():
             if (tenant_id, name) in singleton_names:
                 names.add((tenant_id, name))
-    return Gate(room, names)
+    return Gate(room, names, caps, live)
 
 
 __all__ = [
     "DEPENDENCY",
     "ArraySummary",
     "Element",
+    "ElementResult",
     "Gate",
     "Resolved",
     "SubmittedArray",
@@ -859,6 +952,7 @@ __all__ = [
     "has_held",
     "list_arrays",
     "resolve_dependencies",
+    "results",
     "retry_elements",
     "submit_array",
     "summaries",

@@ -750,6 +750,13 @@ def progress_of(attempt: Attempt, now: datetime) -> ProgressView | None:
     return progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(t), t)
 
 
+def progress_at(attempt: Attempt, cluster_s: float) -> ProgressView | None:
+    """Where the attempt's timeline has it `cluster_s` into its run (None without a timeline)."""
+    if not attempt.timeline:
+        return None
+    return progress_dict(emulator.Timeline.from_dict(attempt.timeline).progress_at(cluster_s), cluster_s)
+
+
 def progress_dict(progress: emulator.Progress, cluster_s: float) -> ProgressView:
     return {
         "phase": progress.phase,

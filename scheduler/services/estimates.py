@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -11,10 +12,10 @@ from sqlalchemy.orm import Session
 
 from scheduler import emulation
 from scheduler.errors import DoesNotFit, InvalidRequest
-from scheduler.jobspec import WorkloadRequest
-from scheduler.policy import QueuedJob
-from scheduler.policy.forecast import estimate_start
-from scheduler.services import executables, fleet, own_models, scheduling
+from scheduler.jobspec import JobSpec, WorkloadRequest
+from scheduler.policy import HeldArray, QueuedJob
+from scheduler.policy.forecast import estimate_start, forecast
+from scheduler.services import arrays, executables, fleet, own_models, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
 from scheduler.services.views import RuntimeLimitView
@@ -94,6 +95,7 @@ def estimate(
     tenant_id: str | None = None,
     source: GraphSource | None = None,
     serve: Sequence[int] | None = None,
+    forecast_wait: bool = True,
 ) -> EstimateView:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
@@ -113,7 +115,7 @@ def estimate(
         source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
     spec = emulation.to_workload_spec(workload, source)
     rate_of = plan_rates(rates)
-    ctx = _Context(tenant_id, settings or get_settings())
+    ctx = _Context(tenant_id, settings or get_settings(), forecast_wait)
     if serve is not None:
         _check_serve(spec, serve)
     if machine not in (None, "any"):
@@ -257,6 +259,7 @@ def _option(out: EstimateView, rate: float) -> MachineOptionView:
 class _Context:
     tenant_id: str | None
     settings: Settings
+    forecast_wait: bool = True  # False: no `expected_wait_s` (an array's elements are forecast together)
 
 
 def _estimate_on(
@@ -306,6 +309,8 @@ def _estimate_on(
             if strict:
                 raise
             return {**out, "fits": False, "error": exc.detail}
+        if not ctx.forecast_wait:
+            return out
         out["expected_wait_s"] = expected_wait_s(
             session=session,
             size=size,
@@ -364,3 +369,197 @@ def expected_wait_s(
 ESTIMATE_JOB_ID = "job_estimate"
 ESTIMATE_TENANT = "tenant_estimate"  # an admin's estimate: a tenant with no usage yet
 ESTIMATE_BUDGET_S = 2.0  # longest the forecast of one estimate may take (then: wait not known)
+
+
+# ------------------------------------------------------------------------------------ arrays
+
+
+MAX_ESTIMATE_ROWS = 1_000  # the most per-element rows an array's estimate answers with
+DEFAULT_ESTIMATE_ROWS = 100
+FORECAST_ELEMENTS = 1_000  # the most elements of an array whose start the estimate forecasts
+
+
+class ElementEstimateView(TypedDict):
+    """One element of an array or sweep in its estimate."""
+
+    index: int
+    params: dict[str, object] | None
+    fits: bool
+    ipus: int | None
+    machine: str | None
+    total_s: float | None  # predicted run time
+    throughput: float | None
+    ipu_hours: float | None
+    charged_ipu_hours: float | None
+    expected_wait_s: float | None  # when it would start, its array's max_running honoured
+    error: str | None
+
+
+class ArrayTotalsView(TypedDict):
+    elements: int
+    fitting: int
+    max_running: int | None
+    total_s: float  # the elements' run times added up
+    ipu_hours: float
+    charged_ipu_hours: float
+    expected_wait_s: float | None  # until its first element starts
+    expected_end_s: float | None  # until its last element ends (None: not within the forecast)
+
+
+class ArrayEstimateView(TypedDict):
+    elements: list[ElementEstimateView]
+    elements_truncated: bool  # more elements than rows answered (`max_rows`); totals count them all
+    totals: ArrayTotalsView
+
+
+def estimate_array(
+    *,
+    session: Session,
+    spec: JobSpec,
+    limit: int,
+    max_rows: int = DEFAULT_ESTIMATE_ROWS,
+    settings: Settings | None = None,
+    rates: Mapping[str, float] | None = None,
+    tenant_id: str | None = None,
+    max_running_limit: int | None = None,
+) -> ArrayEstimateView:
+    """An array's or sweep's dry run: each element as `estimate` answers a job (each distinct point
+    once), and the whole: its elements' run times, IPU-hours and grant spent added up, when its first
+    would start and its last end. Starts are the policy's forecast of all its elements together (the
+    first `FORECAST_ELEMENTS`), no more than `max_running` (else the tenant's running limit,
+    `max_running_limit`) running at once. Elements that do not fit are rows with `fits` false; the
+    array's malformed input is an InvalidRequest naming the field, as on submission."""
+    settings = settings or get_settings()
+    elements = arrays.expand(spec, limit=limit)
+    if not elements:
+        raise InvalidRequest("The array has no elements.", field="array.indices")
+    answers: dict[int, EstimateView] = {}
+    for e in elements:
+        if id(e.spec) in answers:
+            continue
+        try:
+            answers[id(e.spec)] = estimate(
+                session=session,
+                workload=e.spec.workload,
+                ipus=e.spec.ipus,
+                machine=e.spec.machine,
+                settings=settings,
+                rates=rates,
+                tenant_id=tenant_id,
+                forecast_wait=False,
+            )
+        except DoesNotFit as exc:
+            answers[id(e.spec)] = {"fits": False, "machine": str(e.spec.machine), "error": exc.detail}
+        except InvalidRequest as exc:
+            if e.params is not None:
+                exc.detail = f"sweep element {e.index} ({e.params}): {exc.detail}"
+                exc.extra.setdefault("field", "sweep.parameters")
+            raise
+    max_running = spec.array.max_running if spec.array is not None else None
+    cap = max_running or max_running_limit or len(elements)
+    waits = _forecast_elements(session, elements, answers, cap, tenant_id, settings)
+    rows: list[ElementEstimateView] = []
+    totals: ArrayTotalsView = {
+        "elements": len(elements),
+        "fitting": 0,
+        "max_running": max_running,
+        "total_s": 0.0,
+        "ipu_hours": 0.0,
+        "charged_ipu_hours": 0.0,
+        "expected_wait_s": None,
+        "expected_end_s": None,
+    }
+    ends: list[float] = []
+    for e in elements:
+        out = answers[id(e.spec)]
+        fits = bool(out.get("fits"))
+        wait = waits.get(e.index)
+        if fits:
+            totals["fitting"] += 1
+            totals["total_s"] += float(out.get("total_s") or 0.0)
+            totals["ipu_hours"] += float(out.get("ipu_hours") or 0.0)
+            totals["charged_ipu_hours"] += float(out.get("charged_ipu_hours") or 0.0)
+            if wait is not None:
+                ends.append(wait + float(out.get("total_s") or 0.0))
+        if len(rows) < max_rows:
+            rows.append(
+                {
+                    "index": e.index,
+                    "params": e.params,
+                    "fits": fits,
+                    "ipus": out.get("ipus"),
+                    "machine": out.get("machine"),
+                    "total_s": out.get("total_s"),
+                    "throughput": out.get("throughput"),
+                    "ipu_hours": out.get("ipu_hours"),
+                    "charged_ipu_hours": out.get("charged_ipu_hours"),
+                    "expected_wait_s": wait,
+                    "error": out.get("error"),
+                }
+            )
+    for key in ("total_s", "ipu_hours", "charged_ipu_hours"):
+        totals[key] = round(totals[key], 6)
+    if waits:
+        totals["expected_wait_s"] = min(waits.values())
+        if len(ends) == totals["fitting"]:
+            totals["expected_end_s"] = round(max(ends), 3)
+    return {"elements": rows, "elements_truncated": len(elements) > len(rows), "totals": totals}
+
+
+def _forecast_elements(
+    session: Session,
+    elements: Sequence[arrays.Element],
+    answers: Mapping[int, EstimateView],
+    cap: int,
+    tenant_id: str | None,
+    settings: Settings,
+) -> dict[int, float]:
+    """Seconds until each fitting element (of the first `FORECAST_ELEMENTS`) would start if the
+    array were submitted now: the live snapshot's forecast with the elements held as an array of at
+    most `cap` running at once (policy.HeldArray). Elements it does not reach are left out."""
+    scale = settings.time_scale
+    policy = scheduling.live_policy(placement=settings.placement_policy, preemption=settings.preemption)
+    alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
+    live = scheduling.build_snapshot(
+        session=session,
+        allocator=alloc,
+        now=db_now(session),
+        time_scale=scale,
+        half_life_s=policy.half_life_s,
+        also_tenants={tenant_id} if tenant_id is not None else (),
+    )
+    snapshot = live.snapshot
+    targets: list[QueuedJob] = []
+    index_of: dict[str, int] = {}
+    for e in elements[:FORECAST_ELEMENTS]:
+        out = answers[id(e.spec)]
+        if not out.get("fits") or out.get("total_s") is None or not out.get("ipus"):
+            continue
+        job_id = f"{ESTIMATE_JOB_ID}_{e.index}"
+        index_of[job_id] = e.index
+        targets.append(
+            QueuedJob(
+                id=job_id,
+                tenant_id=tenant_id or ESTIMATE_TENANT,
+                size=int(cast(int, out["ipus"])),
+                submitted_at=snapshot.now,
+                predicted_runtime_s=float(cast(float, out["total_s"])) / scale,
+                machine_type=out.get("machine"),
+            )
+        )
+    if not targets:
+        return {}
+    held = {
+        **snapshot.held,
+        ESTIMATE_ARRAY_ID: HeldArray(cap=max(1, cap), members=frozenset(), waiting=tuple(targets)),
+    }
+    view = dataclasses.replace(snapshot, held=held, arrivals=[*snapshot.arrivals, *targets[:cap]])
+    starts = forecast(view, policy, until=set(index_of), budget_s=ESTIMATE_BUDGET_S)
+    return {
+        index_of[job_id]: round(max(0.0, start - snapshot.now) * scale, 3)
+        for job_id, start in starts.items()
+        if job_id in index_of
+    }
+
+
+ESTIMATE_ARRAY_ID = "arr_estimate"

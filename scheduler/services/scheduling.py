@@ -39,6 +39,7 @@ from scheduler.models import (
     Tenant,
 )
 from scheduler.policy import (
+    HeldArray,
     JobQueue,
     MachineOption,
     PolicyConfig,
@@ -279,8 +280,11 @@ def build_snapshot(
         committed=committed,
     )
     gated: dict[str, Wait] = {}
+    held_arrays: dict[str, HeldArray] = {}
     if extra:
-        queued, gated = gate_queue(session=session, queued=queued, extra=extra, tenants=tenants)
+        queued, gated = gate_queue(
+            session=session, queued=queued, extra=extra, tenants=tenants, held=held_arrays
+        )
     unhealthy = set(
         session.execute(
             select(Partition.name)
@@ -322,6 +326,7 @@ def build_snapshot(
         allocator=allocator,
         reserved=reserved,
         arrivals=arrivals,
+        held=held_arrays,
     )
     return LiveSnapshot(snapshot, stored, samples, gated)
 
@@ -332,13 +337,17 @@ def gate_queue(
     queued: list[QueuedJob],
     extra: Mapping[str, tuple[str | None, int | None, bool, str, str | None]],
     tenants: Mapping[str, TenantState],
+    held: dict[str, HeldArray] | None = None,
 ) -> tuple[list[QueuedJob], dict[str, Wait]]:
     """The queue the policy sees, and why the jobs kept from it wait: a job held for its
     dependencies (its wait is the dependency resolver's), a singleton whose name runs already (or
     an older one of that name waits), and an array's elements past what may start this pass: its
     `max_running` less its running elements, and no more than its tenant may still start. Those
     shown are its first by priority, then index; the rest would wait behind them anyway, as
-    Slurm's backfill skips the rest of an array whose element does not fit."""
+    Slurm's backfill skips the rest of an array whose element does not fit.
+
+    ``held`` (when given) is filled with each array's elements kept back, for the forecast, which
+    lets them in no faster than the array's `max_running` (or its tenant's running limit) allows."""
     arrays_seen = {e[0] for e in extra.values() if e[0] is not None}
     singles = {(q.tenant_id, extra[q.id][3]) for q in queued if q.id in extra and extra[q.id][2]}
     g = arrays.gate(session=session, array_ids=arrays_seen, singleton_names=singles)
@@ -380,6 +389,15 @@ def gate_queue(
             room = min(room, limit)
         elements.sort(key=lambda q: (-q.user_priority, extra[q.id][1] or 0))
         shown.extend(elements[:room])
+        if held is not None and len(elements) > room:
+            cap = g.caps.get(array_id)
+            if cap is None:
+                cap = tenant.max_concurrent_jobs if tenant is not None else None
+            held[array_id] = HeldArray(
+                cap=max(1, cap if cap is not None else room),
+                members=frozenset(q.id for q in elements[:room]) | g.live.get(array_id, frozenset()),
+                waiting=tuple(elements[room:]),
+            )
         for q in elements[room:]:
             if limit is not None and room == limit:
                 waits[q.id] = Wait(

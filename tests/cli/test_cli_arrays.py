@@ -84,3 +84,37 @@ def test_arrays_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path
         c.cancel_array(sweep.id)
     with Client(cloud.url, other) as c, pytest.raises(NotFoundError):
         c.get_array(array["id"])
+
+
+def test_a_dry_run_of_an_array_or_sweep_shows_each_element_and_the_whole(
+    cloud: RunningCloud, cli: Cli, tmp_path: Path
+) -> None:
+    _, key = cloud.create_tenant("array-dry-run")
+    assert cli("login", "--url", cloud.url, "--key", key).exit_code == 0
+    base = ("jobs", "submit", "--model", "resnet50", "--steps", "500", "--ipus", "4", "--machine", "m2000")
+    shown = cli(*base, "--array", "0-5%2", "--dry-run")
+    assert shown.exit_code == 0, shown.stdout + shown.stderr
+    for text in ("index", "IPU-hours", "at most running", "last ends in", "6 (6 fit)"):
+        assert text in shown.stdout, shown.stdout
+    out = cli.json(*base, "--array", "0-5%2", "--dry-run")
+    assert [e["index"] for e in out["elements"]] == list(range(6))
+    assert out["totals"]["elements"] == 6 and out["totals"]["max_running"] == 2
+    waits = sorted(e["expected_wait_s"] for e in out["elements"])
+    assert waits[:2] == [0.0, 0.0] and waits[2] > 0, "two at a time, as max_running says"
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        "name: grid\nworkload: {model: resnet50, steps: 500}\nipus: 4\nmachine: m2000\n"
+        "sweep:\n  parameters:\n    workload.batch_size: {values: [16, 64, 256]}\n"
+    )
+    grid = cli.json("jobs", "submit", "-f", str(spec), "--dry-run")
+    assert [e["params"] for e in grid["elements"]] == [{"workload.batch_size": b} for b in (16, 64, 256)]
+    with Client(cloud.url, key) as c:
+        est = c.estimate(
+            model="resnet50", steps=500, ipus=4, machine="m2000", array={"indices": "0-99"}, max_rows=5
+        )
+        assert [e.index for e in est.elements] == [0, 1, 2, 3, 4] and est.elements_truncated
+        assert est.totals.elements == 100
+        assert est.totals.charged_ipu_hours == pytest.approx(
+            100 * est.elements[0].charged_ipu_hours, abs=1e-3
+        )
+        assert c.list_arrays().items == [], "a dry run stores nothing"

@@ -3,7 +3,7 @@ and that it stops when its time is up."""
 
 from __future__ import annotations
 
-from scheduler.policy import JobQueue, QueuedJob, RunningJob, Snapshot
+from scheduler.policy import HeldArray, JobQueue, QueuedJob, RunningJob, Snapshot
 from scheduler.policy.forecast import forecast
 from vipu.allocator import Allocator
 from vipu.topology import Fleet, MachineType
@@ -28,3 +28,28 @@ def test_queued_jobs_start_one_after_another_and_the_snapshot_is_untouched() -> 
 def test_a_forecast_out_of_time_says_nothing_rather_than_guess() -> None:
     assert forecast(full_fleet(), budget_s=0.0) == {}
     assert forecast(full_fleet(), max_passes=1) == {}  # the first pass starts nothing
+
+
+def test_an_arrays_held_elements_start_no_faster_than_its_max_running() -> None:
+    """One element runs and one is shown; four more are held by max_running 2 (Snapshot.held). The
+    fleet has room for all, yet at most 2 are forecast to run at any instant."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_0", 4) is not None
+    running = [RunningJob("el_0", "t", 4, "p_0", 0.0, 100.0)]
+    shown = [QueuedJob("el_1", "t", 4, 0.0, 100.0)]
+    waiting = tuple(QueuedJob(f"el_{i}", "t", 4, 0.0, 100.0) for i in range(2, 6))
+    snapshot = Snapshot(
+        now=10.0,
+        queue=JobQueue(shown),
+        running=running,
+        tenants={},
+        allocator=alloc,
+        held={"arr_x": HeldArray(cap=2, members=frozenset({"el_0", "el_1"}), waiting=waiting)},
+    )
+    starts = forecast(snapshot)
+    assert starts == {"el_1": 10.0, "el_2": 100.0, "el_3": 110.0, "el_4": 200.0, "el_5": 210.0}
+    spans = [(0.0, 100.0)] + [(t, t + 100.0) for t in starts.values()]
+    assert max(sum(1 for a, b in spans if a <= t < b) for t in starts.values()) == 2
+    assert len(snapshot.queue) == 1, "the snapshot is untouched"
+    # `until`: the replay stops once those started.
+    assert set(forecast(snapshot, until={"el_3"})) == {"el_1", "el_2", "el_3"}

@@ -3,6 +3,8 @@ admission, the scheduler's throttle, cancel and retry, dependency chains, quota 
 
 from __future__ import annotations
 
+import itertools
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -459,3 +461,34 @@ def test_the_job_list_folds_queued_elements(db: Any, tenant: str) -> None:
     assert folded[0].first.array_id == array.id
     assert [j.id for j in listed] == [single]
     assert len(expanded) == 96
+
+
+def test_forecasts_keep_an_arrays_elements_to_its_max_running(
+    db: Any, tenant: str, loop: SchedulerLoop
+) -> None:
+    """12 elements, at most 3 at once, on a fleet with room for all: the 9 held back are forecast in
+    waves of 3, each wave when the one before is predicted to end (never more than 3 together)."""
+    array = submit_array(db, tenant, array={"indices": "0-11", "max_running": 3})
+    assert loop.lead()
+    loop.schedule_pass()
+    placed = {a.job_id for a in live_attempts(db)}
+    assert len(placed) == 3
+    members = elements(db, array.id)
+    runtime = members[0].predicted_runtime_s / get_settings().time_scale
+    assert runtime > 5, "the waves must be told apart on a clock of whole seconds"
+    starts = []
+    for e in members:
+        if e.id in placed:
+            continue
+        assert e.wait is not None and e.wait["reason"] == "array-throttle", e.wait
+        assert e.wait.get("estimated_start"), f"element {e.array_index} has no forecast: {e.wait}"
+        starts.append(datetime.fromisoformat(e.wait["estimated_start"]).timestamp())
+    waves = sorted(set(starts))
+    assert [starts.count(t) for t in waves] == [3, 3, 3], starts
+    for earlier, later in itertools.pairwise(waves):
+        assert later - earlier == pytest.approx(runtime, abs=1.5)
+    # Each start and the predicted run time (starts are whole seconds): never more than 3 elements
+    # at once, the 3 placed running until the first wave starts.
+    intervals = [(t, t + runtime - 1.5) for t in starts] + [(waves[0] - runtime, waves[0])] * 3
+    for t in waves:
+        assert sum(1 for a, b in intervals if a <= t < b) <= 3

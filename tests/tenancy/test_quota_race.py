@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from scheduler import billing, emulation
 from scheduler.jobspec import JobSpec
-from scheduler.models import Job, MeterEvent, Tenant
+from scheduler.models import Job, JobArray, MeterEvent, Tenant
 from tests.support.cloud import FAST, RunningCloud, free_port
 
 pytestmark = pytest.mark.e2e
@@ -135,5 +135,49 @@ def test_concurrent_retries_with_one_idempotency_key_make_one_job(
             )
             t = s.get(Tenant, tenant_id)
             assert t.reserved_ipu_ms == s.execute(select(Job.reserved_ipu_ms)).scalar_one(), "reserved once"
+    finally:
+        cloud.stop_all()
+
+
+def test_concurrent_retries_of_an_array_with_one_idempotency_key_make_one_array(
+    env: Any, db: Any, seeded: Any, tmp_path: Path
+) -> None:
+    """The same for an array (migration 0016_array_idem): 20 connections to two API processes send
+    one sweep with one key at once; one array is admitted and reserved once, every answer names it."""
+    cloud = RunningCloud(env={**env, **FAST}, workdir=tmp_path, admin_key=seeded.admin_key, port=free_port())
+    try:
+        cloud.spawn("api", "--port", str(cloud.port), "--host", "127.0.0.1", "--workers", "2")
+        cloud.wait_ready()
+        tenant_id, key = cloud.create_tenant("sweeper", quota_ipu_hours=1000)
+        headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "grid-2026-12-06"}
+        body = {
+            **JOB,
+            "sweep": {"method": "grid", "parameters": {"workload.steps": {"values": [10, 20, 30, 40]}}},
+        }
+        with (
+            httpx.Client(base_url=cloud.url, headers=headers, timeout=60) as c,
+            ThreadPoolExecutor(max_workers=20) as pool,
+        ):
+            responses = list(pool.map(lambda _: c.post("/api/v1/jobs", json=body), range(20)))
+        assert {r.status_code for r in responses} == {202}, [
+            r.text for r in responses if r.status_code != 202
+        ]
+        assert len({r.json()["id"] for r in responses}) == 1, "every retry names the first array"
+        assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 19
+        with db.read() as s:
+            assert (
+                s.execute(
+                    select(func.count()).select_from(JobArray).where(JobArray.tenant_id == tenant_id)
+                ).scalar_one()
+                == 1
+            )
+            assert (
+                s.execute(
+                    select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
+                ).scalar_one()
+                == 4
+            )
+            t = s.get(Tenant, tenant_id)
+            assert t.reserved_ipu_ms == s.execute(select(JobArray.reserved_at_submit_ipu_ms)).scalar_one()
     finally:
         cloud.stop_all()

@@ -947,6 +947,16 @@ def _dash_end_session(w: World, csrf: str) -> Form:
     return Form("POST", f"/sessions/{session_id}/end", {"csrf": csrf}, unchanged=_session_live(w, session_id))
 
 
+def _dash_retry_array(w: World, csrf: str) -> Form:
+    array_id = w.new_array(cancelled=True)
+    return Form(
+        "POST",
+        f"/arrays/{array_id}/retry",
+        {"csrf": csrf},
+        unchanged=_array_states(w, array_id, {"cancelled"}, None),
+    )
+
+
 DashPrep = Callable[[World, str], Form]
 # (route path, a name when one route has several actions) -> (API twin or own answers, call)
 DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], DashPrep]] = {
@@ -1090,6 +1100,19 @@ DASHBOARD: dict[tuple[str, str, str], tuple[tuple[str, str] | dict[str, str], Da
         _dash_end_session,
     ),
     ("POST", "/models/upload", ""): (("POST", "/api/v1/models"), _dash_upload),
+    ("GET", "/arrays", ""): (("GET", "/api/v1/arrays"), lambda w, c: Form("GET", "/arrays")),
+    ("GET", "/arrays/{array_id}", ""): (
+        ("GET", "/api/v1/arrays/{array_id}"),
+        lambda w, c: Form("GET", f"/arrays/{w.new_array()}"),
+    ),
+    ("GET", "/arrays/{array_id}/results.csv", ""): (
+        ("GET", "/api/v1/arrays/{array_id}/jobs"),
+        lambda w, c: Form("GET", f"/arrays/{w.new_array()}/results.csv"),
+    ),
+    ("POST", "/arrays/{array_id}/retry", ""): (
+        ("POST", "/api/v1/arrays/{array_id}/retry"),
+        _dash_retry_array,
+    ),
     ("GET", "/endpoints", ""): (("GET", "/api/v1/endpoints"), lambda w, c: Form("GET", "/endpoints")),
     ("GET", "/endpoints/{endpoint_id}", ""): (
         ("GET", "/api/v1/endpoints/{endpoint_id}"),
