@@ -204,6 +204,10 @@ class Operations(WebhookOperations):
         body: dict[str, Any] = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
         if full.get("machine"):
             body["machine"] = full["machine"]
+        # As the job would be submitted: the type it is answered for follows `prefer` (time or cost).
+        for key in ("prefer", "max_runtime_s"):
+            if full.get(key) is not None:
+                body[key] = full[key]
         if serve_batch_sizes is not None:
             body["serve"] = {"batch_sizes": list(serve_batch_sizes)}
         return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
