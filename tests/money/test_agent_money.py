@@ -35,7 +35,11 @@ def tenant(db: Any, env: Any, monkeypatch: pytest.MonkeyPatch) -> str:
 def log_of(db: Any, job_id: str) -> list[JobEvent]:
     with db.read() as s:
         return list(
-            s.execute(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "log").order_by(JobEvent.id))
+            s.execute(
+                select(JobEvent)
+                .where(JobEvent.job_id == job_id, JobEvent.kind == "log")
+                .order_by(JobEvent.id)
+            )
             .scalars()
             .all()
         )
@@ -56,7 +60,8 @@ def test_the_done_line_says_what_the_grant_is_charged_beside_the_raw_ipu_hours(d
     done = [e for e in log_of(db, job_id) if (e.data or {}).get("kind") == "done"]
     assert len(done) == 1, [e.message for e in log_of(db, job_id)]
     m = re.search(
-        r"; ([\d,.]+) IPU-hours charged to the grant \(([\d,.]+) IPU-hours on bow at rate 1\.4\)$", done[0].message
+        r"; ([\d,.]+) IPU-hours charged to the grant \(([\d,.]+) IPU-hours on bow at rate 1\.4\)$",
+        done[0].message,
     )
     assert m is not None, done[0].message
     charged, raw = float(m.group(1).replace(",", "")), float(m.group(2).replace(",", ""))

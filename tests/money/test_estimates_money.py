@@ -51,7 +51,9 @@ def test_an_estimate_answers_for_the_type_prefer_would_choose_and_names_it(
     # Each answer names its type and what it was chosen for.
     assert (fastest["prefer"], cheapest["prefer"]) == ("time", "cost")
     assert cheapest["machine"] == min(options, key=lambda k: options[k]["charged_ipu_hours"])
-    assert fastest["machine"] == min(options, key=lambda k: options[k]["expected_wait_s"] + options[k]["total_s"])
+    assert fastest["machine"] == min(
+        options, key=lambda k: options[k]["expected_wait_s"] + options[k]["total_s"]
+    )
     assert fastest["machine"] != cheapest["machine"], "this workload's fastest type is not its cheapest"
     # What the grant is charged is the type's rate x the raw IPU-hours, both given, with the rate.
     for out in (fastest, cheapest):
@@ -107,7 +109,9 @@ def test_admission_reserves_what_the_estimate_promised_with_the_compile_cache(
     with db.write() as s:
         s.get(Tenant, tenant_id).quota_ipu_ms = billing.ipu_ms_of_hours(5.5 * promised)
     answers = [
-        client.post("/api/v1/jobs", json={"name": f"bert-{n}", "workload": BERT, "ipus": 4}, headers=bearer(key))
+        client.post(
+            "/api/v1/jobs", json={"name": f"bert-{n}", "workload": BERT, "ipus": 4}, headers=bearer(key)
+        )
         for n in range(6)
     ]
     assert [r.status_code for r in answers] == [202] * 5 + [403], [r.text for r in answers]
@@ -143,7 +147,9 @@ def test_a_job_that_runs_past_its_reservation_is_billed_what_it_ran_and_the_ledg
     assert agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, ran_s)
     with db.read() as s:
         t = s.get(Tenant, tenant_id)
-        billed = s.execute(select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == tenant_id)).scalar()
+        billed = s.execute(
+            select(func.sum(MeterEvent.ipu_ms)).where(MeterEvent.tenant_id == tenant_id)
+        ).scalar()
         done = s.get(Attempt, attempt.id)
         assert t.used_ipu_ms == billed == billing.charged_ipu_ms(done.size, ran_s, done.rate)
         assert billed > reserved, "the true-up billed past the reservation"

@@ -79,7 +79,11 @@ def test_a_lost_session_job_refunds_the_held_ipu_seconds_the_fault_wasted(db: An
     # exact: what was used plus what was released is what was reserved.
     with db.write() as s:
         sessions.sweep(
-            session=s, now=started + timedelta(seconds=1200), time_scale=1.0, warning_s=60, meter_interval_s=60
+            session=s,
+            now=started + timedelta(seconds=1200),
+            time_scale=1.0,
+            warning_s=60,
+            meter_interval_s=60,
         )
     with db.read() as s:
         hold = s.get(Attempt, hold_id)
