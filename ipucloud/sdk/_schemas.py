@@ -814,6 +814,10 @@ class UsageJob(Model):
     workload: str | None = None
     partition_size: int | None = None
     ipu_hours: float | None = None
+    machine_type: str | None = None
+    rate: float | None = None
+    raw_ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
 
 
 class UsageWorkload(Model):

@@ -5,6 +5,8 @@ in the services pass)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from typing import Any
 
@@ -154,3 +156,29 @@ def test_a_job_that_runs_past_its_reservation_is_billed_what_it_ran_and_the_ledg
         assert t.used_ipu_ms == billed == billing.charged_ipu_ms(done.size, ran_s, done.rate)
         assert billed > reserved, "the true-up billed past the reservation"
         assert t.reserved_ipu_ms == 0 and s.get(Job, job_id).reserved_ipu_ms == 0
+
+
+def test_the_usage_csv_gives_each_job_its_machine_type_rate_and_both_figures(
+    db: Any, mixed: Any, client: Any
+) -> None:
+    _, key = new_tenant(db, "acme", quota_ipu_hours=1000)
+    r = client.post(
+        "/api/v1/jobs",
+        json={"name": "on-bow", "workload": BERT, "ipus": 4, "machine": "bow"},
+        headers=bearer(key),
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    leader_loop(db).schedule_pass()
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
+    assert agentkit.take(db, attempt.id) is not None
+    assert agentkit.finish(db, attempt.id, AttemptState.SUCCEEDED, 3600.0)  # 4 IPU-hours at 1.4
+    out = client.get("/api/v1/usage?format=csv", headers=bearer(key))
+    assert out.status_code == 200 and out.headers["content-type"].startswith("text/csv")
+    (row,) = list(csv.DictReader(io.StringIO(out.text)))
+    assert row["job_id"] == job_id and row["machine_type"] == "bow" and float(row["rate"]) == 1.4
+    assert float(row["raw_ipu_hours"]) == pytest.approx(4.0)
+    assert float(row["charged_ipu_hours"]) == float(row["ipu_hours"]) == pytest.approx(5.6)
+    (as_json,) = client.get("/api/v1/usage", headers=bearer(key)).json()["by_job"]
+    assert (as_json["machine_type"], as_json["rate"], as_json["raw_ipu_hours"]) == ("bow", 1.4, 4.0)
