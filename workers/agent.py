@@ -844,8 +844,9 @@ class Agent:
 def _log_line(taken: TakenAttempt, ev: RunEvent, scale: float) -> LogLine:
     """A run event as a line of its job's log; the end's line says what the grant is charged."""
     message, data = ev.message, {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})}
-    if ev.kind == "done" and isinstance(data.get("ipu_hours"), int | float):
-        message = taken.done_message(message, float(data["ipu_hours"]))
+    hours = data.get("ipu_hours")
+    if ev.kind == "done" and isinstance(hours, int | float):
+        message = taken.done_message(message, float(hours))
         data["rate"] = taken.rate
     return LogLine(
         taken.job_id, taken.number, "log", message, data, taken.started_at + timedelta(seconds=ev.t / scale)
