@@ -346,28 +346,24 @@ def _print_estimate(est: Any) -> None:
         else est.machine
     )
     reserve = est.reserve_ipu_hours
-    show(
-        kv_table(
-            [
-                ("fits", "yes"),
-                ("machine type", chosen),
-                ("IPUs", plan.get("ipus")),
-                ("IPUs per replica x replicas", f"{plan.get('ipus_per_replica')} x {plan.get('replicas')}"),
-                ("compile", duration(est.compile_s)),
-                ("step", duration(est.step_s)),
-                ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
-                ("total time", duration(est.total_s)),
-                ("charged", charged_line(est.charged_ipu_hours, est.ipu_hours, est.machine, est.rate)),
-                (
-                    "reserved on submit",
-                    f"{reserve:,.4f} IPU-hours of the grant (its end bills what it ran)"
-                    if reserve is not None and reserve != est.charged_ipu_hours
-                    else None,
-                ),
-                ("expected wait", _wait(wait)),
-            ]
+    rows: list[tuple[str, Any]] = [
+        ("fits", "yes"),
+        ("machine type", chosen),
+        ("IPUs", plan.get("ipus")),
+        ("IPUs per replica x replicas", f"{plan.get('ipus_per_replica')} x {plan.get('replicas')}"),
+        ("compile", duration(est.compile_s)),
+        ("step", duration(est.step_s)),
+        ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
+        ("total time", duration(est.total_s)),
+        ("charged", charged_line(est.charged_ipu_hours, est.ipu_hours, est.machine, est.rate)),
+    ]
+    if reserve is not None and reserve != est.charged_ipu_hours:
+        # Submitting reserves the type it is promised at (the fastest by run time, or the cheapest).
+        rows.append(
+            ("reserved on submit", f"{reserve:,.4f} IPU-hours of the grant (its end bills what it ran)")
         )
-    )
+    rows.append(("expected wait", _wait(wait)))
+    show(kv_table(rows))
 
 
 @app.command("list")
