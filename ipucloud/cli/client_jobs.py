@@ -219,7 +219,12 @@ def submit(
         str | None, typer.Option(help="Submitting again with the same key returns the same job.")
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Only estimate: fit, time, IPU-hours, wait.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Only estimate: fit, machine type, time, grant charged (and raw IPU-hours), wait; "
+            "exit 2 if it does not fit.",
+        ),
     ] = False,
     do_follow: Annotated[
         bool, typer.Option("--follow", help="Watch it run to the end (exit 1 if it fails).")
