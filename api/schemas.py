@@ -353,7 +353,13 @@ class UsageJob(BaseModel):
     name: str
     workload: str
     partition_size: int
-    ipu_hours: float
+    ipu_hours: float = Field(description="The grant charged for it: rate x IPU-hours (`charged_ipu_hours`)")
+    machine_type: str | None = Field(
+        None, description="The machine type it ran on (two, comma-separated, if its attempts ran on both)"
+    )
+    rate: float | None = Field(None, description="Grant units per IPU-hour it was charged at")
+    raw_ipu_hours: float | None = Field(None, description="The IPU-hours it ran, before the rate")
+    charged_ipu_hours: float | None = Field(None, description="The grant charged: rate x IPU-hours")
 
 
 class UsageWorkload(BaseModel):

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from vipu.machine_types import MACHINE_TYPE_NAMES
+
 IPU_MS_PER_HOUR = 3_600_000
 
 
@@ -52,6 +54,27 @@ def raw_ipu_ms(charged: int, rate: float) -> int:
 def option_cost_ipu_ms(option: Mapping[str, float]) -> int:
     """The predicted charge of one machine-type option of a job (`ipus`, `predicted_runtime_s`, `rate`)."""
     return charged_ipu_ms(int(option["ipus"]), float(option["predicted_runtime_s"]), float(option["rate"]))
+
+
+def promised_kind(options: Mapping[str, Mapping[str, float]], prefer: str = "time") -> str:
+    """The machine type a job that may run on several is promised at: the one it finishes first on
+    (`time`: the shortest predicted run) or the one that spends least of the grant (`cost`; the
+    shorter run among equally cheap ones), in the registry's order on a tie. Its submission
+    reserves this option's cost, and an estimate with the same `prefer` answers for it; wherever it
+    runs, its settle bills what it ran (`services/metering.py`), within the grant."""
+    order = {kind: n for n, kind in enumerate(MACHINE_TYPE_NAMES)}
+
+    def rank(kind: str) -> tuple[float, ...]:
+        o = options[kind]
+        runtime, at = float(o["predicted_runtime_s"]), order.get(kind, len(order))
+        return (option_cost_ipu_ms(o), runtime, at) if prefer == "cost" else (runtime, at)
+
+    return min(options, key=rank)
+
+
+def reserve_ipu_ms(options: Mapping[str, Mapping[str, float]], prefer: str = "time") -> int:
+    """What a job with these machine-type options reserves of its grant: its promised option's cost."""
+    return option_cost_ipu_ms(options[promised_kind(options, prefer)])
 
 
 def left_ipu_ms(grant: Grant, *, held: int = 0, count_reserved: bool = True) -> int:

@@ -63,6 +63,7 @@ from scheduler.services.agents import AgentLease
 from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
 from scheduler.services.checkpoints import CheckpointDue
 from scheduler.settings import Settings
+from vipu.emulator import RunEvent
 from workers import faults, ipuof
 from workers.serving import ServingHost
 
@@ -542,16 +543,7 @@ class Agent:
         if preempted:
             t = max(r.last_t, r.preempt_at or t)  # it stopped there, however late the loop looks
         for ev in run.events_between(r.last_t, t):
-            self._logs.append(
-                LogLine(
-                    taken.job_id,
-                    taken.number,
-                    "log",
-                    ev.message,
-                    {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})},
-                    taken.started_at + timedelta(seconds=ev.t / scale),
-                )
-            )
+            self._logs.append(_log_line(taken, ev, scale))
             if ev.kind == "compile_end":
                 cache_key = executables.tenant_key(tenant_id=taken.tenant_id, key=run.plan.executable_key)
                 self._compiled.append((cache_key, taken.machine_type, run.compile_s))
@@ -607,6 +599,30 @@ class Agent:
                 boundary = timeline.step_time(step + 1)
             at = min(boundary, t + window_s)
         r.preempt_at = at
+        # The job's own log says so (the warning event alone was in the job's events, which its
+        # owner following the log never saw).
+        step_note = (
+            f"checkpoints after step {timeline.step_at(at):,} and stops"
+            if r.taken.checkpoint_every_s is not None and at >= timeline.run_start_s
+            else "stops"
+        )
+        self._logs.append(
+            LogLine(
+                r.taken.job_id,
+                r.taken.number,
+                "log",
+                f"WARNING: preempted for non-preemptible work: it {step_note} at {at:,.1f} s (cluster "
+                "time), then is queued again"
+                + (" and resumes from that checkpoint" if "checkpoints" in step_note else ""),
+                {
+                    "t": round(t, 3),
+                    "kind": "preemption_warning",
+                    "ends_at_s": round(at, 3),
+                    "level": "warning",
+                },
+                r.taken.started_at + timedelta(seconds=t / self.settings.time_scale),
+            )
+        )
         log.info("agent %s: attempt %d preempted; checkpoints and ends at cluster time %.1f",
                  self.name, attempt_id, at)  # fmt: skip
         self._schedule(r, r.t0 + at / self.settings.time_scale)
@@ -806,11 +822,9 @@ class Agent:
             remaining = (r.taken.end_s - t) / self.settings.time_scale
             if left <= 0 or (not self._handed_back_at_stop and remaining > left):
                 self._logs.extend(
-                    LogLine(r.taken.job_id, r.taken.number, "log", ev.message,
-                            {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})},
-                            r.taken.started_at + timedelta(seconds=ev.t / self.settings.time_scale))
+                    _log_line(r.taken, ev, self.settings.time_scale)
                     for ev in r.taken.run.events_between(r.last_t, t)
-                )  # fmt: skip
+                )
                 r.last_t = t
                 self._save(r, t, "shutdown")
                 self._end(r, AttemptState.HANDED_BACK, t, "its host agent is shutting down")
@@ -825,6 +839,18 @@ class Agent:
         except Exception as exc:  # it then simply lapses
             log.warning("agent %s could not release its lease: %s", self.name, exc)
         self.hints.send([(bus.WAKE_CHANNEL, "agent")])
+
+
+def _log_line(taken: TakenAttempt, ev: RunEvent, scale: float) -> LogLine:
+    """A run event as a line of its job's log; the end's line says what the grant is charged."""
+    message, data = ev.message, {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})}
+    hours = data.get("ipu_hours")
+    if ev.kind == "done" and isinstance(hours, int | float):
+        message = taken.done_message(message, float(hours))
+        data["rate"] = taken.rate
+    return LogLine(
+        taken.job_id, taken.number, "log", message, data, taken.started_at + timedelta(seconds=ev.t / scale)
+    )
 
 
 def _distinct_jobs(lines: list[LogLine]) -> list[LogLine]:

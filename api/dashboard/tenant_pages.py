@@ -35,6 +35,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import estimates
 from scheduler.services import jobs as job_service
+from scheduler.services import rates as rate_service
 from scheduler.services import sessions as session_service
 from scheduler.services import tenants as tenant_service
 from scheduler.services import usage as usage_service
@@ -238,6 +239,11 @@ def run_estimate(
     run time (a tenant's; an admin has neither); a refusal becomes a message."""
     try:
         with db.read() as s:
+            # The plan's rates and types, as the API's estimate and admission use them.
+            plan_rates = allowed = None
+            if user.tenant_id is not None:
+                plan_name = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id).plan_name
+                plan_rates, allowed = rate_service.plan_terms(session=s, plan_name=plan_name)
             # A copy, as a plain dict: the page adds what it shows besides the estimate.
             out: dict[str, Any] = dict(
                 estimates.estimate(
@@ -246,8 +252,11 @@ def run_estimate(
                     ipus=spec.ipus,
                     machine=spec.machine,
                     settings=settings,
+                    rates=plan_rates,
                     tenant_id=user.tenant_id,
                     serve=list(DEFAULT_SERVE_BATCHES) if spec.workload.task == "infer" else None,
+                    prefer=spec.prefer,
+                    machine_types=allowed,
                 )
             )
             _add_serve_chart(out)

@@ -31,6 +31,11 @@ class EstimateRequest(BaseModel):
         description="A machine type, or `any` (also what null means): the estimate is for the type where "
         "the job would finish first, each type's answer under `machine_options`.",
     )
+    prefer: Literal["time", "cost"] = Field(
+        "time",
+        description="As in a job spec, with `machine` `any`: `time` answers for the type where it finishes "
+        "first, `cost` for the one that spends the least of the grant (rate x IPU-hours).",
+    )
     max_runtime_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
     )
@@ -119,8 +124,17 @@ class EstimateOut(BaseModel):
     step_s: float | None = None
     total_s: float | None = None
     ipu_hours: float | None = None
-    charged_ipu_hours: float | None = Field(None, description="IPU-hours x the type's rate: grant spent")
-    machine: str | None = None
+    charged_ipu_hours: float | None = Field(
+        None, description="What the grant is charged: IPU-hours (`ipu_hours`, raw) x the type's `rate`"
+    )
+    rate: float | None = Field(None, description="The type's rate under your plan: grant units per IPU-hour")
+    reserve_ipu_hours: float | None = Field(
+        None,
+        description="What submitting this job reserves of the grant (the type it is promised at, with "
+        "`prefer`); its end bills what it ran",
+    )
+    machine: str | None = Field(None, description="The machine type this answer is for")
+    prefer: str | None = Field(None, description="With machine `any`: what the type was chosen for")
     machine_options: dict[str, dict[str, Any]] | None = Field(
         None, description="With machine `any`: each type's answer (fits, ipus, total_s, expected_wait_s, ...)"
     )
@@ -175,10 +189,10 @@ def create_estimate(
     if body.array is not None or body.sweep is not None:
         return _estimate_array(body, principal.tenant_id, db, settings)
     with db.read() as s:
-        plan_rates = None
+        plan_rates = allowed = None
         if principal.tenant_id is not None:
             plan = get_tenant(session=s, tenant_id=principal.tenant_id).plan_name
-            plan_rates = rates.plan_terms(session=s, plan_name=plan)[0]
+            plan_rates, allowed = rates.plan_terms(session=s, plan_name=plan)
         out = estimates.estimate(
             session=s,
             workload=body.workload,
@@ -188,6 +202,8 @@ def create_estimate(
             rates=plan_rates,
             tenant_id=principal.tenant_id,
             serve=body.serve.batch_sizes if body.serve is not None else None,
+            prefer=body.prefer,
+            machine_types=allowed,
         )
         ipus = out.get("ipus")
         if principal.tenant_id is not None and out.get("fits") and ipus:

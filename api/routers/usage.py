@@ -49,7 +49,18 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="Jobs per page in `by_jo
 Days = Annotated[int, Query(ge=1, le=3660, description="At most this many days in `by_day` (the latest).")]
 
 COLUMNS: dict[str, list[str]] = {
-    "job": ["job_id", "tenant_id", "name", "workload", "partition_size", "ipu_hours"],
+    "job": [
+        "job_id",
+        "tenant_id",
+        "name",
+        "workload",
+        "partition_size",
+        "machine_type",
+        "rate",
+        "raw_ipu_hours",
+        "charged_ipu_hours",
+        "ipu_hours",
+    ],
     "day": ["day", "ipu_hours"],
     "workload": ["workload", "ipu_hours"],
     "partition_size": ["partition_size", "ipu_hours"],

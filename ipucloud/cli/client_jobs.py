@@ -28,6 +28,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.cli.client_models import parse_dims
+from ipucloud.cli.figures import charged_line
 from ipucloud.sdk import Client, Job, StreamEvent
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -218,7 +219,12 @@ def submit(
         str | None, typer.Option(help="Submitting again with the same key returns the same job.")
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Only estimate: fit, time, IPU-hours, wait.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Only estimate: fit, machine type, time, grant charged (and raw IPU-hours), wait; "
+            "exit 2 if it does not fit.",
+        ),
     ] = False,
     do_follow: Annotated[
         bool, typer.Option("--follow", help="Watch it run to the end (exit 1 if it fails).")
@@ -279,7 +285,7 @@ def submit(
                 _print_array_estimate(est)
             else:
                 _print_estimate(est)
-            raise typer.Exit(Exit.OK if est.fits else Exit.USAGE)
+            raise typer.Exit(Exit.OK if est.fits else Exit.DOES_NOT_FIT)
         job = client.submit_job(base, idempotency_key=idempotency_key, **fields)
         if not do_follow:
             if as_json:
@@ -336,24 +342,35 @@ def _wait(seconds: float | None) -> str:
 
 def _print_estimate(est: Any) -> None:
     if not est.fits:
-        fail(f"does not fit: {est.error}", Exit.USAGE)
+        fail(f"does not fit: {est.error}", Exit.DOES_NOT_FIT)
     plan = est.plan or {}
     wait = est.expected_wait_s
-    show(
-        kv_table(
-            [
-                ("fits", "yes"),
-                ("IPUs", plan.get("ipus")),
-                ("IPUs per replica x replicas", f"{plan.get('ipus_per_replica')} x {plan.get('replicas')}"),
-                ("compile", duration(est.compile_s)),
-                ("step", duration(est.step_s)),
-                ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
-                ("total time", duration(est.total_s)),
-                ("IPU-hours", f"{est.ipu_hours:,.4f}" if est.ipu_hours is not None else None),
-                ("expected wait", _wait(wait)),
-            ]
-        )
+    options = est.machine_options or {}
+    chosen = (
+        f"{est.machine} (where it {'spends least' if est.prefer == 'cost' else 'finishes first'} of "
+        f"{len(options)} types)"
+        if options
+        else est.machine
     )
+    reserve = est.reserve_ipu_hours
+    rows: list[tuple[str, Any]] = [
+        ("fits", "yes"),
+        ("machine type", chosen),
+        ("IPUs", plan.get("ipus")),
+        ("IPUs per replica x replicas", f"{plan.get('ipus_per_replica')} x {plan.get('replicas')}"),
+        ("compile", duration(est.compile_s)),
+        ("step", duration(est.step_s)),
+        ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
+        ("total time", duration(est.total_s)),
+        ("charged", charged_line(est.charged_ipu_hours, est.ipu_hours, est.machine, est.rate)),
+    ]
+    if reserve is not None and reserve != est.charged_ipu_hours:
+        # Submitting reserves the type it is promised at (the fastest by run time, or the cheapest).
+        rows.append(
+            ("reserved on submit", f"{reserve:,.4f} IPU-hours of the grant (its end bills what it ran)")
+        )
+    rows.append(("expected wait", _wait(wait)))
+    show(kv_table(rows))
 
 
 def _print_array_estimate(est: Any) -> None:

@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ipucloud.cli.figures import charged_line
+from ipucloud.exit_codes import Exit
 from vipu.machine_types import MACHINE_TYPE_NAMES, get_machine
 
 out = Console()
@@ -34,6 +36,10 @@ def estimate(
         str,
         typer.Option(help=f"{TYPES}; `any` estimates every type and shows the fastest."),
     ] = "m2000",
+    prefer: Annotated[
+        str,
+        typer.Option(help="With machine any: time (where it finishes first) or cost (least grant spent)."),
+    ] = "time",
     task: Annotated[str, typer.Option(help="train or infer.")] = "train",
     batch_size: Annotated[int | None, typer.Option(help="Global batch size.")] = None,
     seq_len: Annotated[
@@ -81,6 +87,9 @@ def estimate(
     if machine not in (*MACHINE_TYPE_NAMES, "any"):
         err.print(f"[red]--machine must be one of {', '.join(MACHINE_TYPE_NAMES)} or any[/]")
         raise typer.Exit(2)
+    if prefer not in ("time", "cost"):
+        err.print("[red]--prefer must be time or cost[/]")
+        raise typer.Exit(Exit.USAGE)
     if (model is None) == (model_file is None):
         err.print("[red]give --model (a catalogue workload) or --model-file (an ONNX file)[/]")
         raise typer.Exit(2)
@@ -112,20 +121,27 @@ def estimate(
         )
         # Read as a mapping of any values: the figures printed below are all there when it fits.
         result: Mapping[str, Any] = run_estimate(
-            session=None, workload=req, ipus=size, machine=machine, source=source, serve=batch_sizes
+            session=None,
+            workload=req,
+            ipus=size,
+            machine=machine,
+            source=source,
+            serve=batch_sizes,
+            prefer=prefer,
         )
     except ValidationError as exc:
         err.print(f"[red]{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}[/]")
         raise typer.Exit(2)
     except DomainError as exc:
+        # Does not fit, or an invalid workload: the code `jobs submit --dry-run` gives for the same.
         err.print(f"[red]{exc.detail}[/]")
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.DOES_NOT_FIT)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
-        raise typer.Exit(0 if result.get("fits") else 1)
+        raise typer.Exit(Exit.OK if result.get("fits") else Exit.DOES_NOT_FIT)
     if not result.get("fits"):
         err.print(f"[red]Does not fit:[/] {result.get('error')}")
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.DOES_NOT_FIT)
     plan = result.get("plan") or {}
     machine = str(result.get("machine") or machine)
     sram = get_machine(machine).sram_label
@@ -142,7 +158,11 @@ def estimate(
         ("step time", f"{result['step_s'] * 1000:,.2f} ms"),
         ("throughput", f"{result['throughput']:,.1f} samples/s"),
         ("total time", f"{result['total_s']:,.1f} s"),
-        ("IPU-hours", f"{result['ipu_hours']:,.4f}"),
+        (
+            "charged",
+            charged_line(result.get("charged_ipu_hours"), result["ipu_hours"], machine, result.get("rate"))
+            or "",
+        ),
     ]
     for k, v in rows:
         table.add_row(k, v)

@@ -195,35 +195,103 @@ class Operations(WebhookOperations):
         self,
         spec: Mapping[str, Any] | None = None,
         *,
+        name: str | None = None,
+        model: str | None = None,
+        task: str | None = None,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        precision: str | None = None,
+        steps: int | None = None,
+        samples: int | None = None,
+        dims: Mapping[str, int] | None = None,
+        optimizer: str | None = None,
+        workload: Mapping[str, Any] | None = None,
+        ipus: int | str | None = None,
+        machine: str | None = None,
+        prefer: str | None = None,
+        partition: str | None = None,
+        session: str | None = None,
+        priority: int | None = None,
+        max_runtime_s: int | None = None,
+        preemptible: bool | None = None,
+        checkpoint_every_s: int | None = None,
+        notify: Mapping[str, Any] | None = None,
+        depends_on: Mapping[str, Any] | None = None,
+        on_unsatisfiable: str | None = None,
+        singleton: bool | None = None,
         serve_batch_sizes: Sequence[int] | None = None,
         max_rows: int | None = None,
-        **fields: Any,
+        **more: Any,
     ) -> Call[Estimate]:
-        """Dry run: fit, plan, time, IPU-hours and expected queue wait. Takes what `submit_job` takes;
-        with `serve_batch_sizes` (inference), also a serving replica's latency and throughput at each.
-        With `array` or `sweep` (what `submit_array` takes), a row per element (`elements`, at most
-        `max_rows`) and the whole (`totals`), starts forecast within its `max_running`."""
+        """Dry run of a job: whether it fits, its plan, time, what the grant would be charged (with
+        the raw IPU-hours and the type's rate), what submitting it reserves, and the expected queue
+        wait, for the machine type `prefer` would run it on (named in the answer). Takes what
+        `submit_job` takes; with `serve_batch_sizes` (inference), also a serving replica's latency and
+        throughput at each batch size.
+
+        A job spec is `spec` (a mapping, e.g. a JSON or YAML file read), overridden by the keywords
+        given; None means "not given". The workload: `model` (a catalogue workload or one of your
+        uploaded models, by name or id), `task` (train or infer), `batch_size`, `seq_len`,
+        `precision` (fp16 or fp32), `steps` or `samples`, `dims` (an uploaded model's dynamic
+        dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
+        or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
+        `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
+        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
+        "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md). With `array` or
+        `sweep` (what `submit_array` takes), a row per element (`elements`, at most `max_rows`) and the
+        whole (`totals`), starts forecast within its `max_running`."""
+        fields = _drop_none(
+            name=name,
+            model=model,
+            task=task,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            precision=precision,
+            steps=steps,
+            samples=samples,
+            dims=dims,
+            optimizer=optimizer,
+            workload=workload,
+            ipus=ipus,
+            machine=machine,
+            prefer=prefer,
+            partition=partition,
+            session=session,
+            priority=priority,
+            max_runtime_s=max_runtime_s,
+            preemptible=preemptible,
+            checkpoint_every_s=checkpoint_every_s,
+            notify=notify,
+            depends_on=depends_on,
+            on_unsatisfiable=on_unsatisfiable,
+            singleton=singleton,
+            **more,
+        )
         full = job_spec(spec, **fields)
         body: dict[str, Any] = {"workload": full["workload"], "ipus": full.get("ipus", "auto")}
         if full.get("machine"):
             body["machine"] = full["machine"]
-        for key in ("max_runtime_s", "array", "sweep"):
+        # As the job would be submitted: the type it is answered for follows `prefer` (time or cost).
+        for key in ("prefer", "max_runtime_s", "array", "sweep"):
             if full.get(key) is not None:
                 body[key] = full[key]
         if max_rows is not None:
             body["max_rows"] = max_rows
         if serve_batch_sizes is not None:
             body["serve"] = {"batch_sizes": list(serve_batch_sizes)}
-        return Call("POST", f"{V1}/estimates", model(Estimate), json=body)
+        return Call("POST", f"{V1}/estimates", _answer(Estimate), json=body)
 
     # Own models --------------------------------------------------------------------------------------
 
     @operation
     def list_models(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[OnnxModel]]:
+        """One page of your tenant's uploaded models (`next_cursor` for the next)."""
         return Call("GET", f"{V1}/models", _page(OnnxModel), params={"limit": limit, "cursor": cursor})
 
     @paginated
     def iter_models(self, *, page_size: int = 100) -> Pager[OnnxModel]:
+        """Every model your tenant uploaded, fetched page by page."""
         return lambda cursor: Operations.list_models.build(self, limit=page_size, cursor=cursor)
 
     @operation
@@ -263,6 +331,7 @@ class Operations(WebhookOperations):
 
     @operation
     def get_session(self, session_id: str) -> Call[Session]:
+        """A session of yours by id: its state, partition, jobs and what it has cost."""
         return Call("GET", f"{V1}/sessions/{seg(session_id)}", model(Session))
 
     @operation
@@ -275,6 +344,7 @@ class Operations(WebhookOperations):
 
     @paginated
     def iter_sessions(self, *, state: str | None = None, page_size: int = 50) -> Pager[Session]:
+        """Every session of your tenant, fetched page by page."""
         return lambda cursor: Operations.list_sessions.build(
             self, state=state, limit=page_size, cursor=cursor
         )
@@ -335,6 +405,7 @@ class Operations(WebhookOperations):
 
     @operation
     def get_endpoint(self, endpoint_id: str) -> Call[Endpoint]:
+        """An inference endpoint of yours by id: state, replicas, model and limits."""
         return Call("GET", f"{V1}/endpoints/{seg(endpoint_id)}", model(Endpoint))
 
     @operation
@@ -347,6 +418,7 @@ class Operations(WebhookOperations):
 
     @paginated
     def iter_endpoints(self, *, state: str | None = None, page_size: int = 50) -> Pager[Endpoint]:
+        """Every inference endpoint of your tenant, fetched page by page."""
         return lambda cursor: Operations.list_endpoints.build(
             self, state=state, limit=page_size, cursor=cursor
         )
@@ -414,28 +486,169 @@ class Operations(WebhookOperations):
 
     @operation
     def submit_job(
-        self, spec: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None, **fields: Any
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        model: str | None = None,
+        task: str | None = None,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        precision: str | None = None,
+        steps: int | None = None,
+        samples: int | None = None,
+        dims: Mapping[str, int] | None = None,
+        optimizer: str | None = None,
+        workload: Mapping[str, Any] | None = None,
+        ipus: int | str | None = None,
+        machine: str | None = None,
+        prefer: str | None = None,
+        partition: str | None = None,
+        session: str | None = None,
+        priority: int | None = None,
+        max_runtime_s: int | None = None,
+        preemptible: bool | None = None,
+        checkpoint_every_s: int | None = None,
+        notify: Mapping[str, Any] | None = None,
+        depends_on: Mapping[str, Any] | None = None,
+        on_unsatisfiable: str | None = None,
+        singleton: bool | None = None,
+        idempotency_key: str | None = None,
+        **more: Any,
     ) -> Call[Job]:
-        """Submit a job from a spec mapping and/or fields (`name`, `model`, `steps`, `ipus`, ...)."""
+        """Submit a job; returns it queued (`wait_job` or `stream_logs` follow it).
+
+        `idempotency_key`: submitting again with the same key returns the same job (one is made up
+        when none is given, so the client's own retries never submit twice).
+
+        A job spec is `spec` (a mapping, e.g. a JSON or YAML file read), overridden by the keywords
+        given; None means "not given". The workload: `model` (a catalogue workload or one of your
+        uploaded models, by name or id), `task` (train or infer), `batch_size`, `seq_len`,
+        `precision` (fp16 or fp32), `steps` or `samples`, `dims` (an uploaded model's dynamic
+        dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
+        or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
+        `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
+        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
+        "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md)."""
+        fields = _drop_none(
+            name=name,
+            model=model,
+            task=task,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            precision=precision,
+            steps=steps,
+            samples=samples,
+            dims=dims,
+            optimizer=optimizer,
+            workload=workload,
+            ipus=ipus,
+            machine=machine,
+            prefer=prefer,
+            partition=partition,
+            session=session,
+            priority=priority,
+            max_runtime_s=max_runtime_s,
+            preemptible=preemptible,
+            checkpoint_every_s=checkpoint_every_s,
+            notify=notify,
+            depends_on=depends_on,
+            on_unsatisfiable=on_unsatisfiable,
+            singleton=singleton,
+            **more,
+        )
         # A generated key makes the client's own retries safe: a replay returns the first job.
         key = idempotency_key or f"sdk-{uuid.uuid4()}"
         body = job_spec(spec, **fields)
-        return Call("POST", f"{V1}/jobs", model(Job), json=body, headers={"Idempotency-Key": key})
+        return Call("POST", f"{V1}/jobs", _answer(Job), json=body, headers={"Idempotency-Key": key})
 
     @operation
     def submit_array(
-        self, spec: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None, **fields: Any
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        array: Mapping[str, Any] | None = None,
+        sweep: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        model: str | None = None,
+        task: str | None = None,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        precision: str | None = None,
+        steps: int | None = None,
+        samples: int | None = None,
+        dims: Mapping[str, int] | None = None,
+        optimizer: str | None = None,
+        workload: Mapping[str, Any] | None = None,
+        ipus: int | str | None = None,
+        machine: str | None = None,
+        prefer: str | None = None,
+        partition: str | None = None,
+        session: str | None = None,
+        priority: int | None = None,
+        max_runtime_s: int | None = None,
+        preemptible: bool | None = None,
+        checkpoint_every_s: int | None = None,
+        notify: Mapping[str, Any] | None = None,
+        depends_on: Mapping[str, Any] | None = None,
+        on_unsatisfiable: str | None = None,
+        singleton: bool | None = None,
+        idempotency_key: str | None = None,
+        **more: Any,
     ) -> Call[Array]:
         """Submit a job array (`array={"indices": "0-99", "max_running": 10}`) or a parameter sweep
-        (`sweep={"method": "grid", "parameters": {...}}`): one handle for its elements."""
+        (`sweep={"method": "grid", "parameters": {...}}`): one handle for its elements, each an
+        ordinary job of the spec the other arguments give.
+
+        A job spec is `spec` (a mapping, e.g. a JSON or YAML file read), overridden by the keywords
+        given; None means "not given". The workload: `model` (a catalogue workload or one of your
+        uploaded models, by name or id), `task` (train or infer), `batch_size`, `seq_len`,
+        `precision` (fp16 or fp32), `steps` or `samples`, `dims` (an uploaded model's dynamic
+        dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
+        or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
+        `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
+        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
+        "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md)."""
+        fields = _drop_none(
+            name=name,
+            model=model,
+            task=task,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            precision=precision,
+            steps=steps,
+            samples=samples,
+            dims=dims,
+            optimizer=optimizer,
+            workload=workload,
+            ipus=ipus,
+            machine=machine,
+            prefer=prefer,
+            partition=partition,
+            session=session,
+            priority=priority,
+            max_runtime_s=max_runtime_s,
+            preemptible=preemptible,
+            checkpoint_every_s=checkpoint_every_s,
+            notify=notify,
+            depends_on=depends_on,
+            on_unsatisfiable=on_unsatisfiable,
+            singleton=singleton,
+            array=array,
+            sweep=sweep,
+            **more,
+        )
         key = idempotency_key or f"sdk-{uuid.uuid4()}"
         body = job_spec(spec, **fields)
         if "array" not in body and "sweep" not in body:
             raise ValueError("give `array` or `sweep`")
-        return Call("POST", f"{V1}/jobs", model(Array), json=body, headers={"Idempotency-Key": key})
+        return Call("POST", f"{V1}/jobs", _answer(Array), json=body, headers={"Idempotency-Key": key})
 
     @operation
     def get_array(self, array_id: str) -> Call[Array]:
+        """A job array or sweep of yours by id: its elements by state."""
         return Call("GET", f"{V1}/arrays/{seg(array_id)}", model(Array))
 
     @operation
@@ -482,6 +695,7 @@ class Operations(WebhookOperations):
 
     @operation
     def get_job(self, job_id: str) -> Call[Job]:
+        """A job of yours by id: state, progress, wait reason, prediction and usage."""
         return Call("GET", f"{V1}/jobs/{seg(job_id)}", model(Job))
 
     @operation
@@ -500,6 +714,7 @@ class Operations(WebhookOperations):
 
     @operation
     def cancel_job(self, job_id: str) -> Call[Job]:
+        """Cancel a job of yours: a queued one ends at once, a running one is stopped and billed up to now."""
         return Call("POST", f"{V1}/jobs/{seg(job_id)}/cancel", model(Job))
 
     @operation
@@ -509,6 +724,7 @@ class Operations(WebhookOperations):
 
     @operation
     def job_logs(self, job_id: str, *, cursor: str | None = None, limit: int = 500) -> Call[Logs]:
+        """One page of a job's log (state changes and the run's lines), oldest first."""
         params = {"cursor": cursor, "limit": limit}
         return Call("GET", f"{V1}/jobs/{seg(job_id)}/logs", model(Logs), params=params)
 
@@ -531,6 +747,7 @@ class Operations(WebhookOperations):
     def usage_csv(
         self, *, since: datetime | str | None = None, until: datetime | str | None = None
     ) -> Call[str]:
+        """Your usage as CSV text, one row per job: machine type, rate, raw and charged IPU-hours."""
         params = {"format": "csv", "since": _iso(since), "until": _iso(until)}
         return Call("GET", f"{V1}/usage", text, params=params)
 
@@ -555,6 +772,7 @@ class Operations(WebhookOperations):
 
     @paginated
     def iter_keys(self, *, page_size: int = 100) -> Pager[ApiKey]:
+        """Every API key of your tenant (never their secrets), fetched page by page."""
         return lambda cursor: Operations.list_keys.build(self, limit=page_size, cursor=cursor)
 
     @operation
@@ -571,6 +789,7 @@ class Operations(WebhookOperations):
 
     @operation
     def revoke_key(self, key_id: str) -> Call[ApiKey]:
+        """Revoke one of your tenant's API keys: it is refused from now on."""
         return Call("DELETE", f"{V1}/keys/{seg(key_id)}", model(ApiKey))
 
     # Admin: tenants, plans, trials -------------------------------------------------------------------
@@ -599,15 +818,18 @@ class Operations(WebhookOperations):
 
     @operation
     def list_tenants(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[Tenant]]:
+        """Admin: one page of tenants with their plans, grants and usage."""
         params = {"limit": limit, "cursor": cursor}
         return Call("GET", f"{V1}/admin/tenants", _page(Tenant), params=params)
 
     @paginated
     def iter_tenants(self, *, page_size: int = 100) -> Pager[Tenant]:
+        """Admin: every tenant, fetched page by page."""
         return lambda cursor: Operations.list_tenants.build(self, limit=page_size, cursor=cursor)
 
     @operation
     def get_tenant(self, tenant_id: str) -> Call[Tenant]:
+        """Admin: a tenant by id."""
         return Call("GET", f"{V1}/admin/tenants/{seg(tenant_id)}", model(Tenant))
 
     @operation
@@ -618,29 +840,35 @@ class Operations(WebhookOperations):
 
     @operation
     def list_plans(self, *, limit: int = 100, cursor: str | None = None) -> Call[Page[Plan]]:
+        """Admin: one page of plans."""
         return Call("GET", f"{V1}/admin/plans", _page(Plan), params={"limit": limit, "cursor": cursor})
 
     @paginated
     def iter_plans(self, *, page_size: int = 100) -> Pager[Plan]:
+        """Admin: every plan, fetched page by page."""
         return lambda cursor: Operations.list_plans.build(self, limit=page_size, cursor=cursor)
 
     @operation
     def get_plan(self, name: str) -> Call[Plan]:
+        """Admin: a plan by name: its limits, rates and machine types."""
         return Call("GET", f"{V1}/admin/plans/{seg(name)}", model(Plan))
 
     @operation
     def update_plan(self, name: str, **changes: Any) -> Call[Plan]:
+        """Admin: change a plan's fields (`changes`, as the plan's JSON); returns the plan as it now is."""
         return Call("PATCH", f"{V1}/admin/plans/{seg(name)}", model(Plan), json=_jsonable(changes))
 
     @operation
     def list_tenant_keys(
         self, tenant_id: str, *, limit: int = 100, cursor: str | None = None
     ) -> Call[Page[ApiKey]]:
+        """Admin: one page of a tenant's API keys."""
         path = f"{V1}/admin/tenants/{seg(tenant_id)}/keys"
         return Call("GET", path, _page(ApiKey), params={"limit": limit, "cursor": cursor})
 
     @paginated
     def iter_tenant_keys(self, tenant_id: str, *, page_size: int = 100) -> Pager[ApiKey]:
+        """Admin: every API key of a tenant, fetched page by page."""
         return lambda cursor: Operations.list_tenant_keys.build(
             self, tenant_id, limit=page_size, cursor=cursor
         )
@@ -655,6 +883,7 @@ class Operations(WebhookOperations):
         expires_at: datetime | None = None,
         member_id: str | None = None,
     ) -> Call[ApiKeyCreated]:
+        """Admin: make an API key for a tenant; the answer holds its secret, shown this once."""
         body = _drop_none(
             name=name,
             scopes=scopes or None,
@@ -666,6 +895,7 @@ class Operations(WebhookOperations):
 
     @operation
     def revoke_tenant_key(self, tenant_id: str, key_id: str) -> Call[ApiKey]:
+        """Admin: revoke one of a tenant's API keys."""
         path = f"{V1}/admin/tenants/{seg(tenant_id)}/keys/{seg(key_id)}"
         return Call("DELETE", path, model(ApiKey))
 
@@ -673,17 +903,20 @@ class Operations(WebhookOperations):
     def list_trials(
         self, *, status: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> Call[Page[TrialApplication]]:
+        """Admin: one page of trial applications (optionally of one `status`)."""
         params = {"status": status, "limit": limit, "cursor": cursor}
         return Call("GET", f"{V1}/admin/trials", _page(TrialApplication), params=params)
 
     @paginated
     def iter_trials(self, *, status: str | None = None, page_size: int = 100) -> Pager[TrialApplication]:
+        """Admin: every trial application, fetched page by page."""
         return lambda cursor: Operations.list_trials.build(
             self, status=status, limit=page_size, cursor=cursor
         )
 
     @operation
     def get_trial(self, application_id: str) -> Call[TrialApplication]:
+        """Admin: a trial application by id."""
         return Call("GET", f"{V1}/admin/trials/{seg(application_id)}", model(TrialApplication))
 
     @operation
@@ -695,6 +928,7 @@ class Operations(WebhookOperations):
 
     @operation
     def reject_trial(self, application_id: str, *, reason: str) -> Call[TrialApplication]:
+        """Admin: reject a trial application, with the `reason` its applicant is told."""
         path = f"{V1}/admin/trials/{seg(application_id)}/reject"
         return Call("POST", path, model(TrialApplication), json={"reason": reason})
 
@@ -725,10 +959,12 @@ class Operations(WebhookOperations):
 
     @operation
     def drain_rack(self, rack_id: str, *, reason: str | None = None) -> Call[RackHealth]:
+        """Admin: drain a rack: nothing new is placed there; what runs there finishes."""
         return _rack_health(rack_id, "drain", reason)
 
     @operation
     def restore_rack(self, rack_id: str, *, reason: str | None = None) -> Call[RackHealth]:
+        """Admin: put a drained or failed rack back in service."""
         return _rack_health(rack_id, "restore", reason)
 
     @operation
@@ -743,14 +979,17 @@ class Operations(WebhookOperations):
 
     @operation
     def drain_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        """Admin: drain a machine: nothing new is placed there; what runs there finishes."""
         return _machine_health(machine_id, "drain", reason)
 
     @operation
     def fail_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        """Admin: mark a machine failed: its attempts end (billed up to their checkpoints) and queue again."""
         return _machine_health(machine_id, "fail", reason)
 
     @operation
     def restore_machine(self, machine_id: str, *, reason: str | None = None) -> Call[Machine]:
+        """Admin: put a drained or failed machine back in service."""
         return _machine_health(machine_id, "restore", reason)
 
     @operation
@@ -764,6 +1003,7 @@ class Operations(WebhookOperations):
         gcds: int = 1,
         reconfigurable: bool = False,
     ) -> Call[Partition]:
+        """Admin: reserve a partition of `size` IPUs for a tenant (its jobs then run in it by name)."""
         body = _drop_none(
             id=name,
             size=size,
@@ -778,21 +1018,25 @@ class Operations(WebhookOperations):
     def list_partitions(
         self, *, tenant: str | None = None, limit: int = 200, cursor: str | None = None
     ) -> Call[Page[Partition]]:
+        """Admin: one page of live partitions (optionally of one tenant)."""
         params = {"tenant": tenant, "limit": limit, "cursor": cursor}
         return Call("GET", f"{V1}/admin/partitions", _page(Partition), params=params)
 
     @paginated
     def iter_partitions(self, *, tenant: str | None = None, page_size: int = 200) -> Pager[Partition]:
+        """Admin: every live partition, fetched page by page."""
         return lambda cursor: Operations.list_partitions.build(
             self, tenant=tenant, limit=page_size, cursor=cursor
         )
 
     @operation
     def get_partition(self, name: str) -> Call[Partition]:
+        """Admin: a partition by name: its IPUs, tenant and what runs in it."""
         return Call("GET", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
 
     @operation
     def remove_partition(self, name: str) -> Call[Partition]:
+        """Admin: release a reserved partition."""
         return Call("DELETE", f"{V1}/admin/partitions/{seg(name)}", model(Partition))
 
     @operation
@@ -807,6 +1051,7 @@ class Operations(WebhookOperations):
     def admin_usage(
         self, *, since: datetime | str | None = None, until: datetime | str | None = None
     ) -> Call[AdminUsage]:
+        """Admin: usage across every tenant (JSON), between `since` and `until`."""
         params = {"since": _iso(since), "until": _iso(until)}
         return Call("GET", f"{V1}/admin/usage", model(AdminUsage), params=params)
 
@@ -814,6 +1059,7 @@ class Operations(WebhookOperations):
     def admin_usage_csv(
         self, *, since: datetime | str | None = None, until: datetime | str | None = None
     ) -> Call[str]:
+        """Admin: usage across every tenant as CSV text, one row per job."""
         params = {"format": "csv", "since": _iso(since), "until": _iso(until)}
         return Call("GET", f"{V1}/admin/usage", text, params=params)
 

@@ -210,6 +210,21 @@ def _dress(fn: Callable[..., Any], build: Callable[..., Any], signature: inspect
     return fn
 
 
+def _unbound(build: Callable[..., Any], answer: str) -> Any:
+    """The method as read from the class (`help(Client.submit_job)`, an IDE's hover): a function with
+    the build's parameters, docstring and answer, not the descriptor object, whose help said nothing
+    of either. It calls the method of the client it is given; `.build` is still the `Call`'s builder."""
+    name = build.__name__
+
+    def method(client: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(client, name)(*args, **kwargs)
+
+    sig = inspect.signature(build)
+    fn = _dress(method, build, sig.replace(return_annotation=answer))
+    fn.build = build
+    return fn
+
+
 class operation(Generic[P, T]):
     """A method written once as "the `Call` to send": on a `Client` it returns the answer, on an
     `AsyncClient` it is a coroutine method returning the same answer.
@@ -222,6 +237,7 @@ class operation(Generic[P, T]):
         self.build = build
         self.__doc__ = build.__doc__
         self._signature = _public_signature(build, _answer(build, "Call"))
+        self._unbound = _unbound(build, _answer(build, "Call"))
 
     @overload
     def __get__(self, obj: None, owner: type[Any]) -> operation[P, T]: ...
@@ -231,7 +247,7 @@ class operation(Generic[P, T]):
     def __get__(self, obj: Sender, owner: type[Any]) -> Callable[P, T]: ...
     def __get__(self, obj: Any, owner: type[Any]) -> Any:
         if obj is None:
-            return self
+            return self._unbound
         build = self.build
         if isinstance(obj, AsyncSender):
 
@@ -256,6 +272,8 @@ class paginated(Generic[P, I]):
         item = _answer(build, "Pager")
         self._signature = _public_signature(build, f"Iterator[{item}]")
         self._async_signature = _public_signature(build, f"AsyncIterator[{item}]")
+        self._unbound = _unbound(build, f"Iterator[{item}]")
+        self._unbound_async = _unbound(build, f"AsyncIterator[{item}]")
 
     @overload
     def __get__(self, obj: None, owner: type[Any]) -> paginated[P, I]: ...
@@ -265,7 +283,7 @@ class paginated(Generic[P, I]):
     def __get__(self, obj: Sender, owner: type[Any]) -> Callable[P, Iterator[I]]: ...
     def __get__(self, obj: Any, owner: type[Any]) -> Any:
         if obj is None:
-            return self
+            return self._unbound_async if issubclass(owner, AsyncSender) else self._unbound
         build = self.build
         if isinstance(obj, AsyncSender):
 

@@ -282,7 +282,10 @@ class Estimate(Model):
     total_s: float | None = None
     ipu_hours: float | None = None
     charged_ipu_hours: float | None = None
+    rate: float | None = None
+    reserve_ipu_hours: float | None = None
     machine: str | None = None
+    prefer: str | None = None
     machine_options: dict[str, dict[str, Any]] | None = None
     expected_wait_s: float | None = None
     cached: bool | None = None
@@ -841,6 +844,10 @@ class UsageJob(Model):
     workload: str | None = None
     partition_size: int | None = None
     ipu_hours: float | None = None
+    machine_type: str | None = None
+    rate: float | None = None
+    raw_ipu_hours: float | None = None
+    charged_ipu_hours: float | None = None
 
 
 class UsageWorkload(Model):

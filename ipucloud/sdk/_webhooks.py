@@ -34,14 +34,17 @@ class WebhookOperations:
 
     @operation
     def list_webhooks(self, *, limit: int = 50, cursor: str | None = None) -> Call[Page[Webhook]]:
+        """One page of your tenant's webhooks."""
         return Call("GET", f"{V1}/webhooks", _page(Webhook), params={"limit": limit, "cursor": cursor})
 
     @paginated
     def iter_webhooks(self, *, page_size: int = 50) -> Pager[Webhook]:
+        """Every webhook of your tenant, fetched page by page."""
         return lambda cursor: WebhookOperations.list_webhooks.build(self, limit=page_size, cursor=cursor)
 
     @operation
     def get_webhook(self, webhook_id: str) -> Call[Webhook]:
+        """A webhook of yours by id: its URL, event types and state."""
         return Call("GET", f"{V1}/webhooks/{_seg(webhook_id)}", model(Webhook))
 
     @operation
@@ -61,6 +64,7 @@ class WebhookOperations:
 
     @operation
     def delete_webhook(self, webhook_id: str) -> Call[Webhook]:
+        """Delete a webhook of yours: nothing more is delivered to it."""
         return Call("DELETE", f"{V1}/webhooks/{_seg(webhook_id)}", model(Webhook))
 
     @operation
@@ -86,6 +90,7 @@ class WebhookOperations:
     def iter_deliveries(
         self, webhook_id: str, *, status: str | None = None, page_size: int = 50
     ) -> Pager[Delivery]:
+        """Every delivery of one webhook (newest first), fetched page by page."""
         return lambda cursor: WebhookOperations.list_deliveries.build(
             self, webhook_id, status=status, limit=page_size, cursor=cursor
         )
@@ -106,6 +111,7 @@ class WebhookOperations:
 
     @paginated
     def iter_events(self, *, types: Sequence[str] = (), page_size: int = 100) -> Pager[Event]:
+        """Every event of your tenant (newest first), fetched page by page."""
         return lambda cursor: WebhookOperations.list_events.build(
             self, types=types, limit=page_size, cursor=cursor
         )

@@ -797,9 +797,10 @@ def retry_elements(*, session: Session, array_id: str, scope: Scope, indices: st
     if not jobs:
         raise Conflict(f"Array {array_id} has no failed or cancelled elements among {indices!r}.")
     reserve = {
-        j.id: max(
-            (billing.option_cost_ipu_ms(o) for o in (j.options or {}).values()),
-            default=billing.charged_ipu_ms(j.ipus, j.predicted_runtime_s, 1.0),
+        j.id: (
+            billing.reserve_ipu_ms(j.options, j.prefer or "time")
+            if j.options
+            else billing.charged_ipu_ms(j.ipus, j.predicted_runtime_s, 1.0)
         )
         for j in jobs
     }

@@ -39,6 +39,7 @@ from scheduler.models import (
     SERVE_TASK,
     Attempt,
     AttemptState,
+    IpuSession,
     Job,
     JobArray,
     JobEvent,
@@ -240,6 +241,10 @@ class TakenAttempt:
     checkpoint_every_s: float | None = None
     run_base_s: float = 0.0
     unbilled_s: float = 0.0
+    # What it is billed at: its type's rate under the tenant's plan (0 in a session, which is billed
+    # for holding its partition instead, `session_id`).
+    rate: float = 1.0
+    session_id: str | None = None
     endpoint_id: str | None = None
     # An array element's IPUCLOUD_ARRAY_* and Slurm's SLURM_ARRAY_* variables (docs/sweeps.md).
     environment: dict[str, str] | None = None
@@ -247,6 +252,24 @@ class TakenAttempt:
     @property
     def timed_out(self) -> bool:
         return self.end_s < self.run.total_s
+
+    def done_message(self, message: str, ipu_hours: float) -> str:
+        """The run's "Done: ..." line with what the grant is charged for it, the raw IPU-hours beside
+        it: the grant is spent at rate x IPU-hours, so raw IPU-hours alone misstate it on any type
+        whose rate is not 1 (a restored checkpoint's time is not billed)."""
+        head, sep, _ = message.rpartition("; ")
+        if not sep:
+            return message
+        if self.session_id is not None:
+            return (
+                f"{head}; {ipu_hours:,.3f} IPU-hours on {self.machine_type}, billed as part of session "
+                f"{self.session_id}"
+            )
+        billed = ipu_hours * max(0.0, 1.0 - self.unbilled_s / self.run.total_s) if self.run.total_s else 0.0
+        return (
+            f"{head}; {billed * self.rate:,.3f} IPU-hours charged to the grant ({ipu_hours:,.3f} IPU-hours "
+            f"on {self.machine_type} at rate {self.rate:g})"
+        )
 
     def checkpoint_at(self, t: float, reason: str) -> checkpoints.CheckpointDue | None:
         """The checkpoint this attempt has at cluster time `t`: its last completed step, if it
@@ -462,6 +485,8 @@ def take_many(
                 ),
                 run_base_s=run_base,
                 unbilled_s=unbilled,
+                rate=attempt.rate if attempt.rate is not None else 1.0,
+                session_id=job.session_id,
                 endpoint_id=str(job.spec.get("endpoint")) if job.task == SERVE_TASK else None,
                 environment=array_environment(session, job),
             )
@@ -878,6 +903,7 @@ def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: i
     kept = checkpoints.kept_by_attempt(
         session=session, attempt_ids=[e.attempt.id for e in endings if e.outcome in PLATFORM_FAULT_STATES]
     )
+    holds = _hold_refunds(session, [e for e in endings if e.outcome in PLATFORM_FAULT_STATES], kept, now)
     # Last, since it moves the tenant's counters (and an ended job gives back what it reserves).
     metering.settle_many(
         session=session,
@@ -893,6 +919,49 @@ def end_attempts(*, session: Session, endings: Sequence[Ending], max_attempts: i
             for e in endings
         ],
     )
+    metering.refund_holds(session=session, refunds=holds)
+
+
+def _hold_refunds(
+    session: Session, faulted: Sequence[Ending], kept: dict[int, float], now: datetime
+) -> list[metering.HoldRefund]:
+    """What a platform fault wasted of the sessions whose jobs it hit: a session job pays nothing
+    itself (its session is billed for holding the partition), so without this the session paid for
+    the IPUs the fault left idle, while a batch job hit by the same fault is billed only up to its
+    last checkpoint. Per faulted job: its IPUs, from its last checkpoint (or its start) to the end
+    of its attempt (a lost one's: when the reconciler found its agent gone), in cluster seconds."""
+    hit = [e for e in faulted if e.job.session_id is not None and e.attempt.gcd >= 0]
+    if not hit:
+        return []
+    holds = {
+        row.id: row
+        for row in session.execute(
+            select(IpuSession).where(IpuSession.id.in_({e.job.session_id for e in hit}))
+        ).scalars()
+    }
+    hold_ids = sorted({h.attempt_id for h in holds.values() if h.attempt_id is not None})
+    held = {
+        a.id: a
+        for a in session.execute(
+            select(Attempt).where(Attempt.id.in_(hold_ids)).order_by(Attempt.id).with_for_update()
+        ).scalars()
+    }
+    out = []
+    for e in hit:
+        row = holds.get(e.job.session_id or "")
+        hold = held.get(row.attempt_id or 0) if row is not None else None
+        a = e.attempt
+        if hold is None or hold.state != AttemptState.RUNNING or a.started_at is None:
+            continue  # the hold ended too: its own settle decides what it is billed
+        timeline = a.timeline or {}
+        scale = float(timeline.get("scale") or 1.0)
+        started = a.started_at if a.started_at.tzinfo is not None else a.started_at.replace(tzinfo=now.tzinfo)
+        ran = max(float(a.cluster_s or 0.0), (now - started).total_seconds() * scale)
+        ran = min(ran, float(timeline.get("end_s") or ran))
+        wasted = ran - float(kept.get(a.id) or 0.0)
+        if wasted > 0:
+            out.append(metering.HoldRefund(hold, a.id, a.size, wasted, e.job.model, str(e.outcome)))
+    return out
 
 
 def _move_job_on(

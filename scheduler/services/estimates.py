@@ -10,7 +10,7 @@ from typing import Literal, NotRequired, TypedDict, cast
 
 from sqlalchemy.orm import Session
 
-from scheduler import emulation
+from scheduler import billing, emulation
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.policy import HeldArray, QueuedJob
@@ -77,6 +77,9 @@ class EstimateView(TypedDict):
     memory_per_ipu_bytes: NotRequired[int | None]
     cached: NotRequired[bool]
     charged_ipu_hours: NotRequired[float | None]
+    rate: NotRequired[float]  # grant units per IPU-hour on this type: charged = rate x ipu_hours
+    reserve_ipu_hours: NotRequired[float | None]  # what submitting it reserves of the grant
+    prefer: NotRequired[str]  # on `any`: what it was answered for (time or cost)
     expected_wait_s: NotRequired[float | None]  # with a session: the policy's forecast (None: not known)
     machine_options: NotRequired[dict[str, MachineOptionView]]  # on `any`: each type's answer
     runtime_limit: NotRequired[RuntimeLimitView]  # added by the API for a tenant
@@ -96,6 +99,8 @@ def estimate(
     source: GraphSource | None = None,
     serve: Sequence[int] | None = None,
     forecast_wait: bool = True,
+    prefer: str = "time",
+    machine_types: Sequence[str] | None = None,
 ) -> EstimateView:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
@@ -104,6 +109,10 @@ def estimate(
     The expected wait is the scheduling policy's own forecast for this tenant (`expected_wait_s`),
     under the cloud's `settings` (its placement policy and preemption; the process's by default).
     `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`.
+    ``prefer`` (as a job's): on `any`, `cost` answers for the type that spends least of the grant
+    instead (ties: the earliest finish); ``machine_types`` limits `any` to the types a tenant's plan
+    allows. `reserve_ipu_hours` is what submitting the job would reserve (`billing.reserve_ipu_ms`:
+    the option admission promises with this `prefer`), so a grant's room can be judged from it.
     ``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
     directly (``ipucloud estimate --model-file`` plans a local file).
 
@@ -120,8 +129,10 @@ def estimate(
         _check_serve(spec, serve)
     if machine not in (None, "any"):
         out = _estimate_on(session, spec, ipus, machine, ctx, rate_of[machine], strict=True)
+        out["reserve_ipu_hours"] = out.get("charged_ipu_hours")
         return _with_serve(out, spec, ipus, machine, serve)
-    kinds = list(MACHINE_TYPE_NAMES)
+    allowed = [kind for kind in MACHINE_TYPE_NAMES if machine_types is None or kind in machine_types]
+    kinds = allowed or list(MACHINE_TYPE_NAMES)
     if session is not None:
         present = fleet.largest_by_type(session=session)
         kinds = [kind for kind in kinds if present.get(kind, 0) > 0] or kinds
@@ -137,9 +148,32 @@ def estimate(
         wait = out.get("expected_wait_s", 0.0)
         return math.inf if wait is None else float(wait) + float(total)
 
-    best = min(kinds, key=lambda kind: (finish(kind), kinds.index(kind)))
+    def spend(kind: str) -> float:
+        charged = answers[kind].get("charged_ipu_hours")
+        return math.inf if not answers[kind].get("fits") or charged is None else float(charged)
+
+    if prefer == "cost":
+        # As the scheduler settles a `prefer: cost` job (policy/machine_choice.py): the cheapest type
+        # it can start on, the earliest finish among equally cheap ones.
+        startable = [kind for kind in kinds if math.isfinite(finish(kind))] or kinds
+        best = min(startable, key=lambda kind: (spend(kind), finish(kind), kinds.index(kind)))
+    else:
+        best = min(kinds, key=lambda kind: (finish(kind), kinds.index(kind)))
     chosen = answers[best].copy()
+    chosen["prefer"] = prefer
     chosen["machine_options"] = {kind: _option(out, rate_of[kind]) for kind, out in answers.items()}
+    fitting = {
+        kind: {
+            "ipus": float(o["ipus"] or 0),
+            "predicted_runtime_s": float(o["total_s"] or 0),
+            "rate": rate_of[kind],
+        }
+        for kind, o in answers.items()
+        if o.get("fits") and o.get("ipus") and o.get("total_s") is not None
+    }
+    chosen["reserve_ipu_hours"] = (
+        billing.ipu_hours(billing.reserve_ipu_ms(fitting, prefer)) if fitting and chosen.get("fits") else None
+    )
     return _with_serve(chosen, spec, ipus, best, serve)
 
 
@@ -301,6 +335,7 @@ def _estimate_on(
         plan = out.get("plan")
     hours = out.get("ipu_hours")
     out["charged_ipu_hours"] = None if hours is None else round(hours * rate, 6)
+    out["rate"] = rate
     if session is not None and out.get("fits"):
         size = int(cast(int, plan["ipus"])) if isinstance(plan, dict) else int(ipus)
         try:

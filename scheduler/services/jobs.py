@@ -489,12 +489,14 @@ def _prepare(
             + "; ".join(f"{kind}: {exc.detail}" for kind, exc in refusals),
             **{k: v for k, v in first.extra.items() if k in ("limit",)},
         )
-    # Shown and planned as its fastest option until it is placed (then as the type it runs on); its
-    # reservation covers the dearest, so the grant holds wherever it lands.
+    # Shown and planned as its fastest option until it is placed (then as the type it runs on). It
+    # reserves what an estimate with its `prefer` promised (billing.promised_kind: compile left out
+    # where the tenant's cache holds it), not its dearest option: reserving the dearest refused jobs
+    # the estimate said the grant could pay for. Wherever it runs, its settle bills what it ran.
     fastest = min(options, key=lambda kind: (options[kind]["predicted_runtime_s"], candidates.index(kind)))
     size = int(options[fastest]["ipus"])
     predicted = options[fastest]["predicted_runtime_s"]
-    reserve = max(billing.option_cost_ipu_ms(option) for option in options.values())
+    reserve = billing.reserve_ipu_ms(options, spec.prefer)
     depends_on = check_dependencies(
         session=session, tenant_id=r.tenant_id, depends_on=spec.depends_on, is_array=False
     )
@@ -935,9 +937,10 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     }
     job.options = options or None
     job.predicted_runtime_s = predicted
-    reserve = max(
-        (billing.option_cost_ipu_ms(o) for o in options.values()),
-        default=billing.charged_ipu_ms(job.ipus, predicted, 1.0),
+    reserve = (
+        billing.reserve_ipu_ms(options, job.prefer or "time")
+        if options
+        else billing.charged_ipu_ms(job.ipus, predicted, 1.0)
     )
     if tenant.status != "active":
         raise Conflict(f"Tenant {tenant.name} is {tenant.status}.", state=job.state)

@@ -419,3 +419,67 @@ def settle_many(*, session: Session, items: Sequence[Settle]) -> dict[int, int]:
             _move_counters(session, tenant_id, amount, _settle_bill(item, amount), guard=False)
             amounts[item.attempt.id] = amount
     return amounts
+
+
+@dataclass(frozen=True)
+class HoldRefund:
+    """IPU-seconds of a session's hold that a platform fault made useless: `ipus` of its partition
+    (the faulted job's) for `cluster_s` cluster seconds (`att:<attempt>:fault-refund`, the faulted
+    job attempt's id, so a replay refunds nothing)."""
+
+    hold: Attempt
+    attempt_id: int
+    ipus: int
+    cluster_s: float
+    workload: str
+    outcome: str
+
+
+def refund_holds(*, session: Session, refunds: Sequence[HoldRefund]) -> dict[int, int]:
+    """Refund sessions' holds for time a platform fault wasted, as a batch job is refunded what the
+    same fault wasted of it (billed only up to its last checkpoint). Each hold's attempt row is
+    locked by the caller and still running.
+
+    The wasted IPU-seconds become the hold's `unbilled_s` (in seconds of its whole partition), so
+    the ticks still to come bill less and those already billed are refunded now; the quota the
+    refunded ticks had consumed of the session's reservation is held again, as a refunded
+    attempt's is. Returns the amount refunded by faulted attempt (positive IPU-milliseconds)."""
+    done: dict[int, int] = {}
+    by_tenant: dict[str, tuple[int, int]] = {}
+    for r in refunds:
+        hold = r.hold
+        if r.cluster_s <= 0 or r.ipus <= 0 or hold.size <= 0:
+            continue
+        event_id = f"att:{r.attempt_id}:fault-refund"
+        hold.unbilled_s = (hold.unbilled_s or 0.0) + r.cluster_s * r.ipus / hold.size
+        amount = max(0, hold.metered_ipu_ms - _charged(hold, hold.cluster_s))
+        row = {
+            "id": event_id,
+            "tenant_id": hold.tenant_id,
+            "job_id": hold.job_id,
+            "attempt_id": hold.id,
+            "kind": "refund",
+            "ipu_ms": -amount,
+            "machine_type": hold.machine_type,
+            "rate": _rate(hold),
+            "raw_ipu_ms": -raw_ipu_ms(amount, _rate(hold)),
+            "partition_size": r.ipus,
+            "cluster_s": r.cluster_s,
+            "workload": r.workload,
+            "outcome": r.outcome,
+            "at": utcnow(),
+        }
+        if event_id not in _insert_new(session, [row]):
+            hold.unbilled_s -= r.cluster_s * r.ipus / hold.size  # refunded when it was first written
+            continue
+        held_again = min(amount, hold.reservation_used_ipu_ms)
+        hold.metered_ipu_ms -= amount
+        hold.reservation_used_ipu_ms -= held_again
+        used, reserved = by_tenant.get(hold.tenant_id, (0, 0))
+        by_tenant[hold.tenant_id] = (used - amount, reserved + held_again)
+        done[r.attempt_id] = amount
+    session.flush()
+    for tenant_id in sorted(by_tenant):
+        used, reserved = by_tenant[tenant_id]
+        _move_counters(session, tenant_id, used, reserved, guard=False)
+    return done

@@ -175,10 +175,12 @@ def build_snapshot(
                 user_priority=priority,
                 machine_type=machine,
                 partition=partition,
-                # What its reservation covers: its dearest option, or its one type at its rate.
-                cost_ipu_ms=max(
-                    (round(o.cost_ipu_ms * time_scale) for o in options),
-                    default=_typed_cost(size, predicted, choices, machine),
+                # What its reservation covers: its promised option (billing.promised_kind), or its
+                # one type at its rate.
+                cost_ipu_ms=(
+                    billing.reserve_ipu_ms(choices, prefer or "time")
+                    if options
+                    else _typed_cost(size, predicted, choices, machine)
                 ),
                 options=options,
                 prefer=prefer or "time",

@@ -36,7 +36,11 @@ class UsageJobRow(TypedDict):
     name: str
     workload: str
     partition_size: int
-    ipu_hours: float
+    ipu_hours: float  # the grant charged (rate x IPU-hours), as `charged_ipu_hours`
+    machine_type: str | None  # the type it ran on ("bow,m2000" if its attempts ran on several)
+    rate: float | None  # what it was charged per IPU-hour (None if its attempts ran at several)
+    raw_ipu_hours: float  # the IPU-hours run, whatever the rate
+    charged_ipu_hours: float
 
 
 class UsageWorkloadRow(TypedDict):
@@ -155,6 +159,11 @@ def by_job(
             MeterEvent.workload,
             func.max(MeterEvent.partition_size),
             func.sum(MeterEvent.ipu_ms),
+            func.min(MeterEvent.machine_type),
+            func.max(MeterEvent.machine_type),
+            func.min(MeterEvent.rate),
+            func.max(MeterEvent.rate),
+            func.sum(func.coalesce(MeterEvent.raw_ipu_ms, MeterEvent.ipu_ms)),
         ).join(Job, Job.id == MeterEvent.job_id),
         scope,
         since,
@@ -175,8 +184,12 @@ def by_job(
             "workload": w,
             "partition_size": size,
             "ipu_hours": _hours(ms),
+            "machine_type": first if first == last else f"{first},{last}",
+            "rate": None if low is None or low != high else float(low),
+            "raw_ipu_hours": _hours(raw),
+            "charged_ipu_hours": _hours(ms),
         }
-        for j, t, n, w, size, ms in rows
+        for j, t, n, w, size, ms, first, last, low, high, raw in rows
     ]
 
 

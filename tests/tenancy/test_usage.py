@@ -64,7 +64,10 @@ def test_usage_csv_has_a_header_for_each_grouping(client: Any, world: World, met
     headers = auth(world.a.owner_key)
     r = client.get("/api/v1/usage?format=csv", headers=headers)
     assert r.headers["content-type"].startswith("text/csv")
-    assert r.text.splitlines()[0] == "job_id,tenant_id,name,workload,partition_size,ipu_hours"
+    assert r.text.splitlines()[0] == (
+        "job_id,tenant_id,name,workload,partition_size,machine_type,rate,raw_ipu_hours,charged_ipu_hours,"
+        "ipu_hours"
+    )
     assert [row["job_id"] for row in rows(r.text)] == [metered["a3"], metered["a2"], metered["a1"]]
     expected = {
         "day": "day,ipu_hours",
