@@ -37,7 +37,9 @@ class Progress:
     steps: int
     samples: int
     percent: float
-    """Share of the whole run (compile and load included) behind us, 0 to 100."""
+    """Share of the job's steps done, 0 to 100 (a checkpoint's steps included). Compile and load are
+    phases of their own and move no percent: a percent that mixed their time in fell when a
+    resumed run skipped a compile, or rose when one was cached, with no step gained or lost."""
     eta_s: float
     throughput: float
     """Samples per second while running; 0 while compiling or loading."""
@@ -131,11 +133,12 @@ class Timeline:
     def progress_at(self, t: float) -> Progress:
         t = max(0.0, t)
         total = self.total_s
-        done_before = self.first_step / self.steps if self.steps else 0.0
-        percent = 100.0 * (done_before + (1 - done_before) * (min(1.0, t / total) if total > 0 else 1.0))
         eta = max(0.0, total - t)
         start = self.run_start_s
         first = self.first_step
+        # Steps done, the one in flight counted by its share: compile and load move no percent.
+        steps_done = first + max(0.0, t - start) / self.step_s if self.step_s > 0 else float(first)
+        percent = 100.0 * min(1.0, steps_done / self.steps) if self.steps else 100.0
         # Done once every step is complete, even if rounding leaves t a hair short of total_s.
         all_steps = t >= start and first + (t - start) / self.step_s + _EPS >= self.steps
         if t >= total or all_steps:
