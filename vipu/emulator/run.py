@@ -71,11 +71,22 @@ class RunEvent:
 
 
 def _duration(seconds: float) -> str:
+    if 0 < seconds < 0.1:  # a small model's run: "0.0 s" said nothing
+        return _step(seconds)
     if seconds < 90:
         return f"{seconds:.1f} s"
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+def _step(seconds: float) -> str:
+    """A short time in the unit that shows it: 337.4 ms, 2.15 ms, 41.7 µs (not "0.0 ms")."""
+    if seconds >= 0.01:
+        return f"{seconds * 1000:,.1f} ms"
+    if seconds >= 0.001:
+        return f"{seconds * 1000:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
 
 
 def _same_executable(a: WorkloadSpec, b: WorkloadSpec) -> bool:
@@ -305,7 +316,7 @@ class EmulatedRun:
             t,
             "step",
             f"step {step:,}/{self.steps:,}: {samples:,} samples, {self.throughput:,.0f} samples/s, "
-            f"{self.step_s * 1000:,.1f} ms/step, ETA {_duration(eta)}",
+            f"{_step(self.step_s)}/step, ETA {_duration(eta)}",
             {
                 "step": step,
                 "steps": self.steps,
