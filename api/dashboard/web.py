@@ -18,8 +18,8 @@ from markupsafe import Markup
 
 from api.dashboard import sessions
 from api.deps import DbDep
-from scheduler.errors import DomainError, Forbidden, Unauthorized
 from scheduler import figures
+from scheduler.errors import DomainError, Forbidden, Unauthorized
 from scheduler.services import keys
 from vipu.machine_types import LAYOUTS, MACHINES, SERVER_MODELS
 

@@ -445,7 +445,10 @@ def show_(
         rows.append(("preemptible", "yes (discounted; may be preempted after a warning)"))
     if job.resumable_until is not None:
         rows.append(
-            ("resumable until", f"{when(job.resumable_until)} UTC, wall clock (`ipucloud jobs resume {job.id}`)")
+            (
+                "resumable until",
+                f"{when(job.resumable_until)} UTC, wall clock (`ipucloud jobs resume {job.id}`)",
+            )
         )
     show(kv_table(rows))
     if job.checkpoints:

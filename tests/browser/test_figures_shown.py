@@ -30,7 +30,9 @@ def _view(*partitions: tuple[str, int]) -> dict[str, Any]:
     """One POD64's map with the given partitions' IPUs in map order, (name, IPUs)."""
     ipus: list[dict[str, Any]] = []
     for name, n in partitions:
-        ipus += [{"id": f"x{len(ipus)}", "partition": name, "tenant": "ten_a", "kind": "job"} for _ in range(n)]
+        ipus += [
+            {"id": f"x{len(ipus)}", "partition": name, "tenant": "ten_a", "kind": "job"} for _ in range(n)
+        ]
     ipus += [{"id": f"x{i}", "partition": None, "tenant": None, "kind": None} for i in range(len(ipus), 64)]
     machines = [{"id": f"m{m}", "ipus": ipus[4 * m : 4 * m + 4]} for m in range(16)]
     return {"pods": [{"id": "pod0000", "layout": "pod64", "machines": machines}]}
@@ -65,7 +67,13 @@ def test_a_gcd_refusal_counts_gcds_not_ipus(db: Any, seeded: Any, client: Any) -
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(22.42e9, "22.4 GFLOP"), (6.43e6, "6.43 MFLOP"), (7800.0, "7.80 kFLOP"), (512.0, "512 FLOP"), (None, "-")],
+    [
+        (22.42e9, "22.4 GFLOP"),
+        (6.43e6, "6.43 MFLOP"),
+        (7800.0, "7.80 kFLOP"),
+        (512.0, "512 FLOP"),
+        (None, "-"),
+    ],
 )
 def test_flops_are_written_in_the_unit_that_shows_them(value: float | None, text: str) -> None:
     assert flops(value) == text

@@ -38,7 +38,9 @@ def test_an_estimate_gives_its_wait_on_both_clocks_and_says_its_scale(
     assert scheduler(db).schedule_pass() == 1
     asked_at = datetime.now().astimezone()
     body = {"workload": {"model": "resnet50", "task": "train", "batch_size": 1024, "steps": 100}, "ipus": 64}
-    out = client.post("/api/v1/estimates", json={**body, "machine": "m2000"}, headers={"Authorization": f"Bearer {key}"})
+    out = client.post(
+        "/api/v1/estimates", json={**body, "machine": "m2000"}, headers={"Authorization": f"Bearer {key}"}
+    )
     assert out.status_code == 200, out.text
     est = out.json()
     assert est["time_scale"] == SCALE

@@ -42,7 +42,9 @@ def test_percent_is_the_share_of_steps_done_and_compile_is_a_phase_of_its_own() 
 
 
 def test_a_silent_agents_attempt_stops_its_clock_and_its_lapse_keeps_what_was_shown(
-    db: Any, tenant: str, loop: SchedulerLoop  # noqa: F811
+    db: Any,
+    tenant: str,  # noqa: F811
+    loop: SchedulerLoop,  # noqa: F811
 ) -> None:
     job_id = submit(db, tenant)
     assert loop.lead() and loop.schedule_pass() == 1
@@ -79,7 +81,9 @@ def test_a_silent_agents_attempt_stops_its_clock_and_its_lapse_keeps_what_was_sh
 
 
 def test_a_live_agents_attempt_runs_on_between_heartbeats(
-    db: Any, tenant: str, loop: SchedulerLoop  # noqa: F811
+    db: Any,
+    tenant: str,  # noqa: F811
+    loop: SchedulerLoop,  # noqa: F811
 ) -> None:
     job_id = submit(db, tenant)
     assert loop.lead() and loop.schedule_pass() == 1
