@@ -92,21 +92,34 @@ class WaitReason(BaseModel):
         default_factory=list, description="Ids of the caller's own jobs this one waits behind."
     )
     behind_other_tenants: int = Field(0, description="How many jobs of other tenants it waits behind.")
-    estimated_start: datetime | None = None
+    estimated_start: datetime | None = Field(
+        None,
+        description="Wall clock (UTC): when the scheduling policy forecasts it starts. Durations in "
+        "seconds (`*_s`) are cluster time; this is a moment on the wall clock.",
+    )
 
 
 class Progress(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    phase: str | None = None
-    step: int | None = None
+    phase: str | None = Field(
+        None, description="`compile`, `load`, `run` or `done`: compile and load are phases of their own."
+    )
+    step: int | None = Field(None, description="The job's steps done (a checkpoint's included).")
     steps: int | None = None
     samples: int | None = None
-    percent: float | None = None
-    eta_s: float | None = None
-    throughput: float | None = None
+    percent: float | None = Field(
+        None,
+        description="Share of the job's steps done, 0 to 100: compiling and loading move no percent, and a "
+        "run resumed from a checkpoint starts at the checkpoint's share.",
+    )
+    eta_s: float | None = Field(None, description="Cluster seconds until the run ends.")
+    throughput: float | None = Field(None, description="Samples per cluster second while running.")
     memory_per_ipu_bytes: int | None = None
-    cluster_s: float | None = None
+    cluster_s: float | None = Field(
+        None,
+        description="Cluster seconds this attempt has run; it stops when its host agent stops answering.",
+    )
 
 
 class CheckpointOut(BaseModel):
@@ -141,8 +154,8 @@ class JobOut(BaseModel):
     session: str | None = Field(None, description="The session it runs in (POST /api/v1/sessions), if any.")
     priority: int
     workload: dict[str, Any]
-    max_runtime_s: int | None = None
-    predicted_runtime_s: float
+    max_runtime_s: int | None = Field(None, description="Its time limit in cluster seconds.")
+    predicted_runtime_s: float = Field(description="Cluster seconds it is predicted to run.")
     cancel_requested: bool
     attempts: int
     created_at: datetime
@@ -162,8 +175,9 @@ class JobOut(BaseModel):
     checkpoint_count: int | None = None
     resumable_until: datetime | None = Field(
         None,
-        description="A job stopped by its time limit with a checkpoint: until when its owner may resume it "
-        "(`POST /jobs/{id}/resume`), the plan's checkpoint retention after it stopped.",
+        description="Wall clock (UTC). A job stopped by its time limit with a checkpoint: until when its "
+        "owner may resume it (`POST /jobs/{id}/resume`), the plan's checkpoint retention (wall seconds) "
+        "after it stopped.",
     )
     array_id: str | None = Field(None, description="The array or sweep it is an element of (`arr_...`).")
     array_index: int | None = None

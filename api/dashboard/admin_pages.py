@@ -87,13 +87,15 @@ def fleet_page(
         pod_from -= pod_from % MAP_PODS
         view = partitions.fleet_view(session=s, pod_from=pod_from, pods=MAP_PODS)
         names = {t.id: t.name for t in usage_service.tenant_totals(session=s, scope=ALL_TENANTS)}
-        jobs = {p.name: p.job_id for p in fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)}
+        live = fleet.list_partitions(session=s, scope=ALL_TENANTS, limit=100_000)
+        jobs = {p.name: p.job_id for p in live}
+        created = {p.name: p.pk for p in live}  # creation order: what gives each its letter
         down = [
             {"id": m.id, "health": m.health, "reason": m.health_reason}
             for m in fleet.machines_not_up(session=s)
         ]
         racks = fleet.racks(session=s)
-    keys = fleetmap.legend(view, names, jobs)
+    keys = fleetmap.legend(view, names, jobs, created)
     selected = None
     if machine:
         selected = next((m for p in view["pods"] for m in p["machines"] if m["id"] == machine), None)

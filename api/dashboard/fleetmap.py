@@ -57,9 +57,41 @@ def colours(tenant: str | None, partition: str) -> tuple[str, str]:
     return f"hsl({hue}, {sat}%, {light}%)", ink
 
 
+def letters(created: Mapping[str, int]) -> dict[str, str]:
+    """Each partition's letter, from its creation order (its row's key), so that it keeps its letter
+    from render to render and page to page while partitions come and go around it: the letter the key
+    names, or (two on one map naming the same) the next one free, the older partition first."""
+    taken: set[str] = set()
+    out: dict[str, str] = {}
+    for name, pk in sorted(created.items(), key=lambda item: (item[1], item[0])):
+        for i in range(len(LETTERS)):
+            letter = LETTERS[(pk - 1 + i) % len(LETTERS)]  # the first partition ever made is A
+            if letter not in taken:
+                break
+        else:
+            letter = LETTERS[(pk - 1) % len(LETTERS)]  # more partitions on one map than letters
+        taken.add(letter)
+        out[name] = letter
+    return out
+
+
 def legend(
-    view: Mapping[str, Any], tenant_names: Mapping[str, str], jobs: Mapping[str, str | None]
+    view: Mapping[str, Any],
+    tenant_names: Mapping[str, str],
+    jobs: Mapping[str, str | None],
+    created: Mapping[str, int],
 ) -> list[PartitionKey]:
+    """The partitions on the map, each with its letter and colours, in creation order."""
+    shown: set[str] = {
+        ipu["partition"]
+        for pod in view.get("pods", [])
+        for machine in pod["machines"]
+        for ipu in machine["ipus"]
+        if ipu.get("partition")
+    }
+    # Partitions created after `created` was read come last, in name order.
+    late = max(created.values(), default=0) + 1
+    letter_of = letters({name: created.get(name, late + i) for i, name in enumerate(sorted(shown))})
     keys: dict[str, PartitionKey] = {}
     for pod in view.get("pods", []):
         for machine in pod["machines"]:
@@ -72,7 +104,7 @@ def legend(
                     tenant = ipu.get("tenant")
                     keys[name] = PartitionKey(
                         name=name,
-                        letter=LETTERS[len(keys) % len(LETTERS)],
+                        letter=letter_of[name],
                         colour=fill,
                         ink=ink,
                         tenant=tenant,
@@ -82,7 +114,7 @@ def legend(
                         job=jobs.get(name),
                     )
                 keys[name].ipus += 1
-    return list(keys.values())
+    return sorted(keys.values(), key=lambda k: (created.get(k.name, late), k.name))
 
 
 def _shape(pod: Mapping[str, Any]) -> tuple[int, int]:

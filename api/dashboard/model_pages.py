@@ -18,6 +18,7 @@ from api.dashboard.web import DashboardRoute, Form, TenantReader, TenantSubmitte
 from api.deps import DbDep, SettingsDep
 from api.routers.models import ModelOut
 from api.uploads import receive_upload
+from scheduler import figures
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.services import own_models
 
@@ -154,7 +155,7 @@ def submit_choices(db: DbDep, tenant_id: str) -> list[dict[str, Any]]:
             {
                 "name": m.name,
                 "description": f"Your ONNX model: {m.parameters:,} parameters, "
-                f"{m.forward_flops_per_sample / 1e9:,.2f} GFLOP per sample forward"
+                f"{figures.flops(m.forward_flops_per_sample)} per sample forward"
                 + (f"; {dims} unless you give seq_len" if dims else ""),
                 "seq": next(iter(m.dims.values()), None),
             }

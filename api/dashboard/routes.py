@@ -22,6 +22,8 @@ from api.deps import DbDep, SettingsDep
 from api.ratelimit import check_rate
 from scheduler.errors import Conflict, InvalidRequest, RateLimited, TenantInactive, Unauthorized
 from scheduler.services import fleet, keys, trials
+from vipu.machine_types import LAYOUTS
+from vipu.topology import Fleet
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
@@ -44,8 +46,26 @@ def home(request: Request, db: DbDep, user: OptionalUser) -> Response:
     return render(
         request,
         "home.html",
-        {"pods": shape.pods, "ipus": shape.ipus, "types": sorted({str(t) for t in shape.machine_types})},
+        {
+            "units": units_phrase(shape),
+            "ipus": shape.ipus,
+            "types": sorted({str(t) for t in shape.machine_types}),
+        },
     )
+
+
+def units_phrase(shape: Fleet) -> str:
+    """The fleet's units counted by kind, largest kind first: "4 IPU-POD64s, 1 IPU-POD16 and 2 IPU
+    servers" (a POD16 or a server is no POD64 rack, and `pods` counts every unit)."""
+    counts: dict[str, int] = {}
+    for unit in shape.units:
+        if unit is not None:
+            counts[unit.layout] = counts.get(unit.layout, 0) + 1
+    order = sorted(counts, key=lambda name: -LAYOUTS[name].ipus)
+    parts = [f"{counts[name]:,} {LAYOUTS[name].label}{'' if counts[name] == 1 else 's'}" for name in order]
+    if not parts:
+        return "no IPUs yet"
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def _anonymous_form(

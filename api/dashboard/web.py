@@ -18,6 +18,7 @@ from markupsafe import Markup
 
 from api.dashboard import sessions
 from api.deps import DbDep
+from scheduler import figures
 from scheduler.errors import DomainError, Forbidden, Unauthorized
 from scheduler.services import keys
 from vipu.machine_types import LAYOUTS, MACHINES, SERVER_MODELS
@@ -58,6 +59,12 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     s = float(seconds)
+    if s == 0:
+        return "0 s"
+    if s < 0.001:  # a small model's step: "0 ms" said nothing
+        return f"{s * 1e6:.0f} µs"
+    if s < 0.01:
+        return f"{s * 1000:.2f} ms"
     if s < 1:
         return f"{s * 1000:.0f} ms"
     if s < 120:
@@ -97,7 +104,7 @@ templates.env.globals.update(
     layout_choices=LAYOUT_CHOICES,
     server_choices=SERVER_CHOICES,
 )
-templates.env.filters.update(hours=hours, duration=duration, when=when, iso=iso)
+templates.env.filters.update(hours=hours, duration=duration, when=when, iso=iso, flops=figures.flops)
 
 
 class LoginRequired(Exception):

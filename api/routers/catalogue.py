@@ -120,9 +120,9 @@ class EstimateOut(BaseModel):
     fits: bool
     plan: dict[str, Any] | None = None
     throughput: float | None = Field(None, description="samples/s")
-    compile_s: float | None = None
-    step_s: float | None = None
-    total_s: float | None = None
+    compile_s: float | None = Field(None, description="Cluster seconds compiling (0 when cached).")
+    step_s: float | None = Field(None, description="Cluster seconds per step.")
+    total_s: float | None = Field(None, description="Cluster seconds from start to end, compile included.")
     ipu_hours: float | None = None
     charged_ipu_hours: float | None = Field(
         None, description="What the grant is charged: IPU-hours (`ipu_hours`, raw) x the type's `rate`"
@@ -141,7 +141,17 @@ class EstimateOut(BaseModel):
     expected_wait_s: float | None = Field(
         None,
         description="Cluster seconds before it would start, as the scheduling policy forecasts it for "
-        "this tenant now; null if never or not within the forecast",
+        "this tenant now; null if never or not within the forecast. `expected_wait_wall_s` is the same "
+        "wait on the wall clock.",
+    )
+    expected_wait_wall_s: float | None = Field(
+        None,
+        description="Wall seconds before it would start: `expected_wait_s` / `time_scale`.",
+    )
+    time_scale: float | None = Field(
+        None,
+        description="Cluster seconds this cloud emulates per wall second: every `*_s` figure here is "
+        "cluster time, a wall-clock wait is it divided by this.",
     )
     cached: bool | None = Field(
         None, description="The executable is compiled already: time, cost and reservation leave out compiling"

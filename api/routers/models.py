@@ -44,7 +44,7 @@ class Unmodelled(BaseModel):
 
 
 class ModelOut(BaseModel):
-    """An uploaded graph, as the emulator sees it (per sample, at the model's default dims)."""
+    """An uploaded graph, as the emulator sees it (per sample, at the sizes `described_at` gives)."""
 
     id: str
     name: str
@@ -65,7 +65,14 @@ class ModelOut(BaseModel):
     dynamic_dims: list[str] = Field(
         description="Dynamic dimensions besides the batch: seq_len or dims size them."
     )
-    dims: dict[str, int] = Field(description="Their sizes when a job gives none (set at upload).")
+    dims: dict[str, int] = Field(
+        description="Their sizes when a job gives none (set at upload); a dimension not here needs the "
+        "job's seq_len or dims."
+    )
+    described_at: dict[str, int] = Field(
+        description="The sizes the figures here (FLOPs, activations, host bytes per sample) are computed "
+        "at: `dims`, and 128 for each dynamic dimension the upload left unsized."
+    )
     nodes: int
     operators: dict[str, int] = Field(description="Nodes per operator type.")
     parameters: int
@@ -95,6 +102,7 @@ class ModelOut(BaseModel):
             graph_bytes=m.graph_bytes,
             uploaded_bytes=m.uploaded_bytes,
             weights_stripped_bytes=m.weights_stripped_bytes,
+            described_at=s.get("described_at", s["dims"]),
             **{k: s[k] for k in _SUMMARY_FIELDS},
         )
 

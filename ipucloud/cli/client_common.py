@@ -158,6 +158,12 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     s = float(seconds)
+    if s == 0:
+        return "0 s"
+    if s < 0.001:  # a small model's step: "0 ms" said nothing
+        return f"{s * 1e6:.0f} µs"
+    if s < 0.01:
+        return f"{s * 1000:.2f} ms"
     if s < 1:
         return f"{s * 1000:.0f} ms"
     if s < 120:

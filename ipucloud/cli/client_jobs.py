@@ -103,7 +103,7 @@ def _render_event(event: StreamEvent, bar: Progress, task: Any, out: Any) -> str
         if p.throughput:
             bits.append(f"{p.throughput:,.0f} samples/s")
         if p.eta_s is not None and p.phase != "done":
-            bits.append(f"eta {duration(p.eta_s)}")
+            bits.append(f"eta {duration(p.eta_s)} cluster time")
         bar.update(task, completed=p.percent or 0.0, detail="  ".join(bits))
     elif event.entry is not None:
         entry = event.entry
@@ -334,10 +334,23 @@ def parse_dependencies(items: list[str], *, any_: bool = False) -> dict[str, Any
     return {"any" if any_ else "all": deps}
 
 
-def _wait(seconds: float | None) -> str:
+def _wait(seconds: float | None, wall_s: float | None = None) -> str:
+    """The expected wait, in cluster time like every duration here, and on the wall clock."""
     if seconds is None:
         return "no healthy room of that size"
-    return "starts at once" if seconds == 0 else duration(seconds)
+    if seconds == 0:
+        return "starts at once"
+    wall = "" if wall_s is None else f" (about {duration(wall_s)} wall clock)"
+    return f"{duration(seconds)} cluster time{wall}"
+
+
+def _progress_row(p: Any) -> str | None:
+    """Steps done (compile and load are phases that move no percent), with the run's cluster time."""
+    if p is None or p.percent is None:
+        return None
+    steps = f", step {p.step:,} of {p.steps:,}" if p.step is not None and p.steps else ""
+    ran = f", {duration(p.cluster_s)} cluster time" if p.cluster_s is not None else ""
+    return f"{p.percent:.1f}% of steps ({p.phase}{steps}{ran})"
 
 
 def _print_estimate(est: Any) -> None:
@@ -361,7 +374,7 @@ def _print_estimate(est: Any) -> None:
         ("compile", duration(est.compile_s)),
         ("step", duration(est.step_s)),
         ("throughput", f"{est.throughput:,.1f} samples/s" if est.throughput else None),
-        ("total time", duration(est.total_s)),
+        ("total time", f"{duration(est.total_s)} cluster time" if est.total_s is not None else None),
         ("charged", charged_line(est.charged_ipu_hours, est.ipu_hours, est.machine, est.rate)),
     ]
     if reserve is not None and reserve != est.charged_ipu_hours:
@@ -369,7 +382,7 @@ def _print_estimate(est: Any) -> None:
         rows.append(
             ("reserved on submit", f"{reserve:,.4f} IPU-hours of the grant (its end bills what it ran)")
         )
-    rows.append(("expected wait", _wait(wait)))
+    rows.append(("expected wait", _wait(wait, est.expected_wait_wall_s)))
     show(kv_table(rows))
 
 
@@ -404,7 +417,7 @@ def _print_array_estimate(est: Any) -> None:
             [
                 ("elements", f"{t.elements} ({t.fitting} fit)"),
                 ("at most running", t.max_running or "no limit"),
-                ("run time, added up", duration(t.total_s)),
+                ("run time, added up", f"{duration(t.total_s)} cluster time"),
                 ("IPU-hours (grant spent)", f"{t.charged_ipu_hours:,.4f}"),
                 ("first starts in", _wait(t.expected_wait_s)),
                 ("last ends in", _wait(t.expected_end_s)),
@@ -474,8 +487,8 @@ def show_(
         ("IPUs", f"{job.ipus} (asked: {job.ipus_requested})"),
         ("machine", job.machine),
         ("partition", job.partition),
-        ("predicted", duration(job.predicted_runtime_s)),
-        ("progress", f"{p.percent:.1f}% ({p.phase})" if p and p.percent is not None else None),
+        ("predicted", f"{duration(job.predicted_runtime_s)} cluster time"),
+        ("progress", _progress_row(p)),
         ("throughput", f"{p.throughput:,.1f} samples/s" if p and p.throughput else None),
         ("used", f"{job.used_ipu_hours:.6f} IPU-hours" if job.used_ipu_hours is not None else None),
         ("attempts", job.attempts),
@@ -485,10 +498,17 @@ def show_(
     ]
     if job.wait is not None:
         rows.append(("waiting", f"{job.wait.reason}: {job.wait.detail}"))
+        if job.wait.estimated_start is not None:
+            rows.append(("estimated start", f"{when(job.wait.estimated_start)} UTC (wall clock)"))
     if job.preemptible:
         rows.append(("preemptible", "yes (discounted; may be preempted after a warning)"))
     if job.resumable_until is not None:
-        rows.append(("resumable until", f"{when(job.resumable_until)} (`ipucloud jobs resume {job.id}`)"))
+        rows.append(
+            (
+                "resumable until",
+                f"{when(job.resumable_until)} UTC, wall clock (`ipucloud jobs resume {job.id}`)",
+            )
+        )
     show(kv_table(rows))
     if job.checkpoints:
         show(

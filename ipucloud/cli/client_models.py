@@ -27,6 +27,7 @@ from ipucloud.cli.client_common import (
     when,
 )
 from ipucloud.sdk import OnnxModel
+from scheduler import figures
 
 app = typer.Typer(
     help="Your own ONNX models: push one, then run it like a catalogue workload.",
@@ -58,7 +59,20 @@ def parse_dims(values: list[str] | None) -> dict[str, int]:
 
 
 def _flops(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:,.2f} GFLOP"
+    return figures.flops(value)
+
+
+def _dynamic(m: OnnxModel) -> str:
+    """Each dynamic dimension with its default size, or, when the job gives it, the size the figures
+    shown are at."""
+    at = m.described_at or {}
+    parts = [
+        f"{d}={m.dims[d]}"
+        if d in m.dims
+        else f"{d}: the job's --seq-len/--dim (described at {at.get(d, '?')})"
+        for d in m.dynamic_dims
+    ]
+    return ", ".join(parts) or "none"
 
 
 def describe(m: OnnxModel) -> list[tuple[str, Any]]:
@@ -69,7 +83,7 @@ def describe(m: OnnxModel) -> list[tuple[str, Any]]:
         ("name", m.name),
         ("inputs", inputs),
         ("batch dimension", m.batch_dim),
-        ("dynamic dimensions", ", ".join(f"{d}={m.dims.get(d)}" for d in m.dynamic_dims) or "none"),
+        ("dynamic dimensions", _dynamic(m)),
         ("nodes / layers", f"{m.nodes} / {m.layers}"),
         ("parameters", f"{m.parameters:,}" if m.parameters is not None else "-"),
         ("forward per sample", _flops(m.forward_flops_per_sample)),

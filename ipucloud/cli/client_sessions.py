@@ -66,6 +66,7 @@ def describe(s: Session) -> list[tuple[str, Any]]:
         ("billed", f"{s.billed_ipu_hours:.4f} IPU-hours"),
         ("started", when(s.started_at)),
         ("ended", when(s.ended_at)),
+        ("clocks", "durations in cluster time; started and ended on the wall clock (UTC)"),
     ]
     if s.jobs:
         rows.append(("jobs", ", ".join(f"{j.id} {j.state}" for j in s.jobs[:10])))

@@ -288,6 +288,8 @@ class Estimate(Model):
     prefer: str | None = None
     machine_options: dict[str, dict[str, Any]] | None = None
     expected_wait_s: float | None = None
+    expected_wait_wall_s: float | None = None
+    time_scale: float | None = None
     cached: bool | None = None
     error: str | None = None
     runtime_limit: RuntimeLimit | None = None
@@ -299,7 +301,7 @@ class Estimate(Model):
 
 
 class OnnxModel(Model):
-    """An uploaded graph, as the emulator sees it (per sample, at the model's default dims)."""
+    """An uploaded graph, as the emulator sees it (per sample, at the sizes `described_at` gives)."""
 
     id: str
     name: str
@@ -317,6 +319,7 @@ class OnnxModel(Model):
     batch_dim: str | int | None = None
     dynamic_dims: list[str] = Field(default_factory=list)
     dims: dict[str, int] = Field(default_factory=dict)
+    described_at: dict[str, int] = Field(default_factory=dict)
     nodes: int | None = None
     operators: dict[str, int] = Field(default_factory=dict)
     parameters: int | None = None

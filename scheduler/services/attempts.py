@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypedDict, cast
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from scheduler import bus, emulation
 from scheduler.db import insert_returning_keys
@@ -37,6 +37,7 @@ from scheduler.models import (
     FINAL_JOB_STATES,
     PLATFORM_FAULT_STATES,
     SERVE_TASK,
+    Agent,
     Attempt,
     AttemptState,
     IpuSession,
@@ -743,12 +744,36 @@ def finish(
     return attempt_id in result.finished
 
 
-def derived_cluster_s(attempt: Attempt, now: datetime) -> float:
+def answered_until(attempt: Attempt, agent: Agent | None) -> datetime | None:
+    """The wall time past which a running attempt's clock does not run: its agent's last heartbeat
+    plus a quarter of the agent's lease. An agent that stops answering stops its attempts' clocks
+    then, instead of their progress climbing for the rest of its lease and falling back when the
+    lease lapses. A live agent renews every `IPUCLOUD_HEARTBEAT_S`, well inside that grace, so its
+    runs are never held back. None (no limit): no agent, or another incarnation of it."""
+    if agent is None or attempt.agent_epoch is None or agent.epoch != attempt.agent_epoch:
+        return None
+    grace = max(timedelta(0), (agent.lease_expires_at - agent.heartbeat_at) / 4)
+    return agent.heartbeat_at + grace
+
+
+def agent_of(attempt: Attempt) -> Agent | None:
+    """The agent row of a running attempt, through the session the attempt was loaded in."""
+    s = object_session(attempt)
+    if s is None or not attempt.worker or attempt.state != AttemptState.RUNNING:
+        return None
+    return s.get(Agent, attempt.worker)
+
+
+def derived_cluster_s(attempt: Attempt, now: datetime, *, agent: Agent | None = None) -> float:
     """How far a running attempt's run has got, from its start and its timeline: what the agent
-    driving it reaches at `now`, without asking the agent."""
+    driving it reaches at `now`, without asking the agent, but no further than its agent answered
+    (`answered_until`; the agent is looked up when not given)."""
     timeline = attempt.timeline
     if attempt.started_at is None or not timeline:
         return attempt.cluster_s
+    until = answered_until(attempt, agent if agent is not None else agent_of(attempt))
+    if until is not None and until < now:
+        now = until
     t = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
     return max(attempt.cluster_s, min(float(timeline["end_s"]), max(0.0, t)))
 

@@ -81,6 +81,8 @@ class EstimateView(TypedDict):
     reserve_ipu_hours: NotRequired[float | None]  # what submitting it reserves of the grant
     prefer: NotRequired[str]  # on `any`: what it was answered for (time or cost)
     expected_wait_s: NotRequired[float | None]  # with a session: the policy's forecast (None: not known)
+    expected_wait_wall_s: NotRequired[float | None]  # the same on the wall clock: / time_scale
+    time_scale: NotRequired[float]  # with a session: the cloud's cluster seconds per wall second
     machine_options: NotRequired[dict[str, MachineOptionView]]  # on `any`: each type's answer
     runtime_limit: NotRequired[RuntimeLimitView]  # added by the API for a tenant
     serve: NotRequired[list[ServeRowView]]  # with `serve`: a row per batch size asked
@@ -354,6 +356,12 @@ def _estimate_on(
             tenant_id=ctx.tenant_id,
             settings=ctx.settings,
         )
+        # The wait is cluster time like every other `*_s` here; at a cloud's time scale of 60, 4,660
+        # cluster seconds is 78 s on the wall clock, which is what someone waiting for it lives through.
+        scale = ctx.settings.time_scale
+        wait = out["expected_wait_s"]
+        out["time_scale"] = scale
+        out["expected_wait_wall_s"] = None if wait is None else round(wait / scale, 3)
     return out
 
 

@@ -426,8 +426,8 @@ def _prepare(
         if spec.ipus != "auto" and spec.ipus > gcd_size:
             raise LimitExceeded(
                 f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
-                f"{reserved_partition.name} holds {gcd_size} ({reserved_partition.gcds} of "
-                f"{reserved_partition.size} IPUs)."
+                f"{reserved_partition.name} holds {gcd_size} (its {reserved_partition.size} IPUs are split "
+                f"into {reserved_partition.gcds} GCDs of {gcd_size})."
             )
     elif named is not None and named not in allowed:
         raise LimitExceeded(

@@ -106,6 +106,11 @@ def parse_elementwise(raw: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(sorted(set(items)))
 
 
+# The size at which an upload is described (its FLOPs, memory, parameters per sample) for each dynamic
+# dimension it was given no size for: a job binds its own (seq_len or dims).
+DESCRIBE_DIM_SIZE = 128
+
+
 def check_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise InvalidRequest(
@@ -162,16 +167,20 @@ def analyse(
                 f"dims: the graph has no dynamic dimension {unknown[0]!r}; its dynamic dimensions: {have}.",
                 field="dims",
             )
+        # The sizes of a dynamic dimension belong to the job (seq_len or dims), as a dynamic export
+        # (a batch and a sequence axis) means: the graph is kept with its symbols and described at
+        # a stated size for each the upload left open; a job that names the model binds them.
+        described_at = {**{d: DESCRIBE_DIM_SIZE for d in missing}, **dims}
+        summary = describe(graph, described_at)
+        summary["dims"] = dict(dims)
+        summary["described_at"] = described_at
         if missing:
-            example = ", ".join(f'"{d}": 128' for d in missing)
-            raise InvalidModel(
-                f"Model not accepted: the graph's dynamic dimension(s) {', '.join(repr(d) for d in missing)} "
-                f"have no size, so its shapes stay unknown; give them with dims, e.g. {{{example}}} (a job "
-                "may set others with seq_len or dims).",
-                reason="unknown-shape",
-                names=missing,
-            )
-        summary = describe(graph, dims)
+            summary["notes"] = [
+                f"described at {', '.join(f'{d}={DESCRIBE_DIM_SIZE}' for d in missing)}: the graph leaves "
+                f"{'it' if len(missing) == 1 else 'them'} dynamic, and each job, estimate or endpoint sets "
+                "the size with seq_len or dims",
+                *summary["notes"],
+            ]
     except GraphError as exc:
         raise _invalid(exc)
     except WorkloadError as exc:

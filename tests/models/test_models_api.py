@@ -95,7 +95,6 @@ BAD_INPUTS = [
     ("dangling", onnx_files.dangling_model(), "dangling-input", ("ghost",)),
     ("unknown-op", onnx_files.custom_op_model(), "unknown-operators", ("acme::FastSwish",)),
     ("control-flow", onnx_files.loop_model(), "unsupported-operators", ("Loop",)),
-    ("unbound-dim", onnx_files.sequence_model(), "unknown-shape", ("sequence",)),
     ("bad-shapes", onnx_files.shape_mismatch_model(), "shape-inference", ()),
 ]
 

@@ -58,6 +58,22 @@ def sequence_model(op: str = "Relu") -> bytes:
     )
 
 
+def dynamic_export_model() -> bytes:
+    """What ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` gives for a token model with a
+    dynamic batch and a dynamic sequence: both axes symbolic, named ``s0`` and ``s1`` as the exporter
+    names them, on the input and the declared output; two MatMuls with a Relu between."""
+    x = helper.make_tensor_value_info("x", F, ["s0", "s1", 32])
+    y = helper.make_tensor_value_info("y", F, ["s0", "s1", 8])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+        helper.make_node("Relu", ["h"], ["a"], name="act"),
+        helper.make_node("MatMul", ["a", "w2"], ["y"], name="down"),
+    ]
+    graph = helper.make_graph(nodes, "exported", [x], [y], [_weight("w1", 32, 64), _weight("w2", 64, 8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="pytorch")
+    return model.SerializeToString()
+
+
 def custom_op_model() -> bytes:
     """A graph with an operator of another domain (``acme::FastSwish``) between two MatMuls."""
     x = helper.make_tensor_value_info("x", F, ["batch", 16])

@@ -37,7 +37,9 @@ class Progress:
     steps: int
     samples: int
     percent: float
-    """Share of the whole run (compile and load included) behind us, 0 to 100."""
+    """Share of the job's steps done, 0 to 100 (a checkpoint's steps included). Compile and load are
+    phases of their own and move no percent: a percent that mixed their time in fell when a
+    resumed run skipped a compile, or rose when one was cached, with no step gained or lost."""
     eta_s: float
     throughput: float
     """Samples per second while running; 0 while compiling or loading."""
@@ -69,11 +71,22 @@ class RunEvent:
 
 
 def _duration(seconds: float) -> str:
+    if 0 < seconds < 0.1:  # a small model's run: "0.0 s" said nothing
+        return _step(seconds)
     if seconds < 90:
         return f"{seconds:.1f} s"
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+def _step(seconds: float) -> str:
+    """A short time in the unit that shows it: 337.4 ms, 2.15 ms, 41.7 µs (not "0.0 ms")."""
+    if seconds >= 0.01:
+        return f"{seconds * 1000:,.1f} ms"
+    if seconds >= 0.001:
+        return f"{seconds * 1000:.2f} ms"
+    return f"{seconds * 1e6:.1f} µs"
 
 
 def _same_executable(a: WorkloadSpec, b: WorkloadSpec) -> bool:
@@ -131,11 +144,12 @@ class Timeline:
     def progress_at(self, t: float) -> Progress:
         t = max(0.0, t)
         total = self.total_s
-        done_before = self.first_step / self.steps if self.steps else 0.0
-        percent = 100.0 * (done_before + (1 - done_before) * (min(1.0, t / total) if total > 0 else 1.0))
         eta = max(0.0, total - t)
         start = self.run_start_s
         first = self.first_step
+        # Steps done, the one in flight counted by its share: compile and load move no percent.
+        steps_done = first + max(0.0, t - start) / self.step_s if self.step_s > 0 else float(first)
+        percent = 100.0 * min(1.0, steps_done / self.steps) if self.steps else 100.0
         # Done once every step is complete, even if rounding leaves t a hair short of total_s.
         all_steps = t >= start and first + (t - start) / self.step_s + _EPS >= self.steps
         if t >= total or all_steps:
@@ -302,7 +316,7 @@ class EmulatedRun:
             t,
             "step",
             f"step {step:,}/{self.steps:,}: {samples:,} samples, {self.throughput:,.0f} samples/s, "
-            f"{self.step_s * 1000:,.1f} ms/step, ETA {_duration(eta)}",
+            f"{_step(self.step_s)}/step, ETA {_duration(eta)}",
             {
                 "step": step,
                 "steps": self.steps,

@@ -20,6 +20,9 @@
 
   function duration(s) {
     if (s === null || s === undefined) return "–";
+    if (s === 0) return "0 s";
+    if (s < 0.001) return Math.round(s * 1e6) + " µs";  // as the server's `duration` filter writes it
+    if (s < 0.01) return (s * 1000).toFixed(2) + " ms";
     if (s < 1) return Math.round(s * 1000) + " ms";
     if (s < 120) return s.toFixed(1) + " s";
     if (s < 7200) return (s / 60).toFixed(1) + " min";
@@ -86,11 +89,11 @@
     if (typeof p.percent === "number") {
       bar.value = p.percent;
       bar.textContent = p.percent.toFixed(1) + "%";
-      $("progress-percent").textContent = p.percent.toFixed(1) + "%";
+      $("progress-percent").textContent = p.percent.toFixed(1) + "% of steps";
     }
     $("progress-phase").textContent = p.phase ? " · " + p.phase : "";
     $("progress-step").textContent = (p.step !== undefined && p.step !== null && p.steps) ? " · step " + p.step + " of " + p.steps : "";
-    $("progress-eta").textContent = (typeof p.eta_s === "number" && p.phase !== "done") ? " · about " + duration(p.eta_s) + " left" : "";
+    $("progress-eta").textContent = (typeof p.eta_s === "number" && p.phase !== "done") ? " · about " + duration(p.eta_s) + " left (cluster time)" : "";
     if (typeof p.throughput === "number" && p.throughput > 0) {
       $("throughput").textContent = Math.round(p.throughput).toLocaleString("en") + " samples/s";
       samples.push(p.throughput);
