@@ -12,6 +12,7 @@ real app and middleware, Redis at 127.0.0.1:6379/15 for its rate limits):
 2. `SchedulerLoop.schedule_pass`, its Celery sends counted rather than sent (as benchmarks/live_loop.py
    does): the first pass, which places as many elements as fit, then passes
    with the rest queued and the fleet full;
+   `POST /api/v1/estimates` for the same array is timed on the idle fleet and again after these passes;
 3. after an agent took the placed elements (running), `GET /api/v1/jobs` (the first page, queued
    elements folded) and `GET /api/v1/jobs?expand=true`, each timed `--requests` times: p50 and p99.
 
@@ -49,6 +50,17 @@ COMMAND = ".venv/bin/python benchmarks/sweeps.py"
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _timed_estimate(client: TestClient, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """`POST /api/v1/estimates` for the array: its time and what its totals say."""
+    started = time.perf_counter()
+    r = client.post("/api/v1/estimates", json=body, headers=headers)
+    took = time.perf_counter() - started
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    forecast = sum(1 for e in answer["elements"] if e["expected_wait_s"] is not None)
+    return {"s": took, "totals": answer["totals"], "rows": len(answer["elements"]), "forecast_rows": forecast}
 
 
 def main() -> None:
@@ -96,6 +108,8 @@ def main() -> None:
         app = create_app(runtime=runtime)
         with TestClient(app, raise_server_exceptions=True) as client:
             client.get("/api/v1/jobs", headers=headers)  # warm: imports, caches, the key
+            estimate = {k: v for k, v in body.items() if k != "name"}
+            out["estimate_idle"] = _timed_estimate(client, estimate, headers)
             started = time.perf_counter()
             r = client.post("/api/v1/jobs", json=body, headers=headers)
             out["submit_s"] = time.perf_counter() - started
@@ -114,6 +128,8 @@ def main() -> None:
                 loop.schedule_pass()
                 full.append(time.perf_counter() - started)
             out["full_passes_s"] = full
+            # The same array asked about again, with the first one queued behind a full fleet.
+            out["estimate_full"] = _timed_estimate(client, estimate, headers)
 
             # An agent takes every placed element: they run while the list is read.
             with db.write() as s:
@@ -191,6 +207,18 @@ def main() -> None:
             f"GET /api/v1/jobs ({label}, {out[label + '_rows']} rows) x{len(t)}: "
             f"p50 {percentile(t, 0.5) * ms:.1f} ms, "
             f"p99 {percentile(t, 0.99) * ms:.1f} ms"
+        )
+    for label, what in (("estimate_idle", "an idle fleet"), ("estimate_full", "the first array queued")):
+        e = out[label]
+        end, first = e["totals"]["expected_end_s"], e["totals"]["expected_wait_s"]
+        print(
+            f"POST /api/v1/estimates for the array, {what}: {e['s']:.2f} s; "
+            f"{e['totals']['elements']:,} elements, {e['totals']['charged_ipu_hours']:.1f} IPU-hours, "
+            "first starts in "
+            + ("(beyond the forecast)" if first is None else f"{first:,.0f} s")
+            + ", last ends in "
+            + ("(beyond the forecast)" if end is None else f"{end:,.0f} s")
+            + f"; {e['forecast_rows']} of {e['rows']} rows forecast"
         )
     t = out["array_get"]
     print(

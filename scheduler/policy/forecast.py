@@ -58,9 +58,11 @@ def forecast(
     queued = [j for j in snapshot.queue if j.partition is None]
     if target is not None:
         queued.append(target)
-    queue = JobQueue(queued)
-    shared = [r for r in snapshot.running if not r.reserved]
     running: dict[str, RunningJob] = {r.id: r for r in snapshot.running}
+    throttle = _Throttle(snapshot, {j.id for j in queued} | running.keys())
+    # The held elements that may join at once go in with the rest: the queue sorts them once.
+    queue = JobQueue(queued + throttle.take())
+    shared = [r for r in snapshot.running if not r.reserved]
     table = TimeTable.from_allocator(alloc, shared)
     now = snapshot.now
     # Each running job ends when predicted; one past its prediction gets it extended (expected_end).
@@ -70,14 +72,14 @@ def forecast(
     arrivals: Collection[QueuedJob] = list(snapshot.arrivals)
     if target is not None and target.partition is None:
         arrivals = [*arrivals, target]
-    throttle = _Throttle(snapshot, queue, running)
     waited = set(until)
     starts: dict[str, float] = {}
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
             break
-        throttle.release(queue)
+        for q in throttle.take():  # as many as the array's elements that ended since
+            queue.add(q)
         passes += 1
         view = Snapshot(
             now=now,
@@ -150,30 +152,34 @@ def forecast(
 class _Throttle:
     """Lets an array's held elements into the replay's queue as its `max_running` allows."""
 
-    def __init__(self, snapshot: Snapshot, queue: JobQueue, running: dict[str, RunningJob]) -> None:
+    def __init__(self, snapshot: Snapshot, present: Collection[str]) -> None:
+        """``present``: the ids of the jobs queued or running in the replay at its start."""
         self.array_of: dict[str, str] = {}  # element -> its capped array, while it runs or is queued
         self.active: dict[str, int] = {}
         self.cap: dict[str, int] = {}
         self.waiting: dict[str, deque[QueuedJob]] = {}
         for array_id, held in snapshot.held.items():
             todo = [q for q in held.waiting if q.partition is None]
-            live = [m for m in held.members if m in running or m in queue]
+            live = [m for m in held.members if m in present]
             self.array_of.update(dict.fromkeys(live, array_id))
             self.active[array_id] = len(live)
             self.cap[array_id] = held.cap
             if todo:
                 self.waiting[array_id] = deque(todo)
 
-    def release(self, queue: JobQueue) -> None:
+    def take(self) -> list[QueuedJob]:
+        """The held elements that may join the queue now, each array's next ones below its cap."""
+        out = []
         for array_id in list(self.waiting):
             todo = self.waiting[array_id]
             while todo and self.active[array_id] < self.cap[array_id]:
                 q = todo.popleft()
-                queue.add(q)
+                out.append(q)
                 self.array_of[q.id] = array_id
                 self.active[array_id] += 1
             if not todo:
                 del self.waiting[array_id]
+        return out
 
     def ended(self, job_id: str) -> None:
         array_id = self.array_of.pop(job_id, None)
