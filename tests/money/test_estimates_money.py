@@ -89,7 +89,7 @@ def test_the_dashboard_estimate_honours_prefer_and_shows_the_grant_charged(
     assert shown.status_code == 200, shown.text
     text = re.sub(r"<[^>]+>", " ", shown.text)
     text = re.sub(r"\s+", " ", text)
-    assert f"4 {api['machine']} IPUs" in text and "spends least of your grant" in text
+    assert f"Fits on 4 IPUs of {api['machine']}" in text and "spends least of your grant" in text
     assert f"{api['charged_ipu_hours']:,.4f} IPU-hours" in text  # charged, first
     assert f"({api['ipu_hours']:,.4f} IPU-hours on {api['machine']} at rate {api['rate']:g})" in text
 
