@@ -243,7 +243,9 @@ def run_estimate(
             plan_rates = allowed = None
             if user.tenant_id is not None:
                 plan_name = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id).plan_name
-                plan_rates, allowed = rate_service.plan_terms(session=s, plan_name=plan_name)
+                plan_rates, allowed = rate_service.plan_terms(
+                    session=s, plan_name=plan_name, preemptible=spec.preemptible
+                )
             # A copy, as a plain dict: the page adds what it shows besides the estimate.
             out: dict[str, Any] = dict(
                 estimates.estimate(

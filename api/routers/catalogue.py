@@ -39,6 +39,9 @@ class EstimateRequest(BaseModel):
     max_runtime_s: int | None = Field(
         None, ge=1, le=365 * 24 * 3600, description="As in a job spec: run at most this long, then stop."
     )
+    preemptible: bool = Field(
+        False, description="As in a job spec: the charge and reservation at the plan's preemptible rates."
+    )
     serve: ServeRequest | None = Field(
         None,
         description="Inference only: also time one serving replica (of `ipus` IPUs, or for `auto` the "
@@ -202,7 +205,7 @@ def create_estimate(
         plan_rates = allowed = None
         if principal.tenant_id is not None:
             plan = get_tenant(session=s, tenant_id=principal.tenant_id).plan_name
-            plan_rates, allowed = rates.plan_terms(session=s, plan_name=plan)
+            plan_rates, allowed = rates.plan_terms(session=s, plan_name=plan, preemptible=body.preemptible)
         out = estimates.estimate(
             session=s,
             workload=body.workload,

@@ -273,7 +273,7 @@ class Operations(WebhookOperations):
         if full.get("machine"):
             body["machine"] = full["machine"]
         # As the job would be submitted: the type it is answered for follows `prefer` (time or cost).
-        for key in ("prefer", "max_runtime_s", "array", "sweep"):
+        for key in ("prefer", "max_runtime_s", "preemptible", "array", "sweep"):
             if full.get(key) is not None:
                 body[key] = full[key]
         if max_rows is not None:

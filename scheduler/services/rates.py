@@ -70,11 +70,17 @@ def attempt_fields(job: Any, machine_type: str, now: datetime) -> AttemptFields:
     return {"rate": rate, "queue_wait_s": waited}
 
 
-def plan_terms(*, session: Any, plan_name: str) -> tuple[dict[str, float], tuple[str, ...]]:
-    """A plan's rate for every machine type and the types it allows."""
+def plan_terms(
+    *, session: Any, plan_name: str, preemptible: bool = False
+) -> tuple[dict[str, float], tuple[str, ...]]:
+    """A plan's rate for every machine type and the types it allows; with `preemptible`, the rates of
+    preemptible work (the plan's discount applied), as admission bills it."""
     from scheduler.models import Plan
 
     plan = session.get(Plan, plan_name)
     if plan is None:
         return plan_rates(None), allowed_types(None)
-    return plan_rates(plan.rates), allowed_types(plan.machine_types)
+    rates = plan_rates(plan.rates)
+    if preemptible:
+        rates = {kind: preemptible_rate(rate, plan.preemptible_discount) for kind, rate in rates.items()}
+    return rates, allowed_types(plan.machine_types)

@@ -54,6 +54,6 @@ def test_a_pcie_machine_has_its_own_host_call_and_bad_flags_are_refused() -> Non
         code, _, err = run(*BERT, "--serve", bad)
         assert code == 2 and "--serve takes batch sizes" in err, (bad, err)
     code, _, err = run(*BERT, "--serve", "0")
-    assert code == 1 and "serve.batch_sizes" in err
+    assert code == 2 and "serve.batch_sizes" in err  # an invalid request: 2, as the server's 422
     code, _, err = run("estimate", "--model", "resnet50", "--task", "train", "--serve", "8")
-    assert code == 1 and "serve applies to inference" in err
+    assert code == 2 and "serve applies to inference" in err

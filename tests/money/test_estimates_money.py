@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from scheduler import billing, emulation
 from scheduler.jobspec import WorkloadRequest
-from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
+from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Plan, Tenant
 from scheduler.services import executables
 from tests.faults.harness import leader_loop
 from tests.policy.test_live_pass import new_tenant
@@ -89,7 +89,7 @@ def test_the_dashboard_estimate_honours_prefer_and_shows_the_grant_charged(
     assert shown.status_code == 200, shown.text
     text = re.sub(r"<[^>]+>", " ", shown.text)
     text = re.sub(r"\s+", " ", text)
-    assert f"4 {api['machine']} IPUs" in text and "spends least of your grant" in text
+    assert f"Fits on 4 IPUs of {api['machine']}" in text and "spends least of your grant" in text
     assert f"{api['charged_ipu_hours']:,.4f} IPU-hours" in text  # charged, first
     assert f"({api['ipu_hours']:,.4f} IPU-hours on {api['machine']} at rate {api['rate']:g})" in text
 
@@ -182,3 +182,26 @@ def test_the_usage_csv_gives_each_job_its_machine_type_rate_and_both_figures(
     assert float(row["charged_ipu_hours"]) == float(row["ipu_hours"]) == pytest.approx(5.6)
     (as_json,) = client.get("/api/v1/usage", headers=bearer(key)).json()["by_job"]
     assert (as_json["machine_type"], as_json["rate"], as_json["raw_ipu_hours"]) == ("bow", 1.4, 4.0)
+
+
+def test_a_preemptible_estimate_is_at_the_plans_preemptible_rate_as_admission_reserves(
+    db: Any, mixed: Any, client: Any
+) -> None:
+    tenant_id, key = new_tenant(db, "acme", quota_ipu_hours=1000)
+    full = estimate(client, key, machine="bow")
+    cheap = estimate(client, key, machine="bow", preemptible=True)
+    with db.read() as s:
+        plan = s.get(Plan, s.get(Tenant, tenant_id).plan_name)
+        discount = plan.preemptible_discount if plan.preemptible_discount is not None else 0.5
+    assert 0 < discount < 1
+    assert cheap["rate"] == pytest.approx(full["rate"] * (1 - discount))
+    assert cheap["charged_ipu_hours"] == pytest.approx(full["charged_ipu_hours"] * (1 - discount), rel=1e-4)
+    r = client.post(
+        "/api/v1/jobs",
+        json={"name": "cheap", "workload": BERT, "ipus": 4, "machine": "bow", "preemptible": True},
+        headers=bearer(key),
+    )
+    assert r.status_code == 202, r.text
+    with db.read() as s:
+        reserved = s.get(Job, r.json()["id"]).reserved_ipu_ms
+    assert billing.ipu_hours(reserved) == pytest.approx(cheap["reserve_ipu_hours"], rel=1e-4)
