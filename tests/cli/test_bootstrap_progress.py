@@ -5,6 +5,7 @@ machine) of its first install. `bin/bootstrap` runs for real here, in a copy of 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    # A real install takes minutes and touches no database: once, in bin/test's embedded pass, is enough.
+    pytest.mark.skipif(
+        bool(os.environ.get("IPUCLOUD_TEST_DATABASE_URL")),
+        reason="the install touches no database; it runs in the embedded pass",
+    ),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = (
