@@ -368,6 +368,7 @@ class Gateway:
         self._flusher: asyncio.Task[None] | None = None
         self._seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._flush_lock = asyncio.Lock()
 
     async def route(self, endpoint_id: str) -> Route | None:
         now = time.monotonic()
@@ -485,21 +486,23 @@ class Gateway:
             await self._flush_once()
 
     async def _flush_once(self) -> bool:
-        """Write what is counted; on failure keep it for the next flush. True when nothing is left."""
-        if not self.counts:
+        """Write what is counted; on failure keep it for the next flush. One flush at a time: when it
+        returns, whatever was counted before it was called has been written, or kept after a failure."""
+        async with self._flush_lock:
+            if not self.counts:
+                return True
+            pipe = self.redis.pipeline(transaction=False)
+            fields = self.counts.write(pipe)
+            try:
+                await pipe.execute()
+            except Exception as exc:
+                self.counts.restore(fields)
+                log.warning("inference: counters not written (%s); kept for the next flush", exc)
+                return False
+            except BaseException:
+                self.counts.restore(fields)
+                raise
             return True
-        pipe = self.redis.pipeline(transaction=False)
-        fields = self.counts.write(pipe)
-        try:
-            await pipe.execute()
-        except Exception as exc:
-            self.counts.restore(fields)
-            log.warning("inference: counters not written (%s); kept for the next flush", exc)
-            return False
-        except BaseException:
-            self.counts.restore(fields)
-            raise
-        return True
 
     async def unavailable(self, endpoint_id: str) -> None:
         """Count a 503 and see it written before the caller answers it. Left to the next periodic
@@ -515,7 +518,7 @@ class Gateway:
         try:
             await asyncio.wait_for(asyncio.shield(flush), COUNT_WAIT_S)
         except TimeoutError:
-            log.warning("inference: a 503 went out before its count was written (kept for the next flush)")
+            log.warning("inference: a 503 went out before its count was written (the write goes on)")
 
 
 _GATEWAYS: dict[tuple[int, int], Gateway] = {}

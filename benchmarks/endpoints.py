@@ -881,9 +881,16 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
         setup, model, time_scale=1.0, max_batch=1, max_wait_ms=0.0, replicas=(1, 8), autoscaling=autoscaling
     ) as ep:
         replicas: list[tuple[float, int, int]] = []
+        seen: list[tuple[float, float, int]] = []
+        """(s after the load began, requests/s arriving at the endpoint, queued): the autoscaler's view."""
         stop = False
 
         def watch() -> None:
+            import redis as redis_lib
+
+            from scheduler import inference
+
+            data_plane = redis_lib.Redis.from_url(setup.redis_url)
             with ep.cloud.http(ep.key) as c:
                 while not stop:
                     r = c.get(f"/api/v1/endpoints/{ep.id}")
@@ -891,6 +898,8 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
                         rep = r.json()["replicas"]
                         if not replicas or replicas[-1][1:] != (rep["ready"], rep["desired"]):
                             replicas.append((time.perf_counter() - t0, rep["ready"], rep["desired"]))
+                    w = inference.windows(data_plane, [ep.id])[ep.id]
+                    seen.append((time.perf_counter() - t0, w.arrival_rps, w.queued))
                     time.sleep(0.25)
 
         import threading
@@ -912,14 +921,17 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
         watcher.join(5)
     print(
         "| second (sent) | offered req/s | answered 200 | 429 / 503 / other | no answer | "
-        "p50 / p99 wall ms | p99 emulated ms | generator lag p99 ms | replicas ready / desired |"
+        "p50 / p99 wall ms | p99 emulated ms | generator lag p99 ms | replicas ready / desired | "
+        "arriving at the endpoint req/s (last 3 s) / queued |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for sec in range(int(before_s + after_s)):
         in_sec = [s for s in samples if sec <= s.due < sec + 1]
         ok = [s for s in in_sec if s.status == 200]
         state = [x for x in replicas if x[0] <= sec + 1]
         ready = f"{state[-1][1]} / {state[-1][2]}" if state else "-"
+        view = [x for x in seen if x[0] <= sec + 1]
+        arriving = f"{view[-1][1]:.0f} / {view[-1][2]}" if view else "-"
         wall = [s.wall_ms for s in ok]
         refused = (
             "/".join(str(sum(1 for s in in_sec if s.status == code)) for code in (429, 503))
@@ -930,7 +942,7 @@ def part_autoscale(setup: Setup, before_s: float, after_s: float, low: float, hi
             f"| {sec} | {low if sec < before_s else high:.0f} | {len(ok)} | {refused} | {silent} | "
             f"{percentile(wall, 0.5):.0f} / {percentile(wall, 0.99):.0f} | "
             f"{percentile([s.emulated_ms for s in ok if s.emulated_ms is not None], 0.99):.1f} | "
-            f"{percentile([s.lag_ms for s in in_sec], 0.99):.0f} | {ready} |"
+            f"{percentile([s.lag_ms for s in in_sec], 0.99):.0f} | {ready} | {arriving} |"
         )
     print(
         "\nreplica changes (s after the load began: ready, desired): "

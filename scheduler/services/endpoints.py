@@ -958,7 +958,7 @@ def replicas_needed(arrival_rps: float, capacity_rps: float | None) -> int:
     """Replicas that serve `arrival_rps` at `capacity_rps` each (0: the figures cannot say)."""
     if not capacity_rps or capacity_rps <= 0 or arrival_rps <= 0:
         return 0
-    # A hair under a whole number of replicas is that number (a rate measured over a bucket wobbles).
+    # A hair over a whole number of replicas is that number (a measured rate wobbles).
     return max(1, math.ceil(arrival_rps / capacity_rps - 1e-6))
 
 
