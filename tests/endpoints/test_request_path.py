@@ -4,7 +4,8 @@ route published by hand (no control plane, no database per request). Real Redis,
 What it proves: answers carry the plan's latency and the graph's output shapes, deterministic for
 the same inputs; batches form under concurrency and never exceed max_batch_size; 429 past
 max_queue; 503 after the cold start timeout with no replica; a replica's requests in flight are
-answered 503 once and never twice when it is gone; malformed tensors get 400 in the protocol's shape.
+answered 503 once and never twice when it is gone; a draining replica's unstarted requests are answered
+404 at once when the endpoint stops under it; malformed tensors get 400 in the protocol's shape.
 """
 
 from __future__ import annotations
@@ -323,13 +324,13 @@ def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_en
     while scaled.redis.zcard(inference.ready_key(ENDPOINT)) == 0:
         assert time.time() < deadline, "the replica never became ready"
         time.sleep(0.02)
-    done: list[tuple[int, float]] = []
+    done: list[tuple[int, float, str]] = []
     lock = threading.Lock()
 
     def call(i: int) -> None:
         r = _infer(client, key, [_image(3, i)])
         with lock:
-            done.append((r.status_code, time.time()))
+            done.append((r.status_code, time.time(), r.json().get("error", "") if r.status_code != 200 else ""))
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
     for t in threads:
@@ -356,10 +357,11 @@ def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_en
     for t in threads:
         t.join(10)
     assert all(not t.is_alive() for t in threads), "a request was left waiting after its endpoint stopped"
-    statuses = sorted(s for s, _ in done)
-    assert statuses == [200, 200, 404, 404, 404], statuses
+    statuses = sorted(s for s, _, _ in done)
+    assert statuses == [200, 200, 404, 404, 404], done
+    assert all("stopped before a replica started this request" in e for s, _, e in done if s == 404), done
     # Every one answered as soon as the replica was done with it: none waited out a timeout.
-    assert max(t for _, t in done) - stopped < 5.0
+    assert max(t for _, t, _ in done) - stopped < 5.0
     # Nothing left anywhere for the endpoint, and no second answer for anyone.
     assert scaled.redis.llen(queue) == 0 and scaled.redis.llen(inflight) == 0
     time.sleep(0.5)
