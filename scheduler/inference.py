@@ -271,8 +271,9 @@ return #items
 
 # KEYS: in-flight, queue, route. ARGV: reply prefix, the answer after the request id (status first).
 # A drained replica's requests it took but did not start: back to the queue's right end, where
-# replicas take from, the oldest outermost (they keep their turn), while the endpoint has a route; once the route is
-# gone the queue has been answered and no replica reads it again, so they are answered as it was.
+# replicas take from, the oldest outermost (they keep their turn), while the endpoint has a route;
+# once the route is gone the queue has been answered and no replica reads it again, so they are
+# answered as it was.
 # Returns {given back, answered}. Atomic with ENQUEUE and with the clearing of the queue: whichever
 # comes first, every request is queued and cleared, or answered here, once.
 _GIVE_BACK = f"""

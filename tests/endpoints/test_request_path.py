@@ -330,7 +330,9 @@ def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_en
     def call(i: int) -> None:
         r = _infer(client, key, [_image(3, i)])
         with lock:
-            done.append((r.status_code, time.time(), r.json().get("error", "") if r.status_code != 200 else ""))
+            done.append(
+                (r.status_code, time.time(), r.json().get("error", "") if r.status_code != 200 else "")
+            )
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
     for t in threads:
