@@ -567,7 +567,7 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
         g.waiting.pop(rid, None)
         raise
     if answer.status == inference.GONE:
-        raise InferError(404, f"endpoint {route.name} stopped before a replica took this request")
+        raise InferError(404, f"endpoint {route.name} stopped before a replica started this request")
     if answer.status != 200:
         await g.unavailable(route.endpoint_id)
         raise InferError(503, "the replica serving this request was lost; try again", 1.0)

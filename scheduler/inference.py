@@ -9,8 +9,9 @@ No request touches the database. Per endpoint:
   the right, so one queue feeds all its replicas and a busy replica simply takes less.
 - ``ep:<id>:f:<attempt>``  a replica's in-flight list: an envelope moves there atomically as the
   replica takes it (BLMOVE), and leaves it only by ``ANSWER`` (which replies only for envelopes it
-  removed) or ``FAIL_INFLIGHT`` (503 for everything left of a replica that is gone). Both remove
-  before they reply, so no request is answered twice.
+  removed), ``FAIL_INFLIGHT`` (503 for everything left of a replica that is gone) or ``GIVE_BACK``
+  (a drained replica's unstarted requests: back to the queue, or 404 once the endpoint has stopped).
+  Each removes before it replies, so no request is answered twice.
 - ``ep:<id>:ready``  replicas serving now: attempt id -> the time its heartbeat runs out.
 - ``ep:<id>:replicas``  every replica that ever took from the queue (the in-flight lists to look at),
   and ``ep:<id>:doomed``: those found not running, and since when (``reap_inflight``).
@@ -49,7 +50,9 @@ READY_TTL_S = 5.0
 """A replica that has not renewed its place in ``ready`` for this long is not counted as serving."""
 ROUTE_CACHE_S = 1.0
 GONE = 404
-"""The status of an answer to a request still queued when its endpoint stopped."""
+"""The status of an answer to a request still queued when its endpoint stopped (or handed back by a
+draining replica after it stopped)."""
+GONE_ANSWER = f"{GONE} 0 0 0 0 0 0"
 ARRIVALS_TTL_S = 120
 RECENT_S = 3
 """The autoscaler's arrival rate is that of the last this many whole seconds."""
@@ -135,7 +138,7 @@ def remove_route(r: redis.Redis, endpoint_id: str) -> None:
     """Forget a stopped endpoint: its route goes first (nothing more is queued), then whoever still waits
     in its queue is answered 404 at once. Its replicas answer what they hold as they drain."""
     r.delete(route_key(endpoint_id), ready_key(endpoint_id))
-    _sync_scripts(r).fail_inflight(keys=[queue_key(endpoint_id)], args=[REPLY_PREFIX, f"{GONE} 0 0 0 0 0 0"])
+    _sync_scripts(r).fail_inflight(keys=[queue_key(endpoint_id)], args=[REPLY_PREFIX, GONE_ANSWER])
     # The replicas' sets stay until their in-flight lists are reaped (the serve pass of its last replicas).
 
 
@@ -266,6 +269,32 @@ return #items
 """
 
 
+# KEYS: in-flight, queue, route. ARGV: reply prefix, the answer after the request id (status first).
+# A drained replica's requests it took but did not start: back to the queue's right end, where
+# replicas take from, the oldest outermost (they keep their turn), while the endpoint has a route;
+# once the route is gone the queue has been answered and no replica reads it again, so they are
+# answered as it was.
+# Returns {given back, answered}. Atomic with ENQUEUE and with the clearing of the queue: whichever
+# comes first, every request is queued and cleared, or answered here, once.
+_GIVE_BACK = f"""
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local n = 0
+  while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do n = n + 1 end
+  return {{n, 0}}
+end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+for _, e in ipairs(items) do
+  local rid, waiter = string.match(e, '^(%S+) (%S+)')
+  if rid then
+    redis.call('LPUSH', ARGV[1] .. waiter, rid .. ' ' .. ARGV[2])
+    redis.call('EXPIRE', ARGV[1] .. waiter, {REPLY_TTL_S})
+  end
+end
+return {{0, #items}}
+"""
+
+
 class Scripts:
     """The protocol's scripts registered on one client (sync or asyncio): ``Scripts(client)``."""
 
@@ -274,6 +303,7 @@ class Scripts:
         self.take_more = client.register_script(_TAKE_MORE)
         self.answer = client.register_script(_ANSWER)
         self.fail_inflight = client.register_script(_FAIL_INFLIGHT)
+        self.give_back = client.register_script(_GIVE_BACK)
 
 
 def enqueue_args(
@@ -287,6 +317,12 @@ def enqueue_args(
         arrivals_key(endpoint_id, int(now)),
     ]
     return keys, [max_queue, now, COUNTER_TTL_S, *envelopes]
+
+
+def give_back_args(endpoint_id: str, attempt_id: int) -> tuple[list[str], list[Any]]:
+    """Arguments of ``GIVE_BACK`` for a drained replica."""
+    keys = [inflight_key(endpoint_id, attempt_id), queue_key(endpoint_id), route_key(endpoint_id)]
+    return keys, [REPLY_PREFIX, GONE_ANSWER]
 
 
 def answer_args(

@@ -191,18 +191,21 @@ class ServingHost:
             log.debug("serving: could not unlist replica %d: %s", attempt_id, exc)
 
     async def _forget(self, replica: Replica) -> None:
-        """After a drain: its answers sent, its unstarted requests back at the head of the queue."""
-        assert self._redis is not None
+        """After a drain: its answers sent, its unstarted requests back at the head of the queue (or
+        answered 404 if the endpoint has stopped)."""
+        assert self._redis is not None and self._scripts is not None
         if replica.answering:
             await asyncio.gather(*replica.answering, return_exceptions=True)
         r = self._redis
-        inflight = inference.inflight_key(replica.endpoint_id, replica.attempt_id)
-        queue = inference.queue_key(replica.endpoint_id)
         try:
             await r.zrem(inference.ready_key(replica.endpoint_id), replica.attempt_id)
-            # Oldest first back to the queue's right end, where replicas take from: they keep their turn.
-            while await r.lmove(inflight, queue, "LEFT", "RIGHT") is not None:
-                pass
+            # Back to the queue in their turn while the endpoint runs; answered 404 at once if it has
+            # stopped meanwhile (its queue was cleared and no replica will read it again).
+            keys, args = inference.give_back_args(replica.endpoint_id, replica.attempt_id)
+            _, gone = await self._scripts.give_back(keys=keys, args=args)
+            if gone:
+                log.info("serving: replica %d's endpoint %s has stopped: %d unstarted requests answered",
+                         replica.attempt_id, replica.endpoint_id, gone)  # fmt: skip
             await r.srem(inference.replicas_key(replica.endpoint_id), replica.attempt_id)  # type: ignore[misc]
         except Exception as exc:
             log.warning("serving: replica %d could not give back its requests: %s", replica.attempt_id, exc)

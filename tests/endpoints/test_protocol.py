@@ -72,6 +72,31 @@ def test_a_stopped_endpoint_answers_its_queue_and_queues_nothing_more(runtime: A
     assert r.llen(inference.queue_key(EP)) == 0
 
 
+def test_a_drained_replicas_requests_go_back_in_turn_or_are_answered_once_the_endpoint_stopped(
+    runtime: Any, db: Any
+) -> None:
+    r = runtime.redis
+    s = inference.Scripts(r)
+    _route(r)
+    queue, inflight = inference.queue_key(EP), inference.inflight_key(EP, 6)
+    keys, args = inference.enqueue_args(EP, [_env(i, "w3").encode() for i in range(4)], 100, time.time())
+    s.enqueue(keys=keys, args=args)
+    s.take_more(keys=[queue, inflight], args=[2])
+    # While the endpoint runs, what the replica did not start goes back ahead of what still waits.
+    keys, args = inference.give_back_args(EP, 6)
+    assert s.give_back(keys=keys, args=args) == [2, 0]
+    assert r.llen(inflight) == 0
+    taken = s.take_more(keys=[queue, inflight], args=[4])
+    assert [Envelope.decode(x).rid for x in taken] == ["r0", "r1", "r2", "r3"]
+    # Stopped meanwhile (its queue answered): handed back, they are answered as the queue was, once.
+    inference.remove_route(r, EP)
+    assert s.give_back(keys=keys, args=args) == [0, 4]
+    assert s.give_back(keys=keys, args=args) == [0, 0]
+    replies = [Answer.decode(x) for x in r.lrange(inference.reply_key("w3"), 0, -1)]
+    assert sorted((a.rid, a.status) for a in replies) == [(f"r{i}", inference.GONE) for i in range(4)]
+    assert r.llen(queue) == 0 and r.llen(inflight) == 0
+
+
 def test_arrivals_are_counted_by_the_second_as_they_are_offered(runtime: Any, db: Any) -> None:
     """The autoscaler sizes a step in the load from the last seconds' arrivals (accepted or refused),
     not from the minute's answers: a step is seen whole within RECENT_S seconds."""

@@ -4,7 +4,8 @@ route published by hand (no control plane, no database per request). Real Redis,
 What it proves: answers carry the plan's latency and the graph's output shapes, deterministic for
 the same inputs; batches form under concurrency and never exceed max_batch_size; 429 past
 max_queue; 503 after the cold start timeout with no replica; a replica's requests in flight are
-answered 503 once and never twice when it is gone; malformed tensors get 400 in the protocol's shape.
+answered 503 once and never twice when it is gone; a draining replica's unstarted requests are answered
+404 at once when the endpoint stops under it; malformed tensors get 400 in the protocol's shape.
 """
 
 from __future__ import annotations
@@ -300,3 +301,70 @@ def test_other_tenants_and_keys_without_invoke_see_nothing(
     assert reader.status_code == 201, reader.text
     r = _infer(client, reader.json()["api_key"], [_image(1)])
     assert r.status_code == 403
+
+
+def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_endpoint_stops(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any
+) -> None:
+    """A replica already draining (scaled down, replaced) when its endpoint stops still holds a request
+    it took but did not start. The stop clears the queue (404 at once); the replica's hand-back comes
+    after, and must be answered 404 at once too, not put back into a queue no replica will ever read
+    (its client waited out the cold start and the grace, then got a 503)."""
+    tenant_id, key = tenant
+    # 3 rows a request, 4 a batch: one request a batch, and the next one taken with it stays unstarted.
+    plan = _plan(batch=4)
+    # The cold start is short so that a stranded request fails in 35 s here, not 90 s.
+    inference.publish_route(
+        scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0, max_queue=1000, cold_start_timeout_s=5.0)
+    )
+    # A batch occupies the device for about a second of wall time: room to drain and stop within it.
+    scale = plan.times(3).step_s / 1.0
+    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, time_scale=scale, ready_at=time.time())
+    deadline = time.time() + 10
+    while scaled.redis.zcard(inference.ready_key(ENDPOINT)) == 0:
+        assert time.time() < deadline, "the replica never became ready"
+        time.sleep(0.02)
+    done: list[tuple[int, float, str]] = []
+    lock = threading.Lock()
+
+    def call(i: int) -> None:
+        r = _infer(client, key, [_image(3, i)])
+        with lock:
+            done.append(
+                (r.status_code, time.time(), r.json().get("error", "") if r.status_code != 200 else "")
+            )
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    queue = inference.queue_key(ENDPOINT)
+    inflight = inference.inflight_key(ENDPOINT, 11)
+    # One request started (in flight, answered when its batch is done) and one taken but not started.
+    deadline = time.time() + 10
+    while not (scaled.redis.llen(inflight) == 2 and scaled.redis.llen(queue) == 3):
+        assert time.time() < deadline, (scaled.redis.llen(inflight), scaled.redis.llen(queue))
+        time.sleep(0.005)
+    drained = host.drain(11)  # scaled down: it finishes its batch, then hands back what it holds
+    assert drained is not None
+    # Its next batch starts with the request it held and takes one more it cannot start: that one is
+    # handed back once the batch is answered.
+    deadline = time.time() + 10
+    while scaled.redis.llen(queue) != 2:
+        assert time.time() < deadline, "the draining replica took nothing more"
+        time.sleep(0.002)
+    assert scaled.redis.llen(inflight) == 3
+    inference.remove_route(scaled.redis, ENDPOINT)  # the endpoint is stopped (DELETE)
+    stopped = time.time()
+    drained.result(15)
+    for t in threads:
+        t.join(10)
+    assert all(not t.is_alive() for t in threads), "a request was left waiting after its endpoint stopped"
+    statuses = sorted(s for s, _, _ in done)
+    assert statuses == [200, 200, 404, 404, 404], done
+    assert all("stopped before a replica started this request" in e for s, _, e in done if s == 404), done
+    # Every one answered as soon as the replica was done with it: none waited out a timeout.
+    assert max(t for _, t, _ in done) - stopped < 5.0
+    # Nothing left anywhere for the endpoint, and no second answer for anyone.
+    assert scaled.redis.llen(queue) == 0 and scaled.redis.llen(inflight) == 0
+    time.sleep(0.5)
+    assert scaled.redis.keys(inference.REPLY_PREFIX + "*") == []
