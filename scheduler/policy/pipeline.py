@@ -25,7 +25,8 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
-from scheduler.policy.preemption import choose_victims
+from scheduler.policy.running import RunningJob
+from scheduler.policy.preemption import PreemptionCost, choose_victims, worth_preempting
 from scheduler.policy.timetable import expected_end
 
 
@@ -273,8 +274,24 @@ class _Pass:
         order.charge(job)
 
     def _preempt_for(self, job: QueuedJob) -> None:
+        config, now = self.config, self.s.now
+        allowed = None
+        if config.preempt_gain is not None:
+            cost = PreemptionCost()
+
+            def allowed(victim: RunningJob) -> bool:
+                return victim.preemptible or worth_preempting(
+                    job,
+                    victim,
+                    now,
+                    cost=cost,
+                    min_run_s=config.preempt_min_run_s,
+                    max_preemptions=config.preempt_max,
+                    gain=config.preempt_gain or 0.0,
+                )
+
         chosen = choose_victims(
-            job, self.s.running, self.s.allocator, by_priority=self.config.preemption, now=self.s.now
+            job, self.s.running, self.s.allocator, by_priority=config.preemption, now=now, allowed=allowed
         )
         if chosen is None:
             return

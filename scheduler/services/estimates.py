@@ -14,6 +14,7 @@ from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import WorkloadRequest
 from scheduler.policy import QueuedJob
 from scheduler.policy.forecast import estimate_start
+from scheduler.policy.las import job_class
 from scheduler.services import executables, fleet, own_models, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
@@ -344,6 +345,7 @@ def expected_wait_s(
         time_scale=scale,
         half_life_s=policy.half_life_s,
         also_tenants={tenant_id} if tenant_id is not None else (),
+        policy=policy,
     )
     snapshot = live.snapshot
     target = QueuedJob(
@@ -353,6 +355,7 @@ def expected_wait_s(
         submitted_at=snapshot.now,
         predicted_runtime_s=predicted_runtime_s / scale,
         machine_type=machine,
+        priority=job_class(policy, 0, size, predicted_runtime_s / scale),
     )
     start = estimate_start(snapshot, target, policy, budget_s=ESTIMATE_BUDGET_S)
     if start is None:

@@ -95,6 +95,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "backfilled": result.backfilled,
         "launch_failures": result.launch_failures,
         "preemptions": result.preemptions,
+        # Per hour of the jobs' own run time (the trace's durations): how often work is stopped.
+        "preemptions_per_job_hour": _r(
+            result.preemptions / max(1e-9, sum(j.duration_s for j in result.jobs) / 3600.0), 5
+        ),
         "replay_wall_s": _r(result.wall_s, 2),
         **({"estimate_error": errors} if (errors := estimate_error(result)) else {}),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
