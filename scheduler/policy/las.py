@@ -15,7 +15,9 @@ ranks tenants within a class. Two ways to set it:
 
 Classes are ``0`` (first) and negative numbers (later), so that "higher goes first" holds as for
 plan priorities. `promoted` lifts a job that has waited long (Tiresias' promotion of starved jobs):
-one class per ``promote_after_s`` of waiting, so no job waits behind shorter work for ever.
+one class per ``promote_after_s`` since it was queued, so no job waits behind shorter work for ever.
+The promotion goes on while the job runs: the jobs it kept waiting rise as fast as it does, so they
+never overtake it and preempt it straight back.
 
 The plan's priority stays above all of it: `combined` puts the plan priority in the high digits.
 """

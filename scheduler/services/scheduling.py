@@ -276,9 +276,9 @@ def build_snapshot(
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).
-            # It keeps the promotion its wait earned (scheduler.policy.las), as in the simulator.
+            # Its promotion goes on rising while it runs, as the waiting jobs' do (scheduler.policy.las).
             left = max(0.0, expected_end(held_job, now_s) - now_s)
-            waited = max(0.0, (placed - created_at).total_seconds())
+            waited = max(0.0, (now - created_at).total_seconds())
             held_job = replace(held_job, priority=job_class(policy, priority, size, left, waited_s=waited))
         running.append(held_job)
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale

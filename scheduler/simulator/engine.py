@@ -212,7 +212,6 @@ class Simulation:
         promotions: list[tuple[float, int, int]] = []
         queued_at = [0.0] * len(jobs)
         base_class = [0] * len(jobs)
-        waited_before = [0.0] * len(jobs)  # how long its current attempt waited to start
         last_type: dict[int, str] = {}
         now = 0.0
         busy = 0
@@ -374,8 +373,9 @@ class Simulation:
                     else:
                         told = 0.0
                     klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i], told)
-                    # It keeps the promotion its wait earned, or it would be preempted at once again.
-                    klass = promoted(klass, waited_before[i], promote_s)
+                    # Its class goes on rising while it runs, as the classes of the jobs waiting
+                    # behind it do: those it kept waiting never overtake it and preempt it back.
+                    klass = promoted(klass, now - queued_at[i], promote_s)
                     if klass != r.priority:
                         running[job_id] = replace(r, priority=klass)
             while queue:
@@ -405,7 +405,6 @@ class Simulation:
                         left[i] += cost.compile_s / factor
                         told_left[i] += cost.compile_s / factor
                     last_type[i] = kind
-                    waited_before[i] = now - queued_at[i]
                     end = now + told_left[i] * factor
                     started = RunningJob(
                         job.id,
