@@ -211,6 +211,7 @@ class Simulation:
         # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
         promotions: list[tuple[float, int, int]] = []
         queued_at = [0.0] * len(jobs)
+        reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
         base_class = [0] * len(jobs)
         last_type: dict[int, str] = {}
         now = 0.0
@@ -361,21 +362,25 @@ class Simulation:
                     heapq.heappush(promotions, (due, i, number))
             head_size = None
             head_refused = False
-            if ranked and queue:
+            if predicted and queue:
+                # A running job's class moves only when its predicted remaining IPU-seconds cross a
+                # power of two, its prediction runs out, or a promotion falls due: each is
+                # recomputed then (`_reclass`), not at every event.
+                while reclass and reclass[0][0] <= now:
+                    _, i, number = heapq.heappop(reclass)
+                    r = running.get(jobs[i].id)
+                    if r is None or number != attempt[i]:
+                        continue
+                    klass, due = self._reclass(r, now, queued_at[i], promote_s)
+                    if klass != r.priority:
+                        running[r.id] = replace(r, priority=klass)
+                    heapq.heappush(reclass, (due, i, number))
+            elif ranked and queue:
                 # Service grows and time left shrinks while jobs run: their classes move with them.
                 for job_id, r in running.items():
                     i = index[job_id]
                     ran = now - run_from[i]
-                    if predicted:
-                        # What the policy believes is left (a job past its prediction is expected
-                        # to run as long again: timetable.expected_end).
-                        told = r.size * (expected_end(r, now) - now)
-                    else:
-                        told = 0.0
-                    klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i], told)
-                    # Its class goes on rising while it runs, as the classes of the jobs waiting
-                    # behind it do: those it kept waiting never overtake it and preempt it back.
-                    klass = promoted(klass, now - queued_at[i], promote_s)
+                    klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i])
                     if klass != r.priority:
                         running[job_id] = replace(r, priority=klass)
             while queue:
@@ -419,6 +424,8 @@ class Simulation:
                         preemptions=outcomes[i].preempted,
                     )
                     running[job.id] = started
+                    if predicted:
+                        heapq.heappush(reclass, (now, i, attempt[i]))
                     table.add(placement.partition_id, placement, started)
                     run_from[i] = now
                     self._placed_on[i] = factor
@@ -474,6 +481,21 @@ class Simulation:
         if config.priority_from == "las":
             return attained_class(attained_ipu_s, config.las_thresholds_ipu_s)
         return -math.ceil(4 * math.log2(max(left_s, 1.0)))
+
+    def _reclass(
+        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None
+    ) -> tuple[int, float]:
+        """A running job's class under ``predicted`` classes, and when it next changes. Its class
+        goes on rising with promotion while it runs, as the classes of the jobs waiting behind it
+        do: those it kept waiting never overtake it and preempt it straight back."""
+        config = self.policy
+        end = expected_end(r, now)  # past its prediction: expected to run as long again
+        remaining = r.size * (end - now)
+        base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
+        klass = promoted(base, now - queued_at, promote_s)
+        crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
+        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s))
+        return klass, due if due > now else end
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
         if self.runs is None:
