@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.las import plan_of
 from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
@@ -25,8 +26,8 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
-from scheduler.policy.running import RunningJob
 from scheduler.policy.preemption import PreemptionCost, choose_victims, worth_preempting
+from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import expected_end
 
 
@@ -280,7 +281,11 @@ class _Pass:
             cost = PreemptionCost()
 
             def allowed(victim: RunningJob) -> bool:
-                return victim.preemptible or worth_preempting(
+                # A lower plan's work yields to a higher plan's as before (an admin's ranking); the
+                # guards are for preemption by service class within one plan priority.
+                if victim.preemptible or plan_of(victim.priority) < plan_of(job.priority):
+                    return True
+                return worth_preempting(
                     job,
                     victim,
                     now,

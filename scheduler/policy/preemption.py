@@ -27,7 +27,6 @@ from scheduler.policy.model import QueuedJob
 from scheduler.policy.running import RunningJob
 from vipu.allocator import Allocator, Placement
 
-
 # The emulator's figures (vipu/emulator/timing.py): attaching and loading an executable is 10 s
 # (its fixed part; the image itself streams in well under a second over the host links), and a
 # compile of the models of the catalogue takes about 700 s. A checkpoint of a whole IPU's 900 MB

@@ -553,12 +553,10 @@ def preempt(
     """Preempt the victims' live attempts (`preempted` is a platform state: requeued, billed only for
     the work up to a checkpoint, see attempts.end_attempts). Returns how many were stopped now.
 
-    A running attempt that takes checkpoints (preemptible work, and every training job: default
-    preempts those by service class) is warned first (`checkpoints.warn_preemption`): it has
-    `warning_s` cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its
-    agent's tick to write that; one still live after that deadline, and any other victim, is stopped
-    at once. The reason its owner sees names no job: the one it made room for may be another
-    tenant's."""
+    A running preemptible attempt is warned first (`checkpoints.warn_preemption`): it has `warning_s`
+    cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to
+    write that; one still live after that deadline, and any other victim, is stopped at once. The
+    reason its owner sees names no job: the one it made room for may be another tenant's."""
     now = db_now(session)
     live = session.execute(
         select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
@@ -567,7 +565,7 @@ def preempt(
             Attempt.gcd >= 0,  # a session's hold is ended by the session, never preempted
         )
     ).tuples()
-    preemptible = {v.id for v in victims if v.preemptible or math.isfinite(v.checkpoint_every)}
+    preemptible = {v.id for v in victims if v.preemptible}
     warn: list[int] = []
     stop: list[int] = []
     for attempt_id, job_id, state, deadline in live:
