@@ -160,9 +160,9 @@ class Simulation:
         # so a full trace samples rather than asks at every one of its submissions.
         self.estimate_every = estimate_every
         self.estimate_passes = estimate_passes
+        # What each preemption costs (None: nothing, the anchors as their papers simulate them). Its
+        # warning is ``warning_s`` (0: stopped at once, back to the last periodic checkpoint).
         self.cost = preemption_cost
-        if preemption_cost is not None:
-            self.warning_s = preemption_cost.warning_s if warning_s > 0 else 0.0
         self._placed_on: dict[int, float] = {}  # run-time factor of the type a job last started on
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:

@@ -104,7 +104,7 @@ def replay_policy(
             preemptible=preemptible,
             checkpoint_every_s=spec.checkpoint_every_s,
             warning_s=spec.warning_s,
-            preemption_cost=PreemptionCost() if spec.preemption_costs else None,
+            preemption_cost=PreemptionCost(warning_s=spec.warning_s) if spec.preemption_costs else None,
         )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
@@ -119,7 +119,7 @@ def replay_policy(
             preemptible=preemptible,
             checkpoint_every_s=spec.checkpoint_every_s,
             warning_s=spec.warning_s,
-            preemption_cost=PreemptionCost() if spec.preemption_costs else None,
+            preemption_cost=PreemptionCost(warning_s=spec.warning_s) if spec.preemption_costs else None,
         )
     pending = 0
 
