@@ -61,8 +61,9 @@ def largest_partition(pods: int) -> int:
 
 @dataclass
 class JobOutcome:
-    start_s: float = math.nan
+    start_s: float = math.nan  # its last start (a preempted job's resumption)
     end_s: float = math.nan
+    first_start_s: float = math.nan  # when it first started: what a wait estimate foretells
     ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
     preempted: int = 0
     machine_type: str = ""
@@ -441,6 +442,8 @@ class Simulation:
                     ledger.end_weighted += job.size * end
                     outcome = outcomes[i]
                     outcome.start_s = now
+                    if math.isnan(outcome.first_start_s):
+                        outcome.first_start_s = now
                     outcome.machine_type = placement.machine_type.value
                     if self.record_placements:
                         outcome.ipus = placement.ipu_ids

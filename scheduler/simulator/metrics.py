@@ -163,7 +163,10 @@ def estimate_error(result: SimResult) -> dict[str, Any]:
             continue
         if math.isinf(o.estimated_start_s):
             missing += 1
-        wait = o.start_s - job.submit_s
+        # The estimate foretells when the job starts, so it is held against its first start (a job
+        # preempted later started again after it).
+        first = o.start_s if math.isnan(o.first_start_s) else o.first_start_s
+        wait = first - job.submit_s
         guess = o.estimated_start_s - job.submit_s
         absolute.append(abs(guess - wait))
         if wait <= IMMEDIATE_S:
