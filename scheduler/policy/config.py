@@ -1,8 +1,11 @@
 """Named scheduling policies: how a pass orders the queue, whether it backfills, how it sees the fleet.
 
-- ``default``: fair share (decayed usage with weights) inside priority classes, EASY backfill on
-  predicted run times, topology-aware placement through the Virtual-IPU allocator's ``default``
-  (demand-aware) policy.
+- ``default``: below the plan's priority, service classes by the IPU-seconds a job is predicted still
+  to need (scheduler.policy.las; promoted as it waits), fair share (decayed usage with weights)
+  within a class, EASY backfill on predicted run times, preemption of a lower class when the gain
+  predicted exceeds the cost (scheduler.policy.preemption), topology-aware placement through the
+  Virtual-IPU allocator's ``default`` (demand-aware) policy. ``default-noclasses`` is the default
+  before service classes (issue #31), kept as an ablation.
 - ``fifo-firstfit``: what V-IPU under a plain FIFO queue gives: strict submission order (a job that
   cannot start blocks every later one) and the allocator's ``first-fit`` placement.
 - ``slurm-backfill``: Slurm's ``sched/backfill`` with a count-only IPU resource: FIFO, EASY backfill
