@@ -50,6 +50,8 @@ ROWS = (
     ("worst tenant slowdown", "worst_tenant_slowdown", None),
     ("backfilled jobs", "backfilled", None),
     ("launch failures", "launch_failures", None),
+    ("preemptions", "preemptions", None),
+    ("preempt./job-hour", "preemptions_per_job_hour", None),
     ("replay (s)", "replay_wall_s", None),
 )
 # The wait estimate made at submission against the start that came (scheduler/simulator/metrics.py).
@@ -198,6 +200,12 @@ def main() -> None:
         "(0: none; each forecast replays passes ahead, so replays take longer)",
     )
     parser.add_argument("--limit", type=int, help="replay only the first N jobs (a slice, for development)")
+    parser.add_argument(
+        "--free-preemption",
+        action="store_true",
+        help="preemption costs nothing (the anchors as their papers simulate them); by default every "
+        "policy pays the emulator's cost of each preemption",
+    )
     args = parser.parse_args()
 
     names = tuple(args.policy or POLICIES)
@@ -209,6 +217,7 @@ def main() -> None:
         seed=args.seed,
         estimate_every=args.estimate_every,
         limit=args.limit,
+        preemption_costs=not args.free_preemption,
     )
     jobs = spec.load()
     started = time.perf_counter()
@@ -246,6 +255,8 @@ def main() -> None:
         command += ["--estimate-every", str(args.estimate_every)]
     if args.limit:
         command += ["--limit", str(args.limit)]
+    if args.free_preemption:
+        command += ["--free-preemption"]
     for name in args.policy or ():
         command += ["--policy", name]
     print("\nreproduce: " + shlex.join(command))

@@ -435,6 +435,7 @@ class SchedulerLoop:
             half_life_s=self._policy.half_life_s,
             arrivals_seen=self._seen,
             read_waits=first,
+            policy=self._policy,
         )
         if first:
             self._waits = live.waits

@@ -1,8 +1,11 @@
 """Named scheduling policies: how a pass orders the queue, whether it backfills, how it sees the fleet.
 
-- ``default``: fair share (decayed usage with weights) inside priority classes, EASY backfill on
-  predicted run times, topology-aware placement through the Virtual-IPU allocator's ``default``
-  (demand-aware) policy.
+- ``default``: below the plan's priority, service classes by the IPU-seconds a job is predicted still
+  to need (scheduler.policy.las; promoted as it waits), fair share (decayed usage with weights)
+  within a class, EASY backfill on predicted run times, preemption of a lower class when the gain
+  predicted exceeds the cost (scheduler.policy.preemption), topology-aware placement through the
+  Virtual-IPU allocator's ``default`` (demand-aware) policy. ``default-noclasses`` is the default
+  before service classes (issue #31), kept as an ablation.
 - ``fifo-firstfit``: what V-IPU under a plain FIFO queue gives: strict submission order (a job that
   cannot start blocks every later one) and the allocator's ``first-fit`` placement.
 - ``slurm-backfill``: Slurm's ``sched/backfill`` with a count-only IPU resource: FIFO, EASY backfill
@@ -34,6 +37,11 @@ from scheduler.policy.fairshare import DEFAULT_HALF_LIFE_S
 # or three queues enough and sets thresholds from the trace; these split Philly's jobs (8 GPUs x
 # 10 minutes is 1.3 GPU-hours) into small, medium and large as its 2D-LAS intends.
 TIRESIAS_THRESHOLDS_IPU_S = (3600.0, 36000.0)
+# default's limits on preemption and starvation (scheduler.policy.las, scheduler.policy.preemption).
+DEFAULT_PROMOTE_AFTER_S = 12 * 3600.0
+DEFAULT_PREEMPT_GAIN = 2.0
+DEFAULT_PREEMPT_MIN_RUN_S = 600.0
+DEFAULT_PREEMPT_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,18 @@ class PolicyConfig:
     # simulator's reference policies, the service it has had (``las``: Tiresias' discretised
     # least-attained-service queues, thresholds in IPU-seconds) or the time it has left (``srtf``).
     # With ``las`` or ``srtf`` a preempted job resumes where it stopped (from its checkpoint).
-    priority_from: Literal["plan", "las", "srtf"] = "plan"
+    # ``predicted``: the predicted IPU-seconds a job still needs, in classes a doubling apart, with
+    # fair share between tenants inside a class (scheduler.policy.las); it resumes from its checkpoint.
+    priority_from: Literal["plan", "las", "srtf", "predicted"] = "plan"
     las_thresholds_ipu_s: tuple[float, ...] = ()
+    # A queued job moves up one class for every this many seconds it waits (None: never).
+    promote_after_s: float | None = None
+    # Guards on preemption (scheduler.policy.preemption.worth_preempting); None: no guard at all, as
+    # the research anchors preempt. ``preempt_gain``: the victim's predicted remaining IPU-seconds
+    # must exceed this times the waiting job's plus the stop's cost.
+    preempt_gain: float | None = None
+    preempt_min_run_s: float = 0.0
+    preempt_max: int | None = None
     # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
     runtime_hints: bool = True
     description: str = ""
@@ -79,7 +97,25 @@ POLICIES: dict[str, PolicyConfig] = {
             backfill=True,
             planner="topology",
             placement="default",
-            description="fair share, EASY backfill on predicted run times, topology-aware placement",
+            preemption=True,
+            priority_from="predicted",
+            las_thresholds_ipu_s=TIRESIAS_THRESHOLDS_IPU_S,
+            promote_after_s=DEFAULT_PROMOTE_AFTER_S,
+            preempt_gain=DEFAULT_PREEMPT_GAIN,
+            preempt_min_run_s=DEFAULT_PREEMPT_MIN_RUN_S,
+            preempt_max=DEFAULT_PREEMPT_MAX,
+            description=(
+                "service classes by predicted remaining IPU-seconds, fair share within a class, EASY "
+                "backfill, preemption with checkpoints when it pays, topology-aware placement"
+            ),
+        ),
+        PolicyConfig(
+            "default-noclasses",
+            ordering="fair",
+            backfill=True,
+            planner="topology",
+            placement="default",
+            description="ablation: default without service classes or preemption (the default before #31)",
         ),
         PolicyConfig(
             "fifo-firstfit",

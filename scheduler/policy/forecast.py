@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection
 from scheduler.policy.config import PolicyConfig, get_policy
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
+from scheduler.policy.preemption import WARNING_S
 from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import TimeTable, expected_end
 
@@ -74,6 +75,7 @@ def forecast(
         arrivals = [*arrivals, target]
     waited = set(until)
     starts: dict[str, float] = {}
+    stopping: dict[str, QueuedJob] = {}  # warned victims, queued again when their warning ends
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
@@ -113,24 +115,26 @@ def forecast(
             break
         if waited and waited <= starts.keys():
             break
-        if decision.preempt:
-            for victim in decision.preempt:
-                # As the live loop does: the victim stops, goes back to the queue, starts again later.
-                running.pop(victim.id, None)
-                alloc.release(victim.partition)
-                table.remove(victim.partition)
-                _count(tenants, QueuedJob(victim.id, victim.tenant_id, victim.size, now, 0.0), -1)
-                queue.add(
-                    QueuedJob(
-                        victim.id,
-                        victim.tenant_id,
-                        victim.size,
-                        victim.started_at,
-                        max(1.0, victim.expected_end - victim.started_at),
-                        victim.priority,
-                    )
-                )
-            continue
+        for victim in decision.preempt:
+            if victim.id in stopping or victim.id not in running:
+                continue
+            # As the live loop does: the victim is warned, holds its IPUs for the warning, then stops,
+            # goes back to the queue and starts again later; the job it made room for waits that long.
+            held = running[victim.id]
+            warned_until = now + WARNING_S
+            stopped = dataclasses.replace(held, expected_end=warned_until)
+            running[victim.id] = stopped
+            table.remove(held.partition)
+            table.add(held.partition, alloc.partition(held.partition), stopped)
+            heapq.heappush(ends, (warned_until, victim.id))
+            stopping[victim.id] = QueuedJob(
+                victim.id,
+                victim.tenant_id,
+                victim.size,
+                victim.started_at,
+                max(1.0, victim.expected_end - now),
+                victim.priority,
+            )
         # Nothing more starts now: move to the next predicted end and free what it frees.
         while ends and ends[0][1] not in running:
             heapq.heappop(ends)  # a preempted job's end
@@ -146,6 +150,9 @@ def forecast(
             alloc.release(ended.partition)
             table.remove(ended.partition)
             _count(tenants, QueuedJob(ended.id, ended.tenant_id, ended.size, now, 0.0), -1)
+            again = stopping.pop(job_id, None)
+            if again is not None:
+                queue.add(again)
     return starts
 
 

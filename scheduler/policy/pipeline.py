@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.las import plan_of
 from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
@@ -25,7 +26,8 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
-from scheduler.policy.preemption import choose_victims
+from scheduler.policy.preemption import PreemptionCost, choose_victims, worth_preempting
+from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import expected_end
 
 
@@ -273,8 +275,28 @@ class _Pass:
         order.charge(job)
 
     def _preempt_for(self, job: QueuedJob) -> None:
+        config, now = self.config, self.s.now
+        allowed = None
+        if config.preempt_gain is not None:
+            cost = PreemptionCost()
+
+            def allowed(victim: RunningJob) -> bool:
+                # A lower plan's work yields to a higher plan's as before (an admin's ranking); the
+                # guards are for preemption by service class within one plan priority.
+                if victim.preemptible or plan_of(victim.priority) < plan_of(job.priority):
+                    return True
+                return worth_preempting(
+                    job,
+                    victim,
+                    now,
+                    cost=cost,
+                    min_run_s=config.preempt_min_run_s,
+                    max_preemptions=config.preempt_max,
+                    gain=config.preempt_gain or 0.0,
+                )
+
         chosen = choose_victims(
-            job, self.s.running, self.s.allocator, by_priority=self.config.preemption, now=self.s.now
+            job, self.s.running, self.s.allocator, by_priority=config.preemption, now=now, allowed=allowed
         )
         if chosen is None:
             return

@@ -11,20 +11,87 @@ least work since their last checkpoint (times their size: IPU-seconds), the smal
 recently started. Then only the victims whose IPUs the new partition actually needs are kept. A
 preempted attempt is requeued and billed only for the work up to its checkpoint, which it keeps
 (docs/checkpoints.md).
+
+A job opted out of preemption (``never_preempt``) is never a victim. A policy may add a guard
+(`worth_preempting`): a minimum run since the victim's last start, a bound on how often one job is
+preempted, and preemption only when what the waiting job gains exceeds what the stop costs
+(`PreemptionCost`, the emulator's figures).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from scheduler.policy.model import QueuedJob
 from scheduler.policy.running import RunningJob
 from vipu.allocator import Allocator, Placement
 
+# The emulator's figures (vipu/emulator/timing.py): attaching and loading an executable is 10 s
+# (its fixed part; the image itself streams in well under a second over the host links), and a
+# compile of the models of the catalogue takes about 700 s. A checkpoint of a whole IPU's 900 MB
+# of In-Processor Memory streams out (and back) over the same links in a fraction of a second, well
+# inside the 30 s warning a victim gets (scheduler/services/checkpoints.py).
+WARNING_S = 30.0
+LOAD_S = 10.0
+COMPILE_S = 700.0
+CHECKPOINT_IO_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionCost:
+    """What one preemption costs, in the victim's seconds.
+
+    The victim is warned and keeps its IPUs for ``warning_s`` (the job it makes room for waits that
+    long): it checkpoints at the warning (``write_s``) and what it runs after is lost. On its next
+    start it loads its executable (``load_s``), or compiles first when that start is on a machine
+    type its executable was not built for (``compile_s``), and reads its checkpoint back."""
+
+    warning_s: float = WARNING_S
+    write_s: float = CHECKPOINT_IO_S
+    load_s: float = LOAD_S
+    compile_s: float = COMPILE_S
+
+    def restart_s(self, *, same_type: bool = True) -> float:
+        """Run time a resumed attempt spends before it does new work."""
+        return self.load_s + self.write_s + (0.0 if same_type else self.compile_s)
+
+    def victim_s(self) -> float:
+        """Run time the victim loses or repeats: the warning window, then the restart."""
+        return self.warning_s + self.restart_s()
+
+
+NO_COST = PreemptionCost(warning_s=0.0, write_s=0.0, load_s=0.0, compile_s=0.0)
+
+
+def worth_preempting(
+    job: QueuedJob,
+    victim: RunningJob,
+    now: float,
+    *,
+    cost: PreemptionCost,
+    min_run_s: float,
+    max_preemptions: int | None,
+    gain: float,
+) -> bool:
+    """Whether stopping ``victim`` for ``job`` pays: the victim has run ``min_run_s`` since its last
+    start and was preempted fewer than ``max_preemptions`` times, and its predicted remaining
+    IPU-seconds are more than ``gain`` times the job's predicted IPU-seconds plus the stop's cost
+    (under SRPT a swap of two jobs lowers the sum of their completion times by the difference of
+    their remaining work; the cost is the time both lose to it)."""
+    if now - victim.started_at < min_run_s:
+        return False
+    if max_preemptions is not None and victim.preemptions >= max_preemptions:
+        return False
+    remaining = max(0.0, victim.expected_end - now) * victim.size
+    needed = job.size * job.predicted_runtime_s
+    paid = victim.size * cost.victim_s() + job.size * cost.warning_s
+    return remaining > gain * needed + paid
+
 
 def may_preempt(job: QueuedJob, victim: RunningJob, *, by_priority: bool) -> bool:
     """Whether ``victim`` may be stopped to make room for ``job``."""
-    if victim.reserved or victim.session:
+    if victim.reserved or victim.session or victim.never_preempt:
         return False
     if victim.preemptible and not job.preemptible:
         return True
@@ -38,16 +105,22 @@ def choose_victims(
     *,
     by_priority: bool = True,
     now: float | None = None,
+    allowed: Callable[[RunningJob], bool] | None = None,
 ) -> tuple[list[RunningJob], Placement] | None:
     """The running jobs to stop and where ``job`` would then go, or None if stopping cannot help.
     ``by_priority``: the operator's switch is on (lower classes may be stopped too); ``now`` ranks
-    victims by the work they would lose (without it, by how recently they started)."""
+    victims by the work they would lose (without it, by how recently they started); ``allowed``, a
+    policy's guard, rules victims out (`worth_preempting`)."""
 
     def loss(r: RunningJob) -> float:
         return 0.0 if now is None else r.at_risk(now) * r.size
 
     candidates = sorted(
-        (r for r in running if may_preempt(job, r, by_priority=by_priority)),
+        (
+            r
+            for r in running
+            if may_preempt(job, r, by_priority=by_priority) and (allowed is None or allowed(r))
+        ),
         key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id),
     )
     if not candidates:

@@ -29,6 +29,10 @@ class RunningJob:
     # A session's hold on its partition (scheduler/services/sessions.py): its owner works in it
     # interactively and has nothing to checkpoint, so it is never stopped for other work.
     session: bool = False
+    # Its owner opted it out of preemption (a job or plan setting): never stopped for other work.
+    never_preempt: bool = False
+    # How often this job was preempted before this attempt (a policy bounds it).
+    preemptions: int = 0
 
     def at_risk(self, now: float) -> float:
         """Run time since its last checkpoint at ``now``."""

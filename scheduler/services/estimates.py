@@ -15,6 +15,7 @@ from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.policy import HeldArray, QueuedJob
 from scheduler.policy.forecast import estimate_start, forecast
+from scheduler.policy.las import job_class
 from scheduler.services import arrays, executables, fleet, own_models, scheduling
 from scheduler.services.clock import db_now
 from scheduler.services.rates import plan_rates
@@ -392,6 +393,7 @@ def expected_wait_s(
         time_scale=scale,
         half_life_s=policy.half_life_s,
         also_tenants={tenant_id} if tenant_id is not None else (),
+        policy=policy,
     )
     snapshot = live.snapshot
     target = QueuedJob(
@@ -401,6 +403,7 @@ def expected_wait_s(
         submitted_at=snapshot.now,
         predicted_runtime_s=predicted_runtime_s / scale,
         machine_type=machine,
+        priority=job_class(policy, 0, size, predicted_runtime_s / scale),
     )
     start = estimate_start(snapshot, target, policy, budget_s=ESTIMATE_BUDGET_S)
     if start is None:

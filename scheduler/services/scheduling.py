@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,8 +50,10 @@ from scheduler.policy import (
     TenantState,
     Wait,
     add_sample,
+    expected_end,
     get_policy,
 )
+from scheduler.policy.las import job_class
 from scheduler.services import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
@@ -113,6 +115,7 @@ def build_snapshot(
     arrivals_seen: set[str] | None = None,
     read_waits: bool = False,
     also_tenants: Collection[str] = (),
+    policy: PolicyConfig | None = None,
 ) -> LiveSnapshot:
     """Everything a pass decides over, read in a handful of indexed queries.
 
@@ -171,7 +174,18 @@ def build_snapshot(
                 size=min((o.size for o in options), default=size),
                 submitted_at=created.timestamp(),
                 predicted_runtime_s=predicted / time_scale,
-                priority=plan_priority,
+                # Below the plan's priority, the policy's service class (scheduler.policy.las).
+                priority=(
+                    plan_priority
+                    if policy is None
+                    else job_class(
+                        policy,
+                        plan_priority,
+                        size,
+                        predicted / time_scale,
+                        waited_s=max(0.0, now_s - created.timestamp()),
+                    )
+                ),
                 user_priority=priority,
                 machine_type=machine,
                 partition=partition,
@@ -214,6 +228,7 @@ def build_snapshot(
         every,
         task,
         gcd,
+        created_at,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -230,6 +245,7 @@ def build_snapshot(
             Job.checkpoint_every_s,
             Job.task,
             Attempt.gcd,
+            Job.created_at,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -248,21 +264,26 @@ def build_snapshot(
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
             ran = max(ran, (now - taken).total_seconds() * time_scale)
-        running.append(
-            RunningJob(
-                job_id,
-                tenant_id,
-                size,
-                name,
-                started,
-                end,
-                priority,
-                inside,
-                preemptible=bool(preemptible),
-                checkpoint_every=checkpoint_every(every, task) / time_scale,
-                session=kind == "session" and gcd < 0,
-            )
+        held_job = RunningJob(
+            job_id,
+            tenant_id,
+            size,
+            name,
+            started,
+            end,
+            priority,
+            inside,
+            preemptible=bool(preemptible),
+            checkpoint_every=checkpoint_every(every, task) / time_scale,
+            session=kind == "session" and gcd < 0,
         )
+        if policy is not None:
+            # Its class by what it is still expected to run (one past its prediction: as long again).
+            # Its promotion goes on rising while it runs, as the waiting jobs' do (scheduler.policy.las).
+            left = max(0.0, expected_end(held_job, now_s) - now_s)
+            waited = max(0.0, (now - created_at).total_seconds())
+            held_job = replace(held_job, priority=job_class(policy, priority, size, left, waited_s=waited))
+        running.append(held_job)
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         if task != SERVE_TASK:  # replicas count against the plan's endpoint limits instead
             running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
@@ -554,7 +575,8 @@ def preempt(
 
     A running preemptible attempt is warned first (`checkpoints.warn_preemption`): it has `warning_s`
     cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to
-    write that; one still live after that deadline, and any other victim, is stopped at once."""
+    write that; one still live after that deadline, and any other victim, is stopped at once. The
+    reason its owner sees names no job: the one it made room for may be another tenant's."""
     now = db_now(session)
     live = session.execute(
         select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
@@ -585,7 +607,10 @@ def preempt(
             session=session,
             attempt_ids=stop,
             outcome=AttemptState.PREEMPTED,
-            reason=f"preempted to make room for {for_job}",
+            reason=(
+                "preempted to make room for work ahead of it (shorter work, or a higher plan "
+                "priority); it resumes from its last checkpoint"
+            ),
             max_attempts=max_attempts,
         )
     )

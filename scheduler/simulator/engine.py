@@ -14,6 +14,12 @@ sooner) and frees its IPUs then; the job that preempted it waits for them. With 
 stops at once and loses the work since its last periodic checkpoint. Requeued, it runs only what
 it had not checkpointed. A victim of the operator's priority preemption loses all it had run, as
 before (the trace has no checkpoints for it).
+
+Every policy that preempts pays what a preemption costs (``preemption_cost``, the emulator's figures
+in scheduler.policy.preemption), the research anchors included: the victim is warned and holds its
+IPUs for the warning (the job it makes room for waits), loses what it ran in the window, and on its
+next start loads its executable and reads its checkpoint back (and compiles first on another machine
+type). With ``preemption_cost`` None the anchors preempt for free, as they used to here.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from scheduler.policy import (
     decide,
 )
 from scheduler.policy.forecast import estimate_start
+from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted
+from scheduler.policy.preemption import PreemptionCost
+from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator
@@ -52,8 +61,9 @@ def largest_partition(pods: int) -> int:
 
 @dataclass
 class JobOutcome:
-    start_s: float = math.nan
+    start_s: float = math.nan  # its last start (a preempted job's resumption)
     end_s: float = math.nan
+    first_start_s: float = math.nan  # when it first started: what a wait estimate foretells
     ipus: tuple[str, ...] = ()  # recorded only when asked (tests compare placements)
     preempted: int = 0
     machine_type: str = ""
@@ -127,6 +137,7 @@ class Simulation:
         warning_s: float = 30.0,
         estimate_every: int = 0,
         estimate_passes: int = 2000,
+        preemption_cost: PreemptionCost | None = PreemptionCost(),
     ) -> None:
         if len(estimates) != len(jobs):
             raise ValueError("one estimate per job")
@@ -150,6 +161,9 @@ class Simulation:
         # so a full trace samples rather than asks at every one of its submissions.
         self.estimate_every = estimate_every
         self.estimate_passes = estimate_passes
+        # What each preemption costs (None: nothing, the anchors as their papers simulate them). Its
+        # warning is ``warning_s`` (0: stopped at once, back to the last periodic checkpoint).
+        self.cost = preemption_cost
         self._placed_on: dict[int, float] = {}  # run-time factor of the type a job last started on
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
@@ -192,6 +206,15 @@ class Simulation:
         told_left = list(est)  # what the policy believes is still to go
         attained = [0.0] * len(jobs)  # IPU-seconds run so far (Tiresias' service)
         run_from = [0.0] * len(jobs)
+        cost = self.cost
+        predicted = config.priority_from == "predicted"
+        promote_s = config.promote_after_s if ranked else None
+        # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
+        promotions: list[tuple[float, int, int]] = []
+        queued_at = [0.0] * len(jobs)
+        reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
+        base_class = [0] * len(jobs)
+        last_type: dict[int, str] = {}
         now = 0.0
         busy = 0
         head_size: int | None = None
@@ -222,6 +245,11 @@ class Simulation:
             if kept_s > 0 or ranked:
                 left[i] = max(0.0, left[i] - kept_s)
                 told_left[i] = max(1.0, told_left[i] - kept_s)
+            if cost is not None and (kept_s > 0 or ranked):
+                # Resumed, it loads its executable and reads its checkpoint back before new work.
+                restart = cost.restart_s() / factor
+                left[i] += restart
+                told_left[i] += restart
             attained[i] += victim.size * ran
             outcomes[i].preempted += 1
             outcomes[i].lost_s += lost
@@ -233,7 +261,12 @@ class Simulation:
             if kept_s > 0 or ranked:
                 again = replace(again, predicted_runtime_s=told_left[i])
             if ranked:
-                again = replace(again, priority=self._rank(attained[i], left[i]))
+                base_class[i] = self._rank(attained[i], left[i], victim.size * told_left[i])
+                again = replace(again, priority=base_class[i])
+                queued_at[i] = now
+                due = next_promotion(base_class[i], now, now, promote_s)
+                if due < math.inf:
+                    heapq.heappush(promotions, (due, i, attempt[i]))
             submitted[i] = again
             queue.add(again)
 
@@ -279,13 +312,20 @@ class Simulation:
             arrivals: list[QueuedJob] = []
             while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
                 job = jobs[next_arrival]
+                klass = self._rank(0.0, job.duration_s, job.size * est[next_arrival]) if ranked else 0
+                if promote_s is not None:
+                    base_class[next_arrival] = klass
+                    queued_at[next_arrival] = now
+                    due = next_promotion(klass, now, now, promote_s)
+                    if due < math.inf:
+                        heapq.heappush(promotions, (due, next_arrival, 0))
                 queued = submitted[next_arrival] = QueuedJob(
                     job.id,
                     job.tenant,
                     job.size,
                     job.submit_s,
                     est[next_arrival],
-                    priority=self._rank(0.0, job.duration_s) if ranked else 0,
+                    priority=klass,
                     options=self._options(next_arrival),
                     preemptible=flags[next_arrival],
                 )
@@ -308,9 +348,35 @@ class Simulation:
                 arrivals.append(queued)
                 next_arrival += 1
 
+            while promotions and promotions[0][0] <= now:
+                _, i, number = heapq.heappop(promotions)
+                waiting = submitted[i]
+                if number != attempt[i] or waiting is None or waiting.id not in queue:
+                    continue
+                klass = promoted(base_class[i], now - queued_at[i], promote_s)
+                if klass != waiting.priority:
+                    queue.remove(waiting.id)
+                    waiting = submitted[i] = replace(waiting, priority=klass)
+                    queue.add(waiting)
+                due = next_promotion(base_class[i], queued_at[i], now, promote_s)
+                if due < math.inf:
+                    heapq.heappush(promotions, (due, i, number))
             head_size = None
             head_refused = False
-            if ranked and queue:
+            if predicted and queue:
+                # A running job's class moves only when its predicted remaining IPU-seconds cross a
+                # power of two, its prediction runs out, or a promotion falls due: each is
+                # recomputed then (`_reclass`), not at every event.
+                while reclass and reclass[0][0] <= now:
+                    _, i, number = heapq.heappop(reclass)
+                    r = running.get(jobs[i].id)
+                    if r is None or number != attempt[i]:
+                        continue
+                    klass, due = self._reclass(r, now, queued_at[i], promote_s)
+                    if klass != r.priority:
+                        running[r.id] = replace(r, priority=klass)
+                    heapq.heappush(reclass, (due, i, number))
+            elif ranked and queue:
                 # Service grows and time left shrinks while jobs run: their classes move with them.
                 for job_id, r in running.items():
                     i = index[job_id]
@@ -339,6 +405,12 @@ class Simulation:
                     job = jobs[i]
                     queue.remove(queued.id)
                     factor = self._factor(i, placement.machine_type)
+                    kind = placement.machine_type.value
+                    if cost is not None and outcomes[i].preempted and last_type.get(i, kind) != kind:
+                        # Its executable was built for another machine type: compiled again.
+                        left[i] += cost.compile_s / factor
+                        told_left[i] += cost.compile_s / factor
+                    last_type[i] = kind
                     end = now + told_left[i] * factor
                     started = RunningJob(
                         job.id,
@@ -350,8 +422,11 @@ class Simulation:
                         queued.priority,
                         preemptible=flags[i],
                         checkpoint_every=self.checkpoint_every_s if flags[i] else math.inf,
+                        preemptions=outcomes[i].preempted,
                     )
                     running[job.id] = started
+                    if predicted:
+                        heapq.heappush(reclass, (now, i, attempt[i]))
                     table.add(placement.partition_id, placement, started)
                     run_from[i] = now
                     self._placed_on[i] = factor
@@ -367,6 +442,8 @@ class Simulation:
                     ledger.end_weighted += job.size * end
                     outcome = outcomes[i]
                     outcome.start_s = now
+                    if math.isnan(outcome.first_start_s):
+                        outcome.first_start_s = now
                     outcome.machine_type = placement.machine_type.value
                     if self.record_placements:
                         outcome.ipus = placement.ipu_ids
@@ -377,13 +454,14 @@ class Simulation:
                     break  # nothing to stop now: the victims warned before free their IPUs later
                 for victim in fresh:
                     i = index[victim.id]
-                    if victim.preemptible and self.warning_s > 0:
+                    if (victim.preemptible or (ranked and cost is not None)) and self.warning_s > 0:
+                        # Warned: it checkpoints and holds its IPUs until the warning ends.
                         warned.add(victim.id)
                         heapq.heappush(stops, (now + self.warning_s, i, attempt[i]))
                     elif victim.preemptible:
                         stop(i, victim.at_risk(now))  # no warning: back to its last checkpoint
                     elif ranked:
-                        stop(i, 0.0)  # the reference policies resume from the moment of preemption
+                        stop(i, 0.0)  # free preemption: resumed from the moment it was stopped
                     else:
                         stop(i, now - run_from[i])  # priority preemption: all of its run is lost
                 result.preemptions += len(fresh)
@@ -396,13 +474,31 @@ class Simulation:
             raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
         return result
 
-    def _rank(self, attained_ipu_s: float, left_s: float) -> int:
-        """A reference policy's priority class (higher first): minus the Tiresias queue of the
-        service had, or minus the time left on a log scale (classes 19% apart; FIFO within one)."""
+    def _rank(self, attained_ipu_s: float, left_s: float, told_ipu_s: float = 0.0) -> int:
+        """A job's service class (higher first; scheduler.policy.las): default's by the predicted
+        IPU-seconds it still needs (``told_ipu_s``); Tiresias' queue of the service had; or the
+        oracle's true time left on a log scale (classes 19% apart; FIFO within one)."""
         config = self.policy
+        if config.priority_from == "predicted":
+            return predicted_class(told_ipu_s, attained_ipu_s, config.las_thresholds_ipu_s)
         if config.priority_from == "las":
-            return -sum(1 for limit in config.las_thresholds_ipu_s if attained_ipu_s >= limit)
+            return attained_class(attained_ipu_s, config.las_thresholds_ipu_s)
         return -math.ceil(4 * math.log2(max(left_s, 1.0)))
+
+    def _reclass(
+        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None
+    ) -> tuple[int, float]:
+        """A running job's class under ``predicted`` classes, and when it next changes. Its class
+        goes on rising with promotion while it runs, as the classes of the jobs waiting behind it
+        do: those it kept waiting never overtake it and preempt it straight back."""
+        config = self.policy
+        end = expected_end(r, now)  # past its prediction: expected to run as long again
+        remaining = r.size * (end - now)
+        base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
+        klass = promoted(base, now - queued_at, promote_s)
+        crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
+        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s))
+        return klass, due if due > now else end
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
         if self.runs is None:

@@ -95,6 +95,10 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "backfilled": result.backfilled,
         "launch_failures": result.launch_failures,
         "preemptions": result.preemptions,
+        # Per hour of the jobs' own run time (the trace's durations): how often work is stopped.
+        "preemptions_per_job_hour": _r(
+            result.preemptions / max(1e-9, sum(j.duration_s for j in result.jobs) / 3600.0), 5
+        ),
         "replay_wall_s": _r(result.wall_s, 2),
         **({"estimate_error": errors} if (errors := estimate_error(result)) else {}),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
@@ -159,7 +163,10 @@ def estimate_error(result: SimResult) -> dict[str, Any]:
             continue
         if math.isinf(o.estimated_start_s):
             missing += 1
-        wait = o.start_s - job.submit_s
+        # The estimate foretells when the job starts, so it is held against its first start (a job
+        # preempted later started again after it).
+        first = o.start_s if math.isnan(o.first_start_s) else o.first_start_s
+        wait = first - job.submit_s
         guess = o.estimated_start_s - job.submit_s
         absolute.append(abs(guess - wait))
         if wait <= IMMEDIATE_S:

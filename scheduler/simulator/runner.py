@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.policy import BASELINES, get_policy
+from scheduler.policy.preemption import PreemptionCost
 from scheduler.simulator.engine import SimResult, Simulation, largest_partition
 from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR, default_limit, estimates
 from scheduler.simulator.machines import assign, largest_by_type
@@ -52,6 +53,9 @@ class ReplaySpec:
     warning_s: float = 30.0
     # Forecast the wait of every n-th submission and report its error (0: none); see engine.Simulation.
     estimate_every: int = 0
+    # Whether every preemption pays what the emulator says it costs (scheduler.policy.preemption);
+    # False: the research anchors preempt for free, as in their papers' simulators.
+    preemption_costs: bool = True
 
     def preemptible(self, jobs: Sequence[TraceJob]) -> list[bool]:
         """Which jobs are preemptible: each with probability `preemptible_fraction`, from the seed."""
@@ -100,6 +104,7 @@ def replay_policy(
             preemptible=preemptible,
             checkpoint_every_s=spec.checkpoint_every_s,
             warning_s=spec.warning_s,
+            preemption_cost=PreemptionCost(warning_s=spec.warning_s) if spec.preemption_costs else None,
         )
     else:
         runs = assign(jobs, fleet, seed=spec.seed)
@@ -114,6 +119,7 @@ def replay_policy(
             preemptible=preemptible,
             checkpoint_every_s=spec.checkpoint_every_s,
             warning_s=spec.warning_s,
+            preemption_cost=PreemptionCost(warning_s=spec.warning_s) if spec.preemption_costs else None,
         )
     pending = 0
 

@@ -27,11 +27,18 @@ def queued(
 
 
 def run(
-    alloc: Allocator, job_id: str, size: int, *, ends: float, tenant: str = "x", priority: int = 0
+    alloc: Allocator,
+    job_id: str,
+    size: int,
+    *,
+    ends: float,
+    tenant: str = "x",
+    priority: int = 0,
+    started: float = NOW - 10,
 ) -> RunningJob:
     placement = alloc.allocate(job_id, size)
     assert placement is not None
-    return RunningJob(job_id, tenant, size, job_id, NOW - 10, ends, priority)
+    return RunningJob(job_id, tenant, size, job_id, started, ends, priority)
 
 
 def started(decision) -> list[str]:
@@ -194,18 +201,20 @@ def test_reserved_partition_serves_only_its_tenant_one_job_at_a_time() -> None:
     assert not set(shared.ipu_ids) & set(reserved_placement.ipu_ids)
 
 
-def test_preemption_is_off_by_default_and_stops_only_lower_priority_work_when_on() -> None:
-    def scene() -> Snapshot:
+def test_preemption_when_off_stops_nothing_and_when_on_only_lower_priority_work() -> None:
+    def scene(ran: float = 3600.0) -> Snapshot:
         alloc = Allocator(Fleet.uniform(1))
         running = [
-            run(alloc, "low-old", 32, ends=NOW + 10_000, priority=0),
-            run(alloc, "high-run", 32, ends=NOW + 10_000, priority=5),
+            run(alloc, "low-old", 32, ends=NOW + 10_000, priority=0, started=NOW - ran),
+            run(alloc, "high-run", 32, ends=NOW + 10_000, priority=5, started=NOW - ran),
         ]
         jobs = [queued("urgent", "a", 32, at=0, priority=5)]
         return Snapshot.build(now=NOW, queued=jobs, running=running, allocator=alloc)
 
-    off = decide(scene(), "default")
+    off = decide(scene(), get_policy("default").with_options(preemption=False))
     assert off.preempt == [] and off.waits["urgent"].reason == "reserved"
+    # Work that started again less than default's minimum run ago is left to run.
+    assert decide(scene(ran=10.0), "default").preempt == []
     on = decide(scene(), get_policy("default").with_options(preemption=True))
     assert [r.id for r in on.preempt] == ["low-old"]
     assert on.waits["urgent"].reason == "preempting"
@@ -219,7 +228,7 @@ def test_preemption_is_off_by_default_and_stops_only_lower_priority_work_when_on
 def test_a_sessions_hold_is_never_preempted() -> None:
     """Whatever its priority or the operator's switch: its owner is working in the partition."""
     alloc = Allocator(Fleet.uniform(1))
-    hold = run(alloc, "session-hold", 64, ends=NOW + 10_000, priority=-100)
+    hold = run(alloc, "session-hold", 64, ends=NOW + 10_000, priority=-100, started=NOW - 3600)
     held = RunningJob(hold.id, hold.tenant_id, hold.size, hold.partition, hold.started_at, hold.expected_end,
                       hold.priority, session=True)  # fmt: skip
     jobs = [queued("urgent", "a", 32, at=0, priority=5)]
@@ -228,7 +237,7 @@ def test_a_sessions_hold_is_never_preempted() -> None:
     assert on.preempt == [] and started(on) == []
     # The same work not held by a session is stopped.
     again = Allocator(Fleet.uniform(1))
-    plain = run(again, "batch", 64, ends=NOW + 10_000, priority=-100)
+    plain = run(again, "batch", 64, ends=NOW + 10_000, priority=-100, started=NOW - 3600)
     snapshot = Snapshot.build(now=NOW, queued=jobs, running=[plain], allocator=again)
     assert [r.id for r in decide(snapshot, get_policy("default").with_options(preemption=True)).preempt] == [
         "batch"

@@ -1,0 +1,169 @@
+"""Service classes (scheduler.policy.las) and default's preemption by them: attained-service queues,
+predicted-service classes, promotion of starved jobs, and the guards that keep preemption sane."""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.policy import QueuedJob, RunningJob, Snapshot, TenantState, decide, get_policy
+from scheduler.policy.config import TIRESIAS_THRESHOLDS_IPU_S
+from scheduler.policy.las import (
+    PREDICTED_LEVELS,
+    attained_class,
+    combined,
+    job_class,
+    next_promotion,
+    plan_of,
+    predicted_class,
+    promoted,
+)
+from scheduler.policy.preemption import PreemptionCost, worth_preempting
+from scheduler.simulator import Simulation, TraceJob
+from vipu.allocator import Allocator
+from vipu.topology import Fleet
+
+NOW = 100_000.0
+HOUR = 3600.0
+
+
+def test_attained_service_queues_follow_the_thresholds() -> None:
+    t = TIRESIAS_THRESHOLDS_IPU_S  # 1 and 10 IPU-hours
+    assert attained_class(0.0, t) == 0
+    assert attained_class(3599.0, t) == 0
+    assert attained_class(3600.0, t) == -1  # a threshold reached demotes
+    assert attained_class(35_999.0, t) == -1
+    assert attained_class(36_000.0, t) == -2
+    assert attained_class(1e12, t) == -2  # the last queue holds the rest
+    assert attained_class(1e12, ()) == 0  # no thresholds: one queue
+
+
+def test_predicted_classes_are_a_doubling_apart_and_unknown_runs_go_last() -> None:
+    assert predicted_class(0.5) == 0
+    assert predicted_class(2.0) == -1
+    assert predicted_class(3.0) == predicted_class(4.0) == -2
+    assert predicted_class(5.0) == -3
+    # 1 IPU for 10 minutes goes before 64 IPUs for 10 minutes, which goes before 64 IPUs for a day.
+    assert predicted_class(600.0) > predicted_class(64 * 600.0) > predicted_class(64 * 86_400.0)
+    # Capped: nothing is predicted below the last level.
+    assert predicted_class(1e30) == -PREDICTED_LEVELS
+    # No prediction: below every predicted class, ordered by attained service (Tiresias' queues).
+    unknown_new = predicted_class(math.inf, 0.0, TIRESIAS_THRESHOLDS_IPU_S)
+    unknown_old = predicted_class(math.inf, 50_000.0, TIRESIAS_THRESHOLDS_IPU_S)
+    assert predicted_class(1e30) > unknown_new > unknown_old
+
+
+def test_promotion_lifts_one_class_per_period_and_stops_at_the_top() -> None:
+    day = 86_400.0
+    assert promoted(-5, 0.0, day) == -5
+    assert promoted(-5, day - 1, day) == -5
+    assert promoted(-5, day, day) == -4
+    assert promoted(-5, 3.5 * day, day) == -2
+    assert promoted(-5, 100 * day, day) == 0  # never above the top class
+    assert promoted(-5, 100 * day, None) == -5  # no promotion configured
+    # When the next step comes: one period after queueing, then each period; never once at the top.
+    assert next_promotion(-3, 1000.0, 1000.0, day) == 1000.0 + day
+    assert next_promotion(-3, 1000.0, 1000.0 + 1.5 * day, day) == 1000.0 + 2 * day
+    assert next_promotion(-1, 1000.0, 1000.0 + 1.5 * day, day) == math.inf
+    assert next_promotion(-3, 1000.0, 1000.0, None) == math.inf
+
+
+def test_plan_priority_outranks_every_service_class() -> None:
+    config = get_policy("default")
+    gold_long = job_class(config, 5, 64, 30 * 86_400.0)
+    free_short = job_class(config, 0, 1, 10.0)
+    assert gold_long > free_short
+    assert plan_of(gold_long) == 5 and plan_of(free_short) == 0
+    assert plan_of(combined(-100, -PREDICTED_LEVELS - 3)) == -100
+    # A policy without service classes keeps the plan priority as it is.
+    assert job_class(get_policy("default-noclasses"), 5, 64, 10.0) == 5
+    # A long wait promotes the job's class, never past its plan.
+    waited = job_class(config, 0, 64, 86_400.0, waited_s=10 * 86_400.0)
+    assert waited > job_class(config, 0, 64, 86_400.0)
+    assert plan_of(waited) == 0
+
+
+def _scene(*, victim_ran_s: float = 2 * HOUR, **victim: object) -> Snapshot:
+    """Tenant A's long job holds the whole POD64; tenant B's short job arrives."""
+    alloc = Allocator(Fleet.uniform(1))
+    assert alloc.allocate("long", 64) is not None
+    config = get_policy("default")
+    long_left = 20 * HOUR
+    held = RunningJob(
+        "long",
+        "A",
+        64,
+        "long",
+        NOW - victim_ran_s,
+        NOW + long_left,
+        job_class(config, 0, 64, long_left),
+        **victim,  # type: ignore[arg-type]
+    )
+    short = QueuedJob("short", "B", 8, NOW, 600.0, priority=job_class(config, 0, 8, 600.0))
+    tenants = {"A": TenantState("A"), "B": TenantState("B", usage_ipu_s=1e9)}  # B: the heavier
+    return Snapshot.build(now=NOW, queued=[short], running=[held], tenants=tenants, allocator=alloc)
+
+
+def test_a_short_job_preempts_a_long_one_of_another_tenant_whatever_their_standing() -> None:
+    decision = decide(_scene(), "default")
+    assert [v.id for v in decision.preempt] == ["long"]
+    wait = decision.waits["short"]
+    assert wait.reason == "preempting" and wait.estimated_start == NOW
+    # Without service classes (the default before), it waits for the long job to end.
+    before = decide(_scene(), "default-noclasses")
+    assert before.preempt == [] and before.waits["short"].reason == "reserved"
+
+
+def test_preemption_guards_opt_out_minimum_run_and_bound() -> None:
+    # An opted-out job is never preempted.
+    assert decide(_scene(never_preempt=True), "default").preempt == []
+    # A job that started again less than the minimum run ago is left to run.
+    assert decide(_scene(victim_ran_s=60.0), "default").preempt == []
+    # A job preempted as often as the bound allows is not preempted again.
+    limit = get_policy("default").preempt_max
+    assert limit is not None
+    assert decide(_scene(preemptions=limit), "default").preempt == []
+    assert [v.id for v in decide(_scene(preemptions=limit - 1), "default").preempt] == ["long"]
+
+
+def test_preemption_only_when_the_predicted_gain_exceeds_its_cost() -> None:
+    cost = PreemptionCost()
+    job = QueuedJob("short", "B", 8, NOW, 600.0)
+
+    def victim(left_s: float, size: int = 64) -> RunningJob:
+        return RunningJob("v", "A", size, "v", NOW - HOUR, NOW + left_s, 0)
+
+    kw = {"cost": cost, "min_run_s": 600.0, "max_preemptions": 4, "gain": 2.0}
+    assert worth_preempting(job, victim(20 * HOUR), NOW, **kw)
+    # 64 IPUs x 100 s left is less than twice 8 x 600 s plus what the stop costs: it is let finish.
+    assert not worth_preempting(job, victim(100.0), NOW, **kw)
+    # The cost counts: a victim with just enough left to pay the gain but not the stop is kept.
+    bare = 2.0 * 8 * 600.0 / 64
+    assert worth_preempting(job, victim(bare + 1000.0), NOW, **{**kw, "cost": PreemptionCost(0, 0, 0, 0)})
+    assert not worth_preempting(job, victim(bare + 30.0), NOW, **kw)
+    assert cost.victim_s() == cost.warning_s + cost.load_s + cost.write_s
+    assert cost.restart_s(same_type=False) == cost.restart_s() + cost.compile_s
+
+
+def test_a_starved_long_job_is_promoted_in_the_simulator() -> None:
+    """A stream of short jobs of one tenant would keep another's long job waiting for ever on a
+    full fleet; promotion lifts it over them after `promote_after_s` per class."""
+    promote = 1800.0
+    # Preempted once at most, so what is measured is when it gets its IPUs back.
+    config = get_policy("default").with_options(promote_after_s=promote, preempt_max=1)
+    trace = [TraceJob("long", 0.0, 4 * HOUR, 64, "A", 64)]
+    # 64-IPU one-minute jobs, one a minute for 12 h: the fleet (one POD64) never idles, and none of
+    # them waits long enough to be promoted itself.
+    trace += [TraceJob(f"s{i:04d}", 10.0 + 60.0 * i, 60.0, 64, "B", 64) for i in range(720)]
+    trace.sort(key=lambda j: j.submit_s)
+    estimates = [j.duration_s for j in trace]
+    never = Simulation(trace, config.with_options(promote_after_s=None), estimates, pods=1).run()
+    lifted = Simulation(trace, config, estimates, pods=1).run()
+    first = next(i for i, j in enumerate(trace) if j.id == "long")
+    # Started at 0 (alone), it is preempted by the first short job after its minimum run...
+    assert never.outcomes[first].preempted >= 1
+    # ... and without promotion it resumes only once the stream has dried up (12 h); with it, after
+    # eight promotions (4 h) it ranks with the short jobs, its tenant the lighter, and runs.
+    assert never.outcomes[first].start_s > 12 * HOUR
+    assert 4 * HOUR < lifted.outcomes[first].start_s < 4.5 * HOUR
+    assert lifted.outcomes[first].end_s < 9 * HOUR
+    assert lifted.outcomes[first].preempted == never.outcomes[first].preempted == 1
