@@ -101,10 +101,8 @@ class Settings(BaseSettings):
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
     preemption: bool = Field(
         False,
-        description="Let the live loop preempt (off by default): work of a higher plan priority stops "
-        "lower, and, within a plan, shorter work stops longer when that pays (docs/scheduling.md, "
-        "service classes). Work submitted `preemptible` may be preempted by non-preemptible work "
-        "whatever this says.",
+        description="Let work of a higher plan priority preempt lower (off by default). Work submitted "
+        "`preemptible` may be preempted by non-preemptible work whatever this says.",
     )
     preemption_warning_s: float = Field(
         30.0,

@@ -68,14 +68,14 @@ def test_promotion_lifts_one_class_per_period_and_stops_at_the_top() -> None:
 
 
 def test_plan_priority_outranks_every_service_class() -> None:
-    config = get_policy("default")
+    config = get_policy("default-classes")
     gold_long = job_class(config, 5, 64, 30 * 86_400.0)
     free_short = job_class(config, 0, 1, 10.0)
     assert gold_long > free_short
     assert plan_of(gold_long) == 5 and plan_of(free_short) == 0
     assert plan_of(combined(-100, -PREDICTED_LEVELS - 3)) == -100
     # A policy without service classes keeps the plan priority as it is.
-    assert job_class(get_policy("default-noclasses"), 5, 64, 10.0) == 5
+    assert job_class(get_policy("default"), 5, 64, 10.0) == 5
     # A long wait promotes the job's class, never past its plan.
     waited = job_class(config, 0, 64, 86_400.0, waited_s=10 * 86_400.0)
     assert waited > job_class(config, 0, 64, 86_400.0)
@@ -86,7 +86,7 @@ def _scene(*, victim_ran_s: float = 2 * HOUR, **victim: object) -> Snapshot:
     """Tenant A's long job holds the whole POD64; tenant B's short job arrives."""
     alloc = Allocator(Fleet.uniform(1))
     assert alloc.allocate("long", 64) is not None
-    config = get_policy("default")
+    config = get_policy("default-classes")
     long_left = 20 * HOUR
     held = RunningJob(
         "long",
@@ -104,25 +104,25 @@ def _scene(*, victim_ran_s: float = 2 * HOUR, **victim: object) -> Snapshot:
 
 
 def test_a_short_job_preempts_a_long_one_of_another_tenant_whatever_their_standing() -> None:
-    decision = decide(_scene(), "default")
+    decision = decide(_scene(), "default-classes")
     assert [v.id for v in decision.preempt] == ["long"]
     wait = decision.waits["short"]
     assert wait.reason == "preempting" and wait.estimated_start == NOW
     # Without service classes (the default before), it waits for the long job to end.
-    before = decide(_scene(), "default-noclasses")
+    before = decide(_scene(), "default")
     assert before.preempt == [] and before.waits["short"].reason == "reserved"
 
 
 def test_preemption_guards_opt_out_minimum_run_and_bound() -> None:
     # An opted-out job is never preempted.
-    assert decide(_scene(never_preempt=True), "default").preempt == []
+    assert decide(_scene(never_preempt=True), "default-classes").preempt == []
     # A job that started again less than the minimum run ago is left to run.
-    assert decide(_scene(victim_ran_s=60.0), "default").preempt == []
+    assert decide(_scene(victim_ran_s=60.0), "default-classes").preempt == []
     # A job preempted as often as the bound allows is not preempted again.
-    limit = get_policy("default").preempt_max
+    limit = get_policy("default-classes").preempt_max
     assert limit is not None
-    assert decide(_scene(preemptions=limit), "default").preempt == []
-    assert [v.id for v in decide(_scene(preemptions=limit - 1), "default").preempt] == ["long"]
+    assert decide(_scene(preemptions=limit), "default-classes").preempt == []
+    assert [v.id for v in decide(_scene(preemptions=limit - 1), "default-classes").preempt] == ["long"]
 
 
 def test_preemption_only_when_the_predicted_gain_exceeds_its_cost() -> None:
@@ -149,7 +149,7 @@ def test_a_starved_long_job_is_promoted_in_the_simulator() -> None:
     full fleet; promotion lifts it over them after `promote_after_s` per class."""
     promote = 1800.0
     # Preempted once at most, so what is measured is when it gets its IPUs back.
-    config = get_policy("default").with_options(promote_after_s=promote, preempt_max=1)
+    config = get_policy("default-classes").with_options(promote_after_s=promote, preempt_max=1)
     trace = [TraceJob("long", 0.0, 4 * HOUR, 64, "A", 64)]
     # 64-IPU one-minute jobs, one a minute for 12 h: the fleet (one POD64) never idles, and none of
     # them waits long enough to be promoted itself.
