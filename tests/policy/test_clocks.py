@@ -96,7 +96,8 @@ def test_the_dashboard_names_the_clocks() -> None:
         estimate={
             "fits": True, "plan": {"ipus": 4, "ipus_per_replica": 1, "replicas": 4}, "total_s": 1440.0,
             "compile_s": 756.0, "ipu_hours": 1.6, "expected_wait_s": 4660.0, "expected_wait_wall_s": 77.667,
-            "throughput": 3035.0, "time_scale": SCALE,
+            "throughput": 3035.0, "time_scale": SCALE, "machine": "m2000", "rate": 1.0,
+            "charged_ipu_hours": 1.6, "reserve_ipu_hours": 1.6,
         }
     )  # fmt: skip
     assert "77.7 min cluster time" in html and "about 77.7 s wall clock" in html
