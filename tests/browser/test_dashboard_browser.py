@@ -246,7 +246,7 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
     nojs.get_by_label("IPUs").select_option("auto")
     nojs.get_by_role("button", name="Preview estimate").click()
     assert "Fits on" in nojs.inner_text("#estimate")
-    assert re.search(r"[0-9.]+ of [0-9.]+ left", nojs.inner_text("#estimate")), "IPU-hours of the grant"
+    assert re.search(r"[0-9.]+ IPU-hours of [0-9.]+ left", nojs.inner_text("#estimate")), "the grant's charge"
     shot(nojs, "14-submit-preview-without-javascript")
     nojs.goto(f"{url}/")
     assert "r50-demo" in nojs.inner_text("main")
