@@ -20,6 +20,11 @@ endpoint's last minute of traffic (`inference.windows`), decides how many replic
 that failed, stops an endpoint whose tenant's grant is spent (reason `quota`), sets its state and
 reason, and rolls each minute up into `endpoint_stats`.
 
+An endpoint's events (`endpoint.ready`, `endpoint.scaled`, `endpoint.failed`; docs/notifications.md)
+are written in the transaction that changes its state or its wanted replicas, under its row's lock:
+their ids name the endpoint, the change and its instant, so each change writes one, however often a
+pass is replayed.
+
 Locks are taken in the order endpoints, jobs, attempts, tenants.
 """
 
@@ -66,7 +71,7 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, own_models, rates
+from scheduler.services import attempts, fleet, notifications, own_models, rates
 from scheduler.services.job_state import add_event, finalize_job
 from scheduler.services.scope import Scope, restrict, sees
 from vipu import emulator
@@ -715,6 +720,27 @@ def billed_ipu_ms(*, session: Session, endpoint_ids: Sequence[str]) -> dict[str,
 # Changing and deleting -------------------------------------------------------------------------------
 
 
+def _event(session: Session, ep: Endpoint, type_: str, *, key: str, now: datetime, **extra: Any) -> None:
+    """An endpoint's event: thin, its id and where to read it."""
+    data = {"id": ep.id, "name": ep.name, "state": str(ep.state), "url": f"/api/v1/endpoints/{ep.id}"}
+    notifications.emit(
+        session, tenant_id=ep.tenant_id, type_=type_, key=f"{ep.id}:{key}", data={**data, **extra}, at=now
+    )
+
+
+def _scaled(session: Session, ep: Endpoint, was: int, reason: str, now: datetime) -> None:
+    """`endpoint.scaled` when the wanted replica count changed from `was` (the autoscaler or a PATCH)."""
+    if ep.desired_replicas != was:
+        _event(
+            session,
+            ep,
+            "endpoint.scaled",
+            key=f"{was}-{ep.desired_replicas}:{now.isoformat()}",
+            now=now,
+            **{"from": was, "to": ep.desired_replicas, "reason": reason},
+        )
+
+
 def _lock(session: Session, endpoint_id: str, scope: Scope) -> Endpoint:
     """The scope's endpoint, locked until commit; 404 before any lock, 409 once it has stopped."""
     get_endpoint(session=session, endpoint_id=endpoint_id, scope=scope)
@@ -735,6 +761,8 @@ def change_endpoint(*, session: Session, endpoint_id: str, scope: Scope, change:
     planned at once (422 when it fits no replica of the endpoint's size) and reaches replicas started
     after it, the old ones being drained once the new ones are ready."""
     ep = _lock(session, endpoint_id, scope)
+    now = utcnow()
+    was = ep.desired_replicas
     plan = session.execute(
         select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == ep.tenant_id)
     ).scalar_one()
@@ -774,13 +802,14 @@ def change_endpoint(*, session: Session, endpoint_id: str, scope: Scope, change:
         )
         ep.replicas_min, ep.replicas_max = change.replicas.min, change.replicas.max
         ep.desired_replicas = min(max(ep.desired_replicas, ep.replicas_min), ep.replicas_max)
+        _scaled(session, ep, was, f"replicas set to {ep.replicas_min}..{ep.replicas_max}", now)
     if change.autoscaling is not None:
         ep.autoscaling = change.autoscaling.model_dump(mode="json")
     if change.max_queue is not None:
         ep.max_queue = change.max_queue
     if change.cold_start_timeout_s is not None:
         ep.cold_start_timeout_s = change.cold_start_timeout_s
-    ep.updated_at = utcnow()
+    ep.updated_at = now
     session.flush()
     routes_after_commit(session, [RouteFields.of(ep)])
     return ep
@@ -1068,6 +1097,7 @@ def serve_pass(
         ended.setdefault(job.endpoint_id, []).append(job)
     faulted = _faulted_since(session, ids, oldest_check)
     grow: list[tuple[Endpoint, int]] = []
+    became_ready: list[tuple[Endpoint, str]] = []
     for ep in rows:
         before = (ep.state, ep.reason)
         checked = ep.checked_at or ep.created_at
@@ -1101,6 +1131,8 @@ def serve_pass(
             ep.desired_replicas = 0
             ep.stopped_at = now
             ep.updated_at = now
+            # Failed is final: one event per endpoint.
+            _event(session, ep, "endpoint.failed", key="failed", now=now, reason=ep.reason)
             result.stopped.append((ep.id, "failed"))
             result.routes.append(RouteFields.of(ep))
             continue
@@ -1119,6 +1151,7 @@ def serve_pass(
         )
         if why is not None and scaled.desired != state0.desired:
             log.info("endpoint %s: %s", ep.id, why)
+        _scaled(session, ep, state0.desired, why or "autoscaler", now)
         # Reach the wanted count: drain the extra (those not serving first), queue what is missing.
         extra = len(current) - scaled.desired
         if extra > 0:
@@ -1138,6 +1171,8 @@ def serve_pass(
         _set_state(ep, scaled.desired, ready, len(current) + len(stale), why)
         if (ep.state, ep.reason) != before:
             ep.updated_at = now
+        if ep.state == EndpointState.READY and before[0] != EndpointState.READY:
+            became_ready.append((ep, str(before[0])))
         if ep.state != before[0] or refresh_routes:
             result.routes.append(RouteFields.of(ep))
     # Last, since it locks the tenants' rows: the replicas to add.
@@ -1164,6 +1199,10 @@ def serve_pass(
                 _stop(ep, QUOTA, "the tenant's IPU-hour grant is spent", now)
                 result.stopped.append((ep.id, QUOTA))
                 result.routes.append(RouteFields.of(ep))
+    # After the additions: one that stopped there (its grant spent) did not become ready.
+    for ep, was in became_ready:
+        if ep.state == EndpointState.READY:
+            _event(session, ep, "endpoint.ready", key=f"{was}:{now.isoformat()}", now=now, previous_state=was)
     result.rolled_up = _roll_up(session, rows, windows, live, now)
     return result
 

@@ -259,3 +259,35 @@ def test_prometheus_counts_endpoints_and_their_replicas_by_state(client: Any, se
     assert f'ipucloud_endpoint_replicas{{endpoint="{ep["id"]}",state="queued"}} 2.0' in text
     assert 'ipucloud_cluster_endpoints{state="provisioning"} 1.0' in text
     assert 'ipucloud_cluster_endpoints{state="scaled-to-zero"} 1.0' in text
+
+
+def test_a_patch_that_moves_the_wanted_replicas_is_an_endpoint_scaled_event(
+    client: Any, seeded: Seeded, db: Any
+) -> None:
+    h = tenant(client, seeded, "patcher", plan="standard")
+    other = tenant(client, seeded, "onlooker", plan="standard")
+    ep = client.post("/api/v1/endpoints", json=EP, headers=h).json()
+    scaled = "/api/v1/events?type=endpoint.scaled"
+    # Refused: nothing changed, nothing said.
+    problem(
+        client.patch(f"/api/v1/endpoints/{ep['id']}", json={"replicas": {"min": 3, "max": 2}}, headers=h), 422
+    )
+    # Within the bounds it already had: its wanted count stays 1, no event.
+    ok = client.patch(f"/api/v1/endpoints/{ep['id']}", json={"replicas": {"min": 1, "max": 3}}, headers=h)
+    assert ok.status_code == 200, ok.text
+    assert client.get(scaled, headers=h).json()["items"] == []
+    ok = client.patch(f"/api/v1/endpoints/{ep['id']}", json={"replicas": {"min": 2, "max": 3}}, headers=h)
+    assert ok.status_code == 200 and ok.json()["replicas"]["desired"] == 2, ok.text
+    (event,) = client.get(scaled, headers=h).json()["items"]
+    assert event["id"].startswith(f"endpoint.scaled:{ep['id']}:1-2:")
+    assert event["data"] == {
+        "id": ep["id"],
+        "name": "bert",
+        "state": "provisioning",
+        "url": f"/api/v1/endpoints/{ep['id']}",
+        "from": 1,
+        "to": 2,
+        "reason": "replicas set to 2..3",
+    }
+    # Another tenant sees none of it.
+    assert client.get("/api/v1/events", headers=other).json()["items"] == []

@@ -52,6 +52,18 @@ def _endpoint(c: httpx.Client, eid: str) -> dict[str, Any]:
     return r.json()
 
 
+def _endpoint_events(c: httpx.Client, eid: str) -> list[tuple[str, Any, Any]]:
+    """The endpoint's events, oldest first: (type, from, to) for a scale, (type, previous state, None)."""
+    r = c.get("/api/v1/events", params={"type": ["endpoint.ready", "endpoint.scaled", "endpoint.failed"]})
+    r.raise_for_status()
+    out = []
+    for e in reversed(r.json()["items"]):
+        d = e["data"]
+        if d["id"] == eid:
+            out.append((e["type"], d.get("from", d.get("previous_state")), d.get("to")))
+    return out
+
+
 def _triton(cloud: RunningCloud, url: str) -> triton.InferenceServerClient:
     base = url.split("://", 1)[1]
     return triton.InferenceServerClient(url=base, connection_timeout=60, network_timeout=120)
@@ -114,6 +126,11 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         assert view["replicas"]["ready"] == 1
         (replica,) = [x for x in view["replica_list"] if x["state"] == "ready"]
         assert replica["ipus"] == 1
+        # ... and its events say so: the cold start's 0 -> 1, then ready (docs/notifications.md).
+        assert _endpoint_events(c, eid) == [
+            ("endpoint.scaled", 0, 1),
+            ("endpoint.ready", "provisioning", None),
+        ]
 
         # Every answer says what the chip would have taken.
         raw = c.post(
@@ -149,6 +166,7 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         # Idle for scale_to_zero_after_s cluster seconds: no replica held.
         zero = _wait("scale to zero", lambda: (v := _endpoint(c, eid))["state"] == "scaled-to-zero" and v, 60)
         assert zero["replicas"]["ready"] == 0
+        assert _endpoint_events(c, eid)[2:] == [("endpoint.scaled", 1, 0)]
         # ... and a request then waits for a cold start again (the executable is cached now: load only).
         result = client.infer("forecaster", [_lstm_input(1)], headers=dict(auth))
         assert result.as_numpy("forecast").shape == (1, 64)
