@@ -815,6 +815,14 @@ class TrialApprove(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plan: PlanName | None = Field(None, description="Default: the trial plan of the application's category.")
+    hand_over_key: bool = Field(
+        False,
+        description=(
+            "Mint the tenant's first key now and answer it, for the admin to hand over (when mail cannot "
+            "reach the applicant). Then no claim link is mailed; the applicant's mail says the key comes "
+            "from the admin. Default: no key now; the applicant's claim link mints the first key."
+        ),
+    )
 
 
 class TrialReject(BaseModel):
@@ -828,7 +836,12 @@ class TrialReject(BaseModel):
 class TrialDecision(BaseModel):
     application: TrialApplicationOut
     tenant: TenantOut
-    api_key: str = Field(description="The new tenant's first API key. Shown once: store it now.")
+    api_key: str | None = Field(
+        description=(
+            "The new tenant's first API key, only with `hand_over_key`: shown once, store it now. "
+            "Otherwise null: the applicant's claim link mints the first key."
+        )
+    )
 
 
 class SessionPartition(BaseModel):

@@ -559,6 +559,7 @@ def approve_trial(
     form: Form,
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
+    hand_over_key = form.get("hand_over_key") == "1"
     with db.write() as s:
         application, created = trials.approve(
             session=s,
@@ -567,10 +568,17 @@ def approve_trial(
             plan=form.get("plan") or None,
             decided_by=user.principal.key_id,
             link_base=settings.link_base,
+            hand_over_key=hand_over_key,
         )
         tenant = tenant_out(created.tenant)
         api_key = created.api_key
         applicant = {"id": application.id, "name": application.name, "email": application.email}
+    if api_key is None:
+        # The applicant's claim link mints the first key; the admin never sees it.
+        sessions.flash(
+            user, f"Application {application_id} approved: tenant {tenant.name}; the claim link is mailed to the applicant."
+        )
+        return RedirectResponse("/admin/trials?status=approved", status_code=303)
     return _key_once(
         request,
         user,

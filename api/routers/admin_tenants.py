@@ -272,7 +272,7 @@ def get_trial(application_id: ApplicationId, principal: Admin, db: DbDep) -> Tri
 @router.post(
     "/trials/{application_id}/approve",
     response_model=TrialDecision,
-    summary="Approve: create the tenant on the category's trial plan; its first key is shown once",
+    summary="Approve: create the tenant; the applicant's claim link mints its first key",
 )
 def approve_trial(
     application_id: ApplicationId,
@@ -289,6 +289,7 @@ def approve_trial(
             plan=body.plan if body is not None else None,
             decided_by=principal.key_id,
             link_base=settings.link_base,
+            hand_over_key=body is not None and body.hand_over_key,
         )
         return TrialDecision(
             application=TrialApplicationOut.of(application),

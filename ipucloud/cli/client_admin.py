@@ -285,13 +285,20 @@ def trials_show(
 def trials_approve(
     application_id: Annotated[str, typer.Argument(help="The application's id.")],
     plan: Annotated[str | None, typer.Option(help="Plan (default: the trial plan of its category).")] = None,
+    hand_over_key: Annotated[
+        bool,
+        typer.Option(
+            "--hand-over-key",
+            help="Print the first key for you to hand over (mail cannot reach the applicant); no claim link.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Approve: creates the tenant and prints its API key, once."""
+    """Approve: creates the tenant; the applicant's mailed claim link gives them its first key."""
     with connect(url, key, as_json) as client:
-        decision = client.approve_trial(application_id, plan=plan)
+        decision = client.approve_trial(application_id, plan=plan, hand_over_key=hand_over_key)
     if as_json:
         print_json(decision)
         return
@@ -299,7 +306,10 @@ def trials_approve(
     show(
         f"approved {application_id}: tenant {tenant.id if tenant else '-'} ({tenant.plan if tenant else '-'})"
     )
-    show(f"API key (shown once, send it to the applicant): [bold]{decision.api_key}[/]")
+    if decision.api_key:
+        show(f"API key (shown once, hand it to the applicant): [bold]{decision.api_key}[/]")
+    else:
+        show("the applicant is mailed a single-use claim link that shows them the tenant's first key")
 
 
 @trials_app.command("reject")

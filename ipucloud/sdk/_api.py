@@ -920,9 +920,15 @@ class Operations(WebhookOperations):
         return Call("GET", f"{V1}/admin/trials/{seg(application_id)}", model(TrialApplication))
 
     @operation
-    def approve_trial(self, application_id: str, *, plan: str | None = None) -> Call[TrialDecision]:
-        """Approve: creates the tenant; the result's `api_key` is shown only now."""
-        body = {"plan": plan} if plan else {}
+    def approve_trial(
+        self, application_id: str, *, plan: str | None = None, hand_over_key: bool = False
+    ) -> Call[TrialDecision]:
+        """Approve: creates the tenant. The applicant's mailed claim link mints its first key and the
+        result's `api_key` is None; with `hand_over_key` it is the first key, shown only now, and no
+        claim link is mailed."""
+        body: dict[str, object] = {"plan": plan} if plan else {}
+        if hand_over_key:
+            body["hand_over_key"] = True
         path = f"{V1}/admin/trials/{seg(application_id)}/approve"
         return Call("POST", path, model(TrialDecision), json=body)
 

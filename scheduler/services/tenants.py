@@ -236,8 +236,9 @@ def update_plan(*, session: Session, name: str, changes: dict[str, object]) -> P
 @dataclass
 class CreatedTenant:
     tenant: Tenant
-    api_key: str
-    key: ApiKey
+    api_key: str | None  # None when no key was minted (`with_key=False`)
+    key: ApiKey | None
+    owner_id: str
 
 
 def create_tenant(
@@ -253,8 +254,12 @@ def create_tenant(
     owner_name: str = "owner",
     category: str | None = None,
     organisation: str | None = None,
+    with_key: bool = True,
 ) -> CreatedTenant:
-    """Create a tenant, its owner and its first API key (returned once)."""
+    """Create a tenant, its owner and (unless `with_key` is False) its first API key (returned once).
+
+    A trial approved without a key gets its first key from the applicant's claim link instead.
+    """
     plan_row = session.get(Plan, plan)
     if plan_row is None:
         raise InvalidRequest(f"No plan named {plan!r}; GET /api/v1/admin/plans lists them.", field="plan")
@@ -292,10 +297,12 @@ def create_tenant(
     )
     session.add(owner)
     session.flush()
+    if not with_key:
+        return CreatedTenant(tenant=tenant, api_key=None, key=None, owner_id=owner.id)
     key_row, key = keys.create_key(
         session=session, secret=secret, tenant_id=tenant.id, name="first key", member_id=owner.id
     )
-    return CreatedTenant(tenant=tenant, api_key=key, key=key_row)
+    return CreatedTenant(tenant=tenant, api_key=key, key=key_row, owner_id=owner.id)
 
 
 def get_tenant(*, session: Session, tenant_id: str) -> Tenant:

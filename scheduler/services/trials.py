@@ -125,12 +125,18 @@ def approve(
     plan: str | None = None,
     decided_by: str | None = None,
     link_base: str | None = None,
+    hand_over_key: bool = False,
 ) -> tuple[TrialApplication, CreatedTenant]:
     """Create the applicant's tenant on its category's trial plan (or `plan`), owned by the applicant.
 
-    The tenant's first key is in the returned CreatedTenant, shown once (to the admin). With
-    `link_base` (where the dashboard is reached) the applicant is mailed, in this transaction, a
-    single-use claim link that mints their own key, shows it once and signs them in.
+    By default no key is minted here: with `link_base` (where the dashboard is reached) the applicant
+    is mailed, in this transaction, a single-use claim link that mints the tenant's first key, shows
+    it once and signs them in, so only the applicant ever sees it. (Without `link_base` the tenant has
+    no key until an admin makes one.)
+
+    With `hand_over_key` (mail cannot reach the applicant) the first key is minted now and returned
+    in the CreatedTenant, shown once to the admin, who hands it over; then no claim link exists, so
+    no second key can appear unseen, and the applicant's mail says the key comes from the admin.
     """
     application = _lock_pending(session, application_id, "approved")
     plan_name = plan or TRIAL_PLAN_BY_CATEGORY[application.category]
@@ -148,6 +154,7 @@ def approve(
         owner_name=application.name,
         category=application.category,
         organisation=application.organisation,
+        with_key=hand_over_key,
     )
     application.status = "approved"
     application.tenant_id = created.tenant.id
@@ -167,36 +174,46 @@ def approve(
         },
     )
     session.flush()
-    if link_base is not None and created.key.member_id is not None:
-        token = claims.create(
-            session=session,
-            application_id=application.id,
-            tenant_id=created.tenant.id,
-            member_id=created.key.member_id,
-        )
+    if link_base is not None:
         expires = created.tenant.expires_at
+        granted = (
+            f"your trial is approved: the tenant {created.tenant.name} on the {plan_name} plan, with "
+            f"{created.tenant.quota_ipu_ms / 3_600_000:g} IPU-hours"
+            + (f", until {expires:%Y-%m-%d %H:%M} UTC." if expires else ".")
+        )
+        if hand_over_key:
+            paragraphs = [
+                f"Hello {application.name},",
+                granted,
+                "Your API key was given to the administrator who approved it, who will hand it over "
+                "to you directly; this message carries no key and no link to one.",
+            ]
+            link = None
+        else:
+            token = claims.create(
+                session=session,
+                application_id=application.id,
+                tenant_id=created.tenant.id,
+                member_id=created.owner_id,
+            )
+            paragraphs = [
+                f"Hello {application.name},",
+                granted,
+                "The link below shows your API key once and signs you in to the dashboard. "
+                f"It works once, within {int(claims.CLAIM_TTL.total_seconds() // 3600)} hours; "
+                "keep the key somewhere safe.",
+            ]
+            link = ("Get your API key", f"{link_base}/claim/{token}")
         mail.enqueue(
             session,
             key=f"claim:{application.id}",
             kind="trial.approved",
             to_addr=application.email,
             to_name=application.name,
-            body=mail.Body(
-                "Your ipucloud trial is approved",
-                [
-                    f"Hello {application.name},",
-                    f"your trial is approved: the tenant {created.tenant.name} on the {plan_name} plan, with "
-                    f"{created.tenant.quota_ipu_ms / 3_600_000:g} IPU-hours"
-                    + (f", until {expires:%Y-%m-%d %H:%M} UTC." if expires else "."),
-                    "The link below shows your API key once and signs you in to the dashboard. "
-                    f"It works once, within {int(claims.CLAIM_TTL.total_seconds() // 3600)} hours; "
-                    "keep the key somewhere safe.",
-                ],
-                ("Get your API key", f"{link_base}/claim/{token}"),
-            ),
+            body=mail.Body("Your ipucloud trial is approved", paragraphs, link),
             link_base=link_base,
             tenant_id=created.tenant.id,
-            sensitive=True,
+            sensitive=not hand_over_key,
         )
     return application, created
 
