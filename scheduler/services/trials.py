@@ -185,8 +185,8 @@ def approve(
             paragraphs = [
                 f"Hello {application.name},",
                 granted,
-                "Your API key was given to the administrator who approved it, who will hand it over "
-                "to you directly; this message carries no key and no link to one.",
+                "Your API key was given to the administrator who approved your trial, who will hand it "
+                "over to you directly; this message carries no key and no link to one.",
             ]
             link = None
         else:

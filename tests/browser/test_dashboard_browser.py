@@ -134,7 +134,7 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
     assert "received" in applicant.get_by_role("status").inner_text()
     shot(applicant, "03-trial-received")
 
-    # The admin approves it; the new key is shown once.
+    # The admin approves it, handing the key over (no mail server here); the new key is shown once.
     admin = watch.attach(browser.new_context(viewport=DESKTOP)).new_page()
     admin.goto(f"{url}/login")
     shot(admin, "04-login")
@@ -143,6 +143,7 @@ def test_trial_to_a_finished_job_in_the_browser(cloud: RunningCloud, browser: An
     admin.get_by_role("link", name="Trials").click()
     assert "ResNet-50 training on my own images." in admin.inner_text("main")
     shot(admin, "05-admin-trials")
+    admin.get_by_label("Show me the key to hand over").first.check()
     admin.get_by_role("button", name="Approve Ada Lovelace").click()
     new_key = admin.get_by_label(re.compile("API key for")).input_value()
     assert new_key.startswith("ipuc_")

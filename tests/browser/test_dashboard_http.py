@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy import update as sql_update
 
+from scheduler.models import ApiKey, TrialApplication
 from scheduler.services import fleet as fleet_service
 from scheduler.services import keys as key_service
 from scheduler.services import tenants as tenant_service
@@ -413,8 +415,9 @@ def test_trial_application_approval_shows_the_key_once(client: TestClient, seede
     assert "Ada Lovelace" in trials.text and "Fine-tune BERT" in trials.text
     app_id = re.search(r'action="/admin/trials/(app_[^/]+)/approve"', trials.text).group(1)  # type: ignore[union-attr]
     approved = client.post(
-        f"/admin/trials/{app_id}/approve", data={"csrf": CSRF.search(trials.text).group(1), "plan": "trial"}
-    )  # type: ignore[union-attr]
+        f"/admin/trials/{app_id}/approve",
+        data={"csrf": CSRF.search(trials.text).group(1), "plan": "trial", "hand_over_key": "1"},  # type: ignore[union-attr]
+    )
     assert approved.status_code == 200 and approved.headers["cache-control"] == "no-store"
     new_key = re.search(r'id="new-key" class="mono key" readonly value="(ipuc_[^"]+)"', approved.text).group(
         1
@@ -426,6 +429,33 @@ def test_trial_application_approval_shows_the_key_once(client: TestClient, seede
     assert sign_in(client, new_key).status_code == 303
     home = client.get("/")
     assert "Ada Lovelace" in home.text and "100.000" in home.text and "days" in home.text
+
+
+def test_trial_approval_by_default_shows_no_key(client: TestClient, seeded: Seeded, db: Any) -> None:
+    """The applicant's mailed claim link mints the first key; the admin's page never shows one."""
+    applied = client.post(
+        "/api/v1/trials",
+        json={
+            "name": "Grace Hopper",
+            "email": "grace@example.org",
+            "organisation": "Harvard",
+            "category": "university",
+            "intended_use": "Compiling COBOL to IPU graphs.",
+        },
+    )
+    assert applied.status_code == 201, applied.text
+    app_id = applied.json()["id"]
+    sign_in(client, seeded.admin_key)
+    trials = client.get("/admin/trials")
+    assert f'id="{app_id}-handover"' in trials.text and f'for="{app_id}-handover"' in trials.text
+    csrf = CSRF.search(trials.text).group(1)  # type: ignore[union-attr]
+    approved = client.post(f"/admin/trials/{app_id}/approve", data={"csrf": csrf, "plan": ""}, follow_redirects=False)
+    assert approved.status_code == 303 and approved.headers["location"] == "/admin/trials?status=approved"
+    page = client.get(approved.headers["location"])
+    assert "claim link is mailed" in page.text and "ipuc_" not in page.text
+    with db.read() as s:
+        tenant_id = s.get(TrialApplication, app_id).tenant_id
+        assert tenant_id and s.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id)).first() is None
 
 
 def test_admin_pages_change_the_fleet_and_export_usage(client: TestClient, seeded: Seeded, db: Any) -> None:

@@ -180,7 +180,8 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     assert cli.json("admin", "machines", "restore", "pod0001-m03", **admin)["health"] == "up"
     assert cli("admin", "machines", "drain", "pod9999-m00", **admin).exit_code == 4
 
-    # Trials: apply without a key, approve (the key is printed once and works), reject another.
+    # Trials: apply without a key, approve handing the key over (printed once, works), reject another.
+    # (The default approval prints no key: the applicant's claim link mints it; see tests/tenancy/test_mail.py.)
     applied = cli.json(
         "trial",
         "apply",
@@ -214,7 +215,7 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     )
     pending = cli.json("admin", "trials", "list", "--status", "pending", **admin)
     assert [a["id"] for a in pending] == [applied["id"], other["id"]]
-    decision = cli.json("admin", "trials", "approve", applied["id"], **admin)
+    decision = cli.json("admin", "trials", "approve", applied["id"], "--hand-over-key", **admin)
     assert decision["tenant"]["plan"] == "trial" and decision["api_key"].startswith("ipuc_")
     assert cli("jobs", "list", key=decision["api_key"], url=cloud.url).exit_code == 0
     assert cli("admin", "trials", "approve", applied["id"], **admin).exit_code == 5, "decided already"

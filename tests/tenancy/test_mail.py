@@ -16,8 +16,8 @@ from sqlalchemy import select
 
 from scheduler import mail as mail_wire
 from scheduler.errors import InvalidRequest
-from scheduler.models import AttemptState, Job, Member, Tenant, utcnow
-from scheduler.notify_models import MailMessage
+from scheduler.models import ApiKey, AttemptState, Job, Member, Tenant, utcnow
+from scheduler.notify_models import ClaimLink, MailMessage
 from scheduler.services import mail, notifications
 from tests.support import services
 from tests.support.smtp import Inbox, send_due_mail, smtp_server
@@ -59,6 +59,7 @@ def test_approval_mails_a_claim_link_that_shows_a_working_key_once(
     r = client.post(f"/api/v1/admin/trials/{app_id}/approve", headers=auth(seeded.admin_key))
     assert r.status_code == 200, r.text
     tenant_name = r.json()["tenant"]["name"]
+    assert r.json()["api_key"] is None, "the admin never sees the applicant's key"
     assert send_due_mail(db) == ["sent"]
     (got,) = inbox.wait_for(1)
     assert got.rcpt_tos == ["grace@example.org"] and got.mail_from == "cloud@example.net"
@@ -94,9 +95,67 @@ def test_approval_mails_a_claim_link_that_shows_a_working_key_once(
     assert client.get("/claim/nosuchtoken").status_code == 404
 
 
-def test_an_expired_claim_link_is_gone(client: Any, seeded: Any, db: Any, inbox: Inbox) -> None:
-    from scheduler.notify_models import ClaimLink
+def _tenant_keys(db: Any, tenant_id: str) -> list[ApiKey]:
+    with db.read() as s:
+        return list(s.execute(select(ApiKey).where(ApiKey.tenant_id == tenant_id)).scalars())
 
+
+def test_the_claim_link_mints_the_tenants_first_and_only_key(
+    client: Any, seeded: Any, db: Any, inbox: Inbox
+) -> None:
+    app_id = apply(client)
+    r = client.post(f"/api/v1/admin/trials/{app_id}/approve", json={}, headers=auth(seeded.admin_key))
+    assert r.status_code == 200, r.text
+    decision = r.json()
+    tenant_id = decision["tenant"]["id"]
+    assert decision["api_key"] is None and "ipuc_" not in r.text
+    assert _tenant_keys(db, tenant_id) == [], "no key exists until the applicant claims it"
+    send_due_mail(db)
+    token = CLAIM.search(inbox.wait_for(1)[0].text).group(2)  # type: ignore[union-attr]
+    page = client.get(f"/claim/{token}")
+    form = FORM_TOKEN.search(page.text).group(1)  # type: ignore[union-attr]
+    claimed = client.post(f"/claim/{token}", data={"form_token": form})
+    assert claimed.status_code == 200, claimed.text
+    key = NEW_KEY.search(claimed.text).group(1)  # type: ignore[union-attr]
+    (only,) = _tenant_keys(db, tenant_id)
+    with db.read() as s:
+        owner = s.execute(select(Member).where(Member.tenant_id == tenant_id)).scalar_one()
+    assert only.lookup in key and only.member_id == owner.id and owner.email == "grace@example.org"
+    assert client.get("/api/v1/usage", headers=auth(key)).json()["tenant_id"] == tenant_id
+
+
+def test_hand_over_key_answers_the_key_and_mails_no_link(
+    client: Any, seeded: Any, db: Any, inbox: Inbox
+) -> None:
+    app_id = apply(client)
+    admin = auth(seeded.admin_key)
+    r = client.post(f"/api/v1/admin/trials/{app_id}/approve", json={"hand_over_key": True}, headers=admin)
+    assert r.status_code == 200, r.text
+    decision = r.json()
+    tenant_id, key = decision["tenant"]["id"], decision["api_key"]
+    assert key.startswith("ipuc_")
+    assert client.get("/api/v1/usage", headers=auth(key)).json()["tenant_id"] == tenant_id
+    # The applicant is told, with no link: no claim can mint a second key nobody sees.
+    assert send_due_mail(db) == ["sent"]
+    (got,) = inbox.wait_for(1)
+    assert "approved" in got.message["Subject"] and "hand it over" in got.text
+    assert CLAIM.search(got.text) is None and "/claim/" not in got.html and key not in got.text
+    with db.read() as s:
+        assert s.execute(select(ClaimLink)).scalars().all() == []
+    assert len(_tenant_keys(db, tenant_id)) == 1
+    assert_problem(
+        client.post(f"/api/v1/admin/trials/{app_id}/approve", json={"hand_over_key": True}, headers=admin),
+        409,
+    )
+    other = apply(client, email="kay@example.org")
+    assert_problem(
+        client.post(f"/api/v1/admin/trials/{other}/approve", json={"hand_over_key": "maybe"}, headers=admin),
+        422,
+    )
+    assert client.get(f"/api/v1/admin/trials/{other}", headers=admin).json()["status"] == "pending"
+
+
+def test_an_expired_claim_link_is_gone(client: Any, seeded: Any, db: Any, inbox: Inbox) -> None:
     app_id = apply(client)
     client.post(f"/api/v1/admin/trials/{app_id}/approve", headers=auth(seeded.admin_key))
     send_due_mail(db)

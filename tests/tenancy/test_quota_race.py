@@ -52,7 +52,9 @@ def test_concurrent_submissions_never_overspend_the_grant(
                     "intended_use": "Sampling posteriors with MCMC on one IPU.",
                 },
             ).json()
-            decision = admin.post(f"/api/v1/admin/trials/{receipt['id']}/approve").json()
+            decision = admin.post(
+                f"/api/v1/admin/trials/{receipt['id']}/approve", json={"hand_over_key": True}
+            ).json()
             tenant_id, key = decision["tenant"]["id"], decision["api_key"]
             plan = admin.patch(
                 "/api/v1/admin/plans/trial", json={"max_queued_jobs": 1000, "max_concurrent_jobs": 8}

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from scheduler.errors import Conflict
-from scheduler.models import Member, Tenant, TrialApplication
+from scheduler.models import ApiKey, Member, Tenant, TrialApplication
 from scheduler.services import trials
 from tests.support import services
 from tests.tenancy.conftest import JOB, assert_problem, auth
@@ -34,7 +34,8 @@ def test_apply_approve_and_use_the_trial(client: Any, seeded: Any, db: Any) -> N
     assert [a["id"] for a in pending] == [receipt["id"]]
     assert pending[0]["intended_use"] == APPLICATION["intended_use"]
 
-    r = client.post(f"/api/v1/admin/trials/{receipt['id']}/approve", headers=admin)
+    # The admin hands the key over here (mail's claim link, the default, is in tests/tenancy/test_mail.py).
+    r = client.post(f"/api/v1/admin/trials/{receipt['id']}/approve", json={"hand_over_key": True}, headers=admin)
     assert r.status_code == 200, r.text
     decision = r.json()
     tenant, key = decision["tenant"], decision["api_key"]
@@ -63,7 +64,7 @@ def test_apply_approve_and_use_the_trial(client: Any, seeded: Any, db: Any) -> N
     assert_problem(client.post("/api/v1/trials", json={**APPLICATION, "email": "ADA@example.org"}), 409)
 
 
-def test_reject_needs_a_reason_and_frees_the_address(client: Any, seeded: Any) -> None:
+def test_reject_needs_a_reason_and_frees_the_address(client: Any, seeded: Any, db: Any) -> None:
     admin = auth(seeded.admin_key)
     first = client.post("/api/v1/trials", json={**APPLICATION, "category": "individual"}).json()
     assert_problem(client.post("/api/v1/trials", json=APPLICATION), 409, "conflict")
@@ -83,6 +84,10 @@ def test_reject_needs_a_reason_and_frees_the_address(client: Any, seeded: Any) -
         f"/api/v1/admin/trials/{second.json()['id']}/approve", json={"plan": "standard"}, headers=admin
     ).json()
     assert decision["tenant"]["plan"] == "standard"
+    # By default the admin sees no key: the applicant's claim link mints the tenant's first.
+    assert decision["api_key"] is None
+    with db.read() as s:
+        assert s.execute(select(ApiKey).where(ApiKey.tenant_id == decision["tenant"]["id"])).first() is None
     assert_problem(client.post("/api/v1/admin/trials/app_nope/approve", headers=admin), 404, "not-found")
     third = client.post("/api/v1/trials", json={**APPLICATION, "email": "bob@example.org"}).json()
     assert_problem(
