@@ -576,7 +576,9 @@ def approve_trial(
     if api_key is None:
         # The applicant's claim link mints the first key; the admin never sees it.
         sessions.flash(
-            user, f"Application {application_id} approved: tenant {tenant.name}; the claim link is mailed to the applicant."
+            user,
+            f"Application {application_id} approved: tenant {tenant.name}; "
+            "the claim link is mailed to the applicant.",
         )
         return RedirectResponse("/admin/trials?status=approved", status_code=303)
     return _key_once(

@@ -449,7 +449,9 @@ def test_trial_approval_by_default_shows_no_key(client: TestClient, seeded: Seed
     trials = client.get("/admin/trials")
     assert f'id="{app_id}-handover"' in trials.text and f'for="{app_id}-handover"' in trials.text
     csrf = CSRF.search(trials.text).group(1)  # type: ignore[union-attr]
-    approved = client.post(f"/admin/trials/{app_id}/approve", data={"csrf": csrf, "plan": ""}, follow_redirects=False)
+    approved = client.post(
+        f"/admin/trials/{app_id}/approve", data={"csrf": csrf, "plan": ""}, follow_redirects=False
+    )
     assert approved.status_code == 303 and approved.headers["location"] == "/admin/trials?status=approved"
     page = client.get(approved.headers["location"])
     assert "claim link is mailed" in page.text and "ipuc_" not in page.text

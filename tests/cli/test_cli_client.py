@@ -181,7 +181,7 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     assert cli("admin", "machines", "drain", "pod9999-m00", **admin).exit_code == 4
 
     # Trials: apply without a key, approve handing the key over (printed once, works), reject another.
-    # (The default approval prints no key: the applicant's claim link mints it; see tests/tenancy/test_mail.py.)
+    # (By default no key is printed: the applicant's claim link mints it; see tests/tenancy/test_mail.py.)
     applied = cli.json(
         "trial",
         "apply",

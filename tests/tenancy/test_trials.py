@@ -35,7 +35,9 @@ def test_apply_approve_and_use_the_trial(client: Any, seeded: Any, db: Any) -> N
     assert pending[0]["intended_use"] == APPLICATION["intended_use"]
 
     # The admin hands the key over here (mail's claim link, the default, is in tests/tenancy/test_mail.py).
-    r = client.post(f"/api/v1/admin/trials/{receipt['id']}/approve", json={"hand_over_key": True}, headers=admin)
+    r = client.post(
+        f"/api/v1/admin/trials/{receipt['id']}/approve", json={"hand_over_key": True}, headers=admin
+    )
     assert r.status_code == 200, r.text
     decision = r.json()
     tenant, key = decision["tenant"], decision["api_key"]
