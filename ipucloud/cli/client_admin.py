@@ -309,7 +309,7 @@ def trials_approve(
     if decision.api_key:
         show(f"API key (shown once, hand it to the applicant): [bold]{decision.api_key}[/]")
     else:
-        show("the applicant is mailed a single-use claim link that shows them the tenant's first key")
+        show("no key shown: the applicant's mailed claim link gives them the first key")
 
 
 @trials_app.command("reject")

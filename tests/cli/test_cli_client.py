@@ -221,6 +221,24 @@ def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
     assert cli("admin", "trials", "approve", applied["id"], **admin).exit_code == 5, "decided already"
     rejected = cli.json("admin", "trials", "reject", other["id"], "--reason", "Use a work address.", **admin)
     assert rejected["status"] == "rejected" and rejected["reason"] == "Use a work address."
+    # Without --hand-over-key the admin sees no key: the applicant's mailed claim link mints the first.
+    bob = (
+        "--name",
+        "Bob",
+        "--email",
+        "bob@example.org",
+        "--organisation",
+        "Bob Ltd",
+        "--category",
+        "business",
+    )
+    again = cli.json("trial", "apply", *bob, "--use", "Evaluate ResNet-50 training", url=cloud.url)
+    shown = cli("admin", "trials", "approve", again["id"], **admin)
+    assert (
+        shown.exit_code == 0
+        and "claim link" in " ".join(shown.output.split())
+        and "ipuc_" not in shown.output
+    )
 
     # Plans and a tenant's keys.
     plan = cli.json("admin", "plans", "update", "trial", "--quota", "150", **admin)
