@@ -143,7 +143,10 @@ def runtime(env: dict[str, str]) -> Iterator[Runtime]:
     from scheduler import runtime as runtime_module
     from scheduler.settings import Settings
 
-    rt = runtime_module.Runtime.from_settings(Settings())
+    # The test process seeds, places and checks in long transactions, as the scheduler does, on a
+    # machine loaded by the other workers' clouds: the API's 3 s idle limit would cut a fixture's
+    # transaction off between two statements (seen in CI). Spawned processes keep their own settings.
+    rt = runtime_module.Runtime.from_settings(Settings(), idle_tx_timeout_s=60.0)
     runtime_module.install(rt)
     yield rt
     runtime_module.close_current()

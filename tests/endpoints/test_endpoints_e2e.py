@@ -164,7 +164,10 @@ def test_an_endpoint_serves_tritonclient_from_a_cold_start_and_scales_to_zero(
         assert m["window"]["p99_ms"] > 0 and m["window"]["ready_replicas"] == 1
 
         # Idle for scale_to_zero_after_s cluster seconds: no replica held.
-        zero = _wait("scale to zero", lambda: (v := _endpoint(c, eid))["state"] == "scaled-to-zero" and v, 60)
+        # Eventually, not a bound: the scheduler's serve pass decides it, slower on a loaded machine (CI).
+        zero = _wait(
+            "scale to zero", lambda: (v := _endpoint(c, eid))["state"] == "scaled-to-zero" and v, 150
+        )
         assert zero["replicas"]["ready"] == 0
         assert _endpoint_events(c, eid)[2:] == [("endpoint.scaled", 1, 0)]
         # ... and a request then waits for a cold start again (the executable is cached now: load only).
