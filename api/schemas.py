@@ -817,6 +817,7 @@ class TrialApprove(BaseModel):
     plan: PlanName | None = Field(None, description="Default: the trial plan of the application's category.")
     hand_over_key: bool = Field(
         False,
+        strict=True,  # true or false, not "yes": it decides who sees a secret
         description=(
             "Mint the tenant's first key now and answer it, for the admin to hand over (when mail cannot "
             "reach the applicant). Then no claim link is mailed; the applicant's mail says the key comes "

@@ -42,16 +42,16 @@ def tenant(db: Any, seeded: Any) -> str:
     return make_tenant(db)
 
 
-# serial: the first tick must land within the 0.3 s lease of the take.
+# serial: the first tick must land within the 1.5 s lease of the take (0.3 s was missed once in CI).
 @pytest.mark.serial
 def test_a_late_tick_or_finish_after_the_lease_ran_out_changes_nothing(db: Any, tenant: str) -> None:
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
-    lease, _ = take(db, attempt, lease_s=0.3)
+    lease, _ = take(db, attempt, lease_s=1.5)
     first = agentkit.bill(db, attempt.id, 1, 5, agent=lease)
     assert not first.fenced and not first.gone
-    time.sleep(0.5)  # the agent is paused past its lease; the reconciler has not run yet
+    time.sleep(2.0)  # the agent is paused past its lease; the reconciler has not run yet
     with db.write() as s:
         late = attempts.record_tick(
             session=s, agent=lease, lease_s=30, bills=[attempts.Bill(attempt.id, 2, 50)]
