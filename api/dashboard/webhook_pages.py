@@ -27,10 +27,7 @@ from api.schemas_notifications import (
     WebhookCreated,
     WebhookOut,
 )
-from scheduler import webhook_http
 from scheduler.errors import DomainError, InvalidRequest
-from scheduler.ids import new_id
-from scheduler.models import utcnow
 from scheduler.services import notifications
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
@@ -290,25 +287,8 @@ def test(
     """A signed `webhook.ping` now, as `POST /api/v1/webhooks/{id}/test` sends it; the page shows what the
     receiver answered."""
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    with db.read() as s:
-        notifications.check_manager(user.principal)
-        row = notifications.get_webhook(session=s, scope=user.principal.scope, webhook_id=webhook_id)
-        now = utcnow()
-        secrets = notifications.signing_secrets(row, now)
-        url = row.url
-        msg_id = new_id("ping")
-        body = notifications.ping_body(row, now)
-    # Outside the transaction: the receiver may take its whole timeout.
-    outcome = webhook_http.send(
-        url=url,
-        msg_id=msg_id,
-        body=body,
-        secrets=secrets,
-        timeout_s=settings.webhook_timeout_s,
-        max_bytes=settings.webhook_max_response_bytes,
-        allow_private=settings.webhook_allow_private,
-        timestamp=now,
-    )
+    ping = notifications.send_ping(db=db, principal=user.principal, webhook_id=webhook_id, settings=settings)
+    outcome, msg_id = ping.outcome, ping.msg_id
     result = {
         "ok": outcome.ok,
         "status": outcome.status,

@@ -23,9 +23,6 @@ from api.schemas_notifications import (
     WebhookOut,
     WebhookTest,
 )
-from scheduler import webhook_http
-from scheduler.ids import new_id
-from scheduler.models import utcnow
 from scheduler.services import notifications
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
@@ -142,25 +139,8 @@ def rotate_secret(
 def test_webhook(
     webhook_id: WebhookId, principal: Submitter, db: DbDep, settings: SettingsDep
 ) -> WebhookTest:
-    with db.read() as s:
-        notifications.check_manager(principal)
-        row = notifications.get_webhook(session=s, scope=principal.scope, webhook_id=webhook_id)
-        now = utcnow()
-        secrets = notifications.signing_secrets(row, now)
-        url = row.url
-        msg_id = new_id("ping")
-        body = notifications.ping_body(row, now)
-    # Outside the transaction: the receiver may take its whole timeout.
-    outcome = webhook_http.send(
-        url=url,
-        msg_id=msg_id,
-        body=body,
-        secrets=secrets,
-        timeout_s=settings.webhook_timeout_s,
-        max_bytes=settings.webhook_max_response_bytes,
-        allow_private=settings.webhook_allow_private,
-        timestamp=now,
-    )
+    ping = notifications.send_ping(db=db, principal=principal, webhook_id=webhook_id, settings=settings)
+    outcome, msg_id = ping.outcome, ping.msg_id
     return WebhookTest(
         ok=outcome.ok,
         status=outcome.status,

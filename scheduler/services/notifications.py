@@ -30,12 +30,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import webhook_http
-from scheduler.db import changed
+from scheduler.db import Database, changed
 from scheduler.errors import Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.ids import new_id
 from scheduler.models import SERVE_TASK, Job, MeterEvent, Plan, Tenant, utcnow
 from scheduler.notify_models import Event, NotificationSetting, Webhook, WebhookDelivery
 from scheduler.services.scope import Scope, restrict, sees
+from scheduler.settings import Settings
 
 # Every event type. `endpoint.*` are written by inference endpoints (scheduler/services/endpoints.py);
 # `trial.rejected` has no tenant to belong to, so it is only ever e-mailed to the applicant.
@@ -309,6 +310,38 @@ def signing_secrets(row: Webhook, now: datetime) -> list[str]:
 
 def ping_body(row: Webhook, now: datetime) -> bytes:
     return render(PING, {"webhook_id": row.id, "url": f"/api/v1/webhooks/{row.id}"}, now, None)
+
+
+@dataclass(frozen=True)
+class Ping:
+    """A test ping's answer: the receiver's `outcome` and the `webhook-id` it was sent with."""
+
+    outcome: webhook_http.Outcome
+    msg_id: str
+
+
+def send_ping(*, db: Database, principal: Any, webhook_id: str, settings: Settings) -> Ping:
+    """A signed `webhook.ping` to one of the caller's webhooks now (API and dashboard alike)."""
+    with db.read() as s:
+        check_manager(principal)
+        row = get_webhook(session=s, scope=principal.scope, webhook_id=webhook_id)
+        now = utcnow()
+        secrets = signing_secrets(row, now)
+        url = row.url
+        msg_id = new_id("ping")
+        body = ping_body(row, now)
+    # Outside the transaction: the receiver may take its whole timeout.
+    outcome = webhook_http.send(
+        url=url,
+        msg_id=msg_id,
+        body=body,
+        secrets=secrets,
+        timeout_s=settings.webhook_timeout_s,
+        max_bytes=settings.webhook_max_response_bytes,
+        allow_private=settings.webhook_allow_private,
+        timestamp=now,
+    )
+    return Ping(outcome, msg_id)
 
 
 def render(type_: str, data: dict[str, Any], at: datetime, public_url: str | None) -> bytes:
