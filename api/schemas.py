@@ -166,6 +166,9 @@ class JobOut(BaseModel):
     history: list[HistoryEntry] | None = None
     wait: WaitReason | None = None
     preemptible: bool = False
+    never_preempt: bool = Field(
+        False, description="It opted out of preemption: never stopped for other work (a plan can opt all its jobs out)."
+    )
     checkpoint_every_s: int | None = Field(
         None, description="Training jobs: cluster seconds between checkpoints (600 unless it asked)."
     )
@@ -589,6 +592,11 @@ class PlanOut(BaseModel):
         description="How long after a job stopped at its time limit its owner may still resume it from its "
         "checkpoint.",
     )
+    never_preempt: bool = Field(
+        False,
+        description="Its tenants' jobs are never preempted for other work (charged as without this), "
+        "whatever each job says.",
+    )
     updated_at: datetime
 
     @classmethod
@@ -617,6 +625,7 @@ class PlanOut(BaseModel):
             max_model_bytes=p.max_model_bytes,
             preemptible_discount=p.preemptible_discount,
             checkpoint_retention_s=p.checkpoint_retention_s,
+            never_preempt=bool(p.never_preempt),
             updated_at=p.updated_at,
         )
 
@@ -653,6 +662,9 @@ class PlanUpdate(BaseModel):
     max_model_bytes: Annotated[int, Field(ge=0, le=2**50), _NUMBER] | None = None
     preemptible_discount: Annotated[float, Field(ge=0, le=0.95), _NUMBER] | None = None
     checkpoint_retention_s: Seconds | None = None
+    never_preempt: Annotated[bool, Field(strict=True)] | None = Field(
+        None, description="Opt every job of the plan's tenants out of preemption (true) or not (false)."
+    )
 
 
 # API keys ---------------------------------------------------------------------------------------------

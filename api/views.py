@@ -61,6 +61,7 @@ def job_out(
         progress=_progress(attempt),
         used_ipu_hours=None if used_ipu_ms is None else hours(used_ipu_ms),
         preemptible=bool(job.preemptible),
+        never_preempt=bool(job.never_preempt),
         checkpoint_every_s=(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
         if job.task == "train"
         else None,

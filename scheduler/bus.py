@@ -23,8 +23,9 @@ WAKE_CHANNEL = "ipucloud:wake"
 # preemption, a failed machine). Every agent listens and keeps what names it; one that misses a
 # message finds out at its next look at the database.
 STOP_CHANNEL = "ipucloud:agents:stop"
-# "<agent name> <attempt id> <warning s>": the attempt is preempted; it checkpoints within that many
-# cluster seconds and ends itself, else the scheduler stops it (scheduler.services.checkpoints).
+# "<agent name> <attempt id> <warning s> [<why>]": the attempt is preempted; it checkpoints within
+# that many cluster seconds and ends itself, else the scheduler stops it (scheduler.services.checkpoints).
+# `why` (the rest of the line) is what its owner is told, e.g. "preempted for your job job_...".
 PREEMPT_CHANNEL = "ipucloud:agents:preempt"
 
 

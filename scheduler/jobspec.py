@@ -300,6 +300,11 @@ class JobSpec(BaseModel):
         description="Run at the plan's discounted rate; non-preemptible work of any tenant may then stop "
         "it, after a warning in which it checkpoints, and it requeues by itself (docs/checkpoints.md).",
     )
+    never_preempt: bool = Field(
+        False,
+        description="Never stop this job for other work (it waits its turn instead of being preempted); "
+        "charged exactly as without the flag. Not with `preemptible` (docs/scheduling.md).",
+    )
     checkpoint_every_s: int | None = Field(
         None,
         ge=MIN_CHECKPOINT_EVERY_S,
@@ -334,6 +339,8 @@ class JobSpec(BaseModel):
     def _size(self) -> JobSpec:
         if self.session is not None and self.partition is not None:
             raise ValueError("give `session` or `partition`, not both")
+        if self.preemptible and self.never_preempt:
+            raise ValueError("give `preemptible` or `never_preempt`, not both")
         if self.array is not None and self.array.indices is None and self.sweep is None:
             raise ValueError("an array needs `indices` (or a `sweep` to make its elements)")
         if self.array is not None and self.array.indices is not None and self.sweep is not None:

@@ -133,6 +133,8 @@ class Plan(Base):
     )
     # Preemptible work runs at its rates times (1 - discount) (docs/checkpoints.md).
     preemptible_discount: Mapped[float] = mapped_column(Float, default=0.5, server_default="0.5")
+    # Its tenants' jobs are never preempted, whatever each job says (docs/scheduling.md).
+    never_preempt: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     # How long after a job stopped at its time limit its owner may still resume it from its checkpoint.
     checkpoint_retention_s: Mapped[int] = mapped_column(
         BigInteger, default=7 * 86400, server_default=str(7 * 86400)
@@ -347,6 +349,8 @@ class Job(Base):
     # Preemptible work (cheaper; non-preemptible work of any tenant may stop it after a warning) and
     # how often a training job checkpoints, in cluster seconds (docs/checkpoints.md).
     preemptible: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Opted out of preemption: never stopped for other work, charged as without it (docs/scheduling.md).
+    never_preempt: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     checkpoint_every_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Run time (cluster s) its time limit no longer counts: what it had run when its owner resumed it.
     runtime_base_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

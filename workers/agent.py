@@ -142,6 +142,7 @@ class _Running:
     version: int = 0  # its entry in the timer heap; older entries are stale
     next_checkpoint: float = float("inf")  # cluster time of its next periodic checkpoint
     preempt_at: float | None = None  # cluster time at which it checkpoints and ends, once warned
+    preempt_why: str = "preempted for other work"  # what its owner is told (the scheduler's words)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -189,7 +190,7 @@ class Agent:
         self._timer_seq = 0
         self._takes: queue.SimpleQueue[_Take] = queue.SimpleQueue()
         self._stop_notices: deque[int] = deque()
-        self._preempt_notices: deque[tuple[int, float]] = deque()
+        self._preempt_notices: deque[tuple[int, float, str]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._stop_deadline = 0.0
@@ -551,7 +552,7 @@ class Agent:
         if preempted:
             saved = self._save(r, t, "preemption")
             at = f"checkpointed after step {saved.step:,}" if saved else "no step to checkpoint"
-            self._end(r, AttemptState.PREEMPTED, t, f"preempted for non-preemptible work ({at}); requeued")
+            self._end(r, AttemptState.PREEMPTED, t, f"{r.preempt_why} ({at}); requeued")
             return
         if t >= taken.end_s:
             if taken.timed_out:
@@ -583,12 +584,15 @@ class Agent:
                 self._saved[r.taken.attempt_id] = checkpoint
         return checkpoint
 
-    def _warn(self, attempt_id: int, window_s: float) -> None:
+    def _warn(self, attempt_id: int, window_s: float, why: str = "") -> None:
         """A preemption warning: checkpoint at the next step boundary within `window_s` cluster
-        seconds (or at its end, at the last step completed), then end."""
+        seconds (or at its end, at the last step completed), then end. `why` is the scheduler's
+        reason, told to the job's owner."""
         r = self.running.get(attempt_id)
         if r is None or r.preempt_at is not None:
             return
+        if why:
+            r.preempt_why = why
         t = self._cluster_t(r, self.clock())
         timeline = r.taken.run.timeline
         at = t  # compiling or loading: nothing to save, and the IPUs are wanted now
@@ -611,7 +615,7 @@ class Agent:
                 r.taken.job_id,
                 r.taken.number,
                 "log",
-                f"WARNING: preempted for non-preemptible work: it {step_note} at {at:,.1f} s (cluster "
+                f"WARNING: {r.preempt_why}: it {step_note} at {at:,.1f} s (cluster "
                 "time), then is queued again"
                 + (" and resumes from that checkpoint" if "checkpoints" in step_note else ""),
                 {
@@ -766,8 +770,8 @@ class Agent:
                     channel = channel.decode() if isinstance(channel, bytes) else str(channel)
                     if channel == bus.PREEMPT_CHANNEL and text.startswith(prefix):
                         try:
-                            attempt_id, window = text[len(prefix) :].split()
-                            self._preempt_notices.append((int(attempt_id), float(window)))
+                            attempt_id, window, *why = text[len(prefix) :].split(maxsplit=2)
+                            self._preempt_notices.append((int(attempt_id), float(window), "".join(why)))
                         except ValueError:
                             continue
                         self._wake.set()

@@ -28,6 +28,7 @@ JOB_FIELDS = (
     "machine",
     "max_runtime_s",
     "preemptible",
+    "never_preempt",
     "checkpoint_every_s",
     "prefer",
     "session",
@@ -112,6 +113,8 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
             parsed.errors["checkpoint_every_s"] = "Enter a whole number of seconds."
     if values.get("preemptible") not in ("", "on"):
         parsed.errors["preemptible"] = "Tick the box or leave it."
+    if values.get("never_preempt") not in ("", "on"):
+        parsed.errors["never_preempt"] = "Tick the box or leave it."
     if values.get("prefer") not in ("", "time", "cost"):
         parsed.errors["prefer"] = "Choose finishing first or spending least."
     if not values.get("model"):
@@ -135,6 +138,7 @@ def parse_job(values: dict[str, str]) -> tuple[Parsed, JobSpec | None]:
                 "machine": values.get("machine") or None,
                 "max_runtime_s": max_runtime,
                 "preemptible": values.get("preemptible") == "on",
+                "never_preempt": values.get("never_preempt") == "on",
                 "checkpoint_every_s": checkpoint_every,
                 "prefer": values.get("prefer") or "time",
                 "session": values.get("session") or None,

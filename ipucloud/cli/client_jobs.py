@@ -180,6 +180,13 @@ def submit(
             "resumes from its checkpoint.",
         ),
     ] = None,
+    never_preempt: Annotated[
+        bool | None,
+        typer.Option(
+            "--never-preempt",
+            help="Never preempt this job for other work (it waits its turn); charged as without it.",
+        ),
+    ] = None,
     checkpoint_every: Annotated[
         int | None,
         typer.Option(
@@ -254,6 +261,7 @@ def submit(
         priority=priority,
         max_runtime_s=max_runtime,
         preemptible=preemptible,
+        never_preempt=never_preempt,
         checkpoint_every_s=checkpoint_every,
         singleton=singleton,
     )
@@ -502,6 +510,8 @@ def show_(
             rows.append(("estimated start", f"{when(job.wait.estimated_start)} UTC (wall clock)"))
     if job.preemptible:
         rows.append(("preemptible", "yes (discounted; may be preempted after a warning)"))
+    if job.never_preempt:
+        rows.append(("never preempted", "yes (opted out)"))
     if job.resumable_until is not None:
         rows.append(
             (

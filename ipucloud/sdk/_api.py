@@ -79,6 +79,7 @@ JOB_FIELDS = (
     "priority",
     "max_runtime_s",
     "preemptible",
+    "never_preempt",
     "checkpoint_every_s",
     "array",
     "sweep",
@@ -236,7 +237,8 @@ class Operations(WebhookOperations):
         dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
         or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
         `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
-        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `max_runtime_s`, `preemptible` or `never_preempt`, `checkpoint_every_s`,
+        `notify` (e.g. {"on": ["end"]}),
         `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
         "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md). With `array` or
         `sweep` (what `submit_array` takes), a row per element (`elements`, at most `max_rows`) and the
@@ -508,6 +510,7 @@ class Operations(WebhookOperations):
         priority: int | None = None,
         max_runtime_s: int | None = None,
         preemptible: bool | None = None,
+        never_preempt: bool | None = None,
         checkpoint_every_s: int | None = None,
         notify: Mapping[str, Any] | None = None,
         depends_on: Mapping[str, Any] | None = None,
@@ -528,7 +531,8 @@ class Operations(WebhookOperations):
         dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
         or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
         `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
-        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `max_runtime_s`, `preemptible` or `never_preempt`, `checkpoint_every_s`,
+        `notify` (e.g. {"on": ["end"]}),
         `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
         "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md)."""
         fields = _drop_none(
@@ -551,6 +555,7 @@ class Operations(WebhookOperations):
             priority=priority,
             max_runtime_s=max_runtime_s,
             preemptible=preemptible,
+            never_preempt=never_preempt,
             checkpoint_every_s=checkpoint_every_s,
             notify=notify,
             depends_on=depends_on,
@@ -589,6 +594,7 @@ class Operations(WebhookOperations):
         priority: int | None = None,
         max_runtime_s: int | None = None,
         preemptible: bool | None = None,
+        never_preempt: bool | None = None,
         checkpoint_every_s: int | None = None,
         notify: Mapping[str, Any] | None = None,
         depends_on: Mapping[str, Any] | None = None,
@@ -608,7 +614,8 @@ class Operations(WebhookOperations):
         dimensions), `optimizer`; or all of it as `workload`. The job: `name`, `ipus` (a power of two
         or "auto"), `machine` (a type, or "any"), `prefer` ("time" or "cost", with machine any),
         `partition` (a reserved one), `session` (an active session of yours), `priority` (-100..100),
-        `max_runtime_s`, `preemptible`, `checkpoint_every_s`, `notify` (e.g. {"on": ["end"]}),
+        `max_runtime_s`, `preemptible` or `never_preempt`, `checkpoint_every_s`,
+        `notify` (e.g. {"on": ["end"]}),
         `depends_on` ({"all": [{"job": ID, "type": "afterok"}]}), `on_unsatisfiable` ("cancel" or
         "hold"), `singleton`. `more`: any other field of the job spec (docs/cli.md)."""
         fields = _drop_none(
@@ -631,6 +638,7 @@ class Operations(WebhookOperations):
             priority=priority,
             max_runtime_s=max_runtime_s,
             preemptible=preemptible,
+            never_preempt=never_preempt,
             checkpoint_every_s=checkpoint_every_s,
             notify=notify,
             depends_on=depends_on,

@@ -22,7 +22,7 @@ its plan's retention has passed, when it can no longer be resumed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
@@ -268,11 +268,17 @@ def resumable_until_of(*, session: Session, job: Job) -> Any:
 
 
 def warn_preemption(
-    *, session: Session, attempt_ids: Sequence[int], deadline: Any, window_s: float
+    *,
+    session: Session,
+    attempt_ids: Sequence[int],
+    deadline: Any,
+    window_s: float,
+    reasons: Mapping[int, str] | None = None,
 ) -> list[tuple[str, int]]:
     """Warn running attempts that they are preempted: each has until `deadline` (wall) to checkpoint
     and end itself. Returns (agent, attempt) of the attempts newly warned, to tell over the bus;
-    one warned before keeps its first deadline."""
+    one warned before keeps its first deadline. `reasons` (by attempt) go with the warning: the
+    agent writes it in the job's log and ends the attempt with it."""
     from scheduler import bus
 
     ids = sorted(set(attempt_ids))
@@ -297,5 +303,6 @@ def warn_preemption(
         .execution_options(synchronize_session=False)
     )
     for worker, aid in warned:
-        bus.publish_after_commit(session, bus.PREEMPT_CHANNEL, f"{worker} {aid} {window_s:g}")
+        why = " ".join((reasons or {}).get(aid, "").split())  # one line, as the bus message is
+        bus.publish_after_commit(session, bus.PREEMPT_CHANNEL, f"{worker} {aid} {window_s:g} {why}".rstrip())
     return warned

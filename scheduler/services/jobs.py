@@ -519,6 +519,7 @@ def _prepare(
         priority=spec.priority,
         max_runtime_s=max_runtime,
         preemptible=spec.preemptible,
+        never_preempt=spec.never_preempt,
         checkpoint_every_s=spec.checkpoint_every_s,
         runtime_base_s=0.0,
         predicted_runtime_s=predicted,
@@ -619,6 +620,7 @@ class StoredSpec(TypedDict):
     priority: int
     max_runtime_s: int | None
     preemptible: bool
+    never_preempt: bool
     checkpoint_every_s: int | None
     notify: dict[str, list[str]] | None
 

@@ -64,6 +64,9 @@ from vipu.machine_types import MACHINE_TYPE_NAMES
 # free graph compile domain is placed like a job in a reserved partition).
 _HOSTING = ("reserved", "session")
 
+# A preempted job goes back at the head of its tenant's work: ahead of every priority its owner
+# may give (-100 .. 100), so what it gave up its IPUs for is all that runs before it resumes.
+REQUEUED_FIRST = 101
 FAIRSHARE_SAMPLE_S = 60.0  # wall seconds between writes of a tenant's fair-share sample
 
 
@@ -209,6 +212,17 @@ def build_snapshot(
         if array_id is not None or singleton or held_for is not None:
             extra[job_id] = (array_id, array_index, bool(singleton), name, held_for)
 
+    if queued:
+        again = set(
+            session.execute(
+                select(Attempt.job_id)
+                .join(Job, Job.id == Attempt.job_id)
+                .where(Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED)
+            ).scalars()
+        )
+        if again:
+            queued = [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
+
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
@@ -229,6 +243,8 @@ def build_snapshot(
         task,
         gcd,
         created_at,
+        opted_out,
+        plan_opted_out,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -246,6 +262,8 @@ def build_snapshot(
             Job.task,
             Attempt.gcd,
             Job.created_at,
+            Job.never_preempt,
+            Plan.never_preempt,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -276,6 +294,8 @@ def build_snapshot(
             preemptible=bool(preemptible),
             checkpoint_every=checkpoint_every(every, task) / time_scale,
             session=kind == "session" and gcd < 0,
+            # Its own opt-out or its plan's as the plan is now (an admin's edit reaches running work).
+            never_preempt=bool(opted_out or plan_opted_out),
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).
@@ -560,6 +580,15 @@ def record_waits(
     return len(changed)
 
 
+def preemption_reason(victim: RunningJob, *, for_job: str, for_tenant: str | None) -> str:
+    """What the victim's owner is told: why, and for whom. Another tenant's job is never named."""
+    if for_tenant == victim.tenant_id:
+        return f"preempted for your job {for_job}"
+    if victim.preemptible:
+        return "preempted for non-preemptible work of another tenant"
+    return "preempted for a higher-priority job of another tenant"
+
+
 def preempt(
     *,
     session: Session,
@@ -570,13 +599,15 @@ def preempt(
     time_scale: float = 1.0,
     grace_s: float = 1.0,
 ) -> int:
-    """Preempt the victims' live attempts (`preempted` is a platform state: requeued, billed only for
-    the work up to a checkpoint, see attempts.end_attempts). Returns how many were stopped now.
+    """Preempt the victims' live attempts (`preempted` is a platform state: requeued at the head of
+    its tenant's work, billed only for the work up to a checkpoint, see attempts.end_attempts).
+    Returns how many were stopped now.
 
-    A running preemptible attempt is warned first (`checkpoints.warn_preemption`): it has `warning_s`
-    cluster seconds to checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to
-    write that; one still live after that deadline, and any other victim, is stopped at once. The
-    reason its owner sees names no job: the one it made room for may be another tenant's."""
+    Every running victim is warned first (`checkpoints.warn_preemption`), whether it was submitted
+    preemptible or is stopped for a higher plan priority: it has `warning_s` cluster seconds to
+    checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to write that; one
+    still live after that deadline is stopped then. One not yet taken by an agent has run nothing
+    and is stopped at once. Its owner is told why, naming `for_job` only if it is the owner's own."""
     now = db_now(session)
     live = session.execute(
         select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
@@ -585,32 +616,35 @@ def preempt(
             Attempt.gcd >= 0,  # a session's hold is ended by the session, never preempted
         )
     ).tuples()
-    preemptible = {v.id for v in victims if v.preemptible}
-    warn: list[int] = []
-    stop: list[int] = []
+    for_tenant = session.execute(select(Job.tenant_id).where(Job.id == for_job)).scalar_one_or_none()
+    why = {v.id: preemption_reason(v, for_job=for_job, for_tenant=for_tenant) for v in victims}
+    warn: dict[int, str] = {}
+    stop: dict[str, list[int]] = {}
     for attempt_id, job_id, state, deadline in live:
-        if job_id not in preemptible or state != AttemptState.RUNNING:
-            stop.append(attempt_id)
+        if state != AttemptState.RUNNING:
+            stop.setdefault(f"{why[job_id]} before it started", []).append(attempt_id)
+        elif deadline is not None and deadline <= now:
+            late = f"{why[job_id]}; stopped when its warning ran out, it resumes from its last checkpoint"
+            stop.setdefault(late, []).append(attempt_id)
         elif deadline is None:
-            warn.append(attempt_id)
-        elif deadline <= now:
-            stop.append(attempt_id)
+            warn[attempt_id] = why[job_id]
     if warn:
         checkpoints.warn_preemption(
             session=session,
-            attempt_ids=warn,
+            attempt_ids=list(warn),
             deadline=now + timedelta(seconds=warning_s / time_scale + grace_s),
             window_s=warning_s,
+            reasons=warn,
         )
-    return len(
-        attempts.stop_running(
-            session=session,
-            attempt_ids=stop,
-            outcome=AttemptState.PREEMPTED,
-            reason=(
-                "preempted to make room for work ahead of it (shorter work, or a higher plan "
-                "priority); it resumes from its last checkpoint"
-            ),
-            max_attempts=max_attempts,
+    stopped = 0
+    for reason, ids in stop.items():
+        stopped += len(
+            attempts.stop_running(
+                session=session,
+                attempt_ids=ids,
+                outcome=AttemptState.PREEMPTED,
+                reason=reason,
+                max_attempts=max_attempts,
+            )
         )
-    )
+    return stopped

@@ -198,6 +198,7 @@ EDITABLE_PLAN_FIELDS = frozenset(
         "max_model_bytes",
         "preemptible_discount",
         "checkpoint_retention_s",
+        "never_preempt",
     }
 )
 

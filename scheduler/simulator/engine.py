@@ -133,6 +133,7 @@ class Simulation:
         fleet: Fleet | None = None,
         runs: Sequence[tuple[TypeRun, ...]] | None = None,
         preemptible: Sequence[bool] | None = None,
+        never_preempt: Sequence[bool] | None = None,
         checkpoint_every_s: float = 600.0,
         warning_s: float = 30.0,
         estimate_every: int = 0,
@@ -155,6 +156,10 @@ class Simulation:
         self.preemptible = list(preemptible) if preemptible is not None else [False] * len(jobs)
         if len(self.preemptible) != len(jobs):
             raise ValueError("one preemptible flag per job")
+        # Jobs (or their plans) opted out of preemption, as the live snapshot reads them.
+        self.never_preempt = list(never_preempt) if never_preempt is not None else [False] * len(jobs)
+        if len(self.never_preempt) != len(jobs):
+            raise ValueError("one never_preempt flag per job")
         self.checkpoint_every_s = checkpoint_every_s
         self.warning_s = warning_s
         # Forecast the start of every n-th submission (0: none). Each forecast replays passes ahead,
@@ -422,6 +427,7 @@ class Simulation:
                         queued.priority,
                         preemptible=flags[i],
                         checkpoint_every=self.checkpoint_every_s if flags[i] else math.inf,
+                        never_preempt=self.never_preempt[i],
                         preemptions=outcomes[i].preempted,
                     )
                     running[job.id] = started

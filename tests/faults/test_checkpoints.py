@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +120,99 @@ def test_a_preempted_job_is_warned_checkpoints_requeues_and_finishes(
     lost_s = preempted.cluster_s - warned.cluster_s
     assert 0 <= lost_s <= get_settings().preemption_warning_s, "it lost at most the warning window"
     assert resumed.timeline is not None and resumed.timeline["first_step"] == warned.step
+    # The urgent job ran in between, on the IPUs the spot job gave up.
+    (ran,) = attempts_of(db, urgent)
+    assert preempted.ended_at is not None and ran.started_at is not None and resumed.started_at is not None
+    assert preempted.ended_at <= ran.started_at and ran.ended_at is not None
+    assert ran.ended_at <= resumed.started_at + timedelta(seconds=1), "it resumed once the IPUs were free"
+    # Its owner sees why, and not whose job it made room for (another tenant's).
+    assert (preempted.end_reason or "").startswith("preempted for non-preemptible work of another tenant")
+    assert urgent not in (preempted.end_reason or "")
+    requeued = [h for h in final_spot[spot["id"]]["history"] or [] if "requeued" in h["message"]]
+    assert requeued and "another tenant" in requeued[0]["message"] and urgent not in requeued[0]["message"]
+    # Billed exactly once: attempt 1 up to the checkpoint it kept (what it ran after, in its warning,
+    # is refunded), attempt 2 for the steps after it (its restore is free): what the run would have
+    # cost without the preemption, to a millisecond per record.
+    run = preempted.timeline
+    assert run is not None
+    clean = charged_ipu_ms(preempted.size, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], 0.5)
+    with db.read() as s:
+        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == spot["id"])).scalars())
+    assert abs(billed - clean) <= 3
+    held = sum(charged_ipu_ms(a.size, a.cluster_s, a.rate) for a in (preempted, resumed))
+    assert billed <= held, "never billed for more than it held"
     outcome = check_cloud(db, [spot["id"], urgent])
     assert outcome.states == {"succeeded": 2}
     print(f"\n[faults] preemption: the spot job lost {lost_s:.3f} cluster s of work (warning 30 s)")
+
+
+def test_preemption_by_priority_warns_and_an_opted_out_job_is_never_preempted(
+    env: dict[str, str], db: Any, tmp_path: Path
+) -> None:
+    # Two POD64s under IPUCLOUD_PREEMPTION, held by a standard-plan tenant's two 64-IPU training jobs,
+    # one opted out (`never_preempt`). An internal-plan tenant (a higher plan priority) submits two
+    # 64-IPU jobs: the first takes the other job's POD64 (warned, checkpointed, requeued), the second
+    # waits for the opted-out job to finish.
+    with fault_cloud(
+        env, db, tmp_path, workers=("w1",), concurrency=4, pods=2, extra_env={"IPUCLOUD_PREEMPTION": "true"}
+    ) as cloud:
+        _, low_key = cloud.create_tenant("steady", plan="standard")
+        _, high_key = cloud.create_tenant("ops", plan="internal")
+        with cloud.http(low_key) as c:
+            body = job_body("kept", steps=3_000_000, ipus=64, machine="m2000", never_preempt=True)
+            r = c.post("/api/v1/jobs", json=body)
+            assert r.status_code == 202, r.text
+            kept = r.json()
+            assert kept["never_preempt"] is True and kept["preemptible"] is False
+            plain = c.post("/api/v1/jobs", json=job_body("plain", steps=3_000_000, ipus=64, machine="m2000"))
+            assert plain.status_code == 202, plain.text
+            other = plain.json()
+            # An opt-out is never charged more: the plan's rate, as the job without it.
+            assert kept["machine_options"]["m2000"]["rate"] == other["machine_options"]["m2000"]["rate"] == 1.0
+        wait_running_on(db, "w1", 2)
+        wait_for(
+            "both past their compile",
+            lambda: all(attempts_of(db, j["id"])[0].started_at is not None for j in (kept, other)),
+            timeout=30,
+        )
+        time.sleep(1.0)  # 2,000 cluster seconds: well into their steps
+        with cloud.http(high_key) as c:
+            ids = []
+            for name in ("first", "second"):
+                r = c.post("/api/v1/jobs", json=job_body(name, steps=100_000, ipus=64, machine="m2000"))
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+        first, second = ids
+        cloud.wait_jobs(high_key, [first], timeout=60)
+        final_low = cloud.wait_jobs(low_key, [kept["id"], other["id"]], timeout=180)
+        cloud.wait_jobs(high_key, [second], timeout=60)
+    assert final_low[kept["id"]]["state"] == final_low[other["id"]]["state"] == "succeeded"
+    (only,) = attempts_of(db, kept["id"])
+    assert only.state == "succeeded" and only.preempt_deadline is None, "never warned, never stopped"
+    stopped, resumed = attempts_of(db, other["id"])[:2]
+    assert stopped.state == "preempted" and stopped.preempt_deadline is not None
+    # Warned like preemptible work, although it was stopped for a higher plan priority: it ended
+    # itself at a checkpoint, and its owner is told why but not whose job it was.
+    assert "checkpointed" in (stopped.end_reason or "")
+    assert (stopped.end_reason or "").startswith("preempted for a higher-priority job of another tenant")
+    assert first not in (stopped.end_reason or "") and second not in (stopped.end_reason or "")
+    (saved,) = [c for c in checkpoints_of(db, other["id"]) if c.attempt_id == stopped.id and c.reason == "preemption"]
+    assert resumed.timeline is not None and resumed.timeline["first_step"] == saved.step
+    # The second high-priority job waited (for the first's POD64) instead of preempting the opted-out job.
+    (ran,) = attempts_of(db, first)
+    (waited,) = attempts_of(db, second)
+    assert ran.ended_at is not None and waited.placed_at >= ran.ended_at - timedelta(seconds=1)
+    assert only.ended_at is not None and only.ended_at > waited.placed_at, "it held its POD64 meanwhile"
+    # Each billed once, at the plan's undiscounted rate.
+    for job_id, first_attempt in ((kept["id"], only), (other["id"], stopped)):
+        run = first_attempt.timeline
+        assert run is not None and first_attempt.rate == 1.0
+        clean = charged_ipu_ms(64, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], 1.0)
+        with db.read() as s:
+            billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == job_id)).scalars())
+        assert abs(billed - clean) <= 3, job_id
+    outcome = check_cloud(db, [kept["id"], other["id"], first, second])
+    assert outcome.states == {"succeeded": 4}
 
 
 def test_a_job_stopped_by_its_time_limit_is_resumed_by_its_owner_only(

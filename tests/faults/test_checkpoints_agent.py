@@ -116,7 +116,7 @@ def test_a_warned_attempt_checkpoints_ends_itself_and_loses_at_most_the_warning(
     run_for(agent, clock, 8)  # 800 cluster seconds, running: no periodic checkpoint yet
     assert checkpoints_of(db, job_id) == []
     window = get_settings().preemption_warning_s
-    agent._preempt_notices.append((attempt.id, window))  # as the bus delivers it
+    agent._preempt_notices.append((attempt.id, window, ""))  # as the bus delivers it (no reason)
     warned_at = agent._cluster_t(agent.running[attempt.id], clock.now)
     run_for(agent, clock, 2)
     (saved,) = checkpoints_of(db, job_id)

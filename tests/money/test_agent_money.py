@@ -78,7 +78,8 @@ def test_a_preempted_jobs_own_log_carries_the_warning(db: Any, tenant: str) -> N
     agent = make_agent(db, clock)
     take(agent, [attempt.id])
     run_for(agent, clock, 30)  # compiled and loaded, some steps run
-    agent._preempt_notices.append((attempt.id, 120.0))  # as its stop-notice listener hears it on Redis
+    why = "preempted for non-preemptible work of another tenant"
+    agent._preempt_notices.append((attempt.id, 120.0, why))  # as its stop-notice listener hears it on Redis
     run_for(agent, clock, 5)
     with db.read() as s:
         assert s.get(Attempt, attempt.id).state == AttemptState.PREEMPTED
@@ -86,6 +87,6 @@ def test_a_preempted_jobs_own_log_carries_the_warning(db: Any, tenant: str) -> N
     warned = [e for e in lines if (e.data or {}).get("kind") == "preemption_warning"]
     assert len(warned) == 1, [e.message for e in lines]
     w = warned[0]
-    assert w.message.startswith("WARNING: preempted for non-preemptible work: it checkpoints after step ")
+    assert w.message.startswith(f"WARNING: {why}: it checkpoints after step ")
     assert "queued again and resumes from that checkpoint" in w.message
     assert w.data["level"] == "warning" and w.data["ends_at_s"] >= w.data["t"]

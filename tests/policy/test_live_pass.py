@@ -142,10 +142,27 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
     on = scheduler(db)
     with db.write() as s:
         jobs.request_cancel(session=s, job_id=own, scope=OneTenant(tenant))
-    assert on.schedule_pass() == 0  # this pass stops the lower plan's attempt...
+    assert on.schedule_pass() == 0  # this pass warns the lower plan's attempt...
+    with db.read() as s:
+        warned = s.get(Attempt, attempt.id)
+        assert warned.state == AttemptState.RUNNING and warned.preempt_deadline is not None
+        assert s.get(Job, urgent).wait["reason"] == "preempting"
+    assert on.schedule_pass() == 0  # ...which keeps its IPUs while it checkpoints...
+    with db.read() as s:
+        assert s.get(Attempt, attempt.id).state == AttemptState.RUNNING
+    with db.write() as s:  # ...but its agent never ends it: the warning runs out
+        s.execute(
+            update(Attempt)
+            .where(Attempt.id == attempt.id)
+            .values(preempt_deadline=warned.preempt_deadline - timedelta(hours=1))
+        )
+    assert on.schedule_pass() == 0  # the pass stops it...
     with db.read() as s:
         stopped = s.get(Attempt, attempt.id)
         assert stopped.state == AttemptState.PREEMPTED
+        # Its owner is told why, not whose job it made room for.
+        assert (stopped.end_reason or "").startswith("preempted for a higher-priority job of another tenant")
+        assert urgent not in (stopped.end_reason or "")
         assert s.get(Job, low).state == "queued"  # ...which goes back to the queue...
         assert s.get(Job, urgent).wait["reason"] == "preempting"
         # ...and is not billed: its tick is refunded by the settle.
