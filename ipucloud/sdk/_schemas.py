@@ -131,6 +131,7 @@ class Job(JobHelpers, Model):
     history: list[HistoryEntry] | None = None
     wait: WaitReason | None = None
     preemptible: bool = False
+    never_preempt: bool = False
     checkpoint_every_s: int | None = None
     checkpoints: list[Checkpoint] | None = None
     checkpoint_count: int | None = None
@@ -519,6 +520,7 @@ class Plan(Model):
     max_model_bytes: int | None = None
     preemptible_discount: float = 0.5
     checkpoint_retention_s: int = 604800
+    never_preempt: bool = False
     updated_at: datetime | None = None
 
 

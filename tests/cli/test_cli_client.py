@@ -316,3 +316,8 @@ def test_preemptible_jobs_with_checkpoints_and_resume_after_the_time_limit(
     assert again.exit_code != 0 and "time limit" in (again.stdout + again.stderr)
     too_often = cli("jobs", "submit", *args, "--checkpoint-every", "5", **at)
     assert too_often.exit_code != 0 and "checkpoint_every_s" in (too_often.stdout + too_often.stderr)
+    kept = cli.json("jobs", "submit", *args, "--name", "cli-kept", "--never-preempt", **at)
+    assert kept["never_preempt"] is True and kept["preemptible"] is False
+    assert "never preempted" in cli("jobs", "show", kept["id"], **at).stdout
+    both = cli("jobs", "submit", *args, "--never-preempt", "--preemptible", **at)
+    assert both.exit_code != 0 and "not both" in (both.stdout + both.stderr)

@@ -12,7 +12,8 @@ from sqlalchemy import select, update
 from scheduler import loop as loop_module
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
-from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
+from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
+from scheduler.policy.model import tenant_key
 from scheduler.services import jobs, scheduling, tenants
 from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
@@ -214,3 +215,77 @@ def test_a_jobs_own_priority_orders_its_tenants_jobs_only_and_the_plan_ranks_ten
         s.execute(update(Tenant).where(Tenant.id == heavy).values(plan_name="internal"))
     assert next_started() == first
     assert next_started() == second
+
+
+@pytest.mark.parametrize("opt_out", ["job", "plan"])
+def test_an_opted_out_job_is_never_preempted_even_for_a_higher_plan(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch, opt_out: str
+) -> None:
+    monkeypatch.setenv("IPUCLOUD_PREEMPTION", "true")
+    reset_settings_cache()
+    tenant, _ = new_tenant(db, "steady")  # standard: priority 2
+    with db.write() as s:
+        internal = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name="ops", plan="internal"
+        ).tenant.id  # priority 3
+        if opt_out == "plan":
+            tenants.update_plan(session=s, name="standard", changes={"never_preempt": True})
+    low = submit(db, tenant, spec(128, never_preempt=opt_out == "job"))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == low)).scalar_one()
+    agentkit.take(db, attempt.id)
+    urgent = submit(db, internal, spec(64))
+    for _ in range(2):
+        assert loop.schedule_pass() == 0
+    with db.read() as s:
+        held = s.get(Attempt, attempt.id)
+        assert held.state == AttemptState.RUNNING and held.preempt_deadline is None, "never warned"
+        assert s.get(Job, urgent).wait["reason"] != "preempting"
+        # Charged as without the opt-out: the plan's rate.
+        assert held.rate == 1.0
+
+
+def test_a_preempted_job_requeues_at_the_head_of_its_tenants_work_and_is_told_for_which_own_job(
+    db: Any, seeded: Any
+) -> None:
+    tenant, _ = new_tenant(db, "mixed")
+    spot = submit(db, tenant, spec(128, preemptible=True))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    with db.read() as s:
+        attempt = s.execute(select(Attempt).where(Attempt.job_id == spot)).scalar_one()
+    agentkit.take(db, attempt.id)
+    urgent = submit(db, tenant, spec(64))  # the same tenant's non-preemptible job preempts it
+    assert loop.schedule_pass() == 0
+    with db.read() as s:
+        assert s.get(Attempt, attempt.id).preempt_deadline is not None  # warned...
+    with db.write() as s:  # ...and its agent never ends it: the warning runs out
+        s.execute(
+            update(Attempt)
+            .where(Attempt.id == attempt.id)
+            .values(preempt_deadline=s.get(Attempt, attempt.id).preempt_deadline - timedelta(hours=1))
+        )
+    loop.schedule_pass()
+    with db.read() as s:
+        stopped = s.get(Attempt, attempt.id)
+        assert stopped.state == AttemptState.PREEMPTED
+        # Its own tenant's job is named.
+        assert (stopped.end_reason or "").startswith(f"preempted for your job {urgent}")
+    later = submit(db, tenant, spec(128, priority=100, preemptible=True))
+    with db.read() as s:
+        snap = scheduling.build_snapshot(
+            session=s,
+            allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
+            now=utcnow(),
+            time_scale=1.0,
+            half_life_s=3600.0,
+        ).snapshot
+    mine = sorted((q for q in snap.queue if q.tenant_id == tenant), key=tenant_key)
+    assert [q.id for q in mine][:2] == [spot, later], "ahead of every priority its owner may give"
+
+
+def test_a_job_cannot_be_both_preemptible_and_opted_out() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        spec(4, preemptible=True, never_preempt=True)

@@ -35,6 +35,10 @@ def test_plans_are_listed_paged_and_edited(client: Any, world: World) -> None:
     ).json()
     assert created["quota_ipu_hours"] == 50 and created["expires_at"]
     assert_problem(client.get("/api/v1/admin/plans/gold", headers=admin), 404, "not-found")
+    # A plan can opt every job of its tenants out of preemption (docs/scheduling.md).
+    assert trial["never_preempt"] is False
+    r = client.patch("/api/v1/admin/plans/trial", json={"never_preempt": True}, headers=admin)
+    assert r.status_code == 200 and r.json()["never_preempt"] is True
 
 
 BAD_PLAN_CHANGES: list[dict[str, Any]] = [
@@ -45,6 +49,7 @@ BAD_PLAN_CHANGES: list[dict[str, Any]] = [
     {"name": "renamed"},
     {"max_runtime_s": "soon"},
     {"description": "x" * 501},
+    {"never_preempt": "yes"},
 ]
 
 
@@ -140,3 +145,16 @@ def test_tenants_are_created_paged_and_changed(client: Any, world: World) -> Non
     assert_problem(
         client.patch(f"/api/v1/admin/tenants/{world.a.id}", json={"plan": "gold"}, headers=admin), 422
     )
+
+
+def test_a_job_opts_out_of_preemption_at_no_extra_charge(client: Any, world: World) -> None:
+    owner = auth(world.a.owner_key)
+    plain = client.post("/api/v1/jobs", json={**JOB, "name": "plain"}, headers=owner).json()
+    r = client.post("/api/v1/jobs", json={**JOB, "name": "kept", "never_preempt": True}, headers=owner)
+    assert r.status_code == 202, r.text
+    kept = r.json()
+    assert kept["never_preempt"] is True and plain["never_preempt"] is False
+    assert kept["machine_options"] == plain["machine_options"], "the same rates: never charged more"
+    assert client.get(f"/api/v1/jobs/{kept['id']}", headers=owner).json()["never_preempt"] is True
+    both = {**JOB, "never_preempt": True, "preemptible": True}
+    assert_problem(client.post("/api/v1/jobs", json=both, headers=owner), 422, "invalid-request")
