@@ -287,6 +287,18 @@ def test_preview_and_submit_without_javascript_then_cancel(
     assert cancelled.status_code == 200 and "Job cancelled." in cancelled.text
     assert 'class="state state-cancelled" id="job-state"' in cancelled.text
 
+    # The form's opt-out of preemption: the job keeps it, and its page says so.
+    assert 'name="never_preempt"' in form
+    kept = client.post(
+        "/jobs/new",
+        data={**R50, "name": "kept", "never_preempt": "on", "action": "submit", "csrf": token},
+        follow_redirects=False,
+    )
+    assert kept.status_code == 303, kept.text
+    assert "never (opted out)" in client.get(kept.headers["location"]).text
+    both = {**R50, "never_preempt": "on", "preemptible": "on", "action": "preview", "csrf": token}
+    assert client.post("/jobs/new", data=both).status_code == 422
+
 
 def test_the_job_pages_stream_carries_the_jobs_facts_and_the_apis_does_not(
     client: TestClient, seeded: Seeded, db: Any
