@@ -167,7 +167,9 @@ class JobOut(BaseModel):
     wait: WaitReason | None = None
     preemptible: bool = False
     never_preempt: bool = Field(
-        False, description="It opted out of preemption: never stopped for other work (a plan can opt all its jobs out)."
+        False,
+        description="It opted out of preemption: never stopped for other work (a plan can opt out all "
+        "its jobs).",
     )
     checkpoint_every_s: int | None = Field(
         None, description="Training jobs: cluster seconds between checkpoints (600 unless it asked)."

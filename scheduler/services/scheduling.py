@@ -217,7 +217,9 @@ def build_snapshot(
             session.execute(
                 select(Attempt.job_id)
                 .join(Job, Job.id == Attempt.job_id)
-                .where(Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED)
+                .where(
+                    Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED
+                )
             ).scalars()
         )
         if again:

@@ -168,7 +168,9 @@ def test_preemption_by_priority_warns_and_an_opted_out_job_is_never_preempted(
             assert plain.status_code == 202, plain.text
             other = plain.json()
             # An opt-out is never charged more: the plan's rate, as the job without it.
-            assert kept["machine_options"]["m2000"]["rate"] == other["machine_options"]["m2000"]["rate"] == 1.0
+            assert (
+                kept["machine_options"]["m2000"]["rate"] == other["machine_options"]["m2000"]["rate"] == 1.0
+            )
         wait_running_on(db, "w1", 2)
         wait_for(
             "both past their compile",
@@ -196,7 +198,9 @@ def test_preemption_by_priority_warns_and_an_opted_out_job_is_never_preempted(
     assert "checkpointed" in (stopped.end_reason or "")
     assert (stopped.end_reason or "").startswith("preempted for a higher-priority job of another tenant")
     assert first not in (stopped.end_reason or "") and second not in (stopped.end_reason or "")
-    (saved,) = [c for c in checkpoints_of(db, other["id"]) if c.attempt_id == stopped.id and c.reason == "preemption"]
+    (saved,) = [
+        c for c in checkpoints_of(db, other["id"]) if c.attempt_id == stopped.id and c.reason == "preemption"
+    ]
     assert resumed.timeline is not None and resumed.timeline["first_step"] == saved.step
     # The second high-priority job waited (for the first's POD64) instead of preempting the opted-out job.
     (ran,) = attempts_of(db, first)
