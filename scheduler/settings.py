@@ -102,7 +102,8 @@ class Settings(BaseSettings):
     preemption: bool = Field(
         False,
         description="Let work of a higher plan priority preempt lower (off by default). Work submitted "
-        "`preemptible` may be preempted by non-preemptible work whatever this says.",
+        "`preemptible` may be preempted by non-preemptible work whatever this says; work opted out "
+        "(`never_preempt`, a job's or its plan's) never is.",
     )
     preemption_warning_s: float = Field(
         30.0,
