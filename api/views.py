@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from api.schemas import (
     ArrayOut,
+    CheckpointOut,
     DependencyOut,
     DependsOnOut,
+    FoldedOut,
     HistoryEntry,
     JobOut,
     PartitionOut,
     Progress,
     TenantOut,
+    WaitReason,
 )
 from scheduler.billing import ipu_hours as hours
 from scheduler.billing import remaining_ipu_ms
@@ -20,6 +27,7 @@ from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S, compress_indices
 from scheduler.models import Attempt, Job, JobEvent, Partition, Tenant, utcnow
 from scheduler.services import attempts
 from scheduler.services.arrays import ArraySummary, array_state
+from scheduler.services.job_views import JobRead
 
 
 def job_out(
@@ -77,6 +85,27 @@ def job_out(
             for e in history
         ],
     )
+
+
+def job_view(read: JobRead) -> JobOut:
+    """A job as `GET /jobs/{id}` (and each row of `GET /jobs`) shows what `job_views` read of it."""
+    out = job_out(
+        read.job,
+        attempt=read.attempt,
+        partition=read.partition,
+        history=read.history,
+        used_ipu_ms=read.used_ipu_ms,
+    )
+    if read.wait is not None:
+        out.wait = WaitReason(**read.wait)
+    if read.checkpoints is not None:
+        out.checkpoints = [CheckpointOut(**c) for c in read.checkpoints]
+        out.checkpoint_count = read.checkpoint_count
+        out.resumable_until = read.resumable_until
+    if read.folded is not None:
+        f = read.folded
+        out.folded = FoldedOut(label=f"{f.first.array_id}_[{f.indices}]", count=f.count, indices=f.indices)
+    return out
 
 
 def tenant_status(t: Tenant) -> str:
@@ -167,3 +196,23 @@ def array_out(summary: ArraySummary) -> ArrayOut:
         ),
         created_at=a.created_at,
     )
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP: CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    # Job names are the tenant's to choose; an admin opening the export must not run one.
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def usage_csv(rows: Sequence[Mapping[str, Any]], fields: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(v) for k, v in row.items()})
+    return buf.getvalue()

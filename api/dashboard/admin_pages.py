@@ -12,9 +12,8 @@ from pydantic import StringConstraints, TypeAdapter, ValidationError
 from api.dashboard import charts, fleetmap, forms, sessions
 from api.dashboard.web import AdminUser, DashboardRoute, Form, markup, render
 from api.deps import DbDep, RuntimeDep, SettingsDep
-from api.routers.usage import usage_csv
 from api.schemas import Email, KeyName, PlanName, TenantName
-from api.views import hours, partition_out, tenant_out, tenant_status
+from api.views import hours, partition_out, tenant_out, tenant_status, usage_csv
 from scheduler import bus
 from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, InvalidRequest

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from api.dashboard import sessions
 from api.dashboard.web import DashboardRoute, Form, TenantReader, TenantSubmitter, render
 from api.deps import DbDep, SettingsDep
-from api.routers.models import ModelOut
+from api.schemas import ModelOut
 from api.uploads import receive_upload
 from scheduler import figures
 from scheduler.errors import DomainError, InvalidRequest

@@ -14,10 +14,11 @@ from pydantic import ValidationError
 from api.dashboard import forms, sessions
 from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, TenantSubmitter, render
 from api.deps import DbDep, SettingsDep
-from api.routers.jobs import job_views
+from api.views import job_view
 from scheduler import bus
 from scheduler.errors import DomainError, Forbidden, NotFound, Unauthorized
 from scheduler.jobspec import SessionChange, SessionSpec
+from scheduler.services import job_views as job_view_service
 from scheduler.services import sessions as session_service
 from scheduler.services.clock import db_now
 from vipu.machine_types import MACHINE_TYPE_NAMES
@@ -117,7 +118,7 @@ def _page(
     with db.read() as s:
         row = session_service.get_session(session=s, session_id=session_id, scope=scope)
         view = session_service.view(session=s, row=row, time_scale=time_scale, now=db_now(s))
-        jobs = job_views(s, view.jobs, scope)
+        jobs = [job_view(r) for r in job_view_service.job_reads(session=s, jobs=view.jobs, scope=scope)]
         out = session_service.session_json(view)
     context = {"s": out, "jobs": jobs, "scale": time_scale, "error": error, "add_s": add_s}
     return render(request, "session.html", context, status_code=status_code, user=user)

@@ -23,17 +23,16 @@ from api.dashboard.web import (
     render,
 )
 from api.deps import DbDep, RuntimeDep, SettingsDep
-from api.routers.jobs import LastEventId, Standing, key_denial, with_checkpoints
-from api.routers.jobs import _stream as job_event_stream
-from api.routers.usage import usage_csv
-from api.schemas import CURSOR_PATTERN, JobOut, WaitReason
-from api.views import days_left, hours, job_out, tenant_status
+from api.schemas import CURSOR_PATTERN, JobOut
+from api.streams import LastEventId, Standing, job_event_stream, key_denial
+from api.views import days_left, hours, job_out, job_view, tenant_status, usage_csv
 from scheduler import bus, emulation
 from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services import estimates
+from scheduler.services import job_views as job_view_service
 from scheduler.services import jobs as job_service
 from scheduler.services import rates as rate_service
 from scheduler.services import sessions as session_service
@@ -53,22 +52,9 @@ CHART_DAYS = 30
 LOG_TAIL = 300
 
 
-def _job_view(s: Any, job: Job, scope: Scope, *, full: bool = False) -> JobOut:
-    attempt = job_service.current_attempt(session=s, job=job)
-    if not full:
-        out = job_out(job, attempt=attempt)
-    else:
-        out = job_out(
-            job,
-            attempt=attempt,
-            partition=job_service.attempt_partition(session=s, attempt=attempt),
-            history=job_service.job_events(session=s, job_id=job.id, kinds=("state",)),
-            used_ipu_ms=usage_service.job_used_ipu_ms(session=s, job_id=job.id),
-        )
-    wait = job_service.wait_given(session=s, job=job, attempt=attempt, scope=scope)
-    if wait is not None:
-        out.wait = WaitReason(**wait)
-    return out
+def _job_views(s: Any, jobs: list[Job], scope: Scope) -> list[JobOut]:
+    """Rows of the home and jobs pages: each job with why it waits (no history nor IPU-hours)."""
+    return [job_view(r) for r in job_view_service.job_reads(session=s, jobs=jobs, scope=scope, detail=False)]
 
 
 def _live_facts(s: Any, job: Job, attempt: Any) -> dict[str, Any]:
@@ -111,14 +97,12 @@ def tenant_home(request: Request, db: DbDep, user: sessions.DashSession) -> Resp
         scope = OneTenant(t.id)
         plan = tenant_service.get_plan(session=s, name=t.plan_name)
         groups = usage_service.breakdowns(session=s, scope=scope, since=since)
-        running = [
-            _job_view(s, j, scope)
-            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="running")
-        ]
-        queued = [
-            _job_view(s, j, scope)
-            for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="queued")
-        ]
+        running = _job_views(
+            s, job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="running"), scope
+        )
+        queued = _job_views(
+            s, job_service.list_jobs(session=s, scope=scope, after=None, limit=50, state="queued"), scope
+        )
         recent = [
             job_out(j)
             for j in job_service.list_jobs(session=s, scope=scope, after=None, limit=20)
@@ -160,7 +144,7 @@ def jobs_page(
     scope = user.principal.scope
     with db.read() as s:
         rows = job_service.list_jobs(session=s, scope=scope, after=after, limit=limit + 1, state=state)
-        items = [_job_view(s, j, scope) for j in rows[:limit]]
+        items = _job_views(s, rows[:limit], scope)
     more = rows[limit - 1].id if len(rows) > limit else None
     return render(
         request, "jobs.html", {"jobs": items, "state": state, "more": more, "states": _STATES}, user=user
@@ -393,10 +377,8 @@ def estimate_fragment(
 def job_page(request: Request, job_id: JobId, db: DbDep, user: ReaderUser) -> Response:
     scope = user.principal.scope
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
-        view = _job_view(s, job, scope, full=True)
-        with_checkpoints(s, job, view)
-        events = job_service.job_events(session=s, job_id=job.id, after=0, limit=5000)
+        view = job_view(job_view_service.get_job_read(session=s, job_id=job_id, scope=scope))
+        events = job_service.job_events(session=s, job_id=job_id, after=0, limit=5000)
         tail = [
             {"id": e.id, "at": e.at, "kind": e.kind, "message": e.message, "attempt": e.attempt}
             for e in events[-LOG_TAIL:]

@@ -8,7 +8,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 
 from api.deps import DbDep, Reader, Submitter
-from api.routers.jobs import job_views
 from api.schemas import (
     ArrayActionOut,
     ArrayIndices,
@@ -22,10 +21,11 @@ from api.schemas import (
     decode_int_cursor,
     encode_cursor,
 )
-from api.views import array_out
+from api.views import array_out, job_view
 from scheduler import bus
 from scheduler.errors import InvalidRequest
 from scheduler.services import arrays as array_service
+from scheduler.services import job_views as job_view_service
 
 router = APIRouter(prefix="/api/v1", tags=["arrays"])
 
@@ -73,7 +73,7 @@ def array_jobs(
     with db.read() as s:
         array_service.get_array(session=s, array_id=array_id, scope=scope)
         rows = array_service.elements(session=s, array_id=array_id, after=after, limit=limit + 1, state=state)
-        items = job_views(s, rows[:limit], scope)
+        items = [job_view(r) for r in job_view_service.job_reads(session=s, jobs=rows[:limit], scope=scope)]
     last = rows[limit - 1].array_index if len(rows) > limit else None
     return Page[JobOut](items=items, next_cursor=encode_cursor(last))
 

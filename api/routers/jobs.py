@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import orjson
 from anyio import to_thread
@@ -15,41 +13,33 @@ from fastapi.responses import StreamingResponse
 from api.deps import DbDep, Reader, RuntimeDep, Submitter
 from api.schemas import (
     ArrayOut,
-    CheckpointOut,
     CursorParam,
-    FoldedOut,
     IntCursorParam,
     JobOut,
     LogEntry,
     LogsOut,
     Page,
     SubmitOut,
-    WaitReason,
     decode_cursor,
     decode_int_cursor,
     encode_cursor,
 )
+from api.streams import LastEventId, job_event_stream, key_standing
 from api.submissions import batcher
-from api.views import array_out, job_out
+from api.views import array_out, job_out, job_view
 from scheduler import bus
-from scheduler.errors import DomainError, Forbidden
+from scheduler.errors import Forbidden
 from scheduler.jobspec import JobSpec
-from scheduler.models import FINAL_JOB_STATES, Job, utcnow
+from scheduler.models import Job
 from scheduler.runtime import Runtime
 from scheduler.services import arrays as array_service
-from scheduler.services import attempts, keys
-from scheduler.services import checkpoints as checkpoint_service
+from scheduler.services import job_views as job_view_service
 from scheduler.services import jobs as job_service
-from scheduler.services import usage as usage_service
 from scheduler.services.scope import Scope
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=64)]
-# An event id this API sent (ASCII digits: `str.isdigit` would also take `²`, which `int` refuses).
-LastEventId = Annotated[
-    str | None, Header(alias="Last-Event-ID", min_length=1, max_length=18, pattern=r"^[0-9]{1,18}$")
-]
 IdempotencyKey = Annotated[
     str | None,
     Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
@@ -110,20 +100,13 @@ def list_jobs(
         Query(description="List every queued element of an array; by default they are one row each array."),
     ] = False,
 ) -> Page[JobOut]:
-    after = decode_cursor(cursor)
-    scope = principal.scope
     fold = not expand and state in (None, "queued")
     with db.read() as s:
-        rows = job_service.list_jobs(
-            session=s, scope=scope, after=after, limit=limit + 1, state=state, fold=fold
+        reads, last = job_view_service.list_job_reads(
+            session=s, scope=principal.scope, after=decode_cursor(cursor), limit=limit, state=state, fold=fold
         )
-        folded = job_service.folded_elements(session=s, scope=scope) if fold and after is None else []
-        items = job_views(s, [f.first for f in folded] + rows[:limit], scope)
-    for f, item in zip(folded, items, strict=False):
-        item.folded = FoldedOut(label=f"{f.first.array_id}_[{f.indices}]", count=f.count, indices=f.indices)
-    return Page[JobOut](
-        items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
-    )
+        items = [job_view(r) for r in reads]
+    return Page[JobOut](items=items, next_cursor=None if last is None else encode_cursor(last))
 
 
 def submit_array(
@@ -154,48 +137,10 @@ def submit_array(
     raise AssertionError("unreachable")
 
 
-def job_views(s: Any, jobs: list[Job], scope: Scope) -> list[JobOut]:
-    """A page of jobs as `GET /jobs/{id}` shows each (history, IPU-hours, why it waits), in a few
-    queries for the whole page."""
-    current = job_service.current_attempts(session=s, jobs=jobs)
-    ids = [j.id for j in jobs]
-    histories = job_service.state_histories(session=s, job_ids=ids)
-    used = usage_service.jobs_used_ipu_ms(session=s, job_ids=ids)
-    items = []
-    for j in jobs:
-        attempt, partition = current.get(j.id, (None, None))
-        out = job_out(
-            j, attempt=attempt, partition=partition, history=histories[j.id], used_ipu_ms=used[j.id]
-        )
-        wait = job_service.wait_given(session=s, job=j, attempt=attempt, scope=scope)
-        if wait is not None:
-            out.wait = WaitReason(**wait)
-        items.append(out)
-    return items
-
-
-def job_view(s: Any, job: Job, scope: Scope) -> JobOut:
-    """One job with its history, its partition, the IPU-hours billed so far and why it waits."""
-    return job_views(s, [job], scope)[0]
-
-
 @router.get("/jobs/{job_id}", response_model=JobOut, summary="A job, its history, progress and why it waits")
 def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
-    scope = principal.scope
     with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
-        out = job_view(s, job, scope)
-        with_checkpoints(s, job, out)
-        return out
-
-
-def with_checkpoints(s: Any, job: Job, out: JobOut) -> None:
-    """Add the job's newest checkpoints, and until when it may be resumed, to its view."""
-    rows, total = checkpoint_service.list_for_job(session=s, job_id=job.id)
-    out.checkpoints = [CheckpointOut(**checkpoint_service.checkpoint_json(c)) for c in rows]
-    out.checkpoint_count = total
-    if rows:
-        out.resumable_until = checkpoint_service.resumable_until_of(session=s, job=job)
+        return job_view(job_view_service.get_job_read(session=s, job_id=job_id, scope=principal.scope))
 
 
 @router.post(
@@ -208,8 +153,7 @@ def resume_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.write() as s:
         job = job_service.resume_job(session=s, job_id=job_id, scope=scope)
-        out = job_view(s, job, scope)
-        with_checkpoints(s, job, out)
+        out = job_view(job_view_service.job_read(session=s, job=job, scope=scope))
     bus.wake_scheduler("resume")
     return out
 
@@ -219,7 +163,7 @@ def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.write() as s:
         job = job_service.request_cancel(session=s, job_id=job_id, scope=scope)
-        out = job_view(s, job, scope)
+        out = job_view(job_view_service.job_read(session=s, job=job, scope=scope, checkpoints=False))
     bus.publish(bus.job_channel(job_id), "cancel")
     bus.wake_scheduler("cancel")
     return out
@@ -254,7 +198,7 @@ def job_logs(
         if last_event_id is not None:
             after = int(last_event_id)
         return StreamingResponse(
-            _stream(
+            job_event_stream(
                 runtime, job_id, after, scope=principal.scope, standing=key_standing(db, principal.key_id)
             ),
             media_type="text/event-stream",
@@ -268,124 +212,3 @@ def job_logs(
         ]
     nxt = encode_cursor(items[-1].id) if len(events) > limit else None
     return _json(LogsOut(job_id=job_id, state=state, items=items, next_cursor=nxt).model_dump(mode="json"))
-
-
-def _sse(event: str, data: object, event_id: int | None = None) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return (head + f"event: {event}\ndata: ").encode() + orjson.dumps(data, default=str) + b"\n\n"
-
-
-# Reads what a page shows of a job beside its log (partition, attempts, IPU-hours so far).
-JobFacts = Callable[[Any, Job, Any], dict[str, Any]]  # (a read session, the job, its current attempt)
-# Whether whoever opened a stream may still read it: None if so, else the problem that ends it.
-Standing = Callable[[], Awaitable[dict[str, Any] | None]]
-# How often an open stream asks: a revoked key, a signed-out session or a suspended tenant stops
-# receiving within this plus the key cache's 2 s (in the process that revoked, at once).
-STANDING_EVERY_S = 1.0
-
-
-def _denial(exc: DomainError) -> dict[str, Any]:
-    return {"type": exc.type_uri, "title": exc.title, "status": exc.status, "detail": exc.detail}
-
-
-def key_denial(db: DbDep, key_id: str) -> dict[str, Any] | None:
-    """Whether a key still grants anything now (as authentication would judge it), read by its id."""
-    try:
-        principal = keys.cached_principal_by_id(key_id)
-        if principal is None:
-            with db.read() as s:
-                principal = keys.principal_by_id(session=s, key_id=key_id)
-        keys.check_standing(principal)
-    except DomainError as exc:
-        return _denial(exc)
-    return None
-
-
-def key_standing(db: DbDep, key_id: str) -> Standing:
-    async def check() -> dict[str, Any] | None:
-        return await to_thread.run_sync(key_denial, db, key_id)
-
-    return check
-
-
-async def _stream(
-    runtime: Runtime,
-    job_id: str,
-    after: int,
-    *,
-    scope: Scope,
-    standing: Standing,
-    facts: JobFacts | None = None,
-) -> AsyncIterator[bytes]:
-    """Send new events as they are written; wake on the job's bus channel, poll as a fallback.
-
-    Every `STANDING_EVERY_S` the stream asks `standing` whether its reader may still read; when
-    not (key revoked or expired, signed out, tenant suspended) it sends a `denied` event with the
-    problem and ends. With `facts`, a `job` event carries what it reads whenever that changes (the
-    dashboard's job page); the API's own stream sends only the events its clients know.
-    """
-    pubsub = None
-    checked = time.monotonic()
-    try:
-        try:
-            pubsub = runtime.async_redis.pubsub(ignore_subscribe_messages=True)
-            await pubsub.subscribe(bus.job_channel(job_id))
-        except Exception:
-            pubsub = None
-        last_progress: object = None
-        last_facts: object = None
-        idle = 0
-        while True:
-            if time.monotonic() - checked >= STANDING_EVERY_S:
-                checked = time.monotonic()
-                denied = await standing()
-                if denied is not None:
-                    yield _sse("denied", denied)
-                    return
-            snapshot = await to_thread.run_sync(_read_since, runtime.db, job_id, after, scope, facts)
-            events, state, progress, job_facts = snapshot
-            for e in events:
-                after = e.id
-                yield _sse(
-                    e.kind,
-                    LogEntry(
-                        id=e.id, at=e.at, kind=e.kind, message=e.message, attempt=e.attempt, data=e.data
-                    ).model_dump(mode="json"),
-                    e.id,
-                )
-            if progress is not None and progress != last_progress:
-                last_progress = progress
-                yield _sse("progress", progress)
-            if job_facts is not None and job_facts != last_facts:
-                last_facts = job_facts
-                yield _sse("job", job_facts)
-            if state in FINAL_JOB_STATES:
-                yield _sse("end", {"state": state})
-                return
-            idle = 0 if events else idle + 1
-            if idle and idle % 30 == 0:
-                yield b": keep-alive\n\n"
-            if pubsub is not None:
-                try:
-                    await pubsub.get_message(timeout=1.0)
-                except Exception:
-                    pubsub = None
-            else:
-                await asyncio.sleep(0.5)
-    finally:
-        if pubsub is not None:
-            try:
-                await pubsub.aclose()
-            except Exception:
-                pass
-
-
-def _read_since(
-    db: DbDep, job_id: str, after: int, scope: Scope, facts: JobFacts | None
-) -> tuple[list, str, attempts.ProgressView | None, dict[str, Any] | None]:
-    with db.read() as s:
-        job = job_service.get_job(session=s, job_id=job_id, scope=scope)
-        events = job_service.job_events(session=s, job_id=job_id, after=after, limit=500)
-        attempt = job_service.current_attempt(session=s, job=job)
-        progress = attempts.progress_of(attempt, utcnow()) if attempt is not None else None
-        return events, job.state, progress, None if facts is None else facts(s, job, attempt)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 
@@ -13,16 +13,16 @@ from scheduler.errors import Forbidden
 from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.models import IpuSession
 from scheduler.services import sessions as session_service
-from scheduler.services.clock import db_now
 
 router = APIRouter(prefix="/api/v1", tags=["sessions"])
 
 SessionId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-def _out(s: object, row: IpuSession, time_scale: float) -> SessionOut:
-    view = session_service.view(session=s, row=row, time_scale=time_scale, now=db_now(s))  # type: ignore[arg-type]
-    return SessionOut.model_validate(session_service.session_json(view))
+def _out(s: Any, row: IpuSession, time_scale: float) -> SessionOut:
+    return SessionOut.model_validate(
+        session_service.session_answer(session=s, row=row, time_scale=time_scale)
+    )
 
 
 @router.post("/sessions", status_code=202, response_model=SessionOut, summary="Start a session")

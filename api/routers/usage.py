@@ -9,8 +9,6 @@ that has more after it says so in a `Link: <...>; rel="next"` header.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -26,7 +24,7 @@ from api.schemas import (
     decode_cursor,
     encode_cursor,
 )
-from api.views import days_left, hours, tenant_status
+from api.views import days_left, hours, tenant_status, usage_csv
 from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
@@ -86,17 +84,6 @@ CSV_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
-# A spreadsheet runs a cell that starts with one of these as a formula (OWASP: CSV injection).
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _cell(value: Any) -> Any:
-    # Job names are the tenant's to choose; an admin opening the export must not run one.
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
-    return value
-
-
 def wants_csv(request: Request, format: str) -> bool:
     """CSV when `format=csv`, or when no `format` is given and the Accept header names `text/csv`
     before JSON (or without it): `Accept: text/csv` answered JSON before."""
@@ -109,15 +96,6 @@ def wants_csv(request: Request, format: str) -> bool:
         if media in ("application/json", "application/problem+json", "*/*", "application/*"):
             return False
     return False
-
-
-def usage_csv(rows: Sequence[Mapping[str, Any]], fields: list[str]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: _cell(v) for k, v in row.items()})
-    return buf.getvalue()
 
 
 def _csv_response(

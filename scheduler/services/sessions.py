@@ -55,6 +55,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import attempts, fleet, metering, notifications, rates
+from scheduler.services.clock import db_now
 from scheduler.services.job_state import add_event, finalize_job
 from scheduler.services.scope import Scope, restrict, sees
 
@@ -915,6 +916,12 @@ class SessionJson(TypedDict):
     billed_ipu_hours: float
     jobs: list[SessionJobView]
     events: list[SessionEventView]
+
+
+def session_answer(*, session: Session, row: IpuSession, time_scale: float) -> SessionJson:
+    """A session as every reader is answered it (start, list, show, change, end), as of the
+    database's clock."""
+    return session_json(view(session=session, row=row, time_scale=time_scale, now=db_now(session)))
 
 
 def session_json(v: SessionView) -> SessionJson:
