@@ -29,8 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api import problems
-from api.app import BodyLimit, RefuseControlCharacters
 from api.deps import DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal
+from api.middleware import BodyLimit, RefuseControlCharacters
 from api.ratelimit import check_rate_async
 from api.routers import health
 from scheduler import bus

@@ -314,7 +314,9 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
 
     db_url = fresh_database(base_url, "ipucloud_bench_place")
     prepare(db_url, pods=1024)
-    db = Database(db_url)
+    # The scheduler's own bound on an idle transaction (`ipucloud scheduler`): a pass decides in
+    # Python between its statements.
+    db = Database(db_url, idle_tx_timeout_s=60.0)
     with db.read() as s:
         tid = s.execute(text("SELECT id FROM tenants WHERE name = 'bench'")).scalar_one()
     sizes = [1, 1, 1, 1, 2, 4, 8, 16, 1, 2]

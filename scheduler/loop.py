@@ -240,10 +240,20 @@ class SchedulerLoop:
                     _date_waits(self._gated, self._forecast_for(snapshot))
                 scheduling.record_waits(session=s, waits=self._gated, known=self._waits)
                 return 0
-            forecast = self._forecast_for(snapshot)
+            # The forecast only dates jobs left waiting, so it is made after the pass and only when
+            # one is: at scale its replay costs as much as the pass (its first step is this pass again),
+            # and a pass that starts every queued job has nothing to date. It replays from the state
+            # this pass starts from, so when one is due it gets the allocator as it was before `decide`.
+            before = (
+                dataclasses.replace(snapshot, allocator=alloc.clone())
+                if self._forecast_due(snapshot)
+                else snapshot
+            )
             decision = decide(snapshot, self._policy)
-            _date_waits(decision.waits, forecast)
-            _date_waits(self._gated, forecast)
+            if decision.waits or self._gated:
+                forecast = self._forecast_for(before)
+                _date_waits(decision.waits, forecast)
+                _date_waits(self._gated, forecast)
             if decision.preempt:
                 assert decision.reservation is not None
                 stopped = scheduling.preempt(
@@ -420,10 +430,13 @@ class SchedulerLoop:
     def _forecast_for(self, snapshot: Snapshot) -> dict[str, float]:
         """Every queued job's forecast start, made again every `FORECAST_EVERY_S`: the replay
         costs many passes, and a wait estimate seconds old is as good as a fresh one."""
-        if snapshot.now - self._forecast_at >= FORECAST_EVERY_S or snapshot.now < self._forecast_at:
+        if self._forecast_due(snapshot):
             self._forecast = forecast_starts(snapshot, self._policy, budget_s=FORECAST_BUDGET_S)
             self._forecast_at = snapshot.now
         return self._forecast
+
+    def _forecast_due(self, snapshot: Snapshot) -> bool:
+        return snapshot.now - self._forecast_at >= FORECAST_EVERY_S or snapshot.now < self._forecast_at
 
     def _snapshot(self, s: Session, alloc: Allocator) -> Snapshot:
         first = self._waits is None

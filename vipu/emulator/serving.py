@@ -36,9 +36,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from vipu.emulator.catalogue import (
     AUTOENCODER_ITEMS,
@@ -70,6 +68,9 @@ from vipu.emulator.timing import (
 )
 from vipu.machine_types import MachineType
 
+if TYPE_CHECKING:
+    import numpy as np
+
 MAX_SERVE_BATCH = 65_536
 MAX_SERVING_IPUS = 64
 """The largest replica ``choose_serving_ipus`` considers: one POD64, no GW-Link inside a replica."""
@@ -92,21 +93,29 @@ V2_BYTES: dict[str, int] = {
     "INT64": 8,
     "FP64": 8,
 }
-_NUMPY: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "INT8": np.int8,
-    "UINT16": np.uint16,
-    "INT16": np.int16,
-    "FP16": np.float16,
-    "BF16": np.uint16,  # numpy has no bfloat16: the raw 16 bits, as the v2 binary extension carries them
-    "UINT32": np.uint32,
-    "INT32": np.int32,
-    "FP32": np.float32,
-    "UINT64": np.uint64,
-    "INT64": np.int64,
-    "FP64": np.float64,
-}
+
+
+@lru_cache(maxsize=1)
+def _numpy_types() -> dict[str, Any]:
+    # numpy is imported on the first tensor: the processes that never see one (the scheduler,
+    # the agents, an API serving no endpoint) do not hold its ~20 MiB.
+    import numpy as np
+
+    return {
+        "BOOL": np.bool_,
+        "UINT8": np.uint8,
+        "INT8": np.int8,
+        "UINT16": np.uint16,
+        "INT16": np.int16,
+        "FP16": np.float16,
+        "BF16": np.uint16,  # numpy has no bfloat16: the raw 16 bits, as the v2 binary extension carries them
+        "UINT32": np.uint32,
+        "INT32": np.int32,
+        "FP32": np.float32,
+        "UINT64": np.uint64,
+        "INT64": np.int64,
+        "FP64": np.float64,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +568,8 @@ def outputs_for(signature: Signature, batch: int, request_digest: bytes) -> list
     rows: the same digest gives the same bytes, in any process. The emulator computes times, never a
     model's values: these are placeholders of the right form (floats standard normal, integers 0-99,
     booleans either), generated in microseconds per kilobyte."""
+    import numpy as np
+
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     out: list[np.ndarray] = []
@@ -570,13 +581,15 @@ def outputs_for(signature: Signature, batch: int, request_digest: bytes) -> list
 
 
 def _fill(rng: np.random.Generator, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    import numpy as np
+
     if datatype in ("FP16", "FP32", "FP64"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(_NUMPY[datatype], copy=False)
+        return rng.standard_normal(shape, dtype=np.float32).astype(_numpy_types()[datatype], copy=False)
     if datatype == "BF16":
         bits = rng.standard_normal(shape, dtype=np.float32).view(np.uint32)
         return (bits >> 16).astype(np.uint16)
     if datatype == "BOOL":
         return rng.integers(0, 2, shape, dtype=np.uint8).astype(np.bool_)
-    if datatype in _NUMPY:
-        return rng.integers(0, 100, shape, dtype=_NUMPY[datatype])
+    if datatype in _numpy_types():
+        return rng.integers(0, 100, shape, dtype=_numpy_types()[datatype])
     raise ValueError(f"unknown datatype {datatype!r}")
