@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,8 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path / "home" / "ipucloud" / "config.json")
 
 
-def test_create_list_show_and_delete_an_endpoint(cloud: RunningCloud, cli: Cli, db: Any) -> None:
+def test_create_list_show_and_delete_an_endpoint(shared_cloud: RunningCloud, cli: Cli) -> None:
+    cloud = shared_cloud
     _, key = cloud.create_tenant("endpoint-cli")
     assert cli("login", "--url", cloud.url, "--key", key).exit_code == 0
     made = cli.json(
@@ -72,7 +72,8 @@ def test_create_list_show_and_delete_an_endpoint(cloud: RunningCloud, cli: Cli, 
     asyncio.run(face())
 
 
-def test_invoke_from_the_cli_and_the_sdk(cloud: RunningCloud, cli: Cli, tmp_path: Path) -> None:
+def test_invoke_from_the_cli_and_the_sdk(shared_cloud: RunningCloud, cli: Cli, tmp_path: Path) -> None:
+    cloud = shared_cloud
     import numpy as np
 
     _, key = cloud.create_tenant("endpoint-invoke")

@@ -1,4 +1,7 @@
-"""One job from HTTP to a metered finish, on real processes: API, scheduler, Celery worker, Redis."""
+"""One job from HTTP to a metered finish, on real processes: API, scheduler, Celery worker, Redis.
+
+The module's tests share one cloud (`shared_cloud`): each works as tenants of its own and counts
+only their rows."""
 
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ pytestmark = pytest.mark.e2e
 JOB = {"name": "r50", "workload": {"model": "resnet50", "batch_size": 64, "steps": 20}, "ipus": 4}
 
 
-def test_twenty_jobs_from_two_tenants_all_succeed_and_meter_once(cloud: RunningCloud, db: Any) -> None:
+def test_twenty_jobs_from_two_tenants_all_succeed_and_meter_once(shared_cloud: RunningCloud) -> None:
+    cloud, db = shared_cloud, shared_cloud.database
     tenants = [cloud.create_tenant(f"tenant-{i}") for i in range(2)]
+    ours = [tid for tid, _ in tenants]
     submitted: dict[str, list[str]] = {}
     for _tid, key in tenants:
         with cloud.http(key) as c:
@@ -34,17 +39,35 @@ def test_twenty_jobs_from_two_tenants_all_succeed_and_meter_once(cloud: RunningC
             assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
             assert job["partition"] and job["used_ipu_hours"] > 0
     with db.read() as s:
-        assert s.execute(select(func.count()).select_from(IpuAssignment)).scalar_one() == 0
+        held = select(Partition.pk).where(Partition.tenant_id.in_(ours))
         assert (
             s.execute(
-                select(func.count()).select_from(Partition).where(Partition.released_at.is_(None))
+                select(func.count()).select_from(IpuAssignment).where(IpuAssignment.partition_pk.in_(held))
             ).scalar_one()
             == 0
         )
-        attempts = s.execute(select(Attempt.id)).scalars().all()
-        settles = s.execute(select(MeterEvent.attempt_id).where(MeterEvent.kind == "settle")).scalars().all()
+        assert (
+            s.execute(
+                select(func.count())
+                .select_from(Partition)
+                .where(Partition.tenant_id.in_(ours), Partition.released_at.is_(None))
+            ).scalar_one()
+            == 0
+        )
+        attempts = s.execute(select(Attempt.id).where(Attempt.tenant_id.in_(ours))).scalars().all()
+        settles = (
+            s.execute(
+                select(MeterEvent.attempt_id).where(
+                    MeterEvent.kind == "settle", MeterEvent.tenant_id.in_(ours)
+                )
+            )
+            .scalars()
+            .all()
+        )
         assert sorted(settles) == sorted(attempts), "exactly one settled meter record per attempt"
-        assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 20
+        assert (
+            s.execute(select(func.count()).select_from(Job).where(Job.tenant_id.in_(ours))).scalar_one() == 20
+        )
     for _tid, key in tenants:
         with cloud.http(key) as c:
             usage = c.get("/api/v1/usage").json()
@@ -66,7 +89,10 @@ def assert_problem(r: Any, status: int) -> None:
     )
 
 
-def test_bad_requests_get_problems_and_change_nothing(cloud: RunningCloud, db: Any) -> None:
+def test_bad_requests_get_problems_and_change_nothing(shared_cloud: RunningCloud) -> None:
+    cloud = shared_cloud
+    with shared_cloud.database.read() as s:
+        jobs_before = s.execute(select(func.count()).select_from(Job)).scalar_one()
     _, key = cloud.create_tenant("careful")
     with cloud.http(key) as c:
         assert_problem(c.post("/api/v1/jobs", json={**JOB, "workload": {"model": "gpt-17"}}), 422)
@@ -88,11 +114,12 @@ def test_bad_requests_get_problems_and_change_nothing(cloud: RunningCloud, db: A
     with cloud.http(key) as c:
         assert_problem(c.get("/api/v1/admin/tenants"), 403)
         assert_problem(c.get("/api/v1/jobs/job_doesnotexist"), 404)
-    with db.read() as s:
-        assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 0
+    with shared_cloud.database.read() as s:
+        assert s.execute(select(func.count()).select_from(Job)).scalar_one() == jobs_before
 
 
-def test_the_job_list_shows_partition_and_progress(cloud: RunningCloud) -> None:
+def test_the_job_list_shows_partition_and_progress(shared_cloud: RunningCloud) -> None:
+    cloud = shared_cloud
     _, key = cloud.create_tenant("lister")
     with cloud.http(key) as c:
         job_id = c.post("/api/v1/jobs", json=JOB).json()["id"]
