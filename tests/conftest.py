@@ -194,11 +194,12 @@ def cloud(env: dict[str, str], db: object, tmp_path: Path) -> Iterator[cloud_sup
 def shared_cloud(
     database_url: str, redis_url: str, secret_key: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[cloud_support.RunningCloud]:
-    """`cloud`, started once for a module's tests (or a class's, in a class), for tests that each work
-    as tenants of their own and assert only on what those tenants did: starting a cloud's three
-    processes is the suite's most repeated cost. Its `database` is the cloud's database, for reading;
-    a test that needs a fresh database or fleet, or changes the fleet, takes `cloud` instead (and
-    runs outside the class, since the `db` fixture empties the database under a running cloud)."""
+    """`cloud`, started once for the tests of a class that each work as tenants of their own and
+    assert only on what those tenants did: starting a cloud's three processes is the suite's most
+    repeated cost. Its `database` is the cloud's database, for reading. Only in a class: pytest makes
+    a class-scoped fixture per test for a test outside one. A test that needs a fresh database or
+    fleet, or changes the fleet, takes `cloud` outside the class (the `db` fixture empties the
+    database, which must not happen under a running shared cloud)."""
     from scheduler import runtime as runtime_module
     from scheduler.settings import Settings
 
