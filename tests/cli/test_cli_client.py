@@ -42,90 +42,137 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path / "home" / "ipucloud" / "config.json")
 
 
-def test_tenant_logs_in_runs_follows_and_cancels_jobs(cloud: RunningCloud, cli: Cli, tmp_path: Path) -> None:
-    _, key = cloud.create_tenant("cli-tenant", quota_ipu_hours=1000)
+class TestOneCloud:
+    """Tenants and a read-only admin against one running cloud (`shared_cloud`); the tests that
+    change the fleet, partitions and plans below start clouds of their own."""
 
-    login = cli("login", "--url", cloud.url, "--key", key)
-    assert login.exit_code == 0, login.stderr
-    assert "tenant" in login.stdout
-    saved = json.loads(cli.config.read_text())
-    assert saved == {"url": cloud.url, "api_key": key}
-    assert stat.S_IMODE(os.stat(cli.config).st_mode) == 0o600
+    def test_tenant_logs_in_runs_follows_and_cancels_jobs(
+        self, shared_cloud: RunningCloud, cli: Cli, tmp_path: Path
+    ) -> None:
+        cloud = shared_cloud
+        _, key = cloud.create_tenant("cli-tenant", quota_ipu_hours=1000)
 
-    # From here on the saved config is the only source of URL and key.
-    follow = cli("jobs", "submit", *R50, "--name", "cli-r50", "--follow")
-    assert follow.exit_code == 0, (follow.stdout, follow.stderr)
-    assert "succeeded" in follow.stderr
-    assert "running" in follow.stdout  # the state changes, streamed as log lines
+        login = cli("login", "--url", cloud.url, "--key", key)
+        assert login.exit_code == 0, login.stderr
+        assert "tenant" in login.stdout
+        saved = json.loads(cli.config.read_text())
+        assert saved == {"url": cloud.url, "api_key": key}
+        assert stat.S_IMODE(os.stat(cli.config).st_mode) == 0o600
 
-    jobs = cli.json("jobs", "list")
-    assert [j["name"] for j in jobs] == ["cli-r50"]
-    job = jobs[0]
-    assert job["state"] == "succeeded" and job["ipus"] == 4
+        # From here on the saved config is the only source of URL and key.
+        follow = cli("jobs", "submit", *R50, "--name", "cli-r50", "--follow")
+        assert follow.exit_code == 0, (follow.stdout, follow.stderr)
+        assert "succeeded" in follow.stderr
+        assert "running" in follow.stdout  # the state changes, streamed as log lines
 
-    shown = cli("jobs", "show", job["id"])
-    assert shown.exit_code == 0 and job["id"] in shown.stdout and "succeeded" in shown.stdout
+        jobs = cli.json("jobs", "list")
+        assert [j["name"] for j in jobs] == ["cli-r50"]
+        job = jobs[0]
+        assert job["state"] == "succeeded" and job["ipus"] == 4
 
-    entries = cli.json("jobs", "logs", job["id"])
-    states = [e["data"]["state"] for e in entries if e["kind"] == "state" and e.get("data", {}).get("state")]
-    assert states[0] == "queued" and states[-1] == "succeeded"
+        shown = cli("jobs", "show", job["id"])
+        assert shown.exit_code == 0 and job["id"] in shown.stdout and "succeeded" in shown.stdout
 
-    replay = cli("jobs", "logs", job["id"], "--follow", "--json")
-    assert replay.exit_code == 0
-    events = [json.loads(line) for line in replay.stdout.splitlines()]
-    assert events[-1] == {"event": "end", "id": events[-1]["id"], "state": "succeeded"}
+        entries = cli.json("jobs", "logs", job["id"])
+        states = [
+            e["data"]["state"] for e in entries if e["kind"] == "state" and e.get("data", {}).get("state")
+        ]
+        assert states[0] == "queued" and states[-1] == "succeeded"
 
-    usage = cli.json("usage")
-    assert usage["used_ipu_hours"] > 0
-    assert usage["remaining_ipu_hours"] < usage["quota_ipu_hours"]
-    header, *csv_rows = cli("usage", "--csv").stdout.splitlines()
-    assert {"job_id", "ipu_hours"} <= set(header.split(",")) and job["id"] in csv_rows[0]
+        replay = cli("jobs", "logs", job["id"], "--follow", "--json")
+        assert replay.exit_code == 0
+        events = [json.loads(line) for line in replay.stdout.splitlines()]
+        assert events[-1] == {"event": "end", "id": events[-1]["id"], "state": "succeeded"}
 
-    # A YAML spec, overridden by a flag; a job that cannot start soon is cancelled while queued.
-    spec = tmp_path / "job.yaml"
-    spec.write_text("name: from-yaml\nworkload:\n  model: bert-large\n  steps: 5000\nipus: 16\npriority: 1\n")
-    queued = cli.json("jobs", "submit", "-f", str(spec), "--name", "yaml-override")
-    assert queued["name"] == "yaml-override" and queued["workload"]["model"] == "bert-large"
-    assert queued["ipus"] == 16 and queued["priority"] >= 1
-    cancelled = cli.json("jobs", "cancel", queued["id"])
-    assert cancelled["cancel_requested"] is True
-    ended = cli("jobs", "logs", queued["id"], "--follow")
-    assert ended.exit_code == 1, "a followed job that was cancelled exits 1"
-    assert "cancelled" in ended.stderr
+        usage = cli.json("usage")
+        assert usage["used_ipu_hours"] > 0
+        assert usage["remaining_ipu_hours"] < usage["quota_ipu_hours"]
+        header, *csv_rows = cli("usage", "--csv").stdout.splitlines()
+        assert {"job_id", "ipu_hours"} <= set(header.split(",")) and job["id"] in csv_rows[0]
 
-    # Exit codes scripts rely on.
-    assert cli("jobs", "show", "job_doesnotexist").exit_code == 4
-    bad = cli("jobs", "submit", "--model", "gpt-17", "--steps", "3")
-    assert bad.exit_code == 2 and "gpt-17" in bad.stderr
-    assert cli("jobs", "submit", "--model", "resnet50", "--ipus", "three").exit_code == 2
-    assert cli("jobs", "list", "--key", "ipuc_" + "A" * 61).exit_code == 3
-    assert cli("admin", "tenants", "list").exit_code == 3, "a tenant key on an admin route"
-    unreachable = cli("jobs", "list", "--url", "http://127.0.0.1:9")
-    assert unreachable.exit_code == 6 and "127.0.0.1:9" in unreachable.stderr
-    problem = cli("jobs", "show", "job_doesnotexist", "--json")
-    assert problem.exit_code == 4 and json.loads(problem.stderr)["type"] == "/problems/not-found"
+        # A YAML spec, overridden by a flag; a job that cannot start soon is cancelled while queued.
+        spec = tmp_path / "job.yaml"
+        spec.write_text(
+            "name: from-yaml\nworkload:\n  model: bert-large\n  steps: 5000\nipus: 16\npriority: 1\n"
+        )
+        queued = cli.json("jobs", "submit", "-f", str(spec), "--name", "yaml-override")
+        assert queued["name"] == "yaml-override" and queued["workload"]["model"] == "bert-large"
+        assert queued["ipus"] == 16 and queued["priority"] >= 1
+        cancelled = cli.json("jobs", "cancel", queued["id"])
+        assert cancelled["cancel_requested"] is True
+        ended = cli("jobs", "logs", queued["id"], "--follow")
+        assert ended.exit_code == 1, "a followed job that was cancelled exits 1"
+        assert "cancelled" in ended.stderr
 
-    # Dry run, and a job bigger than what is left of a grant (exit 5).
-    _, poor = cloud.create_tenant("cli-poor", quota_ipu_hours=0.001)
-    est = cli.json("jobs", "submit", *R50, "--dry-run", key=poor)
-    assert est["fits"] is True and est["ipu_hours"] > 0 and est["expected_wait_s"] == 0
-    big = cli("jobs", "submit", "--model", "bert-large", "--steps", "100000", "--ipus", "16", key=poor)
-    assert big.exit_code == 5 and "quota-exceeded" in big.stderr, (big.stdout, big.stderr)
+        # Exit codes scripts rely on.
+        assert cli("jobs", "show", "job_doesnotexist").exit_code == 4
+        bad = cli("jobs", "submit", "--model", "gpt-17", "--steps", "3")
+        assert bad.exit_code == 2 and "gpt-17" in bad.stderr
+        assert cli("jobs", "submit", "--model", "resnet50", "--ipus", "three").exit_code == 2
+        assert cli("jobs", "list", "--key", "ipuc_" + "A" * 61).exit_code == 3
+        assert cli("admin", "tenants", "list").exit_code == 3, "a tenant key on an admin route"
+        unreachable = cli("jobs", "list", "--url", "http://127.0.0.1:9")
+        assert unreachable.exit_code == 6 and "127.0.0.1:9" in unreachable.stderr
+        problem = cli("jobs", "show", "job_doesnotexist", "--json")
+        assert problem.exit_code == 4 and json.loads(problem.stderr)["type"] == "/problems/not-found"
 
-    assert cli("logout").exit_code == 0
-    assert not cli.config.exists()
-    assert cli("jobs", "list").exit_code == 3, "no key anywhere is an authentication error"
+        # Dry run, and a job bigger than what is left of a grant (exit 5).
+        _, poor = cloud.create_tenant("cli-poor", quota_ipu_hours=0.001)
+        est = cli.json("jobs", "submit", *R50, "--dry-run", key=poor)
+        assert est["fits"] is True and est["ipu_hours"] > 0 and est["expected_wait_s"] == 0
+        big = cli("jobs", "submit", "--model", "bert-large", "--steps", "100000", "--ipus", "16", key=poor)
+        assert big.exit_code == 5 and "quota-exceeded" in big.stderr, (big.stdout, big.stderr)
 
+        assert cli("logout").exit_code == 0
+        assert not cli.config.exists()
+        assert cli("jobs", "list").exit_code == 3, "no key anywhere is an authentication error"
 
-def test_admin_logs_in_as_the_docs_say_and_a_wrong_key_is_refused(cloud: RunningCloud, cli: Cli) -> None:
-    login = cli("login", "--url", cloud.url, "--key", cloud.admin_key)
-    assert login.exit_code == 0, (login.stdout, login.stderr)
-    assert "as admin" in login.stdout
-    # The saved key alone now runs admin commands.
-    assert "pod0000" in cli("admin", "fleet").stdout
-    wrong = cli("login", "--url", cloud.url, "--key", "ipuc_" + "x" * 60)
-    assert wrong.exit_code == 3, (wrong.stdout, wrong.stderr)
-    assert json.loads(cli.config.read_text())["api_key"] == cloud.admin_key, "a refused key is not saved"
+    def test_admin_logs_in_as_the_docs_say_and_a_wrong_key_is_refused(
+        self, shared_cloud: RunningCloud, cli: Cli
+    ) -> None:
+        cloud = shared_cloud
+        login = cli("login", "--url", cloud.url, "--key", cloud.admin_key)
+        assert login.exit_code == 0, (login.stdout, login.stderr)
+        assert "as admin" in login.stdout
+        # The saved key alone now runs admin commands.
+        assert "pod0000" in cli("admin", "fleet").stdout
+        wrong = cli("login", "--url", cloud.url, "--key", "ipuc_" + "x" * 60)
+        assert wrong.exit_code == 3, (wrong.stdout, wrong.stderr)
+        assert json.loads(cli.config.read_text())["api_key"] == cloud.admin_key, "a refused key is not saved"
+
+    def test_preemptible_jobs_with_checkpoints_and_resume_after_the_time_limit(
+        self, shared_cloud: RunningCloud, cli: Cli
+    ) -> None:
+        cloud = shared_cloud
+        _, key = cloud.create_tenant("cli-ckpt", quota_ipu_hours=1000)
+        at = {"key": key, "url": cloud.url}
+        # About 1,850 cluster seconds of ResNet-50 with a limit of 1,500: stopped at about 80%.
+        args = ["--model", "resnet50", "--batch-size", "64", "--steps", "100000", "--ipus", "4"]
+        job = cli.json(
+            "jobs", "submit", *args, "--name", "cli-ckpt", "--max-runtime", "1500", "--preemptible",
+            "--checkpoint-every", "120", **at,
+        )  # fmt: skip
+        assert job["preemptible"] is True and job["checkpoint_every_s"] == 120
+        assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "failed"
+        shown = cli("jobs", "show", job["id"], **at)
+        assert shown.exit_code == 0, shown.stderr
+        assert (
+            "checkpoints" in shown.stdout
+            and "time_limit" in shown.stdout
+            and "resumable until" in shown.stdout
+        )
+        resumed = cli.json("jobs", "resume", job["id"], **at)
+        assert resumed["state"] == "queued" and resumed["checkpoints"][0]["reason"] == "time_limit"
+        assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "succeeded"
+        again = cli("jobs", "resume", job["id"], **at)
+        assert again.exit_code != 0 and "time limit" in (again.stdout + again.stderr)
+        too_often = cli("jobs", "submit", *args, "--checkpoint-every", "5", **at)
+        assert too_often.exit_code != 0 and "checkpoint_every_s" in (too_often.stdout + too_often.stderr)
+        kept = cli.json("jobs", "submit", *args, "--name", "cli-kept", "--never-preempt", **at)
+        assert kept["never_preempt"] is True and kept["preemptible"] is False
+        assert "never preempted" in cli("jobs", "show", kept["id"], **at).stdout
+        both = cli("jobs", "submit", *args, "--never-preempt", "--preemptible", **at)
+        assert both.exit_code != 0 and "not both" in (both.stdout + both.stderr)
 
 
 def test_admin_and_vipu_commands(cloud: RunningCloud, cli: Cli) -> None:
@@ -289,35 +336,3 @@ def test_admins_change_the_fleet_and_see_servers_beside_pods(cloud: RunningCloud
     assert cli.json("admin", "racks", "retire", "rack0002", **admin)["retired"] == ["pod0004"]
     after = cli("admin", "fleet", **admin).stdout
     assert "srv0002" not in after and "pod0004" not in after and "srv0003" in after
-
-
-def test_preemptible_jobs_with_checkpoints_and_resume_after_the_time_limit(
-    cloud: RunningCloud, cli: Cli
-) -> None:
-    _, key = cloud.create_tenant("cli-ckpt", quota_ipu_hours=1000)
-    at = {"key": key, "url": cloud.url}
-    # About 1,850 cluster seconds of ResNet-50 with a limit of 1,500: stopped at about 80%.
-    args = ["--model", "resnet50", "--batch-size", "64", "--steps", "100000", "--ipus", "4"]
-    job = cli.json(
-        "jobs", "submit", *args, "--name", "cli-ckpt", "--max-runtime", "1500", "--preemptible",
-        "--checkpoint-every", "120", **at,
-    )  # fmt: skip
-    assert job["preemptible"] is True and job["checkpoint_every_s"] == 120
-    assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "failed"
-    shown = cli("jobs", "show", job["id"], **at)
-    assert shown.exit_code == 0, shown.stderr
-    assert (
-        "checkpoints" in shown.stdout and "time_limit" in shown.stdout and "resumable until" in shown.stdout
-    )
-    resumed = cli.json("jobs", "resume", job["id"], **at)
-    assert resumed["state"] == "queued" and resumed["checkpoints"][0]["reason"] == "time_limit"
-    assert cloud.wait_jobs(key, [job["id"]], timeout=60)[job["id"]]["state"] == "succeeded"
-    again = cli("jobs", "resume", job["id"], **at)
-    assert again.exit_code != 0 and "time limit" in (again.stdout + again.stderr)
-    too_often = cli("jobs", "submit", *args, "--checkpoint-every", "5", **at)
-    assert too_often.exit_code != 0 and "checkpoint_every_s" in (too_often.stdout + too_often.stderr)
-    kept = cli.json("jobs", "submit", *args, "--name", "cli-kept", "--never-preempt", **at)
-    assert kept["never_preempt"] is True and kept["preemptible"] is False
-    assert "never preempted" in cli("jobs", "show", kept["id"], **at).stdout
-    both = cli("jobs", "submit", *args, "--never-preempt", "--preemptible", **at)
-    assert both.exit_code != 0 and "not both" in (both.stdout + both.stderr)

@@ -25,85 +25,101 @@ from tests.support.services import seed
 R50: dict[str, Any] = {"model": "resnet50", "batch_size": 64, "steps": 200}
 
 
-@pytest.mark.e2e
-def test_sync_client_submits_follows_pages_and_meters(cloud: RunningCloud) -> None:
-    _, key = cloud.create_tenant("sdk-sync")
-    with ipucloud.Client(cloud.url, key) as c:
-        names = {w.name for w in c.workloads().items}
-        assert {"bert-base", "bert-large", "resnet50", "mcmc"} <= names
-        est = c.estimate(**R50, ipus=4)
-        assert est.fits and est.ipu_hours and est.ipu_hours > 0 and est.expected_wait_s == 0
-        served = c.estimate(model="resnet50", task="infer", ipus=1, machine="m2000", serve_batch_sizes=[1, 8])
-        assert served.serve and [r.batch_size for r in served.serve] == [1, 8]
-        one, eight = served.serve
-        assert one.latency_ms and eight.latency_ms and one.latency_ms < eight.latency_ms
-        assert served.serve_plan and served.serve_plan["max_batch_size"] == 8
+class TestOneCloud:
+    """Both clients against one running cloud (`shared_cloud`), each as a tenant of its own."""
 
-        job = c.submit_job(name="sdk-r50", ipus=4, **R50)
-        assert isinstance(job, ipucloud.Job) and job.state == "queued" and job.ipus == 4
+    @pytest.mark.e2e
+    def test_sync_client_submits_follows_pages_and_meters(self, shared_cloud: RunningCloud) -> None:
+        cloud = shared_cloud
+        _, key = cloud.create_tenant("sdk-sync")
+        with ipucloud.Client(cloud.url, key) as c:
+            names = {w.name for w in c.workloads().items}
+            assert {"bert-base", "bert-large", "resnet50", "mcmc"} <= names
+            est = c.estimate(**R50, ipus=4)
+            assert est.fits and est.ipu_hours and est.ipu_hours > 0 and est.expected_wait_s == 0
+            served = c.estimate(
+                model="resnet50", task="infer", ipus=1, machine="m2000", serve_batch_sizes=[1, 8]
+            )
+            assert served.serve and [r.batch_size for r in served.serve] == [1, 8]
+            one, eight = served.serve
+            assert one.latency_ms and eight.latency_ms and one.latency_ms < eight.latency_ms
+            assert served.serve_plan and served.serve_plan["max_batch_size"] == 8
 
-        events = list(c.stream_logs(job.id, timeout=120))
-        assert events[-1].event == "end" and events[-1].state == "succeeded"
-        entries = [e.entry for e in events if e.event == "state" and e.entry is not None]
-        states = [x.data["state"] for x in entries if x.data and x.data.get("state")]
-        assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
-        percents = [
-            e.progress.percent for e in events if e.progress is not None and e.progress.percent is not None
-        ]
-        assert percents and percents == sorted(percents), "progress only moves forward"
-        ids = [e.id for e in events if e.event in ("state", "log")]
-        assert ids == sorted(set(ids)), "each event once, in order"
+            job = c.submit_job(name="sdk-r50", ipus=4, **R50)
+            assert isinstance(job, ipucloud.Job) and job.state == "queued" and job.ipus == 4
 
-        done = c.get_job(job.id)
-        assert (
-            done.state == "succeeded" and done.partition and done.used_ipu_hours and done.used_ipu_hours > 0
-        )
-        assert done.history and done.history[-1].state == "succeeded"
-        assert [e.id for e in c.iter_logs(job.id, page_size=3)] == [e.id for e in c.job_logs(job.id).items]
-
-        usage = c.usage()
-        assert usage.used_ipu_hours == pytest.approx(done.used_ipu_hours, rel=1e-3)
-        assert usage.remaining_ipu_hours < usage.quota_ipu_hours
-        assert "job_id" in c.usage_csv().splitlines()[0]
-
-        # The spec's own shape as keywords: `workload={...}` (it used to be dropped, a 422).
-        shaped = c.submit_job(name="shaped", workload={"model": "bert-large", "steps": 100000}, ipus=16)
-        assert shaped.workload["model"] == "bert-large" and shaped.workload["steps"] == 100000
-        assert c.cancel_job(shaped.id).cancel_requested
-        more = [c.submit_job(name=f"q{i}", model="bert-large", steps=100000, ipus=16).id for i in range(4)]
-        page = c.list_jobs(limit=2)
-        assert len(page.items) == 2 and page.next_cursor
-        every = [j.id for j in c.iter_jobs(page_size=2)]
-        assert every == [*reversed(more), shaped.id, job.id], "newest first, every job once, across pages"
-        assert [j.id for j in c.iter_jobs(state="succeeded")] == [job.id]
-        for jid in more:
-            assert c.cancel_job(jid).cancel_requested
-
-    errors_carry_the_problem_body(cloud)
-
-
-@pytest.mark.e2e
-def test_async_client_follows_a_job_and_pages(cloud: RunningCloud) -> None:
-    _, key = cloud.create_tenant("sdk-async")
-
-    async def scenario() -> None:
-        async with ipucloud.AsyncClient(cloud.url, key) as c:
-            job = await c.submit_job(name="async-r50", ipus=2, **R50)
-            events = [e async for e in c.stream_logs(job.id, timeout=120)]
-            assert events[-1].state == "succeeded"
-            assert any(e.event == "progress" for e in events)
-            done = await c.wait_job(job.id, timeout=60, poll_s=0.2)
-            assert done.state == "succeeded"
-            queued = [
-                await c.submit_job(name=f"a{i}", model="bert-large", steps=100000, ipus=16) for i in range(3)
+            events = list(c.stream_logs(job.id, timeout=120))
+            assert events[-1].event == "end" and events[-1].state == "succeeded"
+            entries = [e.entry for e in events if e.event == "state" and e.entry is not None]
+            states = [x.data["state"] for x in entries if x.data and x.data.get("state")]
+            assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
+            percents = [
+                e.progress.percent
+                for e in events
+                if e.progress is not None and e.progress.percent is not None
             ]
-            seen = [j.id async for j in c.iter_jobs(page_size=2)]
-            assert seen == [*(j.id for j in reversed(queued)), job.id]
-            with pytest.raises(NotFoundError):
-                await c.cancel_job("job_nope")
-            assert (await c.usage()).used_ipu_hours > 0
+            assert percents and percents == sorted(percents), "progress only moves forward"
+            ids = [e.id for e in events if e.event in ("state", "log")]
+            assert ids == sorted(set(ids)), "each event once, in order"
 
-    asyncio.run(scenario())
+            done = c.get_job(job.id)
+            assert (
+                done.state == "succeeded"
+                and done.partition
+                and done.used_ipu_hours
+                and done.used_ipu_hours > 0
+            )
+            assert done.history and done.history[-1].state == "succeeded"
+            assert [e.id for e in c.iter_logs(job.id, page_size=3)] == [
+                e.id for e in c.job_logs(job.id).items
+            ]
+
+            usage = c.usage()
+            assert usage.used_ipu_hours == pytest.approx(done.used_ipu_hours, rel=1e-3)
+            assert usage.remaining_ipu_hours < usage.quota_ipu_hours
+            assert "job_id" in c.usage_csv().splitlines()[0]
+
+            # The spec's own shape as keywords: `workload={...}` (it used to be dropped, a 422).
+            shaped = c.submit_job(name="shaped", workload={"model": "bert-large", "steps": 100000}, ipus=16)
+            assert shaped.workload["model"] == "bert-large" and shaped.workload["steps"] == 100000
+            assert c.cancel_job(shaped.id).cancel_requested
+            more = [
+                c.submit_job(name=f"q{i}", model="bert-large", steps=100000, ipus=16).id for i in range(4)
+            ]
+            page = c.list_jobs(limit=2)
+            assert len(page.items) == 2 and page.next_cursor
+            every = [j.id for j in c.iter_jobs(page_size=2)]
+            assert every == [*reversed(more), shaped.id, job.id], "newest first, every job once, across pages"
+            assert [j.id for j in c.iter_jobs(state="succeeded")] == [job.id]
+            for jid in more:
+                assert c.cancel_job(jid).cancel_requested
+
+        errors_carry_the_problem_body(cloud)
+
+    @pytest.mark.e2e
+    def test_async_client_follows_a_job_and_pages(self, shared_cloud: RunningCloud) -> None:
+        cloud = shared_cloud
+        _, key = cloud.create_tenant("sdk-async")
+
+        async def scenario() -> None:
+            async with ipucloud.AsyncClient(cloud.url, key) as c:
+                job = await c.submit_job(name="async-r50", ipus=2, **R50)
+                events = [e async for e in c.stream_logs(job.id, timeout=120)]
+                assert events[-1].state == "succeeded"
+                assert any(e.event == "progress" for e in events)
+                done = await c.wait_job(job.id, timeout=60, poll_s=0.2)
+                assert done.state == "succeeded"
+                queued = [
+                    await c.submit_job(name=f"a{i}", model="bert-large", steps=100000, ipus=16)
+                    for i in range(3)
+                ]
+                seen = [j.id async for j in c.iter_jobs(page_size=2)]
+                assert seen == [*(j.id for j in reversed(queued)), job.id]
+                with pytest.raises(NotFoundError):
+                    await c.cancel_job("job_nope")
+                assert (await c.usage()).used_ipu_hours > 0
+
+        asyncio.run(scenario())
 
 
 @pytest.mark.e2e

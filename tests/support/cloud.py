@@ -108,6 +108,7 @@ class RunningCloud:
     admin_key: str
     port: int
     procs: dict[str, Proc] = field(default_factory=dict)
+    database: Any = None  # the cloud's database, when a fixture shares the cloud (`shared_cloud`)
 
     @property
     def url(self) -> str:
