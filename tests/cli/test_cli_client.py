@@ -90,10 +90,11 @@ class TestOneCloud:
         header, *csv_rows = cli("usage", "--csv").stdout.splitlines()
         assert {"job_id", "ipu_hours"} <= set(header.split(",")) and job["id"] in csv_rows[0]
 
-        # A YAML spec, overridden by a flag; a job that cannot start soon is cancelled while queued.
+        # A YAML spec, overridden by a flag; a long job is cancelled (queued or running: under load
+        # 5,000 steps finished before the cancel arrived, so it is long enough never to end first).
         spec = tmp_path / "job.yaml"
         spec.write_text(
-            "name: from-yaml\nworkload:\n  model: bert-large\n  steps: 5000\nipus: 16\npriority: 1\n"
+            "name: from-yaml\nworkload:\n  model: bert-large\n  steps: 100000\nipus: 16\npriority: 1\n"
         )
         queued = cli.json("jobs", "submit", "-f", str(spec), "--name", "yaml-override")
         assert queued["name"] == "yaml-override" and queued["workload"]["model"] == "bert-large"
