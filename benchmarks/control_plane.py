@@ -5,7 +5,9 @@ one scheduler, workers) and measures, over repeated runs, printing min, median a
 
 - submit throughput: accepted jobs per second from 1 and from 16 concurrent clients (wrk), with p50/p99
   latency; the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
-- the floor: the same load against a bare endpoint doing one durable INSERT (benchmarks/floor_app.py);
+- the floors: the same load against a bare endpoint doing one durable INSERT per request, and against one
+  doing the same INSERTs group-committed (one transaction per batch of what arrived together,
+  benchmarks/floor_app.py);
 - start latency: submission to `running` on a free partition, p50 and p99 over 200 jobs, one at a time;
 - short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed),
   submitted by h2load and again by 16 httpx clients in this process;
@@ -173,6 +175,12 @@ def bench_floor(report: Report, db_url: str, seconds: int, workers: int) -> None
             )
             report.add(f"floor_{clients}_clients_inserts_per_s", "inserts/s", rate)
             report.add(f"floor_{clients}_clients_p99_ms", "ms", p99)
+        # The group-commit floor: the same INSERTs, one transaction per batch of what arrived together.
+        rate, _p50, p99, _ = wrk(
+            f"http://127.0.0.1:{port}/jobs-grouped", ONE_STEP_JOB, "floor", clients=16, seconds=seconds
+        )
+        report.add("floor_group_16_clients_inserts_per_s", "inserts/s", rate)
+        report.add("floor_group_16_clients_p99_ms", "ms", p99)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)
@@ -509,6 +517,14 @@ def main() -> None:
             (
                 "submit throughput / bare-INSERT floor (16 clients)",
                 lambda: f["submit_16_clients_jobs_per_s"].median / f["floor_16_clients_inserts_per_s"].median,
+            )
+        )
+    if "floor_group_16_clients_inserts_per_s" in f and "submit_16_clients_jobs_per_s" in f:
+        ratios.append(
+            (
+                "submit throughput / group-commit floor (16 clients)",
+                lambda: f["submit_16_clients_jobs_per_s"].median
+                / f["floor_group_16_clients_inserts_per_s"].median,
             )
         )
     if ratios:

@@ -29,8 +29,7 @@ from api.schemas import (
     decode_int_cursor,
     encode_cursor,
 )
-from api.submissions import batcher
-from api.views import array_out, job_out
+from api.views import array_out, job_out, render_submitted
 from scheduler import bus
 from scheduler.errors import DomainError, Forbidden
 from scheduler.jobspec import JobSpec
@@ -40,6 +39,7 @@ from scheduler.services import arrays as array_service
 from scheduler.services import attempts, keys
 from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import jobs as job_service
+from scheduler.services import submitter
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import Scope
 
@@ -58,10 +58,6 @@ IdempotencyKey = Annotated[
 
 def _json(body: object, status_code: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
-
-
-def _render(job: Job) -> dict[str, object]:
-    return job_out(job).model_dump(mode="json")
 
 
 @router.post(
@@ -91,7 +87,7 @@ async def submit_job(
             out.model_dump_json().encode(), status_code=202, headers=headers, media_type="application/json"
         )
     request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key, principal.member_id)
-    result, body = await asyncio.wrap_future(batcher(runtime, _render).submit(request))
+    result, body = await asyncio.wrap_future(submitter.start(runtime, render_submitted).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"
