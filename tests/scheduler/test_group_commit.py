@@ -88,14 +88,21 @@ def held(runtime: Runtime) -> Iterator[GroupSubmitter]:
 
 
 def run_as_one_batch(app: Any, held: GroupSubmitter, bodies: list[tuple[dict[str, Any], dict[str, str]]]):
+    """Send the requests in order, each once the one before is queued, then start the writer:
+    one batch, in the order sent."""
+
     async def go() -> list[httpx.Response]:
-        task = asyncio.ensure_future(post_all(app, bodies))
-        deadline = time.monotonic() + 30
-        while held.queue.qsize() < len(bodies):
-            assert time.monotonic() < deadline, "the requests never reached the submitter"
-            await asyncio.sleep(0.01)
-        held.start()
-        return await task
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+            tasks = []
+            deadline = time.monotonic() + 30
+            for n, (body, headers) in enumerate(bodies):
+                tasks.append(asyncio.ensure_future(c.post("/api/v1/jobs", json=body, headers=headers)))
+                while held.queue.qsize() < n + 1:
+                    assert time.monotonic() < deadline, "a request never reached the submitter"
+                    await asyncio.sleep(0.005)
+            held.start()
+            return list(await asyncio.gather(*tasks))
 
     out = asyncio.run(go())
     assert held.batches == 1
