@@ -407,6 +407,12 @@ def main() -> None:
     ap.add_argument("--only", default="submit,floor,latency,throughput,placement")
     ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
     ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
+    ap.add_argument(
+        "--db-name",
+        default="ipucloud_bench",
+        help="the databases made (dropped first) on that server: NAME and NAME_floor; another name lets "
+        "two benchmarks share one server",
+    )
     ap.add_argument("--seconds", type=int, default=10, help="wrk duration per submit measurement")
     ap.add_argument("--latency-jobs", type=int, default=200)
     ap.add_argument("--short-jobs", type=int, default=2000)
@@ -425,7 +431,7 @@ def main() -> None:
         print(f"== run {rep + 1} of {args.reps}", flush=True)
         work = Path(tempfile.mkdtemp(prefix="ipucloud-bench-"))
         if only & {"submit", "latency", "throughput"}:
-            db_url = fresh_database(args.database_url, "ipucloud_bench")
+            db_url = fresh_database(args.database_url, args.db_name)
             admin, key = prepare(db_url, pods=16)
             if "submit" in only:
                 cloud = start_cloud(
@@ -443,7 +449,7 @@ def main() -> None:
                     bench_submit(report, cloud, key, args.seconds)
                 finally:
                     cloud.stop_all()
-                db_url = fresh_database(args.database_url, "ipucloud_bench")
+                db_url = fresh_database(args.database_url, args.db_name)
                 admin, key = prepare(db_url, pods=16)
             if only & {"latency", "throughput"}:
                 cloud = start_cloud(
@@ -467,7 +473,7 @@ def main() -> None:
                     cloud.stop_all()
         if "floor" in only:
             bench_floor(
-                report, fresh_database(args.database_url, "ipucloud_bench_floor"), args.seconds, cores
+                report, fresh_database(args.database_url, f"{args.db_name}_floor"), args.seconds, cores
             )
         if "placement" in only:
             bench_placement(report, args.database_url, args.redis_url, args.place_jobs)
