@@ -529,8 +529,10 @@ def main() -> None:
         ratios.append(
             (
                 "submit throughput / group-commit floor (16 clients)",
-                lambda: f["submit_16_clients_jobs_per_s"].median
-                / f["floor_group_16_clients_inserts_per_s"].median,
+                lambda: (
+                    f["submit_16_clients_jobs_per_s"].median
+                    / f["floor_group_16_clients_inserts_per_s"].median
+                ),
             )
         )
     if ratios:

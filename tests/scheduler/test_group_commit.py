@@ -125,7 +125,9 @@ def test_concurrent_submissions_share_transactions_each_with_its_own_job(
     assert client.post("/api/v1/jobs", json=JOB, headers=headers).status_code == 202
     with Commits(db) as counted:
         responses = asyncio.run(post_all(app, [({**JOB, "name": f"j{i}"}, headers) for i in range(n)]))
-    assert [r.status_code for r in responses] == [202] * n, [r.text for r in responses if r.status_code != 202]
+    assert [r.status_code for r in responses] == [202] * n, [
+        r.text for r in responses if r.status_code != 202
+    ]
     ids = [r.json()["id"] for r in responses]
     assert len(set(ids)) == n
     assert [r.json()["name"] for r in responses] == [f"j{i}" for i in range(n)]
@@ -151,7 +153,10 @@ def test_one_batch_admits_exactly_what_the_grant_allows(
     with db.read() as s:
         t = s.get(Tenant, tid)
         assert t.reserved_ipu_ms == allowed * cost <= t.quota_ipu_ms
-        assert s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tid)).scalar_one() == allowed
+        assert (
+            s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tid)).scalar_one()
+            == allowed
+        )
 
 
 def test_a_bad_spec_and_a_replay_in_one_batch_leave_the_others_alone(
@@ -201,3 +206,31 @@ def test_a_lone_submission_is_not_held_for_company(runtime: Runtime, db: Any, se
         assert time.monotonic() - t0 < 0.4
     finally:
         s.close()
+
+
+def test_a_batch_reads_the_executable_cache_once_per_workload(
+    runtime: Runtime, db: Any, seeded: Seeded
+) -> None:
+    """Twenty identical jobs in a batch: one look-up of their executable, not twenty."""
+    from scheduler.services import jobs
+    from scheduler.services.jobs import SubmitRequest, Submitted
+    from scheduler.services.tenants import create_tenant
+    from scheduler.settings import get_settings
+
+    with db.write() as s:
+        tid = create_tenant(session=s, secret=get_settings().secret(), name="same", plan="standard").tenant.id
+    lookups = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM executables" in statement:
+            lookups.append(statement)
+
+    spec = JobSpec.model_validate(JOB)
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        with db.write() as s:
+            out = jobs.submit_jobs(session=s, requests=[SubmitRequest(tid, spec) for _ in range(20)])
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+    assert all(isinstance(o, Submitted) for o in out)
+    assert len(lookups) == 1, lookups
