@@ -36,10 +36,9 @@ from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
 from scheduler.runtime import Runtime
 from scheduler.services import arrays as array_service
-from scheduler.services import attempts, keys
+from scheduler.services import attempts, keys, submitter
 from scheduler.services import checkpoints as checkpoint_service
 from scheduler.services import jobs as job_service
-from scheduler.services import submitter
 from scheduler.services import usage as usage_service
 from scheduler.services.scope import Scope
 
