@@ -34,9 +34,11 @@ from api.routers import (
 )
 from api.routers.notification_settings import router as notification_settings_router
 from api.routers.webhooks import router as webhooks_router
+from api.views import render_submitted
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
+from scheduler.services import submitter
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.api")
@@ -93,15 +95,22 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if runtime is not None:
-            yield
+            submitter.start(runtime, render_submitted)
+            try:
+                yield
+            finally:
+                submitter.stop(runtime)
             return
         built = Runtime.from_settings(settings)
         app.state.runtime = built
         # Service code publishes its after-commit hints on the process's runtime (scheduler/runtime.py).
         runtime_module.install(built)
+        # The process's one submission writer (group commit, scheduler/services/submitter.py).
+        submitter.start(built, render_submitted)
         try:
             yield
         finally:
+            submitter.stop(built)
             runtime_module.install(None)
             built.close()
 

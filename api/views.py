@@ -30,6 +30,11 @@ from scheduler.services.arrays import ArraySummary, array_state
 from scheduler.services.job_views import JobRead
 
 
+def render_submitted(job: Job) -> dict[str, object]:
+    """A new job's answer, stored with it so that an Idempotency-Key replay returns it as it was."""
+    return job_out(job).model_dump(mode="json")
+
+
 def job_out(
     job: Job,
     *,

@@ -5,7 +5,9 @@ one scheduler, workers) and measures, over repeated runs, printing min, median a
 
 - submit throughput: accepted jobs per second from 1 and from 16 concurrent clients (wrk), with p50/p99
   latency; the scheduler is stopped while it runs, as Slurm's figure is measured with held jobs;
-- the floor: the same load against a bare endpoint doing one durable INSERT (benchmarks/floor_app.py);
+- the floors: the same load against a bare endpoint doing one durable INSERT per request, and against one
+  doing the same INSERTs group-committed (one transaction per batch of what arrived together,
+  benchmarks/floor_app.py);
 - start latency: submission to `running` on a free partition, p50 and p99 over 200 jobs, one at a time;
 - short-job throughput: 2,000 one-step jobs end to end (submitted, placed, run, metered, freed),
   submitted by h2load and again by 16 httpx clients in this process;
@@ -173,6 +175,12 @@ def bench_floor(report: Report, db_url: str, seconds: int, workers: int) -> None
             )
             report.add(f"floor_{clients}_clients_inserts_per_s", "inserts/s", rate)
             report.add(f"floor_{clients}_clients_p99_ms", "ms", p99)
+        # The group-commit floor: the same INSERTs, one transaction per batch of what arrived together.
+        rate, _p50, p99, _ = wrk(
+            f"http://127.0.0.1:{port}/jobs-grouped", ONE_STEP_JOB, "floor", clients=16, seconds=seconds
+        )
+        report.add("floor_group_16_clients_inserts_per_s", "inserts/s", rate)
+        report.add("floor_group_16_clients_p99_ms", "ms", p99)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)
@@ -401,6 +409,12 @@ def main() -> None:
     ap.add_argument("--only", default="submit,floor,latency,throughput,placement")
     ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
     ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
+    ap.add_argument(
+        "--db-name",
+        default="ipucloud_bench",
+        help="the databases made (dropped first) on that server: NAME and NAME_floor; another name lets "
+        "two benchmarks share one server",
+    )
     ap.add_argument("--seconds", type=int, default=10, help="wrk duration per submit measurement")
     ap.add_argument("--latency-jobs", type=int, default=200)
     ap.add_argument("--short-jobs", type=int, default=2000)
@@ -419,7 +433,7 @@ def main() -> None:
         print(f"== run {rep + 1} of {args.reps}", flush=True)
         work = Path(tempfile.mkdtemp(prefix="ipucloud-bench-"))
         if only & {"submit", "latency", "throughput"}:
-            db_url = fresh_database(args.database_url, "ipucloud_bench")
+            db_url = fresh_database(args.database_url, args.db_name)
             admin, key = prepare(db_url, pods=16)
             if "submit" in only:
                 cloud = start_cloud(
@@ -437,7 +451,7 @@ def main() -> None:
                     bench_submit(report, cloud, key, args.seconds)
                 finally:
                     cloud.stop_all()
-                db_url = fresh_database(args.database_url, "ipucloud_bench")
+                db_url = fresh_database(args.database_url, args.db_name)
                 admin, key = prepare(db_url, pods=16)
             if only & {"latency", "throughput"}:
                 cloud = start_cloud(
@@ -461,7 +475,7 @@ def main() -> None:
                     cloud.stop_all()
         if "floor" in only:
             bench_floor(
-                report, fresh_database(args.database_url, "ipucloud_bench_floor"), args.seconds, cores
+                report, fresh_database(args.database_url, f"{args.db_name}_floor"), args.seconds, cores
             )
         if "placement" in only:
             bench_placement(report, args.database_url, args.redis_url, args.place_jobs)
@@ -511,6 +525,16 @@ def main() -> None:
             (
                 "submit throughput / bare-INSERT floor (16 clients)",
                 lambda: f["submit_16_clients_jobs_per_s"].median / f["floor_16_clients_inserts_per_s"].median,
+            )
+        )
+    if "floor_group_16_clients_inserts_per_s" in f and "submit_16_clients_jobs_per_s" in f:
+        ratios.append(
+            (
+                "submit throughput / group-commit floor (16 clients)",
+                lambda: (
+                    f["submit_16_clients_jobs_per_s"].median
+                    / f["floor_group_16_clients_inserts_per_s"].median
+                ),
             )
         )
     if ratios:

@@ -1,14 +1,23 @@
-"""The floor for submit throughput: a bare endpoint doing one durable INSERT and nothing else.
+"""The floors for submit throughput: bare endpoints doing durable INSERTs and nothing else.
 
 Same stack as the API (FastAPI, uvicorn, SQLAlchemy, psycopg 3, a pooled engine, a synchronous commit),
 no auth, no validation beyond parsing JSON, no admission, no quota. ipucloud's submit throughput is reported
-as a ratio of this.
+as a ratio of these.
+
+- `POST /jobs`: one transaction with one INSERT per request (the one-INSERT floor);
+- `POST /jobs-grouped`: the group-commit floor. One writer thread per process commits whatever requests
+  arrived while it committed the last batch as one multi-row INSERT in one transaction, and answers each
+  after that commit, as the API's submitter does (scheduler/services/submitter.py) without its admission.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import queue
+import threading
 import uuid
+from concurrent.futures import Future
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,4 +52,39 @@ async def submit(request: Request) -> dict[str, Any]:
             conn.execute(insert(floor_jobs).values(id=job_id, spec=spec))
 
     await to_thread.run_sync(write)
+    return {"id": job_id, "state": "queued"}
+
+
+_pending: queue.SimpleQueue[tuple[dict[str, Any], Future[None]]] = queue.SimpleQueue()
+
+
+def _writer() -> None:
+    while True:
+        batch = [_pending.get()]
+        while len(batch) < 256:
+            try:
+                batch.append(_pending.get_nowait())
+            except queue.Empty:
+                break
+        try:
+            with engine.begin() as conn:
+                conn.execute(insert(floor_jobs), [row for row, _ in batch])
+        except Exception as exc:
+            for _, f in batch:
+                f.set_exception(exc)
+            continue
+        for _, f in batch:
+            f.set_result(None)
+
+
+threading.Thread(target=_writer, name="floor-writer", daemon=True).start()
+
+
+@app.post("/jobs-grouped", status_code=202)
+async def submit_grouped(request: Request) -> dict[str, Any]:
+    spec = await request.json()
+    job_id = uuid.uuid4().hex
+    done: Future[None] = Future()
+    _pending.put(({"id": job_id, "spec": spec}, done))
+    await asyncio.wrap_future(done)
     return {"id": job_id, "state": "queued"}

@@ -117,5 +117,7 @@ def start_cloud(
     for i in range(worker_procs):
         cloud.start_worker(f"agent{i + 1}", concurrency=concurrency)
     cloud.start_api()
-    cloud.wait_ready()
+    # Generous: on a two-core machine shared with other work, importing the app in each uvicorn
+    # process has taken over a minute.
+    cloud.wait_ready(timeout=300)
     return cloud

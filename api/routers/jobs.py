@@ -25,16 +25,15 @@ from api.schemas import (
     encode_cursor,
 )
 from api.streams import LastEventId, job_event_stream, key_standing
-from api.submissions import batcher
-from api.views import array_out, job_out, job_view
+from api.views import array_out, job_view, render_submitted
 from scheduler import bus
 from scheduler.errors import Forbidden
 from scheduler.jobspec import JobSpec
-from scheduler.models import Job
 from scheduler.runtime import Runtime
 from scheduler.services import arrays as array_service
 from scheduler.services import job_views as job_view_service
 from scheduler.services import jobs as job_service
+from scheduler.services import submitter
 from scheduler.services.scope import Scope
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
@@ -48,10 +47,6 @@ IdempotencyKey = Annotated[
 
 def _json(body: object, status_code: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
-
-
-def _render(job: Job) -> dict[str, object]:
-    return job_out(job).model_dump(mode="json")
 
 
 @router.post(
@@ -81,7 +76,7 @@ async def submit_job(
             out.model_dump_json().encode(), status_code=202, headers=headers, media_type="application/json"
         )
     request = job_service.SubmitRequest(principal.tenant_id, spec, idempotency_key, principal.member_id)
-    result, body = await asyncio.wrap_future(batcher(runtime, _render).submit(request))
+    result, body = await asyncio.wrap_future(submitter.start(runtime, render_submitted).submit(request))
     headers = {"Location": f"/api/v1/jobs/{result.job.id}"}
     if result.replayed:
         headers["Idempotent-Replayed"] = "true"

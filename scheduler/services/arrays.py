@@ -408,6 +408,7 @@ def submit_array(
     fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
     now = utcnow()
     prepared: dict[int, Job] = {}
+    cached: dict[str, bool] = {}  # the executable cache as read so far, shared by the elements
     for e in elements:
         if id(e.spec) in prepared:
             continue
@@ -415,7 +416,7 @@ def submit_array(
         request = job_service.SubmitRequest(tenant_id, e.spec, None, member_id)
         try:
             prepared[id(e.spec)] = job_service._prepare(
-                session, request, job_service.request_hash(e.spec), plan_row, now, fleet_pods
+                session, request, job_service.request_hash(e.spec), plan_row, now, fleet_pods, cached
             )
         except DomainError as exc:
             if e.params is None:

@@ -175,6 +175,9 @@ def submit_jobs(
     fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S) if plans else {}
     now = utcnow()
     candidates: dict[int, Job] = {}
+    # The tenant's executable cache, read once per key per batch: a batch is mostly the same few
+    # workloads, and a query per job was a quarter of the writer's time (py-spy, 16 clients).
+    cached: dict[str, bool] = {}
     for n, r in enumerate(requests):
         if outcomes[n] is not None:
             continue
@@ -183,7 +186,7 @@ def submit_jobs(
             outcomes[n] = NotFound("No such tenant.")
             continue
         try:
-            job = _prepare(session, r, digests[n], plan, now, fleet_pods)
+            job = _prepare(session, r, digests[n], plan, now, fleet_pods, cached)
         except DomainError as exc:
             outcomes[n] = exc
             continue
@@ -383,8 +386,11 @@ def _prepare(
     plan: Any,
     now: datetime,
     fleet_pods: dict[str, int],
+    cached: dict[str, bool],
 ) -> Job:
-    """Everything about one request that needs no lock: the job it would be, or why it cannot."""
+    """Everything about one request that needs no lock: the job it would be, or why it cannot.
+
+    `cached`: what the batch has read of the executable cache so far (it fills it in)."""
     spec = r.spec
     reserved_partition = None
     in_session = False
@@ -456,7 +462,10 @@ def _prepare(
         # Compiled before for this tenant (a run that finds it in the tenant's cache skips
         # compilation and is billed so): plan and reserve without it.
         cache_key = executables.tenant_key(tenant_id=r.tenant_id, key=resolved.executable_key)
-        resolved = resolved.given_cache(executables.is_cached(session=session, key=cache_key))
+        hit = cached.get(cache_key)
+        if hit is None:
+            hit = cached[cache_key] = executables.is_cached(session=session, key=cache_key)
+        resolved = resolved.given_cache(hit)
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
             if size > plan.max_partition_size:
