@@ -117,5 +117,10 @@ def start_cloud(
     for i in range(worker_procs):
         cloud.start_worker(f"agent{i + 1}", concurrency=concurrency)
     cloud.start_api()
-    cloud.wait_ready()
+    try:
+        # Two shared cores under other runs' load (average 15-20) took over a minute to start it.
+        cloud.wait_ready(timeout=180)
+    except BaseException:
+        cloud.stop_all()  # not left running to hold the agent's name for the next run
+        raise
     return cloud
