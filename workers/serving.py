@@ -346,7 +346,7 @@ class ServingHost:
             return ([raw] if raw is not None else []), False
         pipe = r.pipeline(transaction=False)
         pipe.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
-        pipe.evalsha(scripts.take_more.sha, 2, queue, inflight, ahead)
+        pipe.evalsha(scripts.take_more.sha, 2, queue, inflight, str(ahead))
         first, more = await pipe.execute(raise_on_error=False)
         if isinstance(first, Exception):
             raise first
