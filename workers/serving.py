@@ -304,18 +304,15 @@ class ServingHost:
         device_free = self.clock()
         while not rep.draining:
             try:
-                drained = False
                 if not rep.carry:
-                    raws, drained = await self._pull(rep, scripts, queue, inflight, device_free)
-                    if not raws:
+                    raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
+                    if raw is None:
                         continue
-                    seen = self.clock()
-                    rep.carry.extend((Envelope.decode(x), seen) for x in raws)
+                    rep.carry.append((Envelope.decode(raw), self.clock()))
                 now = self.clock()
                 if device_free > now:
                     await asyncio.sleep(device_free - now)
-                    drained = False  # more may have come while the device ran
-                batch, rows = await self._fill(rep, scripts, queue, inflight, drained=drained)
+                batch, rows = await self._fill(rep, scripts, queue, inflight)
                 if not batch:
                     continue
                 start = self.clock()
@@ -329,45 +326,11 @@ class ServingHost:
         # Draining: what it took but did not start goes back through _forget (still in its list).
         rep.carry.clear()
 
-    async def _pull(
-        self, rep: Replica, scripts: inference.Scripts, queue: str, inflight: str, device_free: float
-    ) -> tuple[list[bytes], bool]:
-        """Wait for the next request; when the device is free, take the rest of its batch in the same
-        round trip. Redis runs a blocked client's next commands the moment its blocking command is
-        served, so the TAKE_MORE pipelined behind the BLMOVE moves what else is queued then; before,
-        ``_fill`` asked for it in a round trip of its own, one more Redis hop and process wakeup
-        between every request and its batch (measured: benchmarks/endpoints.py, overhead).
-        Returns the envelopes and whether the queue was found empty after them."""
-        r = self._redis
-        assert r is not None
-        ahead = rep.max_batch_size - 1 if device_free <= self.clock() else 0
-        if ahead <= 0:
-            raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
-            return ([raw] if raw is not None else []), False
-        pipe = r.pipeline(transaction=False)
-        pipe.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
-        pipe.evalsha(scripts.take_more.sha, 2, queue, inflight, str(ahead))
-        first, more = await pipe.execute(raise_on_error=False)
-        if isinstance(first, Exception):
-            raise first
-        if first is None:
-            return [], False
-        if isinstance(more, Exception):  # NOSCRIPT after a restart of Redis: _fill loads it
-            return [first], False
-        return [first, *more], len(more) < ahead
-
     async def _fill(
-        self,
-        rep: Replica,
-        scripts: inference.Scripts,
-        queue: str,
-        inflight: str,
-        *,
-        drained: bool = False,
+        self, rep: Replica, scripts: inference.Scripts, queue: str, inflight: str
     ) -> tuple[list[tuple[Envelope, float, float]], int]:
         """Take requests until the batch is full or ``max_wait_ms`` after the device was free; drop
-        those nobody waits for any more. Returns [(envelope, seen at, fill began)] and its rows.
-        ``drained``: the queue was found empty just now (``_pull``), so the first take is skipped."""
+        those nobody waits for any more. Returns [(envelope, seen at, fill began)] and its rows."""
         fill_from = self.clock()
         deadline = fill_from + rep.max_wait_ms / 1000.0 / rep.time_scale
         max_rows = rep.max_batch_size
@@ -392,10 +355,7 @@ class ServingHost:
                 rep.carry = carry[i:]
                 break
         while rows < max_rows and not rep.carry:
-            if drained:
-                raws, drained = [], False
-            else:
-                raws = await scripts.take_more(keys=[queue, inflight], args=[max_rows - rows])
+            raws = await scripts.take_more(keys=[queue, inflight], args=[max_rows - rows])
             now = self.clock()
             for j, raw in enumerate(raws):
                 env = Envelope.decode(raw)
