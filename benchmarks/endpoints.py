@@ -10,8 +10,10 @@ and an autoscaling step. Three parts, side by side in one run (`--only` picks so
 - curves: ResNet-50, BERT-Base (seq 128) and the LSTM (seq 128) on one IPU-M2000 IPU, batch 1 to 64,
   from `vipu.emulator.serve_plan` (latency and throughput at saturation); then, for each, an endpoint
   under an open-loop load at fractions of its saturation, and the p99 it reports (queue, batch, host
-  and IPU time, from `Server-Timing`) against the plan's latency at the batch size that carries that
-  load. The cloud's clock is slowed for these (time scale < 1) so that the load a Python generator on
+  and IPU time, from `Server-Timing`) and the client's, against the plan's prediction under that load
+  (`ServePlan.under_load`: the replica's batching replayed on the plan's times, for the fixed rate and
+  for the times actually sent) and its latency alone at the batch that carries the load
+  (`--curve-loads`, `--curve-models` pick points). The cloud's clock is slowed for these (time scale < 1) so that the load a Python generator on
   this machine can offer saturates a replica; every figure is in emulated (chip) milliseconds.
 - autoscale: a step of the offered load from 10 to 500 requests/s (open loop, fixed rate), the p99 of
   each second and when `GET /api/v1/endpoints/{id}` shows the replica count change. It needs the
