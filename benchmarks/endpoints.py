@@ -13,8 +13,9 @@ and an autoscaling step. Three parts, side by side in one run (`--only` picks so
   and IPU time, from `Server-Timing`) and the client's, against the plan's prediction under that load
   (`ServePlan.under_load`: the replica's batching replayed on the plan's times, for the fixed rate and
   for the times actually sent) and its latency alone at the batch that carries the load
-  (`--curve-loads`, `--curve-models` pick points). The cloud's clock is slowed for these (time scale < 1) so that the load a Python generator on
-  this machine can offer saturates a replica; every figure is in emulated (chip) milliseconds.
+  (`--curve-loads`, `--curve-models` pick points). The cloud's clock is slowed for these (time scale
+  < 1) so that the load a Python generator on this machine can offer saturates a replica; every
+  figure is in emulated (chip) milliseconds.
 - autoscale: a step of the offered load from 10 to 500 requests/s (open loop, fixed rate), the p99 of
   each second and when `GET /api/v1/endpoints/{id}` shows the replica count change. It needs the
   control plane (`POST /api/v1/endpoints`); without it the part says so and is skipped.
