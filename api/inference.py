@@ -27,10 +27,10 @@ import re
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from redis.asyncio import Redis as AsyncRedis
@@ -54,6 +54,8 @@ MAX_GROUP = 512
 REPLY_GRACE_S = 30.0
 """How long past the emulated time a request waits for its replica before it is answered 503."""
 MAX_INFER_TIMEOUT_S = 600.0
+REPLY_DRAIN = 4096
+"""Answers the reader takes with each one it waits for (more wait for its next turn)."""
 COUNT_WAIT_S = 1.0
 """How long a 503 waits for its count to be written before it is answered anyway."""
 INFERENCE_HEADER = "inference-header-content-length"
@@ -473,15 +475,17 @@ class Gateway:
         r = self._reader_redis
         while True:
             try:
-                got = await cast(Awaitable[Any], r.blpop([key], timeout=1))
+                # One round trip: Redis runs the RPOP the moment the blocking pop is served (a blocked
+                # client's next commands wait in its buffer), so the answers that arrived with the
+                # first come back with it. A BLPOP, then an LRANGE and DEL, put a second round trip
+                # between every answer and its request at one connection.
+                pipe = r.pipeline(transaction=False)
+                pipe.brpop([key], timeout=1)
+                pipe.rpop(key, REPLY_DRAIN)
+                got, rest = await pipe.execute()
                 if got is None:
                     continue
-                batch = [got[1]]
-                pipe = r.pipeline(transaction=True)
-                pipe.lrange(key, 0, -1)
-                pipe.delete(key)
-                rest, _ = await pipe.execute()
-                batch.extend(reversed(rest))  # pushed on the left: the oldest is at the right
+                batch = [got[1], *(rest or ())]  # pushed on the left: popped from the right, oldest first
                 for raw in batch:
                     a = Answer.decode(raw)
                     f = self.waiting.pop(a.rid, None)

@@ -10,9 +10,12 @@ and an autoscaling step. Three parts, side by side in one run (`--only` picks so
 - curves: ResNet-50, BERT-Base (seq 128) and the LSTM (seq 128) on one IPU-M2000 IPU, batch 1 to 64,
   from `vipu.emulator.serve_plan` (latency and throughput at saturation); then, for each, an endpoint
   under an open-loop load at fractions of its saturation, and the p99 it reports (queue, batch, host
-  and IPU time, from `Server-Timing`) against the plan's latency at the batch size that carries that
-  load. The cloud's clock is slowed for these (time scale < 1) so that the load a Python generator on
-  this machine can offer saturates a replica; every figure is in emulated (chip) milliseconds.
+  and IPU time, from `Server-Timing`) and the client's, against the plan's prediction under that load
+  (`ServePlan.under_load`: the replica's batching replayed on the plan's times, for the fixed rate and
+  for the times actually sent) and its latency alone at the batch that carries the load
+  (`--curve-loads`, `--curve-models` pick points). The cloud's clock is slowed for these (time scale
+  < 1) so that the load a Python generator on this machine can offer saturates a replica; every
+  figure is in emulated (chip) milliseconds.
 - autoscale: a step of the offered load from 10 to 500 requests/s (open loop, fixed rate), the p99 of
   each second and when `GET /api/v1/endpoints/{id}` shows the replica count change. It needs the
   control plane (`POST /api/v1/endpoints`); without it the part says so and is skipped.
@@ -778,7 +781,8 @@ def carrying_batch(plan: ServePlan, rate: float) -> int:
     return plan.max_batch_size
 
 
-def part_curves(setup: Setup, seconds: float) -> None:
+def part_curves(setup: Setup, seconds: float, *, fractions: tuple[float, ...] = CURVE_FRACTIONS,
+                models: tuple[str, ...] = tuple(CURVE_MODELS)) -> None:  # fmt: skip
     plan_table()
     print(
         f"\n## Measured under load: open loop at fixed rate, {seconds:.0f} s per point, batches of at most "
@@ -786,7 +790,8 @@ def part_curves(setup: Setup, seconds: float) -> None:
         flush=True,
     )
     rows = []
-    for label, model in CURVE_MODELS.items():
+    for label in models:
+        model = CURVE_MODELS[label]
         plan = plan_of(model, CURVE_MAX_BATCH)
         saturation = plan.throughput(CURVE_MAX_BATCH)
         request = v2_binary(plan)
@@ -798,12 +803,19 @@ def part_curves(setup: Setup, seconds: float) -> None:
             setup, model, time_scale=scale, max_batch=CURVE_MAX_BATCH, max_wait_ms=0.0, control_plane=False
         ) as ep:
             open_loop(ep.infer_url, request, ep.key, lambda _t: 20.0, 1.0)  # warm the connections and caches
-            for fraction in CURVE_FRACTIONS:
+            for fraction in fractions:
                 offered = fraction * saturation
                 samples = open_loop(ep.infer_url, request, ep.key, lambda _t, r=offered * scale: r, seconds)
                 ok = [s for s in samples if s.status == 200 and s.emulated_ms is not None]
                 b = carrying_batch(plan, offered)
                 emulated = [s.emulated_ms for s in ok if s.emulated_ms is not None]
+                # The plan's prediction under this load (vipu.emulator.serving.batch_under_load): the
+                # replica's batching replayed on the plan's times, for the fixed rate asked of the
+                # generator and for the times it actually sent at (its lag, on a loaded machine, sends
+                # bursts that queue); cluster time is wall time x the time scale.
+                fixed = plan.p99_under_load(offered, max_batch_size=CURVE_MAX_BATCH, seconds=seconds) * 1000
+                sent = sorted((s.due + s.lag_ms / 1000) * scale for s in samples)
+                as_sent = percentile(plan.under_load(sent, max_batch_size=CURVE_MAX_BATCH), 0.99) * 1000
                 row = {
                     "model": label,
                     "fraction": fraction,
@@ -812,7 +824,8 @@ def part_curves(setup: Setup, seconds: float) -> None:
                     "batch": b,
                     "mean_batch": statistics.fmean(s.batch for s in ok if s.batch) if ok else float("nan"),
                     "plan_ms": plan.latency_s(b) * 1000,
-                    "bound_ms": (plan.latency_s(b) + plan.step_s(b)) * 1000,
+                    "fixed_ms": fixed,
+                    "sent_ms": as_sent,
                     "p50": percentile(emulated, 0.50),
                     "p99": percentile(emulated, 0.99),
                     "wall_p99": percentile([s.wall_ms for s in ok], 0.99) * scale,
@@ -822,31 +835,43 @@ def part_curves(setup: Setup, seconds: float) -> None:
                 }
                 rows.append(row)
                 print(
-                    f"  {label} at {fraction:.0%} of {saturation:,.0f} req/s: p99 {row['p99']:.2f} ms, plan "
-                    f"{row['plan_ms']:.2f} ms at batch {b} ({row['bound_ms']:.2f} with a step's wait), mean "
-                    f"batch {row['mean_batch']:.2f}, generator p99 lag {row['lag_p99']:.1f} ms wall, "
+                    f"  {label} at {fraction:.0%} of {saturation:,.0f} req/s: p99 {row['p99']:.2f} ms, "
+                    f"predicted {fixed:.2f} at a fixed rate, {as_sent:.2f} as sent; client p99 "
+                    f"{row['wall_p99']:.2f}; plan latency {row['plan_ms']:.2f} ms at batch {b}; mean batch "
+                    f"{row['mean_batch']:.2f}, generator p99 lag {row['lag_p99']:.1f} ms wall, "
                     f"{row['errors']} not 200",
                     flush=True,
                 )
     print(
-        "\n| model | load | offered req/s | answered req/s | plan: batch, latency ms | plan + one step ms | "
-        "mean batch | p50 ms | p99 ms | p99 / plan | p99 / (plan + step) | client p99 (emulated ms) | "
+        "\n| model | load | offered req/s | answered req/s | plan latency: batch, ms | mean batch | "
+        "predicted p99 ms: fixed rate / as sent | measured p99 ms (Server-Timing) | p99 / predicted "
+        "(fixed / as sent) | client p99 ms | client p99 / predicted (fixed) | p99 / plan latency | "
         "generator lag p99, wall ms |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['model']} | {r['fraction']:.0%} | {r['offered']:,.0f} | {r['answered']:,.0f} | "
-            f"{r['batch']}, {r['plan_ms']:.2f} | {r['bound_ms']:.2f} | {r['mean_batch']:.2f} | "
-            f"{r['p50']:.2f} | "
-            f"{r['p99']:.2f} | {r['p99'] / r['plan_ms']:.2f} | {r['p99'] / r['bound_ms']:.2f} | "
-            f"{r['wall_p99']:.2f} | {r['lag_p99']:.1f} |"
+            f"{r['batch']}, {r['plan_ms']:.2f} | {r['mean_batch']:.2f} | {r['fixed_ms']:.2f} / "
+            f"{r['sent_ms']:.2f} | {r['p99']:.2f} | {r['p99'] / r['fixed_ms']:.2f} / "
+            f"{r['p99'] / r['sent_ms']:.2f} | {r['wall_p99']:.2f} | {r['wall_p99'] / r['fixed_ms']:.2f} | "
+            f"{r['p99'] / r['plan_ms']:.2f} | {r['lag_p99']:.1f} |"
         )
+    below = [r for r in rows if r["fraction"] < 1.0]
+    for what, key, ref in (
+        ("measured p99 (Server-Timing) vs predicted at a fixed rate", "p99", "fixed_ms"),
+        ("measured p99 (Server-Timing) vs predicted for the times sent", "p99", "sent_ms"),
+        ("client p99 vs predicted at a fixed rate", "wall_p99", "fixed_ms"),
+        ("measured p99 vs the plan's latency alone (an idle replica)", "p99", "plan_ms"),
+    ):
+        inside = sum(1 for r in below if abs(r[key] / r[ref] - 1) <= 0.10)
+        print(f"below saturation, {what}: within 10% at {inside} of {len(below)} points")
     print(
-        "\nplan + one step: a request that arrives just after its replica started a batch waits for the "
-        "device (one step) before its own batch's latency; a fixed-rate load above a tenth of saturation "
-        "meets that wait. Client p99: the wall time from when the request was due to its answer, times the "
-        "time scale (the API's and Redis' own time included, slowed clock and all)."
+        "\npredicted p99: the plan's times with the replica's batching policy replayed on the arrivals "
+        "(`ServePlan.under_load`): a request that arrives while the device runs a batch waits for it, so "
+        "under load the p99 lies up to one step above the plan's latency of a batch. Client p99: the wall "
+        "time from when the request was due to its answer, times the time scale (the generator's lag, the "
+        "API's and Redis' own time included, slowed clock and all)."
     )
 
 
@@ -1004,6 +1029,12 @@ def main() -> None:
         help="overhead: the data plane alone (a route published by hand, a serving host process)",
     )
     ap.add_argument("--curve-seconds", type=float, default=10.0, help="load per point (curves)")
+    ap.add_argument(
+        "--curve-loads",
+        default=",".join(str(f) for f in CURVE_FRACTIONS),
+        help="fractions of saturation to load (curves)",
+    )
+    ap.add_argument("--curve-models", default="", help=f"comma-separated, of: {', '.join(CURVE_MODELS)}")
     ap.add_argument("--step", default="10,50", help="seconds at 10 req/s, then at 500 (autoscale)")
     ap.add_argument(
         "--cache-dir",
@@ -1033,7 +1064,14 @@ def main() -> None:
                 control_plane=CONTROL_PLANE and not args.hand_route,
             )
         if "curves" in only:
-            part_curves(setup, args.curve_seconds)
+            part_curves(
+                setup,
+                args.curve_seconds,
+                fractions=tuple(float(x) for x in args.curve_loads.split(",")),
+                models=tuple(
+                    m for m in CURVE_MODELS if not args.curve_models or m in args.curve_models.split(",")
+                ),
+            )
         if "autoscale" in only:
             before, after = (float(x) for x in args.step.split(","))
             part_autoscale(setup, before, after, 10.0, 500.0)

@@ -117,7 +117,11 @@ def start_cloud(
     for i in range(worker_procs):
         cloud.start_worker(f"agent{i + 1}", concurrency=concurrency)
     cloud.start_api()
-    # Generous: on a two-core machine shared with other work, importing the app in each uvicorn
-    # process has taken over a minute.
-    cloud.wait_ready(timeout=300)
+    try:
+        # Generous: on a two-core machine shared with other work, importing the app in each
+        # uvicorn process has taken over a minute.
+        cloud.wait_ready(timeout=300)
+    except BaseException:
+        cloud.stop_all()  # not left running to hold the agent's name for the next run
+        raise
     return cloud

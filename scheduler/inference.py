@@ -43,6 +43,8 @@ import redis
 
 PREFIX = "ipucloud:ep:"
 REPLY_PREFIX = "ipucloud:reply:"
+STOPPED_KEY = "ipucloud:ep-stopped"
+"""Stopped endpoints whose replicas may still hold requests: ``reap_stopped`` empties it."""
 BUCKET_S = 10
 COUNTER_TTL_S = 3 * 3600
 REPLY_TTL_S = 300
@@ -136,10 +138,12 @@ def publish_route(r: redis.Redis, route: Route) -> None:
 
 def remove_route(r: redis.Redis, endpoint_id: str) -> None:
     """Forget a stopped endpoint: its route goes first (nothing more is queued), then whoever still waits
-    in its queue is answered 404 at once. Its replicas answer what they hold as they drain."""
+    in its queue is answered 404 at once. Its replicas answer what they hold as they drain; one lost
+    instead is reaped by ``reap_stopped`` (listed in ``STOPPED_KEY`` first, so that no failure between
+    here and there leaves its requests waiting out their timeout)."""
+    r.sadd(STOPPED_KEY, endpoint_id)
     r.delete(route_key(endpoint_id), ready_key(endpoint_id))
     _sync_scripts(r).fail_inflight(keys=[queue_key(endpoint_id)], args=[REPLY_PREFIX, GONE_ANSWER])
-    # The replicas' sets stay until their in-flight lists are reaped (the serve pass of its last replicas).
 
 
 def get_route(r: redis.Redis, endpoint_id: str) -> Route | None:
@@ -386,6 +390,30 @@ def reap_inflight(
         pipe.execute()
     for attempt_id in set(doomed) & live:  # a replica taken again after a hiccup: not doomed after all
         r.hdel(doomed_key(endpoint_id), str(attempt_id))
+    return failed
+
+
+def reap_stopped(r: redis.Redis, *, grace_s: float = 2.0, now: float | None = None) -> int:
+    """``reap_inflight`` for the endpoints stopped since their replicas last left: none of their
+    replicas runs any more, so each one still listed ``grace_s`` after it was first found (a drain
+    answers what it holds and unlists itself within that) was lost, and what it holds is answered 503
+    at once instead of waiting out the API's timeout. Once none is listed, the endpoint's keys go.
+    Returns how many requests were answered. The control plane calls it every serve pass, whether or
+    not any endpoint is live: ``reap_inflight`` alone ran for live endpoints only."""
+    failed = 0
+    for raw in sorted(cast(set[bytes], r.smembers(STOPPED_KEY))):
+        endpoint_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+        failed += reap_inflight(r, endpoint_id, (), grace_s=grace_s, now=now)
+        if r.scard(replicas_key(endpoint_id)) == 0:
+            pipe = r.pipeline()
+            pipe.delete(
+                replicas_key(endpoint_id),
+                doomed_key(endpoint_id),
+                ready_key(endpoint_id),
+                queue_key(endpoint_id),
+            )
+            pipe.srem(STOPPED_KEY, endpoint_id)
+            pipe.execute()
     return failed
 
 

@@ -381,9 +381,18 @@ class SchedulerLoop:
         fenced transaction, then publish the routes that changed (every live one now and then)."""
         with self.db.read() as s:
             ids = endpoints.live_endpoint_ids(session=s)
+        assert self.redis_client is not None
+        # Stopped endpoints first, whether any is live or not: a replica lost after its endpoint
+        # stopped holds requests that no live endpoint's reap would answer.
+        try:
+            failed = inference.reap_stopped(self.redis_client())
+        except Exception as exc:  # next pass, then
+            log.warning("stopped endpoints: could not fail over lost replicas' requests: %s", exc)
+        else:
+            if failed:
+                log.info("stopped endpoints: %d requests of lost replicas answered 503", failed)
         if not ids:
             return None
-        assert self.redis_client is not None
         client = self.redis_client()
         windows = endpoints.read_windows(client, ids)
         refresh = time.monotonic() - self.last_routes >= endpoints.ROUTE_REFRESH_S

@@ -240,6 +240,53 @@ def test_a_lost_replicas_requests_are_answered_503_once(
     assert scaled.redis.keys(inference.REPLY_PREFIX + "*") == []
 
 
+def test_a_replica_lost_after_its_endpoint_stopped_is_reaped_by_the_serve_pass(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any, db: Any
+) -> None:
+    """The serve pass reaped only live endpoints' replicas: one lost after its endpoint stopped left
+    the requests it held to wait out the API's timeout (30 s and the cold start, then 503) and its
+    keys in Redis for good."""
+    from scheduler.loop import SchedulerLoop
+    from tests.scheduler.test_lifecycle import FakeCelery
+
+    tenant_id, key = tenant
+    spec = emulator.WorkloadSpec(model="bert-large", task="infer", seq_len=384, precision="fp16")
+    plan = emulator.serve_plan(spec, machine="m2000", ipus=4, max_batch_size=4)
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, name="classifier", max_wait_ms=0.0))
+    # A minute a batch: the request is held for as long as the test runs, unless it is reaped.
+    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, time_scale=plan.latency_s(1) / 60.0,
+             ready_at=time.time())  # fmt: skip
+    ids = np.zeros((1, 384), dtype=np.int64).reshape(-1).tolist()
+    inputs = [{"name": n, "datatype": "INT64", "shape": [1, 384], "data": ids}
+              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(_infer(client, key, inputs)))
+    t.start()
+    inflight = inference.inflight_key(ENDPOINT, 11)
+    deadline = time.time() + 5
+    while scaled.redis.llen(inflight) == 0:
+        assert time.time() < deadline, "the request never reached the replica"
+        time.sleep(0.01)
+    host.drop(11)  # its agent is lost: it answers nothing more, and never drains
+    inference.remove_route(scaled.redis, ENDPOINT)  # then its endpoint stops (the DELETE's commit)
+    loop = SchedulerLoop(settings=scaled.settings, db=db, celery=FakeCelery(),  # type: ignore[arg-type]
+                         redis_client=lambda: scaled.redis)  # fmt: skip
+    started = time.time()
+    while t.is_alive() and time.time() - started < 10:
+        loop.serve_endpoints()  # no endpoint is live: the pass still reaps the stopped one's replicas
+        time.sleep(0.2)
+    t.join(1)
+    assert result, "the request held by the lost replica was not answered within 10 s"
+    assert result[0].status_code == 503 and "lost" in result[0].json()["error"]
+    assert time.time() - started < inference.READY_TTL_S + 3  # the grace, a pass, not the API's timeout
+    loop.serve_endpoints()
+    left = [
+        k for k in scaled.redis.keys(f"{inference.PREFIX}{ENDPOINT}:*") if b":c:" not in k and b":a:" not in k
+    ]
+    assert left == [], f"a stopped endpoint's keys outlived its last replica: {left}"
+    assert not scaled.redis.sismember(inference.STOPPED_KEY, ENDPOINT)
+
+
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -357,6 +358,39 @@ class ServePlan:
     def throughput(self, batch: int) -> float:
         return batch / self._times(batch).step_s
 
+    def under_load(
+        self,
+        arrivals_s: Sequence[float],
+        *,
+        max_batch_size: int | None = None,
+        max_wait_ms: float = 0.0,
+    ) -> list[float]:
+        """Each request's latency (cluster seconds) when one replica serves requests of one row
+        arriving at these times (sorted), as ``workers/serving.py`` batches them: queue wait +
+        batch wait + the plan's latency of the batch it ran in. See ``batch_under_load``."""
+        return batch_under_load(
+            self,
+            arrivals_s,
+            max_batch_size=self.max_batch_size if max_batch_size is None else max_batch_size,
+            max_wait_ms=max_wait_ms,
+        )
+
+    def p99_under_load(
+        self,
+        rate: float,
+        *,
+        max_batch_size: int | None = None,
+        max_wait_ms: float = 0.0,
+        seconds: float = 10.0,
+    ) -> float:
+        """The p99 latency (cluster seconds) at ``rate`` requests/s arriving at a fixed rate: the plan's
+        prediction of what an endpoint's Server-Timing shows under that load, queueing included
+        (``latency_s`` is what a request sees on an idle replica)."""
+        n = max(1, int(rate * seconds))
+        lat = self.under_load([i / rate for i in range(n)], max_batch_size=max_batch_size,
+                              max_wait_ms=max_wait_ms)  # fmt: skip
+        return sorted(lat)[min(n - 1, round(0.99 * (n - 1)))]
+
     def to_dict(self) -> dict[str, object]:
         return {
             "model": self.model,
@@ -377,6 +411,47 @@ class ServePlan:
             "input_bytes_per_row": self.signature.input_bytes_per_row,
             "output_bytes_per_row": self.signature.output_bytes_per_row,
         }
+
+
+def batch_under_load(
+    plan: ServePlan, arrivals_s: Sequence[float], *, max_batch_size: int, max_wait_ms: float = 0.0
+) -> list[float]:
+    """The serving replica's batching policy (``workers/serving.py``) replayed on the plan's times.
+
+    The device takes a batch every ``step_s(b)`` at most (pipelined: the next may start while this
+    one's answers are on their way); when it is free, the replica takes every request waiting, up to
+    ``max_batch_size``, and waits up to ``max_wait_ms`` from then for the batch to fill (starting as
+    soon as it is full). A request's latency is its wait for the device (the queue), its wait for
+    the batch to fill, then ``latency_s`` of the batch it ran in: under load, most requests arrive
+    while the device runs an earlier batch, so a p99 lies up to one step above ``latency_s``. This
+    is what the endpoint reports in ``Server-Timing`` (queue + batch + host + ipu); the hop from the
+    API to the replica is the platform's and in neither."""
+    if max_batch_size < 1:
+        raise ValueError("max_batch_size must be at least 1")
+    wait = max(0.0, max_wait_ms) / 1000.0
+    out: list[float] = []
+    n = len(arrivals_s)
+    device_free = -math.inf
+    i = 0
+    while i < n:
+        fill_from = max(arrivals_s[i], device_free)
+        j = i + 1
+        while j < n and j - i < max_batch_size and arrivals_s[j] <= fill_from:
+            j += 1
+        start = fill_from
+        if wait > 0 and j - i < max_batch_size:
+            deadline = fill_from + wait
+            while j < n and j - i < max_batch_size and arrivals_s[j] <= deadline:
+                j += 1
+            start = arrivals_s[j - 1] if j - i == max_batch_size else deadline
+            start = max(start, fill_from)
+        b = j - i
+        t = plan.times(min(b, plan.max_batch_size))
+        for k in range(i, j):
+            out.append(start - arrivals_s[k] + t.latency_s)
+        device_free = start + t.step_s
+        i = j
+    return out
 
 
 def serve_plan(spec: WorkloadSpec, *, machine: str, ipus: int, max_batch_size: int) -> ServePlan:
