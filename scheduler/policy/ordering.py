@@ -111,13 +111,33 @@ class Order:
         rank, charges, prune = self._rank, self._charges, self._prune
         heappush, heappop = heapq.heappush, heapq.heappop
         groups = self._queue.groups()
+        # Classes come strictly one after the other (a class is the first part of every rank), so
+        # each is merged only when the pass reaches it: a pass that stops early never ranks the
+        # (class, tenant) pairs below. The groups' order numbers are over the whole queue, as the
+        # tie-break between two groups of one tenant.
+        by_class: dict[int, list[tuple[int, _GroupKey, _Group]]] = {}
+        for seq, (group_key, group) in enumerate(groups.items()):
+            by_class.setdefault(group_key[0], []).append((seq, group_key, group))
+        for klass in sorted(by_class, reverse=True):
+            yield from self._merge_class(by_class[klass], groups, rank, charges, prune, heappush, heappop)
+
+    @staticmethod
+    def _merge_class(
+        members: list[tuple[int, _GroupKey, _Group]],
+        groups: Mapping[_GroupKey, _Group],
+        rank: Callable[[str, QueuedJob], float],
+        charges: dict[str, int],
+        prune: Callable[[_Group], bool] | None,
+        heappush: Any,
+        heappop: Any,
+    ) -> Iterator[QueuedJob]:
         # Per (class, tenant): its groups' next jobs, in the tenant's order, as
         # (tenant order key, group order, group key, cursor, the job).
         turns: dict[
             tuple[int, str], list[tuple[tuple[Any, ...], int, _GroupKey, Iterator[QueuedJob], QueuedJob]]
         ]
         turns = {}
-        for seq, (group_key, group) in enumerate(groups.items()):
+        for seq, group_key, group in members:
             cursor = iter(group.jobs.values())
             first = next(cursor, None)
             if first is not None:

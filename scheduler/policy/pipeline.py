@@ -57,8 +57,9 @@ class _Pass:
         self.explain = explain
         self.name_for = name_for
         self.decision = Decision()
-        # Preemptible work may be preempted for any job that is not, with or without the switch.
-        self._preemptible_running = any(r.preemptible for r in snapshot.running)
+        # Preemptible work may be preempted for any job that is not, with or without the switch
+        # (asked only when the policy does not preempt anyway: a scan of every running job).
+        self._preemptible_running: bool | None = None
         self.planner: TopologyPlanner | CountPlanner = (
             TopologyPlanner(
                 snapshot.allocator,
@@ -167,8 +168,13 @@ class _Pass:
         stats.head_size = job.size
         stats.head_machine_type = job.machine_type
         stats.head_refused_with_room = self.s.allocator.free_ipus(job.machine_type) >= job.size
-        if self.config.preemption or (not job.preemptible and self._preemptible_running):
+        if self.config.preemption or (not job.preemptible and self._any_preemptible_running()):
             self._preempt_for(job)
+
+    def _any_preemptible_running(self) -> bool:
+        if self._preemptible_running is None:
+            self._preemptible_running = any(r.preemptible for r in self.s.running)
+        return self._preemptible_running
 
     def _backfill(self, job: QueuedJob, order: Order) -> None:
         head = self.head
@@ -279,11 +285,12 @@ class _Pass:
         allowed = None
         if config.preempt_gain is not None:
             cost = PreemptionCost()
+            job_plan = plan_of(job.priority)
 
             def allowed(victim: RunningJob) -> bool:
                 # A lower plan's work yields to a higher plan's as before (an admin's ranking); the
                 # guards are for preemption by service class within one plan priority.
-                if victim.preemptible or plan_of(victim.priority) < plan_of(job.priority):
+                if victim.preemptible or plan_of(victim.priority) < job_plan:
                     return True
                 return worth_preempting(
                     job,

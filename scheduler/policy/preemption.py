@@ -115,13 +115,25 @@ def choose_victims(
     def loss(r: RunningJob) -> float:
         return 0.0 if now is None else r.at_risk(now) * r.size
 
+    # Stopping every victim frees at most their IPUs: when even that is too few, no search (and no
+    # clone of the allocator) is needed. Asked first of the cheap test, then of the policy's guard.
+    free = allocator.free_ipus(job.machine_type)
+    # `may_preempt`, inlined: a pass asks it of every running job.
+    rank, yields = job.priority, not job.preemptible
+    eligible = [
+        r
+        for r in running
+        if not (r.reserved or r.session or r.never_preempt)
+        and ((yields and r.preemptible) or (by_priority and r.priority < rank))
+    ]
+    if free + sum(r.size for r in eligible) < job.size:
+        return None
+    if allowed is not None:
+        eligible = [r for r in eligible if allowed(r)]
+        if free + sum(r.size for r in eligible) < job.size:
+            return None
     candidates = sorted(
-        (
-            r
-            for r in running
-            if may_preempt(job, r, by_priority=by_priority) and (allowed is None or allowed(r))
-        ),
-        key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id),
+        eligible, key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id)
     )
     if not candidates:
         return None

@@ -93,6 +93,8 @@ class SimResult:
     preemption_losses: list[float] = field(default_factory=list)
     preemptible: Sequence[bool] = ()
     wall_s: float = 0.0
+    # Processor seconds of the replay's own process: on a shared machine, the figure that compares.
+    cpu_s: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
 

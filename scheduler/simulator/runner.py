@@ -130,9 +130,10 @@ def replay_policy(
             progress(policy, pending)
             pending = 0
 
-    started = time.perf_counter()
+    started, processor = time.perf_counter(), time.process_time()
     result = sim.run(step)
     result.wall_s = time.perf_counter() - started
+    result.cpu_s = time.process_time() - processor
     if progress is not None and pending:
         progress(policy, pending)
     return result

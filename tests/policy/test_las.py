@@ -167,3 +167,29 @@ def test_a_starved_long_job_is_promoted_in_the_simulator() -> None:
     assert 4 * HOUR < lifted.outcomes[first].start_s < 4.5 * HOUR
     assert lifted.outcomes[first].end_s < 9 * HOUR
     assert lifted.outcomes[first].preempted == never.outcomes[first].preempted == 1
+
+
+def test_no_preemption_search_when_every_victim_together_frees_too_few_ipus(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The search clones the allocator and releases victims one by one (the simulator's hot path):
+    when the waiting job needs more IPUs than are free plus every eligible victim's, it is skipped,
+    and the answer (nothing to preempt) is the same."""
+    from scheduler.policy.preemption import choose_victims
+
+    alloc = Allocator(Fleet.uniform(1))
+    assert alloc.allocate("big", 32) is not None  # tenant B's, of a higher class: no victim
+    assert alloc.allocate("small", 16) is not None  # tenant A's long job: the only victim
+    running = [
+        RunningJob("big", "B", 32, "big", NOW - HOUR, NOW + HOUR, 0),
+        RunningJob("small", "A", 16, "small", NOW - HOUR, NOW + 20 * HOUR, -20),
+    ]
+    wanted = QueuedJob("want", "C", 64, NOW, 600.0, priority=-5)
+
+    def no_clone(self: Allocator) -> Allocator:
+        raise AssertionError("the search cloned the allocator")
+
+    monkeypatch.setattr(Allocator, "clone", no_clone)
+    assert choose_victims(wanted, running, alloc, now=NOW) is None
+    # 16 free + 16 of the victim's is enough for 32 IPUs: then it searches (and finds it).
+    monkeypatch.undo()
+    found = choose_victims(QueuedJob("want", "C", 32, NOW, 600.0, priority=-5), running, alloc, now=NOW)
+    assert found is not None and [v.id for v in found[0]] == ["small"]
