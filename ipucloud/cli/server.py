@@ -181,24 +181,44 @@ def _serve_api_and_vipu(settings: Settings, host: str, port: int) -> int:
     """The API and the V-IPU endpoint in one process and event loop, each on its own port with its
     own middleware, sharing the API's runtime (one database pool, one Redis client). A Python process
     costs about 35 MiB before it serves anything: `ipucloud up` saves one this way. If either server
-    stops (or cannot bind), the other is stopped too and the process exits, so the supervisor
-    restarts both together. Returns the exit status."""
+    stops, the other is stopped too and the process exits, so the supervisor restarts both together.
+    Returns the exit status."""
     import asyncio
+    import contextlib
     import gc
 
     import uvicorn
 
     class _Server(uvicorn.Server):
         # The two servers share this process's signals: `_run` handles them for both.
-        def capture_signals(self):  # type: ignore[no-untyped-def]
-            import contextlib
-
+        def capture_signals(self) -> contextlib.AbstractContextManager[None]:
             return contextlib.nullcontext()
 
     from api.main import app as api_app
 
-    api_server = _Server(uvicorn.Config(api_app, host=host, port=port, **_uvicorn_options(settings)))  # type: ignore[arg-type]
-    servers = [api_server]
+    api_config = uvicorn.Config(api_app, host=host, port=port, **_uvicorn_options(settings))  # type: ignore[arg-type]
+    vipu_host = settings.vipu_api_bind or settings.vipu_api_host
+    # Its app is made once the API's lifespan has built the runtime it shares (below).
+    vipu_config = uvicorn.Config(None, host=vipu_host, port=settings.vipu_api_port, **_uvicorn_options(settings))  # type: ignore[arg-type]
+    # Both ports first, so that a port in use is the last thing logged (the supervisor shows the
+    # log's end), before either app starts.
+    sockets = []
+    for what, config in (("the API", api_config), ("the V-IPU endpoint", vipu_config)):
+        try:
+            sockets.append(config.bind_socket())  # logs why it cannot, then exits
+        except SystemExit:
+            err.print(f"[red]Cannot start:[/] {what} cannot listen on {config.host}:{config.port}")
+            return 1
+    servers = [_Server(api_config), _Server(vipu_config)]
+    api_server, vipu_server = servers
+
+    async def _serve(server: uvicorn.Server, sock: object) -> None:
+        try:
+            await server.serve(sockets=[sock])  # type: ignore[list-item]
+        except SystemExit:
+            # uvicorn exits when a server's startup fails (it has logged why): here that would tear
+            # the loop down under the other server; `_run` stops it instead.
+            pass
 
     async def _run() -> int:
         loop = asyncio.get_running_loop()
@@ -211,38 +231,25 @@ def _serve_api_and_vipu(settings: Settings, host: str, port: int) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _exit, sig)
-        api_task = asyncio.create_task(api_server.serve())
-        # The V-IPU app shares the runtime the API's lifespan builds: wait for it.
-        while not api_server.started and not api_task.done():
+        tasks = [asyncio.create_task(_serve(api_server, sockets[0]))]
+        while not api_server.started and not tasks[0].done():
             await asyncio.sleep(0.05)
-        if api_task.done():
-            await api_task
+        if tasks[0].done():
             return 1
         from api.vipu_server import create_vipu_app
 
-        vipu_app = create_vipu_app(runtime=api_app.state.runtime)
+        vipu_config.app = create_vipu_app(runtime=api_app.state.runtime)
         gc.freeze()  # as api/main.py does for the API's objects: they live as long as the process
-        vipu_host = settings.vipu_api_bind or settings.vipu_api_host
-        vipu_server = _Server(
-            uvicorn.Config(vipu_app, host=vipu_host, port=settings.vipu_api_port, **_uvicorn_options(settings))  # type: ignore[arg-type]
-        )
-        servers.append(vipu_server)
-        tasks = [api_task, asyncio.create_task(vipu_server.serve())]
+        tasks.append(asyncio.create_task(_serve(vipu_server, sockets[1])))
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         stopped_alone = not any(s.should_exit for s in servers)
         for s in servers:
             s.should_exit = True
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        # One server ended by itself (it could not bind, or its startup failed): not a clean stop.
+        await asyncio.gather(*tasks)
+        # One server ended by itself (its startup failed): not a clean stop.
         return 1 if stopped_alone or not vipu_server.started else 0
 
-    try:
-        return asyncio.run(_run())
-    except SystemExit as exc:  # uvicorn exits when a server cannot start
-        return exc.code if isinstance(exc.code, int) else 1
+    return asyncio.run(_run())
 
 
 def vipu_server(
