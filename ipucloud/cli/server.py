@@ -6,8 +6,9 @@ import logging
 import os
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -167,7 +168,7 @@ def api(
     )
 
 
-def _uvicorn_options(settings: Settings) -> dict[str, object]:
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     return dict(
         log_level=settings.log_level.lower(),
         access_log=False,
@@ -186,20 +187,27 @@ def _serve_api_and_vipu(settings: Settings, host: str, port: int) -> int:
     import asyncio
     import contextlib
     import gc
+    import socket
 
     import uvicorn
 
     class _Server(uvicorn.Server):
         # The two servers share this process's signals: `_run` handles them for both.
-        def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-            return contextlib.nullcontext()
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
 
     from api.main import app as api_app
 
-    api_config = uvicorn.Config(api_app, host=host, port=port, **_uvicorn_options(settings))  # type: ignore[arg-type]
+    api_config = uvicorn.Config(api_app, host=host, port=port, **_uvicorn_options(settings))
     vipu_host = settings.vipu_api_bind or settings.vipu_api_host
     # Its app is made once the API's lifespan has built the runtime it shares (below).
-    vipu_config = uvicorn.Config(None, host=vipu_host, port=settings.vipu_api_port, **_uvicorn_options(settings))  # type: ignore[arg-type]
+    vipu_config = uvicorn.Config(
+        "api.vipu_server:create_vipu_app",
+        host=vipu_host,
+        port=settings.vipu_api_port,
+        **_uvicorn_options(settings),
+    )
     # Both ports first, so that a port in use is the last thing logged (the supervisor shows the
     # log's end), before either app starts.
     sockets = []
@@ -212,9 +220,9 @@ def _serve_api_and_vipu(settings: Settings, host: str, port: int) -> int:
     servers = [_Server(api_config), _Server(vipu_config)]
     api_server, vipu_server = servers
 
-    async def _serve(server: uvicorn.Server, sock: object) -> None:
+    async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
         try:
-            await server.serve(sockets=[sock])  # type: ignore[list-item]
+            await server.serve(sockets=[sock])
         except SystemExit:
             # uvicorn exits when a server's startup fails (it has logged why): here that would tear
             # the loop down under the other server; `_run` stops it instead.

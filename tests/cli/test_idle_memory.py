@@ -65,7 +65,9 @@ def test_up_at_idle_stays_within_its_memory_bound() -> None:
     # The supervisor, the API (serving the V-IPU endpoint too), the scheduler and the worker (which
     # delivers webhooks too): each Python process costs about 35 MiB before it does anything.
     assert sum("ipucloud" in n for n in names) == 4, names
-    assert any("api --with-vipu" in n for n in names) and any("worker --with-notifier" in n for n in names), names
+    assert any("api --with-vipu" in n for n in names) and any("worker --with-notifier" in n for n in names), (
+        names
+    )
     pss = sum(r[3] for r in rows) / 2**20
     # 610 MiB before issue 35's changes, 496 with six Python processes, about 323 with four
     # (docs/performance.md): issue 35's bound, with room for other Python versions and libraries.

@@ -233,7 +233,9 @@ def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path, 
         env[taken_setting] = str(taken.getsockname()[1])
         up = subprocess.run([CLI, "up"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert up.returncode == 1, (up.stdout, up.stderr)
-    assert "api exited while starting" in up.stderr and "address already in use" in up.stderr.lower(), up.stderr
+    assert "api exited while starting" in up.stderr and "address already in use" in up.stderr.lower(), (
+        up.stderr
+    )
     assert processes_of(tmp_path) == []
 
 
