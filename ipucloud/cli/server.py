@@ -6,8 +6,9 @@ import logging
 import os
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -128,6 +129,14 @@ def api(
         int | None,
         typer.Option(help="uvicorn worker processes (default IPUCLOUD_API_WORKERS).", min=1, max=64),
     ] = None,
+    with_vipu: Annotated[
+        bool,
+        typer.Option(
+            "--with-vipu",
+            help="Also serve the V-IPU endpoint (as `ipucloud vipu-server` would) from this process, on "
+            "IPUCLOUD_VIPU_API_PORT: `ipucloud up` does, to save a process. One worker only.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API and the dashboard."""
     import uvicorn
@@ -136,6 +145,11 @@ def api(
     _configure_logging(settings)
     _preflight(settings)
     n = workers or settings.api_workers
+    if with_vipu:
+        if workers is not None and workers > 1:
+            err.print("[red]--with-vipu serves from one process: give no --workers (or 1).[/]")
+            raise typer.Exit(2)
+        raise typer.Exit(_serve_api_and_vipu(settings, host or settings.host, port or settings.port))
     if n > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         metrics_dir = Path(tempfile.mkdtemp(prefix="ipucloud-metrics-"))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
@@ -152,6 +166,98 @@ def api(
         forwarded_allow_ips=settings.trusted_proxies or None,
         timeout_graceful_shutdown=10,
     )
+
+
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return dict(
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=settings.trusted_proxies or None,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def _serve_api_and_vipu(settings: Settings, host: str, port: int) -> int:
+    """The API and the V-IPU endpoint in one process and event loop, each on its own port with its
+    own middleware, sharing the API's runtime (one database pool, one Redis client). A Python process
+    costs about 35 MiB before it serves anything: `ipucloud up` saves one this way. If either server
+    stops, the other is stopped too and the process exits, so the supervisor restarts both together.
+    Returns the exit status."""
+    import asyncio
+    import contextlib
+    import gc
+    import socket
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        # The two servers share this process's signals: `_run` handles them for both.
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    from api.main import app as api_app
+
+    api_config = uvicorn.Config(api_app, host=host, port=port, **_uvicorn_options(settings))
+    vipu_host = settings.vipu_api_bind or settings.vipu_api_host
+    # Its app is made once the API's lifespan has built the runtime it shares (below).
+    vipu_config = uvicorn.Config(
+        "api.vipu_server:create_vipu_app",
+        host=vipu_host,
+        port=settings.vipu_api_port,
+        **_uvicorn_options(settings),
+    )
+    # Both ports first, so that a port in use is the last thing logged (the supervisor shows the
+    # log's end), before either app starts.
+    sockets = []
+    for what, config in (("the API", api_config), ("the V-IPU endpoint", vipu_config)):
+        try:
+            sockets.append(config.bind_socket())  # logs why it cannot, then exits
+        except SystemExit:
+            err.print(f"[red]Cannot start:[/] {what} cannot listen on {config.host}:{config.port}")
+            return 1
+    servers = [_Server(api_config), _Server(vipu_config)]
+    api_server, vipu_server = servers
+
+    async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit:
+            # uvicorn exits when a server's startup fails (it has logged why): here that would tear
+            # the loop down under the other server; `_run` stops it instead.
+            pass
+
+    async def _run() -> int:
+        loop = asyncio.get_running_loop()
+
+        def _exit(sig: int) -> None:
+            for s in servers:
+                if s.should_exit and sig == signal.SIGINT:
+                    s.force_exit = True
+                s.should_exit = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _exit, sig)
+        tasks = [asyncio.create_task(_serve(api_server, sockets[0]))]
+        while not api_server.started and not tasks[0].done():
+            await asyncio.sleep(0.05)
+        if tasks[0].done():
+            return 1
+        from api.vipu_server import create_vipu_app
+
+        vipu_config.app = create_vipu_app(runtime=api_app.state.runtime)
+        gc.freeze()  # as api/main.py does for the API's objects: they live as long as the process
+        tasks.append(asyncio.create_task(_serve(vipu_server, sockets[1])))
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stopped_alone = not any(s.should_exit for s in servers)
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks)
+        # One server ended by itself (its startup failed): not a clean stop.
+        return 1 if stopped_alone or not vipu_server.started else 0
+
+    return asyncio.run(_run())
 
 
 def vipu_server(
@@ -225,6 +331,15 @@ def worker(
     hostname: Annotated[
         str | None, typer.Option(help="Agent and Celery node name (default celery@<host>); unique per agent.")
     ] = None,
+    with_notifier: Annotated[
+        bool,
+        typer.Option(
+            "--with-notifier",
+            help="Also deliver webhooks and e-mail (as `ipucloud notifier` would, with "
+            "IPUCLOUD_NOTIFIER_CONCURRENCY threads of its own) from this process: `ipucloud up` does, "
+            "to save a process.",
+        ),
+    ] = False,
 ) -> None:
     """Run a host agent: drives every attempt placed on the racks it serves, on the emulated IPU."""
     if queues is not None:
@@ -243,6 +358,10 @@ def worker(
     _preflight(settings)
     from workers.app import app as celery_app
 
+    if with_notifier:
+        from workers import notifier
+
+        notifier.run_inside(celery_app)
     argv = [
         "worker",
         "--queues",

@@ -223,15 +223,19 @@ def test_up_in_a_fresh_directory_runs_a_job_stops_cleanly_and_restarts_with_its_
     assert processes_of(tmp_path) == []
 
 
-def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path) -> None:
-    env = users_shell(IPUCLOUD_VIPU_API_PORT=str(free_port()))
+@pytest.mark.parametrize("taken_setting", ["IPUCLOUD_PORT", "IPUCLOUD_VIPU_API_PORT"])
+def test_up_says_why_it_cannot_start_and_leaves_nothing_running(tmp_path: Path, taken_setting: str) -> None:
+    # The API process serves the V-IPU endpoint too: a taken port of either is the API's to report.
+    env = users_shell(IPUCLOUD_PORT=str(free_port()), IPUCLOUD_VIPU_API_PORT=str(free_port()))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        env["IPUCLOUD_PORT"] = str(taken.getsockname()[1])
+        env[taken_setting] = str(taken.getsockname()[1])
         up = subprocess.run([CLI, "up"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert up.returncode == 1, (up.stdout, up.stderr)
-    assert "api exited while starting" in up.stderr and "address already in use" in up.stderr, up.stderr
+    assert "api exited while starting" in up.stderr and "address already in use" in up.stderr.lower(), (
+        up.stderr
+    )
     assert processes_of(tmp_path) == []
 
 
@@ -247,3 +251,45 @@ def test_up_refuses_a_fleet_it_cannot_read(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "dgx" in done.stderr and "dss8440" in done.stderr
     assert not (tmp_path / ".ipucloud").exists(), "nothing is created for a fleet it cannot read"
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_up_serves_the_vipu_endpoint_from_the_api_process_and_restarts_both_when_it_dies(
+    tmp_path: Path,
+) -> None:
+    port, vipu_port = free_port(), free_port()
+    up = Up(tmp_path, users_shell(IPUCLOUD_PORT=str(port), IPUCLOUD_VIPU_API_PORT=str(vipu_port)))
+    try:
+        up.wait_for("ipucloud is up", 120)
+        procs = processes_of(tmp_path)
+        assert not [p for p in procs if " vipu-server" in p], procs
+        api = [p for p in procs if " -m ipucloud api --with-vipu" in p]
+        assert len(api) == 1, procs
+        api_pid = int(api[0].split(":")[0])
+        api_url, vipu_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{vipu_port}"
+        assert ready(api_url) and ready(vipu_url)
+        # Each server answers with its own app on its own port.
+        assert httpx.get(f"{vipu_url}/", timeout=5).json()["service"] == "ipucloud V-IPU endpoint"
+        assert httpx.get(f"{api_url}/openapi.json", timeout=5).json()["info"]["title"] == "ipucloud"
+
+        os.kill(api_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while ready(api_url) or ready(vipu_url):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        while not (ready(api_url) and ready(vipu_url)):
+            assert time.monotonic() < deadline, processes_of(tmp_path)
+            time.sleep(0.2)
+        up.wait_for("api exited", 5)
+        assert up.ctrl_c(120) == 0
+    finally:
+        if up.proc.poll() is None:
+            os.killpg(up.proc.pid, signal.SIGKILL)
+    up.drain()
+    assert processes_of(tmp_path) == []

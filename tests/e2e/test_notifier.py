@@ -45,24 +45,24 @@ def tenant(db: Any, seeded: Any, runtime: Any, monkeypatch: pytest.MonkeyPatch) 
 
 
 class Notifier:
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+    """`ipucloud notifier`, or (`in_worker`) a host agent that delivers too, as `ipucloud up` runs it."""
+
+    def __init__(self, env: dict[str, str], workdir: Path, in_worker: bool = False) -> None:
         self.env = {**os.environ, **env, **NOTIFIER_ENV}
         self.workdir = workdir
         self.proc: Proc | None = None
         self.runs = 0
+        self.in_worker = in_worker
+        if in_worker:
+            self.env["IPUCLOUD_NOTIFIER_CONCURRENCY"] = "4"
 
     def start(self) -> None:
         self.runs += 1
-        argv = [
-            sys.executable,
-            "-m",
-            "ipucloud",
-            "notifier",
-            "--concurrency",
-            "4",
-            "--hostname",
-            "notifier@%h",
-        ]
+        argv = [sys.executable, "-m", "ipucloud"]
+        if self.in_worker:
+            argv += ["worker", "--with-notifier", "--hostname", f"agent-hooks-{self.runs}@%h"]
+        else:
+            argv += ["notifier", "--concurrency", "4", "--hostname", "notifier@%h"]
         self.proc = Proc("notifier", argv, self.env, self.workdir / f"notifier{self.runs}.log").start()
 
     def stop(self) -> None:
@@ -73,9 +73,11 @@ class Notifier:
         return self.proc.tail(60) if self.proc is not None else ""
 
 
-@pytest.fixture
-def notifier(env: dict[str, str], tmp_path: Path, tenant: TenantWorld) -> Iterator[Notifier]:
-    n = Notifier(env, tmp_path)
+@pytest.fixture(params=["notifier", "worker --with-notifier"])
+def notifier(
+    request: pytest.FixtureRequest, env: dict[str, str], tmp_path: Path, tenant: TenantWorld
+) -> Iterator[Notifier]:
+    n = Notifier(env, tmp_path, in_worker=request.param != "notifier")
     n.start()
     try:
         yield n
@@ -206,13 +208,14 @@ def test_no_event_lost_while_the_notifier_is_down_and_the_queue_is_gone(
     assert deliveries(client, tenant, hook["id"], status="pending") == []
 
 
+@pytest.mark.parametrize("in_worker", [False, True], ids=["notifier", "worker --with-notifier"])
 def test_the_notifier_process_mails_members_over_smtp_and_loses_none_while_down(
-    client: Any, tenant: TenantWorld, env: dict[str, str], tmp_path: Path
+    client: Any, tenant: TenantWorld, env: dict[str, str], tmp_path: Path, in_worker: bool
 ) -> None:
     from tests.support.smtp import smtp_server
 
     with smtp_server() as inbox:
-        mailer = Notifier({**env, "IPUCLOUD_SMTP_URL": f"smtp://127.0.0.1:{inbox.port}"}, tmp_path)
+        mailer = Notifier({**env, "IPUCLOUD_SMTP_URL": f"smtp://127.0.0.1:{inbox.port}"}, tmp_path, in_worker)
         r = client.put(
             "/api/v1/notification-settings",
             json={"job_events": ["job.cancelled"]},
