@@ -29,7 +29,6 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -42,7 +41,7 @@ from scheduler import inference
 from scheduler.inference import Answer, Envelope, Route
 from scheduler.runtime import Runtime
 from scheduler.services import keys
-from vipu.emulator.serving import V2_BYTES, Signature, TensorSpec, outputs_for
+from vipu.emulator.serving import V2_BYTES, Signature, TensorSpec, numpy_types, outputs_for
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,29 +58,6 @@ REPLY_DRAIN = 4096
 COUNT_WAIT_S = 1.0
 """How long a 503 waits for its count to be written before it is answered anyway."""
 INFERENCE_HEADER = "inference-header-content-length"
-
-
-@lru_cache(maxsize=1)
-def _numpy_types() -> dict[str, Any]:
-    # numpy is imported on the first tensor: the processes that never see one (the scheduler,
-    # the agents, an API serving no endpoint) do not hold its ~20 MiB.
-    import numpy as np
-
-    return {
-        "BOOL": np.bool_,
-        "UINT8": np.uint8,
-        "INT8": np.int8,
-        "UINT16": np.uint16,
-        "INT16": np.int16,
-        "FP16": np.float16,
-        "BF16": np.uint16,
-        "UINT32": np.uint32,
-        "INT32": np.int32,
-        "FP32": np.float32,
-        "UINT64": np.uint64,
-        "INT64": np.int64,
-        "FP64": np.float64,
-    }
 
 
 class InferError(Exception):
@@ -186,7 +162,7 @@ def parse_request(body: bytes, header_length: str | None, signature: Signature, 
         if not isinstance(tparams, dict):
             raise InferError(400, f"input {name!r}: `parameters` must be an object")
         size = tparams.get("binary_data_size")
-        dtype = _numpy_types()[spec.datatype]
+        dtype = numpy_types()[spec.datatype]
         if size is not None:
             want_bytes = count * V2_BYTES[spec.datatype]
             if not isinstance(size, int) or isinstance(size, bool) or size != want_bytes:
@@ -244,7 +220,7 @@ def _json_tensor(name: str, data: Any, datatype: str, count: int) -> np.ndarray:
     if arr.size != count:
         raise InferError(400, f"input {name!r} holds {arr.size} elements; its shape needs {count}")
     if kind in "iu" and arr.size and datatype.startswith(("INT", "UINT")):
-        info = np.iinfo(_numpy_types()[datatype])
+        info = np.iinfo(numpy_types()[datatype])
         if int(arr.min()) < info.min or int(arr.max()) > info.max:
             raise InferError(400, f"input {name!r}: a value is out of {datatype}'s range")
     if kind == "f" and not np.isfinite(arr).all():

@@ -97,7 +97,7 @@ V2_BYTES: dict[str, int] = {
 
 
 @lru_cache(maxsize=1)
-def _numpy_types() -> dict[str, Any]:
+def numpy_types() -> dict[str, Any]:
     # numpy is imported on the first tensor: the processes that never see one (the scheduler,
     # the agents, an API serving no endpoint) do not hold its ~20 MiB.
     import numpy as np
@@ -659,12 +659,12 @@ def _fill(rng: np.random.Generator, datatype: str, shape: tuple[int, ...]) -> np
     import numpy as np
 
     if datatype in ("FP16", "FP32", "FP64"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(_numpy_types()[datatype], copy=False)
+        return rng.standard_normal(shape, dtype=np.float32).astype(numpy_types()[datatype], copy=False)
     if datatype == "BF16":
         bits = rng.standard_normal(shape, dtype=np.float32).view(np.uint32)
         return (bits >> 16).astype(np.uint16)
     if datatype == "BOOL":
         return rng.integers(0, 2, shape, dtype=np.uint8).astype(np.bool_)
-    if datatype in _numpy_types():
-        return rng.integers(0, 100, shape, dtype=_numpy_types()[datatype])
+    if datatype in numpy_types():
+        return rng.integers(0, 100, shape, dtype=numpy_types()[datatype])
     raise ValueError(f"unknown datatype {datatype!r}")
