@@ -88,7 +88,7 @@ async def job_event_stream(
     try:
         try:
             pubsub = runtime.async_redis.pubsub(ignore_subscribe_messages=True)
-            await pubsub.subscribe(bus.job_channel(job_id))
+            await pubsub.subscribe(bus.scoped(bus.job_channel(job_id), runtime.async_redis))
         except Exception:
             pubsub = None
         last_progress: object = None

@@ -33,6 +33,21 @@ def job_channel(job_id: str) -> str:
     return f"ipucloud:job:{job_id}"
 
 
+def scoped(channel: str, client: object) -> str:
+    """`channel` as it is named on `client`'s database.
+
+    Redis pub/sub ignores the database number: a message published while connected to database 2
+    reaches subscribers connected to database 5. Two clouds sharing one Redis server on different
+    databases (CI's test workers, or a staging and a production cloud) would then hear each other's
+    stop and preemption notices, which name agents and attempt ids both clouds have ("w1@vm 1"),
+    and an agent would stop driving an attempt its own cloud never ended. So every channel carries
+    the database number of the connection it is used on.
+    """
+    pool = getattr(client, "connection_pool", None)
+    db = pool.connection_kwargs.get("db", 0) if pool is not None else 0
+    return f"{channel}@{db}"
+
+
 def redis_from_url(url: str, **kwargs: object) -> redis.Redis:
     return redis.Redis.from_url(url, **kwargs)
 
@@ -40,7 +55,8 @@ def redis_from_url(url: str, **kwargs: object) -> redis.Redis:
 def publish(channel: str, message: str, client: redis.Redis | None = None) -> None:
     """Publish a hint on `client`, by default the process's runtime's (scheduler/runtime.py)."""
     try:
-        (client or runtime.current().redis).publish(channel, message)
+        client = client or runtime.current().redis
+        client.publish(scoped(channel, client), message)
     except redis.RedisError as exc:
         log.warning("could not publish %s on %s: %s", message, channel, exc)
 

@@ -538,8 +538,9 @@ class SchedulerLoop:
             try:
                 if pubsub is None:
                     assert self.redis_client is not None
-                    pubsub = self.redis_client().pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(bus.WAKE_CHANNEL)
+                    client = self.redis_client()
+                    pubsub = client.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(bus.scoped(bus.WAKE_CHANNEL, client))
             except redis.RedisError as exc:
                 log.warning("event bus unavailable (%s); polling every tick", exc)
                 pubsub = None

@@ -114,9 +114,10 @@ class Hints:
         while True:
             batch = self._queue.get()
             try:
-                pipe = self._client().pipeline(transaction=False)
+                client = self._client()
+                pipe = client.pipeline(transaction=False)
                 for channel, message in batch:
-                    pipe.publish(channel, message)
+                    pipe.publish(bus.scoped(channel, client), message)
                 pipe.execute()
             except Exception as exc:  # a hint never takes the agent down
                 log.debug("%d hints not sent: %s", len(batch), exc)
@@ -758,8 +759,12 @@ class Agent:
         prefix = f"{self.name} "
         while not self._done.is_set():
             try:
-                pubsub = self._redis().pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(bus.STOP_CHANNEL, bus.PREEMPT_CHANNEL)
+                client = self._redis()
+                stop_channel, preempt_channel = (
+                    bus.scoped(bus.STOP_CHANNEL, client), bus.scoped(bus.PREEMPT_CHANNEL, client)
+                )  # fmt: skip
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(stop_channel, preempt_channel)
                 while not self._done.is_set():
                     msg = pubsub.get_message(timeout=1.0)
                     if msg is None:
@@ -768,7 +773,7 @@ class Agent:
                     text = data.decode() if isinstance(data, bytes) else str(data)
                     channel = msg.get("channel")
                     channel = channel.decode() if isinstance(channel, bytes) else str(channel)
-                    if channel == bus.PREEMPT_CHANNEL and text.startswith(prefix):
+                    if channel == preempt_channel and text.startswith(prefix):
                         try:
                             attempt_id, window, *why = text[len(prefix) :].split(maxsplit=2)
                             self._preempt_notices.append((int(attempt_id), float(window), "".join(why)))

@@ -322,3 +322,72 @@ def test_a_run_that_crashes_in_the_agent_ends_alone_and_unbilled(
     finally:
         monkeypatch.delenv("IPUCLOUD_FAULT_CRASH_JOBS")
         faults.fault_settings.cache_clear()
+
+
+def _redis_on(url: str, db_number: int) -> Any:
+    """A client of the same Redis server as `url`, on database `db_number` (unix socket or TCP)."""
+    import redis
+
+    pool = redis.Redis.from_url(url).connection_pool
+    kwargs = {**pool.connection_kwargs, "db": db_number}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
+def test_a_stop_notice_from_another_database_on_the_same_redis_is_not_heard(
+    db: Any, tenant: str, redis_url: str
+) -> None:
+    """Redis pub/sub ignores database numbers. CI's test processes share one Redis server, each on a
+    database of its own, and each runs an agent named like the others' ("w1@vm") driving attempt 1:
+    another cloud's "w1@vm 1" stop notice made an agent drop an attempt its cloud never ended, then
+    hand it back as one it did not know it held."""
+    from scheduler import bus
+
+    ours = _redis_on(redis_url, _db_of(redis_url))
+    theirs = _redis_on(redis_url, (_db_of(redis_url) % 15) + 1)
+    clock = FakeClock()
+    agent = Agent(
+        settings=get_settings(),
+        db=db,
+        name="w1@vm",
+        queues=["ipucloud"],
+        clock=clock,
+        hints=Hints(lambda: NoRedis()),  # type: ignore[arg-type,return-value]
+        redis_client=lambda: ours,
+    )
+    assert agent.step() and agent.lease is not None
+    listener = threading.Thread(target=agent._listen, daemon=True)
+    listener.start()
+    try:
+        attempt = place(db, leader_loop(db), submit(db, tenant, steps=50_000))
+        take(agent, [attempt.id])
+        wait_subscribed(ours, bus.scoped(bus.STOP_CHANNEL, ours))
+        bus.publish(bus.STOP_CHANNEL, f"w1@vm {attempt.id}", client=theirs)
+        bus.publish(bus.PREEMPT_CHANNEL, f"w1@vm {attempt.id} 30 another cloud's preemption", client=theirs)
+        time.sleep(1.5)
+        agent.step()
+        assert attempt.id in agent.running, "a notice from another database stopped the attempt"
+        assert agent.running[attempt.id].preempt_at is None, "another database's notice preempted it"
+        bus.publish(bus.STOP_CHANNEL, f"w1@vm {attempt.id}", client=ours)
+        deadline = time.monotonic() + 5
+        while attempt.id in agent.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+            agent.step()
+        assert attempt.id not in agent.running, "its own cloud's stop notice was not heard"
+    finally:
+        agent._done.set()
+        listener.join(timeout=3)
+
+
+def _db_of(url: str) -> int:
+    import redis
+
+    return int(redis.Redis.from_url(url).connection_pool.connection_kwargs.get("db", 0))
+
+
+def wait_subscribed(client: Any, channel: str, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.pubsub_numsub(channel)[0][1] > 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"nobody subscribed to {channel} in {timeout} s")
