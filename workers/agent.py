@@ -435,13 +435,21 @@ class Agent:
             self._begin(taken, t0)
         outcome = {a.attempt_id: "taken" for a in result.taken}
         outcome.update({a: "failed" for a in result.failed})
+        epochs = {r.attempt_id: r.epoch for r in reversed(batch)}  # each id's first delivery
+        refused = [(a, epochs.get(a, -1)) for a in result.refused]
+        answered: set[int] = set()
         for request in batch:
-            request.outcome = outcome.get(request.attempt_id, "not-taken")
+            if request.attempt_id in answered:
+                # The same message delivered twice into one batch: the first delivery took it.
+                request.outcome = "not-taken"
+                refused.append((request.attempt_id, request.epoch))
+            else:
+                request.outcome = outcome.get(request.attempt_id, "not-taken")
+                answered.add(request.attempt_id)
             request.done.set()
-        epochs = {r.attempt_id: r.epoch for r in batch}
-        for attempt_id in result.refused:
+        for attempt_id, epoch in refused:
             log.info("attempt %d (epoch %d) is not ours to run: a duplicate, stale or unwanted delivery",
-                     attempt_id, epochs.get(attempt_id, -1))  # fmt: skip
+                     attempt_id, epoch)  # fmt: skip
         hints = [(bus.job_channel(a.job_id), "running") for a in result.taken]
         if result.failed:
             hints.append((bus.WAKE_CHANNEL, "finish"))

@@ -391,3 +391,19 @@ def wait_subscribed(client: Any, channel: str, timeout: float = 5) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"nobody subscribed to {channel} in {timeout} s")
+
+
+def test_the_same_message_twice_in_one_batch_is_taken_once_and_the_copy_turned_away(
+    db: Any, tenant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both deliveries of a message can reach one take batch (the worker's two threads received
+    them together): one is taken, the other answered as a duplicate, not as a second take."""
+    clock = FakeClock()
+    agent = make_agent(db, clock)
+    attempt = place(db, leader_loop(db), submit(db, tenant, steps=50_000))
+    first, second = agent.deliver(attempt.id, 0), agent.deliver(attempt.id, 0)
+    with caplog.at_level("INFO", logger="ipucloud.worker"):
+        agent.step()
+    assert (first.outcome, second.outcome) == ("taken", "not-taken")
+    assert f"attempt {attempt.id} (epoch 0) is not ours to run" in caplog.text
+    assert list(agent.running) == [attempt.id]
