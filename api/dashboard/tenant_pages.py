@@ -224,10 +224,10 @@ def run_estimate(
     try:
         with db.read() as s:
             # The plan's rates and types, as the API's estimate and admission use them.
-            plan_rates = allowed = None
+            offers = None
             if user.tenant_id is not None:
                 plan_name = tenant_service.get_tenant(session=s, tenant_id=user.tenant_id).plan_name
-                plan_rates, allowed = rate_service.plan_terms(
+                offers = rate_service.plan_offers(
                     session=s, plan_name=plan_name, preemptible=spec.preemptible
                 )
             # A copy, as a plain dict: the page adds what it shows besides the estimate.
@@ -238,11 +238,10 @@ def run_estimate(
                     ipus=spec.ipus,
                     machine=spec.machine,
                     settings=settings,
-                    rates=plan_rates,
+                    offers=offers,
                     tenant_id=user.tenant_id,
                     serve=list(DEFAULT_SERVE_BATCHES) if spec.workload.task == "infer" else None,
                     prefer=spec.prefer,
-                    machine_types=allowed,
                 )
             )
             _add_serve_chart(out)

@@ -202,21 +202,20 @@ def create_estimate(
     if body.array is not None or body.sweep is not None:
         return _estimate_array(body, principal.tenant_id, db, settings)
     with db.read() as s:
-        plan_rates = allowed = None
+        offers = None
         if principal.tenant_id is not None:
             plan = get_tenant(session=s, tenant_id=principal.tenant_id).plan_name
-            plan_rates, allowed = rates.plan_terms(session=s, plan_name=plan, preemptible=body.preemptible)
+            offers = rates.plan_offers(session=s, plan_name=plan, preemptible=body.preemptible)
         out = estimates.estimate(
             session=s,
             workload=body.workload,
             ipus=body.ipus,
             machine=body.machine,
             settings=settings,
-            rates=plan_rates,
+            offers=offers,
             tenant_id=principal.tenant_id,
             serve=body.serve.batch_sizes if body.serve is not None else None,
             prefer=body.prefer,
-            machine_types=allowed,
         )
         ipus = out.get("ipus")
         if principal.tenant_id is not None and out.get("fits") and ipus:
@@ -251,11 +250,11 @@ def _estimate_array(body: EstimateRequest, tenant_id: str | None, db: Any, setti
         where = ".".join(str(p) for p in first["loc"]) or "ipus"
         raise InvalidRequest(f"{where}: {first['msg']}", field=where) from exc
     with db.read() as s:
-        plan_rates = None
+        offers = None
         limit, running_limit = MAX_ARRAY_SIZE, None
         if tenant_id is not None:
             plan_name = get_tenant(session=s, tenant_id=tenant_id).plan_name
-            plan_rates = rates.plan_terms(session=s, plan_name=plan_name)[0]
+            offers = rates.plan_offers(session=s, plan_name=plan_name)
             plan = s.get(Plan, plan_name)
             assert plan is not None
             limit, running_limit = int(plan.max_array_size), int(plan.max_concurrent_jobs)
@@ -273,7 +272,7 @@ def _estimate_array(body: EstimateRequest, tenant_id: str | None, db: Any, setti
             limit=limit,
             max_rows=body.max_rows,
             settings=settings,
-            rates=plan_rates,
+            offers=offers,
             tenant_id=tenant_id,
             max_running_limit=running_limit,
         )

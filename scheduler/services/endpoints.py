@@ -398,14 +398,9 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
     plan = session.execute(
         select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
     ).scalar_one()
-    allowed = rates.allowed_types(plan.machine_types)
-    named = spec.machine if spec.machine not in (None, "any") else None
-    if named is not None and named not in allowed:
-        raise LimitExceeded(
-            f"The {plan.name} plan runs on {', '.join(allowed)}, not {named}.", limit="machine_types"
-        )
     pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
-    candidates = (named,) if named else tuple(k for k in allowed if pods.get(k, 0) > 0) or allowed
+    offered = rates.offers(plan=plan, machine=spec.machine, present=pods, what="endpoints")
+    candidates = offered.kinds
     # A tenant's own model: share-locked until the commit, so it cannot be removed meanwhile.
     source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=spec.model, lock=True)
     planned = _plan(
@@ -421,12 +416,7 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
     refusals = []
     for kind, figures in list(planned.serve.items()):
         try:
-            if figures["ipus"] > plan.max_partition_size:
-                raise LimitExceeded(
-                    f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; a "
-                    f"replica needs {figures['ipus']}" + (f" on {kind}." if len(candidates) > 1 else "."),
-                    limit="max_partition_size",
-                )
+            offered.check_size(kind, figures["ipus"], "a replica needs")
             fleet.check_fleet_can_ever_host(
                 session=session, size=figures["ipus"], machine_type=kind, pods=pods
             )
@@ -517,13 +507,8 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
 
 
 def _replica_options(ep: Endpoint, plan: Plan) -> dict[str, dict[str, float]]:
-    plan_rates = rates.plan_rates(plan.rates)
-    if ep.preemptible:
-        plan_rates = {k: rates.preemptible_rate(r, plan.preemptible_discount) for k, r in plan_rates.items()}
-    return {
-        kind: {"ipus": int(f["ipus"]), "predicted_runtime_s": WINDOW_S, "rate": plan_rates[kind]}
-        for kind, f in ep.serve.items()
-    }
+    offered = rates.offers(plan=plan, preemptible=ep.preemptible)
+    return {kind: offered.option(kind, int(f["ipus"]), WINDOW_S) for kind, f in ep.serve.items()}
 
 
 def _add_replicas(session: Session, ep: Endpoint, plan: Plan, tenant: Tenant, n: int, now: datetime) -> int:

@@ -16,14 +16,13 @@ from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.policy import HeldArray, QueuedJob
 from scheduler.policy.forecast import estimate_start, forecast
 from scheduler.policy.las import job_class
-from scheduler.services import arrays, executables, fleet, own_models, scheduling
+from scheduler.services import arrays, executables, fleet, own_models, rates, scheduling
 from scheduler.services.clock import db_now
-from scheduler.services.rates import plan_rates
+from scheduler.services.rates import Offers
 from scheduler.services.views import RuntimeLimitView
 from scheduler.settings import Settings, get_settings
 from vipu import emulator
 from vipu.emulator.spec import GraphSource
-from vipu.machine_types import MACHINE_TYPE_NAMES
 
 
 class MachineOptionView(TypedDict):
@@ -97,13 +96,12 @@ def estimate(
     ipus: int | str,
     machine: str | None,
     settings: Settings | None = None,
-    rates: Mapping[str, float] | None = None,
+    offers: Offers | None = None,
     tenant_id: str | None = None,
     source: GraphSource | None = None,
     serve: Sequence[int] | None = None,
     forecast_wait: bool = True,
     prefer: str = "time",
-    machine_types: Sequence[str] | None = None,
 ) -> EstimateView:
     """The emulator's dry run on `machine`; on `any` (or None), on every type of the fleet (every
     type there is, offline), answering for the one where it would finish first (the expected wait
@@ -111,11 +109,12 @@ def estimate(
 
     The expected wait is the scheduling policy's own forecast for this tenant (`expected_wait_s`),
     under the cloud's `settings` (its placement policy and preemption; the process's by default).
-    `rates` (grant units per IPU-hour by type; the registry's by default) give `charged_ipu_hours`.
-    ``prefer`` (as a job's): on `any`, `cost` answers for the type that spends least of the grant
-    instead (ties: the earliest finish); ``machine_types`` limits `any` to the types a tenant's plan
-    allows. `reserve_ipu_hours` is what submitting the job would reserve (`billing.reserve_ipu_ms`:
-    the option admission promises with this `prefer`), so a grant's room can be judged from it.
+    ``offers`` (`rates.offers`: what the tenant's plan offers this work, as admission asks it; the
+    registry's terms and every type present by default) limits `any` to the types the plan allows and
+    gives the rates of `charged_ipu_hours`. ``prefer`` (as a job's): on `any`, `cost` answers for the
+    type that spends least of the grant instead (ties: the earliest finish). `reserve_ipu_hours` is
+    what submitting the job would reserve (`billing.reserve_ipu_ms`: the option admission promises
+    with this `prefer`), so a grant's room can be judged from it.
     ``tenant_id`` lets ``workload.model`` name one of the tenant's own models; ``source`` gives a graph
     directly (``ipucloud estimate --model-file`` plans a local file).
 
@@ -126,7 +125,10 @@ def estimate(
     if source is None and session is not None and tenant_id is not None:
         source = own_models.resolve_source(session=session, tenant_id=tenant_id, model=workload.model)
     spec = emulation.to_workload_spec(workload, source)
-    rate_of = plan_rates(rates)
+    if offers is None:
+        present = fleet.largest_by_type(session=session) if session is not None else None
+        offers = rates.offers(plan=None, present=present)
+    rate_of = offers.rates
     ctx = _Context(tenant_id, settings or get_settings(), forecast_wait)
     if serve is not None:
         _check_serve(spec, serve)
@@ -134,11 +136,7 @@ def estimate(
         out = _estimate_on(session, spec, ipus, machine, ctx, rate_of[machine], strict=True)
         out["reserve_ipu_hours"] = out.get("charged_ipu_hours")
         return _with_serve(out, spec, ipus, machine, serve)
-    allowed = [kind for kind in MACHINE_TYPE_NAMES if machine_types is None or kind in machine_types]
-    kinds = allowed or list(MACHINE_TYPE_NAMES)
-    if session is not None:
-        present = fleet.largest_by_type(session=session)
-        kinds = [kind for kind in kinds if present.get(kind, 0) > 0] or kinds
+    kinds = list(offers.kinds)
     answers = {
         kind: _estimate_on(session, spec, ipus, kind, ctx, rate_of[kind], strict=False) for kind in kinds
     }
@@ -465,7 +463,7 @@ def estimate_array(
     limit: int,
     max_rows: int = DEFAULT_ESTIMATE_ROWS,
     settings: Settings | None = None,
-    rates: Mapping[str, float] | None = None,
+    offers: Offers | None = None,
     tenant_id: str | None = None,
     max_running_limit: int | None = None,
 ) -> ArrayEstimateView:
@@ -490,7 +488,7 @@ def estimate_array(
                 ipus=e.spec.ipus,
                 machine=e.spec.machine,
                 settings=settings,
-                rates=rates,
+                offers=offers,
                 tenant_id=tenant_id,
                 forecast_wait=False,
             )

@@ -413,7 +413,6 @@ def _prepare(
     source = own_models.resolve_source(
         session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
     )
-    allowed = rates.allowed_types(plan.machine_types)
     named = spec.machine if spec.machine not in (None, "any") else None
     gcd_size: int | None = None
     if reserved_partition is not None:
@@ -435,19 +434,15 @@ def _prepare(
                 f"{reserved_partition.name} holds {gcd_size} (its {reserved_partition.size} IPUs are split "
                 f"into {reserved_partition.gcds} GCDs of {gcd_size})."
             )
-    elif named is not None and named not in allowed:
-        raise LimitExceeded(
-            f"The {plan.name} plan runs jobs on {', '.join(allowed)}, not {named}.", limit="machine_types"
-        )
-    if named is not None:
-        candidates: tuple[str, ...] = (named,)
-    else:
-        candidates = tuple(kind for kind in allowed if fleet_pods.get(kind, 0) > 0) or allowed
-    plan_rates = rates.plan_rates(plan.rates)
-    if spec.preemptible:
-        plan_rates = {
-            kind: rates.preemptible_rate(rate, plan.preemptible_discount) for kind, rate in plan_rates.items()
-        }
+    offered = rates.offers(
+        plan=plan,
+        machine=named,
+        present=fleet_pods,
+        preemptible=spec.preemptible,
+        billed=not in_session,
+        pinned=reserved_partition.machine_type if reserved_partition is not None else None,
+    )
+    candidates = offered.kinds
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
     options: dict[str, dict[str, float]] = {}
     refusals: list[tuple[str, DomainError]] = []
@@ -468,12 +463,7 @@ def _prepare(
         resolved = resolved.given_cache(hit)
         size = resolved.ipus if gcd_size is None else gcd_size
         try:
-            if size > plan.max_partition_size:
-                raise LimitExceeded(
-                    f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
-                    f"this job needs {size}" + (f" on {kind}." if len(candidates) > 1 else "."),
-                    limit="max_partition_size",
-                )
+            offered.check_size(kind, size, "this job needs")
             if reserved_partition is None:
                 fleet.check_fleet_can_ever_host(
                     session=session, size=size, machine_type=kind, pods=fleet_pods
@@ -484,11 +474,7 @@ def _prepare(
         except DomainError as exc:
             refusals.append((kind, exc))
             continue
-        options[kind] = {
-            "ipus": size,
-            "predicted_runtime_s": min(resolved.predicted_runtime_s, float(max_runtime)),
-            "rate": 0.0 if in_session else plan_rates[kind],
-        }
+        options[kind] = offered.option(kind, size, min(resolved.predicted_runtime_s, float(max_runtime)))
     if not options:
         if len(refusals) == 1:
             raise refusals[0][1]

@@ -88,34 +88,18 @@ def start_session(
             limit="max_session_s",
         )
     idle = spec.idle_timeout_s or int(plan.idle_timeout_s)
-    if spec.ipus > plan.max_partition_size:
-        raise LimitExceeded(
-            f"The {plan.name} plan allows partitions of at most {plan.max_partition_size} IPUs; "
-            f"this session asks for {spec.ipus}.",
-            limit="max_partition_size",
-        )
-    allowed = rates.allowed_types(plan.machine_types)
-    named = spec.machine if spec.machine not in (None, "any") else None
-    if named is not None and named not in allowed:
-        raise LimitExceeded(
-            f"The {plan.name} plan runs on {', '.join(allowed)}, not {named}.", limit="machine_types"
-        )
     pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
-    candidates = (named,) if named else tuple(k for k in allowed if pods.get(k, 0) > 0) or allowed
-    plan_rates = rates.plan_rates(plan.rates)
+    offered = rates.offers(plan=plan, machine=spec.machine, present=pods, what="sessions")
+    offered.check_size(None, spec.ipus, "this session asks for")
     options: dict[str, dict[str, float]] = {}
     refusals: list[str] = []
-    for kind in candidates:
+    for kind in offered.kinds:
         try:
             fleet.check_fleet_can_ever_host(session=session, size=spec.ipus, machine_type=kind, pods=pods)
         except Exception as exc:  # a DomainError saying why this type cannot
             refusals.append(f"{kind}: {getattr(exc, 'detail', exc)}")
             continue
-        options[kind] = {
-            "ipus": spec.ipus,
-            "predicted_runtime_s": float(max_duration),
-            "rate": plan_rates[kind],
-        }
+        options[kind] = offered.option(kind, spec.ipus, float(max_duration))
     if not options:
         raise InvalidRequest(
             "No partition of this size can ever be held: " + "; ".join(refusals), field="ipus"
@@ -155,7 +139,7 @@ def start_session(
         task=SESSION_TASK,
         ipus=spec.ipus,
         ipus_requested=str(spec.ipus),
-        machine_type=named,
+        machine_type=spec.machine if spec.machine not in (None, "any") else None,
         options=options,
         prefer="time",
         partition_name=None,

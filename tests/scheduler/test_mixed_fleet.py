@@ -225,3 +225,35 @@ def test_machines_of_retired_units_leave_the_lists(db: Any, mixed: Any) -> None:
         assert fleet.machines_not_up(session=s) == []
         assert all(m.layout == "pod64" for m in fleet.list_machines(session=s))
         assert s.get(Machine, "srv0002").retired_at is not None  # its row stays for the history
+
+
+def test_an_estimate_admission_and_a_session_take_the_same_offers_from_a_plan(db: Any, mixed: Any) -> None:
+    """One `rates.offers` answers what a plan offers (#33 item 2): an estimate on `any`, an array's
+    estimate, a job's admission and a session see the same types at the same rates."""
+    from scheduler import billing
+    from scheduler.jobspec import SessionSpec
+    from scheduler.services import estimates, rates, sessions
+
+    with db.write() as s:
+        tenants.update_plan(session=s, name="trial", changes={"machine_types": ["c2"], "rates": {"c2": 0.25}})
+    t = tenant(db, "student", plan="trial", quota=10)
+    with db.write() as s:
+        offered = rates.plan_offers(session=s, plan_name="trial")
+        assert offered.kinds == ("c2",) and offered.rates["c2"] == 0.25
+        job = jobs.submit_job(session=s, tenant_id=t, spec=spec()).job
+        est = estimates.estimate(
+            session=s, workload=spec().workload, ipus=4, machine="any", offers=offered, tenant_id=t,
+            forecast_wait=False,
+        )  # fmt: skip
+        assert set(est["machine_options"]) == set(job.options or {}) == {"c2"}
+        assert est["rate"] == job.options["c2"]["rate"]  # type: ignore[index]
+        assert est["reserve_ipu_hours"] == pytest.approx(billing.ipu_hours(job.reserved_ipu_ms), abs=1e-6)
+        # An array's estimate ran its `any` elements on every type, the plan's or not.
+        array = estimates.estimate_array(
+            session=s, spec=spec(array={"indices": "0-1"}), limit=10, offers=offered, tenant_id=t
+        )
+        assert {row["machine"] for row in array["elements"]} == {"c2"}
+        with pytest.raises(LimitExceeded, match="runs sessions on c2, not m2000"):
+            sessions.start_session(
+                session=s, tenant_id=t, spec=SessionSpec.model_validate({"ipus": 4, "machine": "m2000"})
+            )
