@@ -181,6 +181,12 @@ def bench_floor(report: Report, db_url: str, seconds: int, workers: int) -> None
         )
         report.add("floor_group_16_clients_inserts_per_s", "inserts/s", rate)
         report.add("floor_group_16_clients_p99_ms", "ms", p99)
+        # The same batches written as one multi-row INSERT each instead of a pipelined executemany.
+        rate, _p50, p99, _ = wrk(
+            f"http://127.0.0.1:{port}/jobs-grouped-values", ONE_STEP_JOB, "floor", clients=16, seconds=seconds
+        )
+        report.add("floor_group_values_16_clients_inserts_per_s", "inserts/s", rate)
+        report.add("floor_group_values_16_clients_p99_ms", "ms", p99)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)

@@ -6,8 +6,12 @@ as a ratio of these.
 
 - `POST /jobs`: one transaction with one INSERT per request (the one-INSERT floor);
 - `POST /jobs-grouped`: the group-commit floor. One writer thread per process commits whatever requests
-  arrived while it committed the last batch as one multi-row INSERT in one transaction, and answers each
-  after that commit, as the API's submitter does (scheduler/services/submitter.py) without its admission.
+  arrived while it committed the last batch in one transaction, the rows as one executemany of one INSERT
+  (psycopg 3 sends it pipelined and prepared: one round trip, one parse), and answers each after that
+  commit, as the API's submitter does (scheduler/services/submitter.py) without its admission;
+- `POST /jobs-grouped-values`: the same with the batch's rows as one multi-row `INSERT ... VALUES (...),
+  (...)` statement (SQLAlchemy's "insertmanyvalues"), to hold the two ways of writing a batch against
+  each other (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -55,20 +59,20 @@ async def submit(request: Request) -> dict[str, Any]:
     return {"id": job_id, "state": "queued"}
 
 
-_pending: queue.SimpleQueue[tuple[dict[str, Any], Future[None]]] = queue.SimpleQueue()
+Pending = queue.SimpleQueue[tuple[dict[str, Any], Future[None]]]
 
 
-def _writer() -> None:
+def _writer(pending: Pending, write: Any) -> None:
     while True:
-        batch = [_pending.get()]
+        batch = [pending.get()]
         while len(batch) < 256:
             try:
-                batch.append(_pending.get_nowait())
+                batch.append(pending.get_nowait())
             except queue.Empty:
                 break
         try:
             with engine.begin() as conn:
-                conn.execute(insert(floor_jobs), [row for row, _ in batch])
+                write(conn, [row for row, _ in batch])
         except Exception as exc:
             for _, f in batch:
                 f.set_exception(exc)
@@ -77,14 +81,40 @@ def _writer() -> None:
             f.set_result(None)
 
 
-threading.Thread(target=_writer, name="floor-writer", daemon=True).start()
+_pending: Pending = queue.SimpleQueue()
+_pending_values: Pending = queue.SimpleQueue()
+threading.Thread(
+    target=_writer,
+    args=(_pending, lambda conn, rows: conn.execute(insert(floor_jobs), rows)),
+    name="floor-writer",
+    daemon=True,
+).start()
+# RETURNING makes SQLAlchemy send the rows as multi-row VALUES statements instead of an executemany.
+threading.Thread(
+    target=_writer,
+    args=(
+        _pending_values,
+        lambda conn, rows: conn.execute(insert(floor_jobs).returning(floor_jobs.c.id), rows),
+    ),
+    name="floor-writer-values",
+    daemon=True,
+).start()
+
+
+async def _grouped(request: Request, pending: Pending) -> dict[str, Any]:
+    spec = await request.json()
+    job_id = uuid.uuid4().hex
+    done: Future[None] = Future()
+    pending.put(({"id": job_id, "spec": spec}, done))
+    await asyncio.wrap_future(done)
+    return {"id": job_id, "state": "queued"}
 
 
 @app.post("/jobs-grouped", status_code=202)
 async def submit_grouped(request: Request) -> dict[str, Any]:
-    spec = await request.json()
-    job_id = uuid.uuid4().hex
-    done: Future[None] = Future()
-    _pending.put(({"id": job_id, "spec": spec}, done))
-    await asyncio.wrap_future(done)
-    return {"id": job_id, "state": "queued"}
+    return await _grouped(request, _pending)
+
+
+@app.post("/jobs-grouped-values", status_code=202)
+async def submit_grouped_values(request: Request) -> dict[str, Any]:
+    return await _grouped(request, _pending_values)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import redis
@@ -90,7 +89,13 @@ def _drop_after_commit(session: Session) -> None:
 class CoalescingWaker:
     """Wakes the scheduler from a thread of its own: a hot path asks for a wake-up without waiting
     for Redis. A wake-up after a quiet spell is published at once; under load, one per `interval_s`
-    covers every request that asked in between (a scheduler pass takes longer than that anyway)."""
+    covers every request that asked in between (a scheduler pass takes longer than that anyway).
+
+    No wake-up asked for is dropped: one asked for while the previous is published, or during the
+    interval after it, is published when the interval ends. The thread survives whatever publishing
+    raises (a closed connection raises more than RedisError): if it died, every later wake-up of the
+    process would be lost, each costing a submission a scheduler tick. `close` publishes what is
+    still asked for, then ends the thread."""
 
     def __init__(
         self, reason: str, client: Callable[[], redis.Redis] | None = None, interval_s: float = 0.01
@@ -98,16 +103,33 @@ class CoalescingWaker:
         self.reason = reason
         self.client = client
         self.interval_s = interval_s
+        self._asked = False
         self._wanted = threading.Event()
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"wake-{reason}", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
+        self._asked = True
         self._wanted.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closing.set()
+        self._wanted.set()
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
             self._wanted.wait()
             self._wanted.clear()
-            wake_scheduler(self.reason, self.client() if self.client is not None else None)
-            time.sleep(self.interval_s)
+            # Cleared before publishing: a wake() from here on is after this publication's start
+            # and sets both again, so the next round publishes it.
+            if self._asked:
+                self._asked = False
+                try:
+                    wake_scheduler(self.reason, self.client() if self.client is not None else None)
+                except Exception as exc:
+                    log.warning("could not wake the scheduler (%s): %s", self.reason, exc)
+            if self._closing.is_set():
+                return
+            self._closing.wait(self.interval_s)

@@ -2,9 +2,10 @@
 
 The API process owns one `GroupSubmitter` (started in its lifespan, kept in `Runtime.extras`); the
 submit route hands it a `SubmitRequest` and awaits the future. The writer admits a batch in one
-transaction (`jobs.submit_jobs`: one multi-row INSERT, one guarded reservation per tenant, one
-scheduler wake-up) and answers each request only after that commit, each with its own outcome: a
-bad spec or a spent grant is that request's error, the others of the batch commit.
+transaction (`jobs.submit_jobs`: one INSERT of the batch's jobs and one of their first events, each a
+pipelined executemany; one guarded reservation per tenant; one coalesced scheduler wake-up) and
+answers each request only after that commit, each with its own outcome: a bad spec or a spent grant
+is that request's error, the others of the batch commit.
 
 A batch closes when it is full (`max_batch`), or when the queue is empty and either nothing else
 was waiting (a lone client is admitted at once, it never waits for company) or the short deadline
@@ -91,6 +92,8 @@ class GroupSubmitter:
         self.queue.put(_STOP)
         if self.thread.is_alive():
             self.thread.join(timeout)
+        # After the writer: its last batch's wake-up goes out before the runtime closes Redis.
+        self.waker.close()
 
     def _collect(self, first: _Item) -> tuple[list[_Item], bool]:
         batch = [first]
