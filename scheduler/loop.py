@@ -114,9 +114,7 @@ class SchedulerLoop:
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
-        self._policy = scheduling.live_policy(
-            placement=self.settings.placement_policy, preemption=self.settings.preemption
-        )
+        self._policy = scheduling.live_policy(self.settings)
         if self.redis_client is None:
             self.redis_client = lambda: runtime.current().redis
         if self.router is None:

@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="On shutdown a host agent finishes what ends within this and hands back the rest.",
     )
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
+    scheduler_policy: Literal["default", "default-classes"] = Field(
+        "default",
+        description="The live scheduler's policy (docs/scheduling.md): `default` (fair share, EASY backfill) "
+        "or `default-classes` (also service classes by predicted remaining IPU-seconds within a plan, "
+        "and preemption of a lower class when it pays, whatever IPUCLOUD_PREEMPTION says).",
+    )
     preemption: bool = Field(
         False,
         description="Let work of a higher plan priority preempt lower (off by default). Work submitted "

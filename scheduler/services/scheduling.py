@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session, aliased
 
 from scheduler import billing
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
@@ -57,6 +57,7 @@ from scheduler.policy.las import job_class
 from scheduler.services import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
+from scheduler.settings import Settings
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -91,9 +92,19 @@ def lock_startable(*, session: Session, job_ids: Collection[str]) -> dict[str, J
     }
 
 
-def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
-    """The `default` policy with the cloud's settings (IPUCLOUD_PLACEMENT_POLICY, _PREEMPTION)."""
-    return get_policy("default").with_options(placement=placement, preemption=preemption)
+def live_policy(settings: Settings) -> PolicyConfig:
+    """The policy IPUCLOUD_SCHEDULER_POLICY names, with the cloud's IPUCLOUD_PLACEMENT_POLICY.
+
+    IPUCLOUD_PREEMPTION switches on preemption for a higher plan's work; a policy that preempts by
+    itself (`default-classes`: a lower service class, when it pays) keeps it on whatever the switch
+    says. Its guards' times are cluster seconds, as the emulator's costs are, while the pass runs on
+    the wall clock (`clock_scale`)."""
+    base = get_policy(settings.scheduler_policy)
+    return base.with_options(
+        placement=settings.placement_policy,
+        preemption=base.preemption or settings.preemption,
+        clock_scale=settings.time_scale,
+    )
 
 
 @dataclass
@@ -225,6 +236,20 @@ def build_snapshot(
         if again:
             queued = [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
 
+    # How often each running job was preempted before: the policy bounds it (preempt_max). One
+    # grouped query over the live attempts' jobs, not one per job.
+    earlier = aliased(Attempt)
+    preempted_before: dict[str, int] = {
+        job_id: int(n)
+        for job_id, n in session.execute(
+            select(earlier.job_id, func.count())
+            .where(
+                earlier.state == AttemptState.PREEMPTED,
+                earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
+            )
+            .group_by(earlier.job_id)
+        ).tuples()
+    }
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
@@ -298,6 +323,7 @@ def build_snapshot(
             session=kind == "session" and gcd < 0,
             # Its own opt-out or its plan's as the plan is now (an admin's edit reaches running work).
             never_preempt=bool(opted_out or plan_opted_out),
+            preemptions=preempted_before.get(job_id, 0),
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).
