@@ -73,7 +73,9 @@ def test_job_preempted_webhook_and_mail_carry_the_reason_and_never_another_tenan
 
     httpserver.expect_request("/hook", method="POST").respond_with_handler(receive)
     r = client.put(
-        "/api/v1/notification-settings", json={"job_events": ["job.preempted"]}, headers=auth(alpha.member_key)
+        "/api/v1/notification-settings",
+        json={"job_events": ["job.preempted"]},
+        headers=auth(alpha.member_key),
     )
     assert r.status_code == 200, r.text
 
