@@ -286,7 +286,8 @@ def test_default_classes_preempts_a_long_job_of_the_same_plan_for_short_work_and
     stopped, resumed = attempts_of(db, long_id)[:2]
     assert stopped.state == "preempted" and stopped.preempt_deadline is not None
     assert "checkpointed" in (stopped.end_reason or ""), "it ended itself in its warning"
-    assert (stopped.end_reason or "").startswith("preempted for a higher-priority job of another tenant")
+    # Its owner is told it made room for shorter work (the same plan: not "higher-priority"), not whose.
+    assert (stopped.end_reason or "").startswith("preempted for shorter work of another tenant")
     assert short_id not in (stopped.end_reason or "")
     (saved,) = [
         c for c in checkpoints_of(db, long_id) if c.attempt_id == stopped.id and c.reason == "preemption"

@@ -3,6 +3,7 @@ quota checked again at every pass, fair-share samples, and preemption when it is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -397,3 +398,19 @@ def test_an_unknown_live_policy_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     reset_settings_cache()
     with pytest.raises(ValueError, match="scheduler_policy"):
         get_settings()
+
+
+def test_a_victim_of_a_shorter_job_of_its_own_plan_is_told_so_not_higher_priority() -> None:
+    from scheduler.policy.las import combined
+
+    classes, plain = get_policy("default-classes"), get_policy("default")
+    same_plan = RunningJob("job_long", "ten_a", 64, "p1", 0.0, 1e9, combined(2, -30))
+    lower_plan = RunningJob("job_low", "ten_a", 64, "p2", 0.0, 1e9, combined(1, -5))
+    waiting = combined(2, -10)
+    assert scheduling.by_service_class(classes, [same_plan, lower_plan], waiting) == {"job_long"}
+    # Under `default` a class is the plan priority itself: every victim is of a lower plan.
+    assert scheduling.by_service_class(plain, [replace(same_plan, priority=2)], 3) == set()
+    why = scheduling.preemption_reason(same_plan, for_job="job_secret", for_tenant="ten_b", by_class=True)
+    assert why == "preempted for shorter work of another tenant"
+    why = scheduling.preemption_reason(lower_plan, for_job="job_secret", for_tenant="ten_b")
+    assert why == "preempted for a higher-priority job of another tenant"
