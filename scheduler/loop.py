@@ -114,9 +114,7 @@ class SchedulerLoop:
 
     def __post_init__(self) -> None:
         self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
-        self._policy = scheduling.live_policy(
-            placement=self.settings.placement_policy, preemption=self.settings.preemption
-        )
+        self._policy = scheduling.live_policy(self.settings)
         if self.redis_client is None:
             self.redis_client = lambda: runtime.current().redis
         if self.router is None:
@@ -256,10 +254,16 @@ class SchedulerLoop:
                 _date_waits(self._gated, forecast)
             if decision.preempt:
                 assert decision.reservation is not None
+                waiting = snapshot.queue.get(decision.reservation.job_id)
                 stopped = scheduling.preempt(
                     session=s,
                     victims=decision.preempt,
                     for_job=decision.reservation.job_id,
+                    by_class=(
+                        scheduling.by_service_class(self._policy, decision.preempt, waiting.priority)
+                        if waiting is not None
+                        else ()
+                    ),
                     max_attempts=self.settings.max_attempts,
                     warning_s=self.settings.preemption_warning_s,
                     time_scale=self.settings.time_scale,

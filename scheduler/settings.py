@@ -99,9 +99,16 @@ class Settings(BaseSettings):
         description="On shutdown a host agent finishes what ends within this and hands back the rest.",
     )
     placement_policy: str = Field("default", description="Virtual-IPU placement policy.")
+    scheduler_policy: Literal["default", "default-classes"] = Field(
+        "default",
+        description="The live scheduler's policy (docs/scheduling.md): `default` (fair share, EASY backfill) "
+        "or `default-classes` (also service classes by predicted remaining IPU-seconds within a plan; it "
+        "preempts a lower plan's work, and a lower class when that pays, whatever IPUCLOUD_PREEMPTION says).",
+    )
     preemption: bool = Field(
         False,
-        description="Let work of a higher plan priority preempt lower (off by default). Work submitted "
+        description="Let work of a higher plan priority preempt lower (off by default; always on under "
+        "IPUCLOUD_SCHEDULER_POLICY=default-classes). Work submitted "
         "`preemptible` may be preempted by non-preemptible work whatever this says; work opted out "
         "(`never_preempt`, a job's or its plan's) never is.",
     )

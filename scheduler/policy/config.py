@@ -88,6 +88,10 @@ class PolicyConfig:
     preempt_gain: float | None = None
     preempt_min_run_s: float = 0.0
     preempt_max: int | None = None
+    # Cluster seconds per second of the pass's clock: the guards' ``preempt_min_run_s`` and the
+    # emulator's preemption costs are cluster seconds; live, the pass runs on the wall clock
+    # (IPUCLOUD_TIME_SCALE), the simulator on cluster time (1).
+    clock_scale: float = 1.0
     # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
     runtime_hints: bool = True
     description: str = ""

@@ -284,7 +284,8 @@ class _Pass:
         config, now = self.config, self.s.now
         allowed = None
         if config.preempt_gain is not None:
-            cost = PreemptionCost()
+            cost = PreemptionCost().scaled(config.clock_scale)
+            min_run_s = config.preempt_min_run_s / config.clock_scale
             job_plan = plan_of(job.priority)
 
             def allowed(victim: RunningJob) -> bool:
@@ -297,7 +298,7 @@ class _Pass:
                     victim,
                     now,
                     cost=cost,
-                    min_run_s=config.preempt_min_run_s,
+                    min_run_s=min_run_s,
                     max_preemptions=config.preempt_max,
                     gain=config.preempt_gain or 0.0,
                 )

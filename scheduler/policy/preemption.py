@@ -52,6 +52,12 @@ class PreemptionCost:
     load_s: float = LOAD_S
     compile_s: float = COMPILE_S
 
+    def scaled(self, factor: float) -> PreemptionCost:
+        """The same costs on a clock ``factor`` times slower (cluster seconds to wall seconds)."""
+        return PreemptionCost(
+            self.warning_s / factor, self.write_s / factor, self.load_s / factor, self.compile_s / factor
+        )
+
     def restart_s(self, *, same_type: bool = True) -> float:
         """Run time a resumed attempt spends before it does new work."""
         return self.load_s + self.write_s + (0.0 if same_type else self.compile_s)

@@ -1021,8 +1021,15 @@ def _move_job_on(
         job.state = JobState.QUEUED
         job.updated_at = now
         if outcome == AttemptState.PREEMPTED:
+            # Why and for whom, as the job's history says it (another tenant's job is never named:
+            # scheduling.preemption_reason).
             notifications.job_event(
-                session, job, "job.preempted", key=f"{job.id}:{attempt.number}", attempt=attempt.number
+                session,
+                job,
+                "job.preempted",
+                key=f"{job.id}:{attempt.number}",
+                attempt=attempt.number,
+                reason=reason,
             )
         events.append(
             {

@@ -379,7 +379,7 @@ def expected_wait_s(
     does not reach its start (a very long queue, or no room of that size ever)."""
     settings = settings or get_settings()
     scale = settings.time_scale
-    policy = scheduling.live_policy(placement=settings.placement_policy, preemption=settings.preemption)
+    policy = scheduling.live_policy(settings)
     alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
     if alloc.find(size, machine_type=machine) is not None and not scheduling.has_queued(session=session):
         return 0.0  # free room and nobody waiting: it starts at the next pass
@@ -562,7 +562,7 @@ def _forecast_elements(
     array were submitted now: the live snapshot's forecast with the elements held as an array of at
     most `cap` running at once (policy.HeldArray). Elements it does not reach are left out."""
     scale = settings.time_scale
-    policy = scheduling.live_policy(placement=settings.placement_policy, preemption=settings.preemption)
+    policy = scheduling.live_policy(settings)
     alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
     live = scheduling.build_snapshot(
         session=session,
@@ -571,6 +571,7 @@ def _forecast_elements(
         time_scale=scale,
         half_life_s=policy.half_life_s,
         also_tenants={tenant_id} if tenant_id is not None else (),
+        policy=policy,
     )
     snapshot = live.snapshot
     targets: list[QueuedJob] = []
@@ -589,6 +590,10 @@ def _forecast_elements(
                 submitted_at=snapshot.now,
                 predicted_runtime_s=float(cast(float, out["total_s"])) / scale,
                 machine_type=out.get("machine"),
+                # Ranked as the single job's estimate is (its service class under default-classes).
+                priority=job_class(
+                    policy, 0, int(cast(int, out["ipus"])), float(cast(float, out["total_s"])) / scale
+                ),
             )
         )
     if not targets:

@@ -370,9 +370,13 @@ def _job_body(ev: Event, link_base: str) -> Body:
             link,
         )
     if ev.type == "job.preempted":
+        why = d.get("reason")
         return Body(
             f"Job {name} was preempted",
-            [f"Your job {name} ({job_id}) was preempted and is queued again."],
+            [
+                f"Your job {name} ({job_id}) was preempted and is queued again."
+                + (f" Reason: {why}" if why else "")
+            ],
             link,
         )
     reason = d.get("reason")

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session, aliased
 
 from scheduler import billing
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
@@ -53,10 +53,11 @@ from scheduler.policy import (
     expected_end,
     get_policy,
 )
-from scheduler.policy.las import job_class
+from scheduler.policy.las import job_class, plan_of
 from scheduler.services import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
+from scheduler.settings import Settings
 from vipu.allocator import Allocator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 
@@ -91,9 +92,19 @@ def lock_startable(*, session: Session, job_ids: Collection[str]) -> dict[str, J
     }
 
 
-def live_policy(*, placement: str, preemption: bool) -> PolicyConfig:
-    """The `default` policy with the cloud's settings (IPUCLOUD_PLACEMENT_POLICY, _PREEMPTION)."""
-    return get_policy("default").with_options(placement=placement, preemption=preemption)
+def live_policy(settings: Settings) -> PolicyConfig:
+    """The policy IPUCLOUD_SCHEDULER_POLICY names, with the cloud's IPUCLOUD_PLACEMENT_POLICY.
+
+    IPUCLOUD_PREEMPTION switches on preemption for a higher plan's work; a policy that preempts by
+    itself (`default-classes`: a lower service class, when it pays) keeps it on whatever the switch
+    says. Its guards' times are cluster seconds, as the emulator's costs are, while the pass runs on
+    the wall clock (`clock_scale`)."""
+    base = get_policy(settings.scheduler_policy)
+    return base.with_options(
+        placement=settings.placement_policy,
+        preemption=base.preemption or settings.preemption,
+        clock_scale=settings.time_scale,
+    )
 
 
 @dataclass
@@ -225,6 +236,20 @@ def build_snapshot(
         if again:
             queued = [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
 
+    # How often each running job was preempted before: the policy bounds it (preempt_max). One
+    # grouped query over the live attempts' jobs, not one per job.
+    earlier = aliased(Attempt)
+    preempted_before: dict[str, int] = {
+        job_id: int(n)
+        for job_id, n in session.execute(
+            select(earlier.job_id, func.count())
+            .where(
+                earlier.state == AttemptState.PREEMPTED,
+                earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
+            )
+            .group_by(earlier.job_id)
+        ).tuples()
+    }
     running: list[RunningJob] = []
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
@@ -298,6 +323,7 @@ def build_snapshot(
             session=kind == "session" and gcd < 0,
             # Its own opt-out or its plan's as the plan is now (an admin's edit reaches running work).
             never_preempt=bool(opted_out or plan_opted_out),
+            preemptions=preempted_before.get(job_id, 0),
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).
@@ -582,13 +608,27 @@ def record_waits(
     return len(changed)
 
 
-def preemption_reason(victim: RunningJob, *, for_job: str, for_tenant: str | None) -> str:
-    """What the victim's owner is told: why, and for whom. Another tenant's job is never named."""
+def preemption_reason(
+    victim: RunningJob, *, for_job: str, for_tenant: str | None, by_class: bool = False
+) -> str:
+    """What the victim's owner is told: why, and for whom. Another tenant's job is never named.
+    ``by_class``: stopped for a higher service class of its own plan priority (`default-classes`),
+    where "higher-priority" would read as a plan the owner cannot see above its own."""
     if for_tenant == victim.tenant_id:
         return f"preempted for your job {for_job}"
     if victim.preemptible:
         return "preempted for non-preemptible work of another tenant"
+    if by_class:
+        return "preempted for shorter work of another tenant"
     return "preempted for a higher-priority job of another tenant"
+
+
+def by_service_class(policy: PolicyConfig, victims: Collection[RunningJob], for_priority: int) -> set[str]:
+    """The victims a policy of service classes stops for a job of their own plan priority."""
+    if policy.priority_from != "predicted":
+        return set()
+    plan = plan_of(for_priority)
+    return {v.id for v in victims if not v.preemptible and plan_of(v.priority) >= plan}
 
 
 def preempt(
@@ -600,6 +640,7 @@ def preempt(
     warning_s: float = 30.0,
     time_scale: float = 1.0,
     grace_s: float = 1.0,
+    by_class: Collection[str] = (),
 ) -> int:
     """Preempt the victims' live attempts (`preempted` is a platform state: requeued at the head of
     its tenant's work, billed only for the work up to a checkpoint, see attempts.end_attempts).
@@ -609,7 +650,8 @@ def preempt(
     preemptible or is stopped for a higher plan priority: it has `warning_s` cluster seconds to
     checkpoint and end itself, plus `grace_s` wall seconds for its agent's tick to write that; one
     still live after that deadline is stopped then. One not yet taken by an agent has run nothing
-    and is stopped at once. Its owner is told why, naming `for_job` only if it is the owner's own."""
+    and is stopped at once. Its owner is told why, naming `for_job` only if it is the owner's own;
+    ``by_class`` are the victims stopped for a higher service class of their own plan (`by_service_class`)."""
     now = db_now(session)
     live = session.execute(
         select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.preempt_deadline).where(
@@ -619,7 +661,10 @@ def preempt(
         )
     ).tuples()
     for_tenant = session.execute(select(Job.tenant_id).where(Job.id == for_job)).scalar_one_or_none()
-    why = {v.id: preemption_reason(v, for_job=for_job, for_tenant=for_tenant) for v in victims}
+    why = {
+        v.id: preemption_reason(v, for_job=for_job, for_tenant=for_tenant, by_class=v.id in by_class)
+        for v in victims
+    }
     warn: dict[int, str] = {}
     stop: dict[str, list[int]] = {}
     for attempt_id, job_id, state, deadline in live:

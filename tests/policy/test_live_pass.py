@@ -3,6 +3,7 @@ quota checked again at every pass, fair-share samples, and preemption when it is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,8 @@ from sqlalchemy import select, update
 from scheduler import loop as loop_module
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
-from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
+from scheduler.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
+from scheduler.policy import RunningJob, get_policy
 from scheduler.policy.model import tenant_key
 from scheduler.services import jobs, scheduling, tenants
 from scheduler.services.scope import OneTenant
@@ -289,3 +291,126 @@ def test_a_preempted_job_requeues_at_the_head_of_its_tenants_work_and_is_told_fo
 def test_a_job_cannot_be_both_preemptible_and_opted_out() -> None:
     with pytest.raises(ValueError, match="not both"):
         spec(4, preemptible=True, never_preempt=True)
+
+
+def classes_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPUCLOUD_SCHEDULER_POLICY", "default-classes")
+    reset_settings_cache()
+
+
+def live_attempt(db: Any, job_id: str) -> Attempt:
+    with db.read() as s:
+        return s.execute(
+            select(Attempt).where(Attempt.job_id == job_id, Attempt.state.in_(LIVE_ATTEMPT_STATES))
+        ).scalar_one()
+
+
+def ran_for(db: Any, attempt_id: int, seconds: float) -> None:
+    """As if the attempt had been placed and taken `seconds` ago."""
+    with db.write() as s:
+        row = s.get(Attempt, attempt_id)
+        back = timedelta(seconds=seconds)
+        row.placed_at, row.started_at = row.placed_at - back, row.started_at - back
+
+
+def running_as_seen(db: Any, loop: SchedulerLoop, job_id: str) -> RunningJob:
+    with db.read() as s:
+        snap = scheduling.build_snapshot(
+            session=s,
+            allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
+            now=utcnow(),
+            time_scale=1.0,
+            half_life_s=3600.0,
+            policy=loop._policy,
+        ).snapshot
+    return next(r for r in snap.running if r.id == job_id)
+
+
+def test_a_job_preempted_as_often_as_the_policy_allows_is_not_a_victim_again_live(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#31: the live snapshot counts a job's earlier preemptions and times its minimum run from its
+    current attempt's start, so `default-classes`' guards hold live as in the simulator."""
+    classes_policy(monkeypatch)
+    cap = get_policy("default-classes").preempt_max
+    min_run_s = get_policy("default-classes").preempt_min_run_s
+    assert cap is not None and min_run_s > 0
+    holder, _ = new_tenant(db, "holder")  # both on the standard plan: the guards apply
+    other, _ = new_tenant(db, "other")
+    long_job = submit(db, holder, spec(128, steps=2_000_000))  # the whole fleet, for days
+    loop = scheduler(db)
+    assert loop._policy.name == "default-classes"
+    assert loop.schedule_pass() == 1
+    for n in range(cap + 1):
+        attempt = live_attempt(db, long_job)
+        agentkit.take(db, attempt.id)
+        short = submit(db, other, spec(64))  # a short job: a higher service class
+        if n > 0:
+            # Resumed just now: its minimum run counts from this attempt's start, not the job's.
+            assert loop.schedule_pass() == 0
+            assert live_attempt(db, long_job).preempt_deadline is None, "within its minimum run"
+        ran_for(db, attempt.id, min_run_s + 60)
+        seen = running_as_seen(db, loop, long_job)
+        assert seen.preemptions == n
+        assert loop.schedule_pass() == 0
+        with db.read() as s:
+            warned = s.get(Attempt, attempt.id).preempt_deadline is not None
+            wait = s.get(Job, short).wait
+        if n == cap:
+            assert not warned, f"preempted {cap} times already: not a victim again"
+            assert wait["reason"] != "preempting"
+            break
+        assert warned and wait["reason"] == "preempting", (n, wait)
+        # Its agent checkpoints it and ends it as preempted; the short job starts, ends, and the
+        # long one resumes (a short job of one tenant ahead of a long job's requeue).
+        assert agentkit.finish(db, attempt.id, AttemptState.PREEMPTED, 1.0, "preempted (test); requeued")
+        assert loop.schedule_pass() == 1
+        placed = live_attempt(db, short)
+        agentkit.take(db, placed.id)
+        assert agentkit.finish(db, placed.id, AttemptState.SUCCEEDED, 1.0)
+        assert loop.schedule_pass() == 1
+    with db.read() as s:
+        states = [a.state for a in s.execute(select(Attempt).where(Attempt.job_id == long_job)).scalars()]
+    assert states == [AttemptState.PREEMPTED] * cap + [AttemptState.RUNNING]
+
+
+@pytest.mark.parametrize("policy", ["default", "default-classes"])
+def test_the_setting_chooses_the_live_policy_and_default_classes_puts_short_work_first(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    if policy != "default":
+        classes_policy(monkeypatch)
+    first, _ = new_tenant(db, "first")
+    second, _ = new_tenant(db, "second")
+    long_job = submit(db, first, spec(128, steps=2_000_000))
+    short_job = submit(db, second, spec(128))  # later, and both tenants have used nothing
+    loop = scheduler(db)
+    assert loop._policy.name == policy
+    assert loop.schedule_pass() == 1
+    started = live_attempt(db, long_job if policy == "default" else short_job)
+    # `default`: fair share, then age. `default-classes`: the service class (predicted remaining
+    # IPU-seconds) ranks within a plan before fair share does.
+    assert started.state == AttemptState.PLACED
+
+
+def test_an_unknown_live_policy_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPUCLOUD_SCHEDULER_POLICY", "tiresias")  # simulator only
+    reset_settings_cache()
+    with pytest.raises(ValueError, match="scheduler_policy"):
+        get_settings()
+
+
+def test_a_victim_of_a_shorter_job_of_its_own_plan_is_told_so_not_higher_priority() -> None:
+    from scheduler.policy.las import combined
+
+    classes, plain = get_policy("default-classes"), get_policy("default")
+    same_plan = RunningJob("job_long", "ten_a", 64, "p1", 0.0, 1e9, combined(2, -30))
+    lower_plan = RunningJob("job_low", "ten_a", 64, "p2", 0.0, 1e9, combined(1, -5))
+    waiting = combined(2, -10)
+    assert scheduling.by_service_class(classes, [same_plan, lower_plan], waiting) == {"job_long"}
+    # Under `default` a class is the plan priority itself: every victim is of a lower plan.
+    assert scheduling.by_service_class(plain, [replace(same_plan, priority=2)], 3) == set()
+    why = scheduling.preemption_reason(same_plan, for_job="job_secret", for_tenant="ten_b", by_class=True)
+    assert why == "preempted for shorter work of another tenant"
+    why = scheduling.preemption_reason(lower_plan, for_job="job_secret", for_tenant="ten_b")
+    assert why == "preempted for a higher-priority job of another tenant"
