@@ -364,14 +364,15 @@ class ServingHost:
         has been pulled. Only waits for the wall clock to reach that point; a replica that is behind
         (its process or the API stalled) takes its batches at once, with the times they would have had."""
         assert self._redis is not None
-        while not rep.draining:
-            self._expire(rep)
-            if not rep.carry:
-                return None
+        # A drain still starts the batch under way (what it holds when its device is free), as a
+        # scale-down finishes what it started; only the loop in _serve stops taking more.
+        while rep.carry:
             wait_s = rep.max_wait_ms / 1000.0 / rep.time_scale
             cut = next_batch(rep.carry, rep.device_free, rep.max_batch_size, wait_s)
             if cut.closed or rep.pulled_through >= cut.known:
                 batch = rep.carry[: cut.n]
+                if self._expire(rep, batch):
+                    continue
                 del rep.carry[: cut.n]
                 return batch, cut
             now = self.clock()
@@ -403,7 +404,9 @@ class ServingHost:
         now = self.clock()
         max_rows = rep.max_batch_size
         step = rep.times(max_rows).step_s / rep.time_scale
-        batches = 1 + int(max(0.0, now - rep.device_free) / step) if step > 0 else _PULL_MAX
+        # The device cannot start on anything before the oldest request it holds has come.
+        busy_from = max(rep.device_free, rep.carry[0].enqueued_us / 1e6) if rep.carry else rep.device_free
+        batches = 1 + int(max(0.0, now - busy_from) / step) if step > 0 else _PULL_MAX
         held = sum(e.rows for e in rep.carry)
         budget = max(0, min(max_rows * batches, _PULL_MAX) - held)
         if budget == 0:
@@ -419,14 +422,17 @@ class ServingHost:
             seen = min(seen, envs[-1].enqueued_us / 1e6)
         rep.pulled_through = max(rep.pulled_through, seen)
 
-    def _expire(self, rep: Replica) -> None:
-        """Drop the requests nobody waits for any more (their API process answered 504)."""
+    def _expire(self, rep: Replica, batch: list[Envelope]) -> bool:
+        """Drop from ``carry`` the requests of ``batch`` nobody waits for any more (their API process
+        has answered 504); True if there were any."""
         now_ms = self.clock() * 1000.0
-        if all(e.deadline_ms >= now_ms for e in rep.carry):
-            return
-        expired = [e for e in rep.carry if e.deadline_ms < now_ms]
-        rep.carry = [e for e in rep.carry if e.deadline_ms >= now_ms]
+        expired = [e for e in batch if e.deadline_ms < now_ms]
+        if not expired:
+            return False
+        gone = {id(e) for e in expired}
+        rep.carry = [e for e in rep.carry if id(e) not in gone]
         self._schedule(rep, self.clock(), [(e, None) for e in expired])
+        return True
 
     def _start_batch(self, rep: Replica, batch: list[Envelope], cut: Cut) -> None:
         times = rep.times(cut.rows)
@@ -524,8 +530,7 @@ def next_batch(pending: list[Envelope], device_free: float, max_rows: int, wait_
     time it is free (or, idle, the first request's arrival), up to ``max_rows``, then waits up to
     ``wait_s`` from then for the batch to fill, starting as soon as it is full. A request of several
     rows that does not fit ends the batch (at its arrival: the batcher then knows it is complete)."""
-    t = [e.enqueued_us / 1e6 for e in pending]
-    fill_from = max(device_free, t[0])
+    fill_from = max(device_free, pending[0].enqueued_us / 1e6)
     i = rows = 0
     limit = fill_from
     for phase in (0, 1):
@@ -533,14 +538,17 @@ def next_batch(pending: list[Envelope], device_free: float, max_rows: int, wait_
             if wait_s <= 0 or rows >= max_rows:
                 break
             limit = fill_from + wait_s
-        while i < len(pending) and rows < max_rows and t[i] <= limit:
+        while i < len(pending) and rows < max_rows:
+            t = pending[i].enqueued_us / 1e6
+            if t > limit:
+                break
             if i and rows + pending[i].rows > max_rows:
-                start = max(fill_from, t[i])
+                start = max(fill_from, t)
                 return Cut(i, rows, fill_from, start, start, True)
             rows += pending[i].rows
             i += 1
     if rows >= max_rows:
-        start = max(fill_from, t[i - 1])
+        start = max(fill_from, pending[i - 1].enqueued_us / 1e6)
         return Cut(i, rows, fill_from, start, start, True)
     start = fill_from + wait_s if wait_s > 0 else fill_from
     return Cut(i, rows, fill_from, start, start, False)
