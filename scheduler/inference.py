@@ -229,13 +229,24 @@ redis.call('EXPIRE', KEYS[3], ARGV[3])
 return {{take, ready}}
 """
 
-# KEYS: queue, in-flight. ARGV: how many. Moves up to that many envelopes, oldest first.
+# KEYS: queue, in-flight. ARGV: how many; optionally a row budget and a cutoff (enqueued, microseconds).
+# Moves up to that many envelopes, oldest first, stopping once the rows taken reach the budget (the one
+# that reaches it is taken: its replica's next batch starts with it) or at the first envelope enqueued
+# after the cutoff (a replica's device has not come to it yet: another replica may take it first).
 _TAKE_MORE = """
+local budget = tonumber(ARGV[2] or '0')
+local cutoff = tonumber(ARGV[3] or '-1')
 local out = {}
+local rows = 0
 for i = 1, tonumber(ARGV[1]) do
-  local e = redis.call('RPOPLPUSH', KEYS[1], KEYS[2])
-  if not e then break end
-  out[#out + 1] = e
+  if budget > 0 and rows >= budget then break end
+  local head = redis.call('LINDEX', KEYS[1], -1)
+  if not head then break end
+  local r, enq = string.match(head, '^%S+ %S+ (%d+) %S+ (%d+)')
+  if cutoff >= 0 and enq and tonumber(enq) > cutoff then break end
+  redis.call('RPOPLPUSH', KEYS[1], KEYS[2])
+  rows = rows + (tonumber(r) or 1)
+  out[#out + 1] = head
 end
 return out
 """

@@ -11,6 +11,12 @@ the request waited while the replica's device was busy, the batch time the time 
 batch to fill (at most ``max_wait_ms``), then the host transfer and the device time from the plan.
 The hop from the API to the replica is the platform's, not the chip's, and is left out of both.
 
+The device runs on a timeline of its own, driven by when requests were enqueued (the API's stamp),
+not by when this process got round to them: a batch starts at the later of the device's free time
+and its first request's arrival, takes only what was enqueued by then (and in the batching window),
+exactly as ``ServePlan.under_load`` replays it, so a stall of this process or of the API is charged to
+no request. Answers are still sent when that timeline says (at once if the process is behind).
+
 Counters are gathered in memory and written a few times a second; replicas renew their place in the
 endpoint's ``ready`` set every second. The host agent starts, drains and drops replicas from its own
 thread through the thread-safe methods of ``ServingHost``.
@@ -19,7 +25,10 @@ thread through the thread-safe methods of ``ServingHost``.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import heapq
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +48,11 @@ FLUSH_S = 0.25
 HEARTBEAT_S = 1.0
 ROUTE_REFRESH_S = 1.0
 _PULL_TIMEOUT_S = 1.0
+_PULL_MAX = 256
+"""Envelopes one pull moves at most (a replica far behind catches up in several)."""
+SETTLE_S = 0.02
+"""See ``Replica.settle_s``: an API process stamps a request a loop turn and a Redis round trip before
+it is in the queue; on a loaded host that is milliseconds."""
 
 
 @dataclass(eq=False)
@@ -54,16 +68,40 @@ class Replica:
     draining: bool = False
     task: asyncio.Task[None] | None = None
     answering: set[asyncio.Task[None]] = field(default_factory=set)
-    carry: list[tuple[Envelope, float]] = field(default_factory=list)
+    carry: list[Envelope] = field(default_factory=list)
+    """Taken (in its in-flight list), not started: oldest enqueued first."""
+    device_free: float = -math.inf
+    """When its emulated device can start the next batch, on the device's timeline (wall-clock seconds
+    as envelopes are stamped, never when Python got round to a batch)."""
+    pulled_through: float = -math.inf
+    """Every request enqueued by then is in ``carry`` or was started (as far as the last pull saw)."""
+    due: list[tuple[float, int, list[tuple[Envelope, Answer | None]]]] = field(default_factory=list)
+    seq: int = 0
+    sender: asyncio.Task[None] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     batches: int = 0
     answered: int = 0
     _times: dict[int, Any] = field(default_factory=dict)
+    _settle_s: float | None = None
 
     def times(self, batch: int) -> Any:
         t = self._times.get(batch)
         if t is None:
             t = self._times[batch] = self.plan.times(batch)
         return t
+
+    @property
+    def settle_s(self) -> float:
+        """Wall time allowed for a request stamped by the API to reach the queue before a batch that it
+        could join is closed without it. Never more than half the plan's shortest latency, so that the
+        batch is still decided before its answers are due."""
+        if self._settle_s is None:
+            self._settle_s = min(SETTLE_S, 0.5 * self.times(1).latency_s / self.time_scale)
+        return self._settle_s
+
+    def keep(self, envelopes: list[Envelope]) -> None:
+        for env in envelopes:
+            bisect.insort_right(self.carry, env, key=lambda e: e.enqueued_us)
 
 
 class ServingHost:
@@ -285,7 +323,7 @@ class ServingHost:
 
     async def _serve(self, rep: Replica) -> None:
         assert self._redis is not None and self._scripts is not None
-        r, scripts = self._redis, self._scripts
+        r = self._redis
         queue = inference.queue_key(rep.endpoint_id)
         inflight = inference.inflight_key(rep.endpoint_id, rep.attempt_id)
         wait = rep.ready_at - self.clock()
@@ -301,23 +339,17 @@ class ServingHost:
             log.warning("serving: replica %d could not list itself as ready: %s", rep.attempt_id, exc)
         # What it held before a restart of this loop (never: a new attempt has a new list) is given
         # back by the control plane's reap; it starts empty.
-        device_free = self.clock()
+        rep.device_free = self.clock()
         while not rep.draining:
             try:
                 if not rep.carry:
                     raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
                     if raw is None:
                         continue
-                    rep.carry.append((Envelope.decode(raw), self.clock()))
-                now = self.clock()
-                if device_free > now:
-                    await asyncio.sleep(device_free - now)
-                batch, rows = await self._fill(rep, scripts, queue, inflight)
-                if not batch:
-                    continue
-                start = self.clock()
-                self._start_batch(rep, batch, rows, start, device_free)
-                device_free = start + rep.times(rows).step_s / rep.time_scale
+                    rep.keep([Envelope.decode(raw)])
+                taken = await self._take_batch(rep, queue, inflight)
+                if taken is not None:
+                    self._start_batch(rep, *taken)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -326,92 +358,134 @@ class ServingHost:
         # Draining: what it took but did not start goes back through _forget (still in its list).
         rep.carry.clear()
 
-    async def _fill(
-        self, rep: Replica, scripts: inference.Scripts, queue: str, inflight: str
-    ) -> tuple[list[tuple[Envelope, float, float]], int]:
-        """Take requests until the batch is full or ``max_wait_ms`` after the device was free; drop
-        those nobody waits for any more. Returns [(envelope, seen at, fill began)] and its rows."""
-        fill_from = self.clock()
-        deadline = fill_from + rep.max_wait_ms / 1000.0 / rep.time_scale
-        max_rows = rep.max_batch_size
-        batch: list[tuple[Envelope, float, float]] = []
-        rows = 0
-        expired: list[Envelope] = []
-
-        def admit(env: Envelope, seen: float) -> bool:
-            nonlocal rows
-            if env.deadline_ms < self.clock() * 1000.0:
-                expired.append(env)
-                return True
-            if batch and rows + env.rows > max_rows:
-                return False
-            batch.append((env, seen, fill_from))
-            rows += env.rows
-            return True
-
-        carry, rep.carry = rep.carry, []
-        for i, (env, seen) in enumerate(carry):
-            if not admit(env, seen):
-                rep.carry = carry[i:]
-                break
-        while rows < max_rows and not rep.carry:
-            raws = await scripts.take_more(keys=[queue, inflight], args=[max_rows - rows])
+    async def _take_batch(self, rep: Replica, queue: str, inflight: str) -> tuple[list[Envelope], Cut] | None:
+        """The device's next batch, once it is settled: everything enqueued before the batch closes (on
+        the emulated timeline, ``next_batch``) has had ``settle_s`` of wall time to reach the queue and
+        has been pulled. Only waits for the wall clock to reach that point; a replica that is behind
+        (its process or the API stalled) takes its batches at once, with the times they would have had."""
+        assert self._redis is not None
+        # A drain still starts the batch under way (what it holds when its device is free), as a
+        # scale-down finishes what it started; only the loop in _serve stops taking more.
+        while rep.carry:
+            wait_s = rep.max_wait_ms / 1000.0 / rep.time_scale
+            cut = next_batch(rep.carry, rep.device_free, rep.max_batch_size, wait_s)
+            if cut.closed or rep.pulled_through >= cut.known:
+                batch = rep.carry[: cut.n]
+                if self._expire(rep, batch):
+                    continue
+                del rep.carry[: cut.n]
+                return batch, cut
             now = self.clock()
-            for j, raw in enumerate(raws):
-                env = Envelope.decode(raw)
-                if not admit(env, now):
-                    rep.carry = [(Envelope.decode(x), now) for x in raws[j:]]
-                    break
-            if rows >= max_rows or rep.carry or rep.draining:
-                break
-            left = deadline - self.clock()
-            if raws or left < 0.001:
-                if left < 0.001:
-                    break
+            if rep.pulled_through < cut.fill_from:
+                # The device is busy until fill_from: nothing to decide before then.
+                left = cut.fill_from + rep.settle_s - now
+                if left > 0:
+                    await asyncio.sleep(left)
+                    continue
+                await self._pull(rep, queue, inflight)
                 continue
-            raw = await self._redis.blmove(queue, inflight, min(left, _PULL_TIMEOUT_S), "RIGHT", "LEFT")  # type: ignore[union-attr,arg-type]
+            # In the batching window: an arrival may fill the batch before it closes.
+            left = cut.known + rep.settle_s - now
+            if left < 0.001:
+                if left > 0:
+                    await asyncio.sleep(left)
+                await self._pull(rep, queue, inflight)
+                continue
+            raw = await self._redis.blmove(queue, inflight, min(left, _PULL_TIMEOUT_S), "RIGHT", "LEFT")  # type: ignore[arg-type]
             if raw is not None:
-                admit(Envelope.decode(raw), self.clock())
-        if expired:
-            keys, args = inference.answer_args(rep.endpoint_id, rep.attempt_id, [(e, None) for e in expired])
-            await scripts.answer(keys=keys, args=args)
-        return batch, rows
+                rep.keep([Envelope.decode(raw)])
+                await self._pull(rep, queue, inflight)
+        return None
 
-    def _start_batch(
-        self,
-        rep: Replica,
-        batch: list[tuple[Envelope, float, float]],
-        rows: int,
-        start: float,
-        device_free: float,
-    ) -> None:
-        times = rep.times(rows)
+    async def _pull(self, rep: Replica, queue: str, inflight: str) -> None:
+        """Move into the in-flight list what has been enqueued by now, as much as the device can start
+        by now (one batch when it is busy; more when it is behind), and note how far the pull saw."""
+        assert self._scripts is not None
+        now = self.clock()
+        max_rows = rep.max_batch_size
+        step = rep.times(max_rows).step_s / rep.time_scale
+        # The device cannot start on anything before the oldest request it holds has come.
+        busy_from = max(rep.device_free, rep.carry[0].enqueued_us / 1e6) if rep.carry else rep.device_free
+        batches = 1 + int(max(0.0, now - busy_from) / step) if step > 0 else _PULL_MAX
+        held = sum(e.rows for e in rep.carry)
+        budget = max(0, min(max_rows * batches, _PULL_MAX) - held)
+        if budget == 0:
+            # Holding enough for the batches it can start by now: whatever else waits is later.
+            rep.pulled_through = max(rep.pulled_through, rep.carry[-1].enqueued_us / 1e6)
+            return
+        raws = await self._scripts.take_more(keys=[queue, inflight], args=[budget, budget, int(now * 1e6)])
+        envs = [Envelope.decode(x) for x in raws]
+        rep.keep(envs)
+        seen = now - rep.settle_s
+        if envs and sum(e.rows for e in envs) >= budget:
+            # Stopped at the budget, not at the queue's end: only what is older than the last taken is known.
+            seen = min(seen, envs[-1].enqueued_us / 1e6)
+        rep.pulled_through = max(rep.pulled_through, seen)
+
+    def _expire(self, rep: Replica, batch: list[Envelope]) -> bool:
+        """Drop from ``carry`` the requests of ``batch`` nobody waits for any more (their API process
+        has answered 504); True if there were any."""
+        now_ms = self.clock() * 1000.0
+        expired = [e for e in batch if e.deadline_ms < now_ms]
+        if not expired:
+            return False
+        gone = {id(e) for e in expired}
+        rep.carry = [e for e in rep.carry if id(e) not in gone]
+        self._schedule(rep, self.clock(), [(e, None) for e in expired])
+        return True
+
+    def _start_batch(self, rep: Replica, batch: list[Envelope], cut: Cut) -> None:
+        times = rep.times(cut.rows)
         scale_ms = rep.time_scale * 1000.0
         host_ms = (times.host_call_s + times.host_s) * 1000.0
         ipu_ms = times.device_s * 1000.0
         answers: list[tuple[Envelope, Answer | None]] = []
-        for env, _seen, fill_from in batch:
+        for env in batch:
             enqueued = env.enqueued_us / 1e6
             # Waiting while the device was busy is queueing; waiting after, for the batch to fill,
-            # is batching; the hop from the API is neither.
-            queue_ms = max(0.0, min(start, device_free) - enqueued) * scale_ms
-            batch_ms = 0.0
-            if rep.max_wait_ms > 0:
-                batch_ms = min(max(0.0, start - max(enqueued, fill_from)) * scale_ms, rep.max_wait_ms)
+            # is batching; the hop from the API is neither. Both on the device's timeline: a stall
+            # of this process or of the API is charged to no one.
+            queue_ms = max(0.0, cut.fill_from - enqueued) * scale_ms
+            batch_ms = max(0.0, cut.start - max(enqueued, cut.fill_from)) * scale_ms
             answers.append(
-                (env, Answer(env.rid, 200, rep.attempt_id, rows, queue_ms, batch_ms, host_ms, ipu_ms))
+                (env, Answer(env.rid, 200, rep.attempt_id, cut.rows, queue_ms, batch_ms, host_ms, ipu_ms))
             )
         rep.batches += 1
-        self.counts.add_batch(rep.endpoint_id, rows, start)
-        due = start + times.latency_s / rep.time_scale
-        task = asyncio.get_running_loop().create_task(self._answer(rep, answers, due))
-        rep.answering.add(task)
-        task.add_done_callback(rep.answering.discard)
+        self.counts.add_batch(rep.endpoint_id, cut.rows, self.clock())
+        rep.device_free = cut.start + times.step_s / rep.time_scale
+        self._schedule(rep, cut.start + times.latency_s / rep.time_scale, answers)
 
-    async def _answer(self, rep: Replica, answers: list[tuple[Envelope, Answer | None]], due: float) -> None:
-        wait = due - self.clock()
-        if wait > 0:
-            await asyncio.sleep(wait)
+    def _schedule(self, rep: Replica, due: float, answers: list[tuple[Envelope, Answer | None]]) -> None:
+        """Answer at ``due`` (wall clock); answers due together go in one script call."""
+        if not answers:
+            return
+        rep.seq += 1
+        heapq.heappush(rep.due, (due, rep.seq, answers))
+        if rep.sender is None or rep.sender.done():
+            task = asyncio.get_running_loop().create_task(self._send(rep))
+            rep.sender = task
+            rep.answering.add(task)
+            task.add_done_callback(rep.answering.discard)
+        else:
+            rep.wake.set()
+
+    async def _send(self, rep: Replica) -> None:
+        while rep.due:
+            wait = rep.due[0][0] - self.clock()
+            if wait > 0:
+                rep.wake.clear()
+                try:
+                    await asyncio.wait_for(rep.wake.wait(), wait)
+                except TimeoutError:
+                    pass
+                continue
+            now = self.clock()
+            answers: list[tuple[Envelope, Answer | None]] = []
+            while rep.due and rep.due[0][0] <= now:
+                answers += heapq.heappop(rep.due)[2]
+            await self._answer(rep, answers)
+
+    async def _answer(self, rep: Replica, answers: list[tuple[Envelope, Answer | None]]) -> None:
         assert self._scripts is not None
         keys, args = inference.answer_args(rep.endpoint_id, rep.attempt_id, answers)
         for attempt in range(3):
@@ -427,7 +501,54 @@ class ServingHost:
                     return
                 await asyncio.sleep(0.05 * (attempt + 1))
         now = self.clock()
-        rep.answered += len(answers)
         for _, a in answers:
             if a is not None:
+                rep.answered += 1
                 self.counts.add_answer(rep.endpoint_id, a, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A replica's next batch on its device's timeline (wall-clock seconds, as envelopes are stamped)."""
+
+    n: int
+    """How many of the pending envelopes (oldest first) it takes."""
+    rows: int
+    fill_from: float
+    """When the device is free for it and its first request has come: waiting before is queueing."""
+    start: float
+    """When it starts: ``fill_from``, or later by the batching window (waiting after is batching)."""
+    known: float
+    """Requests enqueued up to this time may still join it (unless ``closed``)."""
+    closed: bool
+    """Full, or stopped by a request that does not fit: later arrivals cannot change it."""
+
+
+def next_batch(pending: list[Envelope], device_free: float, max_rows: int, wait_s: float) -> Cut:
+    """The batching policy ``ServePlan.under_load`` replays (``vipu.emulator.serving.batch_under_load``),
+    on ``pending`` (sorted by enqueue time, not empty): the device takes every request enqueued by the
+    time it is free (or, idle, the first request's arrival), up to ``max_rows``, then waits up to
+    ``wait_s`` from then for the batch to fill, starting as soon as it is full. A request of several
+    rows that does not fit ends the batch (at its arrival: the batcher then knows it is complete)."""
+    fill_from = max(device_free, pending[0].enqueued_us / 1e6)
+    i = rows = 0
+    limit = fill_from
+    for phase in (0, 1):
+        if phase == 1:
+            if wait_s <= 0 or rows >= max_rows:
+                break
+            limit = fill_from + wait_s
+        while i < len(pending) and rows < max_rows:
+            t = pending[i].enqueued_us / 1e6
+            if t > limit:
+                break
+            if i and rows + pending[i].rows > max_rows:
+                start = max(fill_from, t)
+                return Cut(i, rows, fill_from, start, start, True)
+            rows += pending[i].rows
+            i += 1
+    if rows >= max_rows:
+        start = max(fill_from, pending[i - 1].enqueued_us / 1e6)
+        return Cut(i, rows, fill_from, start, start, True)
+    start = fill_from + wait_s if wait_s > 0 else fill_from
+    return Cut(i, rows, fill_from, start, start, False)
