@@ -77,11 +77,15 @@ def bar_chart(values: dict[str, float], *, title: str, unit: str, highlight: str
         colour = PALETTE[0] if name.startswith(highlight) else PALETTE[7]
         if name in ANCHORS:
             colour = PALETTE[1]
-        parts.append(f'<text x="{left - 8}" y="{y + row / 2 + 4:.1f}" text-anchor="end">{escape(name)}</text>')
+        parts.append(
+            f'<text x="{left - 8}" y="{y + row / 2 + 4:.1f}" text-anchor="end">{escape(name)}</text>'
+        )
         parts.append(
             f'<rect x="{left}" y="{y + 4}" width="{max(length, 1):.1f}" height="{row - 8}" fill="{colour}"/>'
         )
-        parts.append(f'<text x="{left + length + 6:.1f}" y="{y + row / 2 + 4:.1f}">{value:,.2f} {unit}</text>')
+        parts.append(
+            f'<text x="{left + length + 6:.1f}" y="{y + row / 2 + 4:.1f}">{value:,.2f} {unit}</text>'
+        )
     bottom = top + row * len(values)
     parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#333333"/>')
     parts.append(
@@ -93,7 +97,9 @@ def bar_chart(values: dict[str, float], *, title: str, unit: str, highlight: str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run", action="append", required=True, metavar="NAME=DIR")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
     args = parser.parse_args()
@@ -109,7 +115,9 @@ def main() -> None:
         jobs = counts.pop()
         cdf = args.out / f"trace-{slug(name)}-jct-cdf.svg"
         cdf.write_text(
-            cdf_chart(jct, title=f"Job completion time, {name} ({jobs:,} jobs)", x_label="job completion time")
+            cdf_chart(
+                jct, title=f"Job completion time, {name} ({jobs:,} jobs)", x_label="job completion time"
+            )
         )
         bars = args.out / f"trace-{slug(name)}-avg-jct.svg"
         averages = {policy: sum(v) / len(v) / 3600 for policy, v in jct.items()}

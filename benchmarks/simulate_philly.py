@@ -269,13 +269,17 @@ def main() -> None:
             print(f"  [{'met' if ok else 'MISSED'}] {label}: {detail}")
     if args.plots is not None:
         chosen = {name: results[name] for name in (*BASELINES, *REFERENCES) if name in results}
-        for path in write_outputs(chosen, args.plots, title=f"{trace_name(args.trace)} on {args.pods} x POD64"):
+        for path in write_outputs(
+            chosen, args.plots, title=f"{trace_name(args.trace)} on {args.pods} x POD64"
+        ):
             if path.suffix != ".svg":
                 path.unlink()  # the per-job CSV and JSON belong with --json, not with the plots
             else:
                 print(f"wrote {path}")
     if args.out is not None:
-        for path in write_outputs(results, args.out, title=f"{trace_name(args.trace)} on {args.pods} x POD64"):
+        for path in write_outputs(
+            results, args.out, title=f"{trace_name(args.trace)} on {args.pods} x POD64"
+        ):
             print(f"wrote {path}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

@@ -1,4 +1,4 @@
-"""Standard Workload Format (SWF) logs of the Parallel Workloads Archive, read into jobs the simulator replays.
+"""Standard Workload Format (SWF) logs of the Parallel Workloads Archive, as jobs the simulator replays.
 
 The format (https://www.cs.huji.ac.il/labs/parallel/workload/swf.html): a header of ``;`` comment
 lines (``; Key: value``), then one job a line, 18 whitespace-separated fields, ``-1`` where a value

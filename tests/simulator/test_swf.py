@@ -4,16 +4,24 @@ IPUs and users tenants, the requested time as the user's estimate, and a replay 
 from __future__ import annotations
 
 import gzip
+import json
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
+from typer.testing import CliRunner
 
+from ipucloud.cli import app
 from scheduler.simulator import ReplaySpec, TraceError, estimates, replay, report
 from scheduler.simulator.swf import ipus_for, load_swf, parse_swf, to_trace_jobs
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "gaia-sample.swf"
-CARRIED = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "UniLu-Gaia-2014-2.swf.gz"
+REPO = Path(__file__).resolve().parents[2]
+CARRIED = REPO / "benchmarks" / "data" / "UniLu-Gaia-2014-2.swf.gz"
 
 # job submit wait run alloc cpu mem reqp reqtime reqmem status user group exe queue part prec think
 LOG = """\
@@ -45,7 +53,7 @@ def test_header_and_fields_are_read() -> None:
 
 
 def test_a_line_without_18_fields_is_refused() -> None:
-    with pytest.raises(TraceError, match="line 2 .* 17 fields"):
+    with pytest.raises(TraceError, match=r"line 2 .* 17 fields"):
         parse_swf(["; header", "1 0 0 10 1 -1 -1 1 60 -1 1 1 1 1 1 -1 -1"])
     with pytest.raises(TraceError, match="line 1"):
         parse_swf(["1 0 0 ten 1 -1 -1 1 60 -1 1 1 1 1 1 -1 -1 -1"])
@@ -127,19 +135,70 @@ def test_a_replay_of_the_gaia_sample_under_a_baseline_and_an_anchor() -> None:
     results = replay(spec, jobs)
     figures = report(results)
     for name, result in results.items():
-        assert all(o.end_s >= o.start_s >= j.submit_s for j, o in zip(jobs, result.outcomes, strict=True)), name
+        assert all(o.end_s >= o.start_s >= j.submit_s for j, o in zip(jobs, result.outcomes, strict=True)), (
+            name
+        )
         assert figures[name]["avg_jct_s"] > 0
     # slurm-backfill reserves on the log's requests, so its numbers differ from a modelled request's.
-    modelled = [j.__class__(**{**{s: getattr(j, s) for s in j.__slots__}, "requested_s": None}) for j in jobs]
+    modelled = [replace(j, requested_s=None) for j in jobs]
     again = report(replay(ReplaySpec(trace=SAMPLE, pods=1, policies=("slurm-backfill",)), modelled))
     assert again["slurm-backfill"]["avg_jct_s"] != figures["slurm-backfill"]["avg_jct_s"]
 
 
 def test_the_carried_gaia_log_is_whole() -> None:
-    header, raw = parse_swf(gzip.open(CARRIED, "rt"))
+    with gzip.open(CARRIED, "rt") as handle:
+        header, raw = parse_swf(handle)
     assert header["Installation"] == "UNILU Gaia Cluster" and header["MaxProcs"] == "2004"
     assert len(raw) == int(header["MaxJobs"]) == 51_987
     jobs = to_trace_jobs(raw, largest_partition=512)
     assert len(jobs) == 51_859  # 128 never ran
     assert len({j.tenant for j in jobs}) == 84
     assert max(j.size for j in jobs) == 256
+
+
+def test_ipucloud_simulate_and_the_docs_plots_read_an_swf_log(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            str(SAMPLE),
+            "--pods",
+            "1",
+            "--limit",
+            "120",
+            "--json",
+            "--out",
+            str(tmp_path / "r"),
+            "--policy",
+            "default",
+            "--policy",
+            "fifo-firstfit",
+            "--workers",
+            "1",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert set(body) == {"default", "fifo-firstfit"}
+    plotted = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "plot_traces.py"),
+            "--run",
+            f"Gaia, a slice={tmp_path / 'r'}",
+            "--out",
+            str(tmp_path / "img"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    for name, shapes in (("jct-cdf", "polyline"), ("avg-jct", "rect")):
+        root = ElementTree.parse(tmp_path / "img" / f"trace-gaia-a-slice-{name}.svg").getroot()
+        drawn = root.findall(f".//{{http://www.w3.org/2000/svg}}{shapes}")
+        assert len(drawn) >= 2, (name, plotted.stdout)
+    hours = {p: body[p]["avg_jct_s"] / 3600 for p in body}
+    for policy, value in hours.items():
+        assert f"{policy}: avg JCT {value:,.2f} h" in plotted.stdout
