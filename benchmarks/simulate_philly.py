@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/simulate_philly.py [--trace PATH] [--pods N] [--seed S]
         [--estimates predicted|perfect|user|none] [--workers N] [--plots DIR] [--json PATH]
         [--policy NAME ...] [--estimate-every N] [--limit N] [--cores-per-ipu N] [--out DIR]
+    .venv/bin/python benchmarks/simulate_philly.py --merge A.json --merge B.json ...
 
 The trace is ``benchmarks/data/philly.csv.gz``, carried in the repository: 82,247 jobs, sizes
 rounded up to powers of two and capped at the fleet. Every policy of ``scheduler.policy.POLICIES``
@@ -238,7 +239,26 @@ def main() -> None:
         help="preemption costs nothing (the anchors as their papers simulate them); by default every "
         "policy pays the emulator's cost of each preemption",
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        help="replay nothing: print the table and the targets of --json files written before (one a "
+        "policy, each replayed alone so its replay time is its own)",
+    )
     args = parser.parse_args()
+
+    if args.merge:
+        merged: dict[str, dict] = {}
+        for path in args.merge:
+            merged.update(json.loads(path.read_text()))
+        print(f"figures of {', '.join(str(p) for p in args.merge)}")
+        print(table(merged))
+        if set(BASELINES) <= set(merged):
+            print("\ntargets for the default policy:")
+            for label, ok, detail in targets(merged):
+                print(f"  [{'met' if ok else 'MISSED'}] {label}: {detail}")
+        return
 
     names = tuple(args.policy or POLICIES)
     spec = ReplaySpec(
