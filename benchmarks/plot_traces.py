@@ -4,14 +4,14 @@
 
 Each DIR is what ``benchmarks/simulate_philly.py --out DIR`` wrote (a ``jobs.csv`` of every job
 under every policy), or a directory of such directories (one replay per policy, each run alone so
-its replay time is its own). NAME is the trace as the plots title it. For every run this writes
-``trace-<name>-jct-cdf.svg`` and ``trace-<name>-avg-jct.svg`` into ``--out``, as standalone SVG
-drawn without a plotting library (scheduler/simulator/svg.py). docs/scheduling.md, "A second
+its replay time is its own). NAME is the trace as the plots title it; what comes before its first
+comma names the files: ``trace-<name>-jct-cdf.svg`` and ``trace-<name>-avg-jct.svg`` in ``--out``,
+as standalone SVG drawn without a plotting library (scheduler/simulator/svg.py). docs/scheduling.md, "A second
 trace", shows the committed ones and the commands that made them:
 
     .venv/bin/python benchmarks/simulate_philly.py --trace benchmarks/data/UniLu-Gaia-2014-2.swf.gz \\
         --policy default --out /tmp/gaia/default          # and so on, a policy each
-    .venv/bin/python benchmarks/plot_traces.py --run "UniLu Gaia 2014=/tmp/gaia"
+    .venv/bin/python benchmarks/plot_traces.py --run "UniLu Gaia 2014, all 51,859 jobs=/tmp/gaia"
 """
 
 from __future__ import annotations
@@ -112,16 +112,13 @@ def main() -> None:
         counts = {len(v) for v in jct.values()}
         if len(counts) != 1:
             raise SystemExit(f"{directory}: the policies replayed different jobs ({sorted(counts)} jobs)")
-        jobs = counts.pop()
-        cdf = args.out / f"trace-{slug(name)}-jct-cdf.svg"
-        cdf.write_text(
-            cdf_chart(
-                jct, title=f"Job completion time, {name} ({jobs:,} jobs)", x_label="job completion time"
-            )
-        )
-        bars = args.out / f"trace-{slug(name)}-avg-jct.svg"
+        print(f"{name}: {counts.pop():,} jobs")
+        stem = slug(name.split(",")[0])
+        cdf = args.out / f"trace-{stem}-jct-cdf.svg"
+        cdf.write_text(cdf_chart(jct, title=f"Job completion time, {name}", x_label="job completion time"))
+        bars = args.out / f"trace-{stem}-avg-jct.svg"
         averages = {policy: sum(v) / len(v) / 3600 for policy, v in jct.items()}
-        bars.write_text(bar_chart(averages, title=f"Average JCT, {name} ({jobs:,} jobs)", unit="h"))
+        bars.write_text(bar_chart(averages, title=f"Average JCT, {name}", unit="h"))
         for path in (cdf, bars):
             print(f"wrote {path}")
         for policy, hours in averages.items():

@@ -196,7 +196,7 @@ def test_ipucloud_simulate_and_the_docs_plots_read_an_swf_log(tmp_path: Path) ->
         check=True,
     )
     for name, shapes in (("jct-cdf", "polyline"), ("avg-jct", "rect")):
-        root = ElementTree.parse(tmp_path / "img" / f"trace-gaia-a-slice-{name}.svg").getroot()
+        root = ElementTree.parse(tmp_path / "img" / f"trace-gaia-{name}.svg").getroot()
         drawn = root.findall(f".//{{http://www.w3.org/2000/svg}}{shapes}")
         assert len(drawn) >= 2, (name, plotted.stdout)
     hours = {p: body[p]["avg_jct_s"] / 3600 for p in body}
