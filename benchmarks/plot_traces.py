@@ -5,8 +5,9 @@
 Each DIR is what ``benchmarks/simulate_philly.py --out DIR`` wrote (a ``jobs.csv`` of every job
 under every policy), or a directory of such directories (one replay per policy, each run alone so
 its replay time is its own). NAME is the trace as the plots title it; what comes before its first
-comma names the files: ``trace-<name>-jct-cdf.svg`` and ``trace-<name>-avg-jct.svg`` in ``--out``,
-as standalone SVG drawn without a plotting library (scheduler/simulator/svg.py). docs/scheduling.md, "A second
+comma names the files, written into ``--out`` as standalone SVG drawn without a plotting library
+(scheduler/simulator/svg.py): ``trace-<name>-jct-cdf.svg``, the JCT CDF of the six policies #31
+compares, and ``trace-<name>-avg-jct.svg``, every policy's average JCT. docs/scheduling.md, "A second
 trace", shows the committed ones and the commands that made them:
 
     .venv/bin/python benchmarks/simulate_philly.py --trace benchmarks/data/UniLu-Gaia-2014-2.swf.gz \\
@@ -33,6 +34,10 @@ from scheduler.simulator.svg import PALETTE, cdf_chart  # noqa: E402
 
 # The research anchors last, each policy in the order of scheduler.policy.POLICIES otherwise.
 ANCHORS = ("tiresias", "srtf-oracle")
+SHIPPED = ("default", "default-classes")
+# The CDF draws the policies #31 compares (ten lines on one chart cannot be told apart); the bars
+# draw every policy replayed.
+CDF_POLICIES = (*SHIPPED, "fifo-firstfit", "slurm-backfill", *ANCHORS)
 
 
 def read_jct(directory: Path) -> dict[str, list[float]]:
@@ -59,7 +64,7 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def bar_chart(values: dict[str, float], *, title: str, unit: str, highlight: str = "default") -> str:
+def bar_chart(values: dict[str, float], *, title: str, unit: str) -> str:
     """Horizontal bars, one per policy, each labelled with its value."""
     width, row, left, right, top = 760, 26, 150, 90, 46
     height = top + row * len(values) + 40
@@ -74,7 +79,7 @@ def bar_chart(values: dict[str, float], *, title: str, unit: str, highlight: str
     for i, (name, value) in enumerate(values.items()):
         y = top + row * i
         length = plot_w * value / top_value
-        colour = PALETTE[0] if name.startswith(highlight) else PALETTE[7]
+        colour = PALETTE[0] if name in SHIPPED else PALETTE[7]
         if name in ANCHORS:
             colour = PALETTE[1]
         parts.append(
@@ -89,7 +94,7 @@ def bar_chart(values: dict[str, float], *, title: str, unit: str, highlight: str
     bottom = top + row * len(values)
     parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#333333"/>')
     parts.append(
-        f'<text x="{left}" y="{bottom + 24}" fill="#555555">blue: the shipped policies named default*; '
+        f'<text x="{left}" y="{bottom + 24}" fill="#555555">blue: default and default-classes; '
         "red: the research anchors (simulator only); grey: baselines and ablations</text>"
     )
     parts.append("</svg>")
@@ -115,7 +120,8 @@ def main() -> None:
         print(f"{name}: {counts.pop():,} jobs")
         stem = slug(name.split(",")[0])
         cdf = args.out / f"trace-{stem}-jct-cdf.svg"
-        cdf.write_text(cdf_chart(jct, title=f"Job completion time, {name}", x_label="job completion time"))
+        drawn = {policy: v for policy, v in jct.items() if policy in CDF_POLICIES} or jct
+        cdf.write_text(cdf_chart(drawn, title=f"Job completion time, {name}", x_label="job completion time"))
         bars = args.out / f"trace-{stem}-avg-jct.svg"
         averages = {policy: sum(v) / len(v) / 3600 for policy, v in jct.items()}
         bars.write_text(bar_chart(averages, title=f"Average JCT, {name}", unit="h"))
