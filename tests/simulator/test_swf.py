@@ -202,3 +202,28 @@ def test_ipucloud_simulate_and_the_docs_plots_read_an_swf_log(tmp_path: Path) ->
     hours = {p: body[p]["avg_jct_s"] / 3600 for p in body}
     for policy, value in hours.items():
         assert f"{policy}: avg JCT {value:,.2f} h" in plotted.stdout
+
+
+def test_the_benchmark_replays_an_swf_log_and_merges_replays_made_apart(tmp_path: Path) -> None:
+    script = str(REPO / "benchmarks" / "simulate_philly.py")
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, script, *args], capture_output=True, text=True, timeout=300, check=True
+        )
+        return done.stdout
+
+    names = ("default", "fifo-firstfit")
+    for policy in names:
+        out = run(
+            *("--trace", str(SAMPLE), "--pods", "1", "--limit", "100", "--policy", policy),
+            "--json",
+            str(tmp_path / policy),
+        )
+        assert "100 jobs on 1 POD64" in out
+        assert "simulate_philly.py --trace tests/simulator/data/gaia-sample.swf --pods 1" in out
+    merged = run(*(arg for policy in names for arg in ("--merge", str(tmp_path / policy)))).splitlines()
+    assert merged[1].split() == list(names)
+    avg = next(line for line in merged if line.startswith("avg JCT (h)"))
+    hours = [json.loads((tmp_path / p).read_text())[p]["avg_jct_s"] / 3600 for p in names]
+    assert avg.split()[3:] == [f"{v:,.2f}" for v in hours]
