@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/simulate_philly.py [--trace PATH] [--pods N] [--seed S]
         [--estimates predicted|perfect|user|none] [--workers N] [--plots DIR] [--json PATH]
-        [--policy NAME ...] [--estimate-every N] [--limit N]
+        [--policy NAME ...] [--estimate-every N] [--limit N] [--cores-per-ipu N] [--out DIR]
+    .venv/bin/python benchmarks/simulate_philly.py --merge A.json --merge B.json ...
 
 The trace is ``benchmarks/data/philly.csv.gz``, carried in the repository: 82,247 jobs, sizes
 rounded up to powers of two and capped at the fleet. Every policy of ``scheduler.policy.POLICIES``
@@ -15,7 +16,15 @@ and within 1.3 of ``srtf-oracle``'s; every replay but the anchors' under 60 s; w
 ``--estimate-every N``, the wait estimate's error) and the command that reproduces them. The
 anchors are slow (preemption asks the allocator at every pass): ``srtf-oracle`` took 573-914 s here.
 ``--plots DIR`` writes the baselines' and the anchors' plots there (docs/img holds the committed
-ones, of the three baselines and the two anchors).
+ones, of the three baselines and the two anchors); ``--out DIR`` writes every policy's per-job
+CSV, summary and plots (what ``benchmarks/plot_traces.py`` draws the docs' comparison from).
+
+``--trace`` takes another trace: a CSV in Philly's columns, or a Parallel Workloads Archive log in
+the Standard Workload Format (``.swf``/``.swf.gz``, read by ``scheduler/simulator/swf.py``). The
+repository carries one, ``benchmarks/data/UniLu-Gaia-2014-2.swf.gz`` (51,987 jobs of a 2,004-core
+CPU cluster, benchmarks/data/README-UniLu-Gaia-2014.md), replayed at ``--cores-per-ipu 4``:
+
+    .venv/bin/python benchmarks/simulate_philly.py --trace benchmarks/data/UniLu-Gaia-2014-2.swf.gz
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ if str(REPO) not in sys.path:
 
 from scheduler.policy import BASELINES, POLICIES, REFERENCES  # noqa: E402
 from scheduler.simulator import ESTIMATE_MODELS, ReplaySpec, replay, report, write_outputs  # noqa: E402
+from scheduler.simulator.swf import DEFAULT_CORES_PER_IPU, is_swf  # noqa: E402
 
 ROWS = (
     ("avg JCT (h)", "avg_jct_s", 3600),
@@ -67,6 +77,21 @@ ESTIMATE_ROWS = (
 def default_trace() -> Path:
     """The Philly trace the repository carries (benchmarks/data/philly-README.md says what it is)."""
     return REPO / "benchmarks" / "data" / "philly.csv.gz"
+
+
+def trace_name(path: Path) -> str:
+    """What plots call a trace: Philly, or the file's name without its suffixes."""
+    if path.resolve() == default_trace():
+        return "Philly"
+    return path.name.split(".")[0]
+
+
+def _shown(path: Path) -> Path:
+    """A path as the reproduce line shows it: relative to the repository where it lies inside."""
+    try:
+        return path.resolve().relative_to(REPO)
+    except ValueError:
+        return path
 
 
 def table(figures: dict[str, dict]) -> str:
@@ -202,12 +227,38 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, help="replay only the first N jobs (a slice, for development)")
     parser.add_argument(
+        "--cores-per-ipu",
+        type=int,
+        default=DEFAULT_CORES_PER_IPU,
+        help="SWF traces: cores of the log that make one IPU (scheduler/simulator/swf.py)",
+    )
+    parser.add_argument("--out", type=Path, help="write every policy's per-job CSV, summary and plots here")
+    parser.add_argument(
         "--free-preemption",
         action="store_true",
         help="preemption costs nothing (the anchors as their papers simulate them); by default every "
         "policy pays the emulator's cost of each preemption",
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        action="append",
+        help="replay nothing: print the table and the targets of --json files written before (one a "
+        "policy, each replayed alone so its replay time is its own)",
+    )
     args = parser.parse_args()
+
+    if args.merge:
+        merged: dict[str, dict] = {}
+        for path in args.merge:
+            merged.update(json.loads(path.read_text()))
+        print(f"figures of {', '.join(str(p) for p in args.merge)}")
+        print(table(merged))
+        if set(BASELINES) <= set(merged):
+            print("\ntargets for the default policy:")
+            for label, ok, detail in targets(merged):
+                print(f"  [{'met' if ok else 'MISSED'}] {label}: {detail}")
+        return
 
     names = tuple(args.policy or POLICIES)
     spec = ReplaySpec(
@@ -219,6 +270,7 @@ def main() -> None:
         estimate_every=args.estimate_every,
         limit=args.limit,
         preemption_costs=not args.free_preemption,
+        cores_per_ipu=args.cores_per_ipu,
     )
     jobs = spec.load()
     started = time.perf_counter()
@@ -237,17 +289,25 @@ def main() -> None:
             print(f"  [{'met' if ok else 'MISSED'}] {label}: {detail}")
     if args.plots is not None:
         chosen = {name: results[name] for name in (*BASELINES, *REFERENCES) if name in results}
-        for path in write_outputs(chosen, args.plots, title=f"Philly on {args.pods} x POD64"):
+        for path in write_outputs(
+            chosen, args.plots, title=f"{trace_name(args.trace)} on {args.pods} x POD64"
+        ):
             if path.suffix != ".svg":
                 path.unlink()  # the per-job CSV and JSON belong with --json, not with the plots
             else:
                 print(f"wrote {path}")
+    if args.out is not None:
+        for path in write_outputs(
+            results, args.out, title=f"{trace_name(args.trace)} on {args.pods} x POD64"
+        ):
+            print(f"wrote {path}")
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {args.json}")
     command = [
         ".venv/bin/python",
         "benchmarks/simulate_philly.py",
+        *(() if args.trace.resolve() == default_trace() else ("--trace", str(_shown(args.trace)))),
         "--pods",
         str(args.pods),
         "--seed",
@@ -261,6 +321,8 @@ def main() -> None:
         command += ["--limit", str(args.limit)]
     if args.free_preemption:
         command += ["--free-preemption"]
+    if is_swf(args.trace) and args.cores_per_ipu != DEFAULT_CORES_PER_IPU:
+        command += ["--cores-per-ipu", str(args.cores_per_ipu)]
     for name in args.policy or ():
         command += ["--policy", name]
     print("\nreproduce: " + shlex.join(command))

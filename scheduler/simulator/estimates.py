@@ -14,6 +14,8 @@
   job in seven asks for the limit; every other job asks for the smallest round value at or above
   ``run time / a`` with ``a ~ U(0, 1]``, never more than the limit. Requests never fall short of the
   run time, because the limit is what Slurm kills a job at, and the trace ran to completion.
+  A trace that carries its users' requests (an SWF log's requested time) gives them instead, capped
+  at the limit, for every job that has one.
 - ``none``: no estimate at all, so every job counts as running to the limit (what Slurm assumes of a
   job submitted without ``--time``: the partition's ``DefaultTime``, here its maximum).
 
@@ -103,6 +105,9 @@ def estimates(
         return [min(j.duration_s * math.exp(rng.gauss(0.0, prediction_error)), limit_s) for j in jobs]
     requested: list[float] = []
     for j in jobs:
+        if j.requested_s is not None:
+            requested.append(max(min(j.requested_s, limit_s), min(j.duration_s, limit_s)))
+            continue
         if rng.random() < LIMIT_SHARE:
             requested.append(limit_s)
             continue

@@ -25,6 +25,7 @@ from scheduler.simulator.estimates import DEFAULT_PREDICTION_ERROR, default_limi
 from scheduler.simulator.machines import assign, largest_by_type
 from scheduler.simulator.metrics import summarize
 from scheduler.simulator.svg import cdf_chart, line_chart
+from scheduler.simulator.swf import DEFAULT_CORES_PER_IPU, is_swf, load_swf
 from scheduler.simulator.trace import Columns, TraceJob, load_trace
 from vipu.topology import Fleet
 
@@ -56,6 +57,8 @@ class ReplaySpec:
     # Whether every preemption pays what the emulator says it costs (scheduler.policy.preemption);
     # False: the research anchors preempt for free, as in their papers' simulators.
     preemption_costs: bool = True
+    # SWF logs (a ``.swf`` or ``.swf.gz`` trace): how many of the log's cores make one IPU.
+    cores_per_ipu: int = DEFAULT_CORES_PER_IPU
 
     def preemptible(self, jobs: Sequence[TraceJob]) -> list[bool]:
         """Which jobs are preemptible: each with probability `preemptible_fraction`, from the seed."""
@@ -74,6 +77,14 @@ class ReplaySpec:
         return max(largest_by_type(fleet).values(), default=0)
 
     def load(self) -> list[TraceJob]:
+        if is_swf(self.trace):
+            return load_swf(
+                self.trace,
+                largest_partition=self.largest(),
+                cores_per_ipu=self.cores_per_ipu,
+                limit=self.limit,
+                start_row=self.start_row,
+            )
         return load_trace(
             self.trace,
             largest_partition=self.largest(),

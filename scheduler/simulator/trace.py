@@ -36,6 +36,9 @@ class TraceJob:
     size: int
     tenant: str
     requested_size: int  # as in the trace, before rounding and capping
+    # The run time the user asked for, where the trace has it (SWF logs do: scheduler/simulator/swf.py);
+    # the ``user`` estimate model then uses it instead of modelling one.
+    requested_s: float | None = None
 
 
 def round_size(requested: int, largest: int) -> int:
