@@ -88,6 +88,10 @@ class PolicyConfig:
     preempt_gain: float | None = None
     preempt_min_run_s: float = 0.0
     preempt_max: int | None = None
+    # The forecast's replays with run times drawn around the predictions (log-normal, this sigma;
+    # 0: one replay on the predictions as they are), and how many; a start is their median.
+    forecast_spread: float = 0.0
+    forecast_samples: int = 1
     # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
     runtime_hints: bool = True
     description: str = ""
