@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.las import plan_of
+from scheduler.policy.las import CLASS_SPAN, plan_of
 from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
@@ -297,7 +297,8 @@ class _Pass:
             def allowed(victim: RunningJob) -> bool:
                 # A lower plan's work yields to a higher plan's as before (an admin's ranking); the
                 # guards are for preemption by service class within one plan priority.
-                return victim.preemptible or plan_of(victim.priority) < job_plan or worth(victim)
+                # plan_of, inlined: asked of every candidate victim, pass after pass.
+                return victim.preemptible or round(victim.priority / CLASS_SPAN) < job_plan or worth(victim)
 
         chosen = choose_victims(
             job, self.s.running, self.s.allocator, by_priority=config.preemption, now=now, allowed=allowed

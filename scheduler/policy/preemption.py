@@ -168,15 +168,15 @@ def choose_victims(
         eligible = [r for r in eligible if allowed(r)]
         if free + sum(r.size for r in eligible) < job.size:
             return None
+    if not eligible:
+        return None
+    # Not even all of them together make room for a partition of the size (the usual answer): no
+    # ranking, no clone, no release one by one. Freeing fewer of them could not do better.
+    if allocator.largest_free_after([r.partition for r in eligible], job.machine_type) < job.size:
+        return None
     candidates = sorted(
         eligible, key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id)
     )
-    if not candidates:
-        return None
-    # Not even all of them together make room for a partition of the size (the usual answer): no
-    # clone, no release one by one. Freeing fewer of them could not do better.
-    if allocator.largest_free_after([r.partition for r in candidates], job.machine_type) < job.size:
-        return None
     twin = allocator.clone()
     released: list[RunningJob] = []
     for victim in candidates:

@@ -89,3 +89,19 @@ def test_the_wait_estimate_decides_nothing_and_the_decision_hash_says_so() -> No
     assert digest(every=1) == plain
     assert digest(config.with_options(forecast_samples=1, forecast_spread=0.0), every=1) == plain
     assert digest(get_policy("fifo-firstfit")) != plain
+
+
+def test_a_running_jobs_new_class_keeps_every_other_field() -> None:
+    """The engine moves running jobs' classes field by field (`_with_priority`, for speed): a field
+    added to `RunningJob` and not copied there would be lost at the first move."""
+    import dataclasses
+
+    from scheduler.policy import RunningJob
+    from scheduler.simulator.engine import _with_priority
+
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(RunningJob):
+        kind = {"str": "x", "int": 3, "float": 2.5, "bool": True}[str(f.type)]
+        values[f.name] = f"{f.name}-1" if kind == "x" else kind
+    job = RunningJob(**values)  # type: ignore[arg-type]
+    assert _with_priority(job, -7) == dataclasses.replace(job, priority=-7)
