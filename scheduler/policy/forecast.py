@@ -228,6 +228,7 @@ def _replay(
                 victim.started_at,
                 left,
                 victim.priority,
+                preemptible=victim.preemptible,
             )
         # Nothing more starts now: move to the next predicted end and free what it frees.
         while ends and release.get(ends[0][1]) != ends[0][0]:

@@ -75,3 +75,18 @@ def test_drawn_run_times_bring_the_first_of_many_ends_forward() -> None:
     assert 10.0 < first["job_new"] < 800.0, first
     assert forecast(snapshot, drawn, target=target) == first
     assert set(snapshot.allocator.partitions()) == {f"p_{i}" for i in range(64)}
+
+
+def test_a_preempted_job_restarted_in_the_replay_runs_its_whole_restart() -> None:
+    """Preemptible V holds the POD64 until 1,000 s; non-preemptible A preempts it (30 s warning), runs
+    100 s, and V restarts at 140 s with 990 s left. The end V had before it was preempted (1,000 s)
+    must not end its restart: the job asked about, preemptible too and behind V, starts at 1,130 s.
+    (V goes back to the queue preemptible, as it was: it does not start ahead of A.)"""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_v", 64) is not None
+    running = [RunningJob("job_v", "t", 64, "p_v", 0.0, 1000.0, preemptible=True)]
+    queued = [QueuedJob("job_a", "u", 64, 5.0, 100.0)]
+    snapshot = Snapshot(now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc)
+    target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
+    starts = forecast(snapshot, "default", target=target)
+    assert starts == {"job_a": 40.0, "job_v": 140.0, "job_t": 1130.0}, starts
