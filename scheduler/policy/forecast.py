@@ -164,6 +164,23 @@ def _replay(
     waited = set(until)
     starts: dict[str, float] = {}
     stopping: dict[str, QueuedJob] = {}  # warned victims, queued again when their warning ends
+    for job_id, at in snapshot.stopping.items():
+        # Warned before the snapshot: it frees its IPUs when its warning ends, not at its predicted
+        # end, and a pass that picks it as a victim again does not warn it anew.
+        held = running.get(job_id)
+        if held is None or held.reserved or job_id in stopping:
+            continue
+        release[job_id] = max(at, now)
+        heapq.heappush(ends, (release[job_id], job_id))
+        stopping[job_id] = QueuedJob(
+            held.id,
+            held.tenant_id,
+            held.size,
+            held.started_at,
+            max(1.0, held.expected_end - release[job_id]),
+            held.priority,
+            preemptible=held.preemptible,
+        )
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:

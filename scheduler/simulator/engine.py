@@ -346,6 +346,11 @@ class Simulation:
                         allocator=alloc,
                         arrivals=arrivals,
                         timetable=table,
+                        stopping={
+                            jobs[w].id: at
+                            for at, w, number in stops
+                            if number == attempt[w] and jobs[w].id in warned
+                        },
                     )
                     start = estimate_start(
                         view, queued, config, max_passes=self.estimate_passes, name_for=_own_name
