@@ -52,7 +52,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--trace", type=Path, default=REPO / "benchmarks" / "data" / "philly.csv.gz")
-    parser.add_argument("--limit", type=int, default=10_000)
+    parser.add_argument("--limit", type=int, default=10_000, help="the first N jobs (0: the whole trace)")
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--policy", default="default-classes")
     parser.add_argument("--option", action="append", default=[], help="KEY=VALUE, a PolicyConfig field")
@@ -60,7 +60,7 @@ def main() -> None:
 
     options = dict(item.split("=", 1) for item in args.option)
     config = get_policy(args.policy).with_options(**{k: _value(v) for k, v in options.items()})
-    spec = ReplaySpec(trace=args.trace, pods=8, seed=0, limit=args.limit)
+    spec = ReplaySpec(trace=args.trace, pods=8, seed=0, limit=args.limit or None)
     jobs = spec.load()
     told = estimates(jobs, config.estimates or "predicted", seed=0, limit_s=default_limit(jobs))
     sim = Simulation(
