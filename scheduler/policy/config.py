@@ -10,7 +10,7 @@
   predicted exceeds the cost (scheduler.policy.preemption). It is not the default yet: in the
   simulator it lowers Philly's average JCT by more than half and raises Jain fairness; its wait
   estimate meets the 25% target on the slice #31 measures (20.0%, default 23.3%) but not on a denser
-  sample (32.0%, default 25.7%; docs/scheduling.md).
+  sample nor on the whole trace (30.6%, default 19.7%; docs/scheduling.md).
 - ``fifo-firstfit``: what V-IPU under a plain FIFO queue gives: strict submission order (a job that
   cannot start blocks every later one) and the allocator's ``first-fit`` placement.
 - ``slurm-backfill``: Slurm's ``sched/backfill`` with a count-only IPU resource: FIFO, EASY backfill
