@@ -283,6 +283,9 @@ def main() -> None:
     print(f"{args.trace}: {len(jobs):,} jobs on {args.pods} POD64 of M2000 ({args.pods * 64} IPUs)")
     print(f"estimates: {args.estimates} (slurm-backfill: user), seed {args.seed}; {wall:.0f} s for all")
     print(table(figures))
+    # Same hash, same decisions: what a change meant only to speed the replay up (or only to the wait
+    # estimate, which decides nothing) must keep.
+    print("decisions: " + ", ".join(f"{name} {f['decision_hash']}" for name, f in figures.items()))
     if set(BASELINES) <= set(figures):
         print("\ntargets for the default policy:")
         for label, ok, detail in targets(figures):

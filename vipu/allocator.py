@@ -458,6 +458,20 @@ class Allocator:
         level = max((self._space.largest_level(kind) for kind in kinds), default=-1)
         return 0 if level < 0 else 1 << level
 
+    def largest_free_after(
+        self, partition_ids: Sequence[str], machine_type: MachineType | str | None = None
+    ) -> int:
+        """`largest_free` as it would be once ``partition_ids`` (unknown ids ignored) were released,
+        without releasing them: what a search for partitions to preempt asks before it clones."""
+        assigned: dict[int, int] = {}
+        for partition_id in partition_ids:
+            for pod, mask in self._footprints.get(partition_id, ()):
+                assigned[pod] = assigned.get(pod, self._assigned[pod]) & ~mask
+        masks = {pod: self._capacity[pod] & ~(taken | self._blocked[pod]) for pod, taken in assigned.items()}
+        kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))
+        level = max((self._space.largest_level_if(kind, masks) for kind in kinds), default=-1)
+        return 0 if level < 0 else 1 << level
+
     def free_ipus(self, machine_type: MachineType | str | None = None) -> int:
         """IPUs that are healthy and in no partition."""
         kinds = self._space.kinds(None if machine_type is None else MachineType(machine_type))

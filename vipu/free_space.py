@@ -264,6 +264,34 @@ class FreeSpace:
         """Free IPUs of ``kind`` covered by at least one free window of size ``2**level`` (0..6)."""
         return self._index[kind].usable[level]
 
+    def largest_level_if(self, kind: MachineType, masks: dict[int, int]) -> int:
+        """`largest_level` as it would be were the pods in ``masks`` free as given there (their new
+        free masks): a what-if without a clone. Nothing changes."""
+        index = self._index[kind]
+        by_feature = index.by_feature
+        whole_bit = RUN_BIT + MACHINES_PER_POD
+        changed = 0
+        features: dict[int, int] = {}
+        for pod, mask in masks.items():
+            if self.fleet.pod_types[pod] is kind:
+                changed |= 1 << pod
+                features[pod] = summarize(mask, self._aligned[pod]).features
+
+        def pods_with(bit: int) -> int:
+            pods = by_feature[bit] & ~changed
+            for pod, have in features.items():
+                if have >> bit & 1:
+                    pods |= 1 << pod
+            return pods
+
+        whole = pods_with(whole_bit).bit_count()
+        if whole >= 2:
+            return POD_LEVELS - 1 + whole.bit_length() - 1
+        for level in range(POD_LEVELS - 1, -1, -1):
+            if pods_with(HOST_BIT + level):
+                return level
+        return -1
+
     def largest_level(self, kind: MachineType) -> int:
         """Largest level (log2 size) allocatable in ``kind``, -1 when nothing is free."""
         whole = self.whole_pods(kind).bit_count()

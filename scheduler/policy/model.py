@@ -290,6 +290,9 @@ class Snapshot:
     # Arrays whose queued elements were kept from the policy (scheduling.gate_queue), by array id:
     # the pass never sees them, the forecast lets them in as the array's throttle would.
     held: Mapping[str, HeldArray] = field(default_factory=dict)
+    # Running jobs already warned of their preemption, by id: when the warning ends and they stop.
+    # Only the forecast reads it (a pass that picks one as a victim again changes nothing).
+    stopping: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(

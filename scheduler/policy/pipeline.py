@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.las import plan_of
+from scheduler.policy.las import CLASS_SPAN, plan_of
 from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
@@ -26,7 +26,7 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.ordering import Order
 from scheduler.policy.planners import CountPlanner, Start, TopologyPlanner
-from scheduler.policy.preemption import PreemptionCost, choose_victims, worth_preempting
+from scheduler.policy.preemption import PreemptionCost, choose_victims, guard
 from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import expected_end
 
@@ -284,24 +284,22 @@ class _Pass:
         config, now = self.config, self.s.now
         allowed = None
         if config.preempt_gain is not None:
-            cost = PreemptionCost().scaled(config.clock_scale)
-            min_run_s = config.preempt_min_run_s / config.clock_scale
             job_plan = plan_of(job.priority)
+            # The guards are cluster seconds; live, the pass's clock is the wall clock (scaled).
+            worth = guard(
+                job,
+                now,
+                cost=PreemptionCost().scaled(config.clock_scale),
+                min_run_s=config.preempt_min_run_s / config.clock_scale,
+                max_preemptions=config.preempt_max,
+                gain=config.preempt_gain or 0.0,
+            )
 
             def allowed(victim: RunningJob) -> bool:
                 # A lower plan's work yields to a higher plan's as before (an admin's ranking); the
                 # guards are for preemption by service class within one plan priority.
-                if victim.preemptible or plan_of(victim.priority) < job_plan:
-                    return True
-                return worth_preempting(
-                    job,
-                    victim,
-                    now,
-                    cost=cost,
-                    min_run_s=min_run_s,
-                    max_preemptions=config.preempt_max,
-                    gain=config.preempt_gain or 0.0,
-                )
+                # plan_of, inlined: asked of every candidate victim, pass after pass.
+                return victim.preemptible or round(victim.priority / CLASS_SPAN) < job_plan or worth(victim)
 
         chosen = choose_victims(
             job, self.s.running, self.s.allocator, by_priority=config.preemption, now=now, allowed=allowed

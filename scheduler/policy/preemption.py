@@ -95,6 +95,34 @@ def worth_preempting(
     return remaining > gain * needed + paid
 
 
+def guard(
+    job: QueuedJob,
+    now: float,
+    *,
+    cost: PreemptionCost,
+    min_run_s: float,
+    max_preemptions: int | None,
+    gain: float,
+) -> Callable[[RunningJob], bool]:
+    """`worth_preempting` for one waiting ``job`` at ``now``, as one test per victim: what depends
+    only on the job is worked out once (a pass asks it of every running job of a lower class; on the
+    whole Philly trace millions of times). The same answers, to the bit."""
+    bound = max_preemptions
+    wanted = gain * (job.size * job.predicted_runtime_s)
+    victim_s = cost.victim_s()
+    warning = job.size * cost.warning_s
+
+    def worth(victim: RunningJob) -> bool:
+        if now - victim.started_at < min_run_s:
+            return False
+        if bound is not None and victim.preemptions >= bound:
+            return False
+        left = victim.expected_end - now
+        return (left if left > 0.0 else 0.0) * victim.size > wanted + (victim.size * victim_s + warning)
+
+    return worth
+
+
 def may_preempt(job: QueuedJob, victim: RunningJob, *, by_priority: bool) -> bool:
     """Whether ``victim`` may be stopped to make room for ``job``."""
     if victim.reserved or victim.session or victim.never_preempt:
@@ -126,23 +154,35 @@ def choose_victims(
     free = allocator.free_ipus(job.machine_type)
     # `may_preempt`, inlined: a pass asks it of every running job.
     rank, yields = job.priority, not job.preemptible
-    eligible = [
-        r
-        for r in running
-        if not (r.reserved or r.session or r.never_preempt)
-        and ((yields and r.preemptible) or (by_priority and r.priority < rank))
-    ]
+    # The class test first: it rules out most running jobs (the same set as in any order).
+    if by_priority:
+        eligible = [
+            r
+            for r in running
+            if (r.priority < rank or (yields and r.preemptible))
+            and not (r.reserved or r.session or r.never_preempt)
+        ]
+    else:
+        eligible = [
+            r
+            for r in running
+            if yields and r.preemptible and not (r.reserved or r.session or r.never_preempt)
+        ]
     if free + sum(r.size for r in eligible) < job.size:
         return None
     if allowed is not None:
         eligible = [r for r in eligible if allowed(r)]
         if free + sum(r.size for r in eligible) < job.size:
             return None
+    if not eligible:
+        return None
+    # Not even all of them together make room for a partition of the size (the usual answer): no
+    # ranking, no clone, no release one by one. Freeing fewer of them could not do better.
+    if allocator.largest_free_after([r.partition for r in eligible], job.machine_type) < job.size:
+        return None
     candidates = sorted(
         eligible, key=lambda r: (not r.preemptible, r.priority, loss(r), r.size, -r.started_at, r.id)
     )
-    if not candidates:
-        return None
     twin = allocator.clone()
     released: list[RunningJob] = []
     for victim in candidates:
@@ -151,7 +191,8 @@ def choose_victims(
         except KeyError:
             continue
         released.append(victim)
-        if twin.free_ipus(job.machine_type) < job.size:
+        # No partition of the size can form yet (cheaper to ask than `find`, which would say None).
+        if twin.largest_free(job.machine_type) < job.size:
             continue
         found = twin.find(job.size, machine_type=job.machine_type)
         if found is None:

@@ -251,6 +251,7 @@ def build_snapshot(
         ).tuples()
     }
     running: list[RunningJob] = []
+    stopping: dict[str, float] = {}
     running_jobs: dict[str, int] = {}
     committed: dict[str, float] = {}
     busy: dict[str, list[str]] = {}
@@ -272,6 +273,7 @@ def build_snapshot(
         created_at,
         opted_out,
         plan_opted_out,
+        deadline,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -291,6 +293,7 @@ def build_snapshot(
             Job.created_at,
             Job.never_preempt,
             Plan.never_preempt,
+            Attempt.preempt_deadline,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -332,6 +335,9 @@ def build_snapshot(
             waited = max(0.0, (now - created_at).total_seconds())
             held_job = replace(held_job, priority=job_class(policy, priority, size, left, waited_s=waited))
         running.append(held_job)
+        if deadline is not None:
+            # Warned of its preemption: the forecast frees its IPUs when the warning ends.
+            stopping[job_id] = deadline.timestamp()
         committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
         if task != SERVE_TASK:  # replicas count against the plan's endpoint limits instead
             running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
@@ -398,6 +404,7 @@ def build_snapshot(
         reserved=reserved,
         arrivals=arrivals,
         held=held_arrays,
+        stopping=stopping,
     )
     return LiveSnapshot(snapshot, stored, samples, gated)
 

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -100,6 +101,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
             result.preemptions / max(1e-9, sum(j.duration_s for j in result.jobs) / 3600.0), 5
         ),
         "replay_wall_s": _r(result.wall_s, 2),
+        "decision_hash": decision_hash(result),
         **({"estimate_error": errors} if (errors := estimate_error(result)) else {}),
         "tenant_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant.items())},
         "tenant_job_slowdown": {t: _r(v, 3) for t, v in sorted(per_tenant_jobs.items())},
@@ -141,6 +143,17 @@ def _preemptible(result: SimResult) -> dict[str, Any]:
             },
         }
     }
+
+
+def decision_hash(result: SimResult) -> str:
+    """A digest of what the policy did to every job: its first start, last start, end and how often
+    it was preempted. Two replays of the same jobs with the same digest made the same decisions, so
+    a change meant to be only faster (or only to the wait estimate, which decides nothing) is
+    checked by it (docs/scheduling.md)."""
+    digest = hashlib.sha256()
+    for job, o in zip(result.jobs, result.outcomes, strict=True):
+        digest.update(f"{job.id}:{o.first_start_s!r}:{o.start_s!r}:{o.end_s!r}:{o.preempted};".encode())
+    return digest.hexdigest()[:16]
 
 
 IMMEDIATE_S = 1.0  # a job that started within this of its submission started at once

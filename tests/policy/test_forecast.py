@@ -4,6 +4,7 @@ and that it stops when its time is up."""
 from __future__ import annotations
 
 from scheduler.policy import HeldArray, JobQueue, QueuedJob, RunningJob, Snapshot
+from scheduler.policy.config import get_policy
 from scheduler.policy.forecast import forecast
 from vipu.allocator import Allocator
 from vipu.topology import Fleet, MachineType
@@ -53,3 +54,39 @@ def test_an_arrays_held_elements_start_no_faster_than_its_max_running() -> None:
     assert len(snapshot.queue) == 1, "the snapshot is untouched"
     # `until`: the replay stops once those started.
     assert set(forecast(snapshot, until={"el_3"})) == {"el_1", "el_2", "el_3"}
+
+
+def test_drawn_run_times_bring_the_first_of_many_ends_forward() -> None:
+    """64 one-IPU jobs fill the POD64, each predicted to end at 1,000 s. On predictions alone a new
+    one-IPU job starts at 1,000 s; but the first of 64 jobs whose run times are off by about 20% ends
+    well before the prediction they share. With run times drawn around the predictions the median of
+    the replays says so, the same answer every time it is asked."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    running = []
+    for i in range(64):
+        assert alloc.allocate(f"p_{i}", 1) is not None
+        running.append(RunningJob(f"job_{i}", "t", 1, f"p_{i}", 0.0, 1000.0))
+    snapshot = Snapshot(now=10.0, queue=JobQueue(), running=running, tenants={}, allocator=alloc)
+    target = QueuedJob("job_new", "u", 1, 10.0, 100.0)
+    plain = get_policy("default-classes").with_options(forecast_spread=0.0)
+    assert forecast(snapshot, plain, target=target) == {"job_new": 1000.0}
+    drawn = plain.with_options(forecast_spread=0.3, forecast_samples=9)
+    first = forecast(snapshot, drawn, target=target)
+    assert 10.0 < first["job_new"] < 800.0, first
+    assert forecast(snapshot, drawn, target=target) == first
+    assert set(snapshot.allocator.partitions()) == {f"p_{i}" for i in range(64)}
+
+
+def test_a_preempted_job_restarted_in_the_replay_runs_its_whole_restart() -> None:
+    """Preemptible V holds the POD64 until 1,000 s; non-preemptible A preempts it (30 s warning), runs
+    100 s, and V restarts at 140 s with 990 s left. The end V had before it was preempted (1,000 s)
+    must not end its restart: the job asked about, preemptible too and behind V, starts at 1,130 s.
+    (V goes back to the queue preemptible, as it was: it does not start ahead of A.)"""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_v", 64) is not None
+    running = [RunningJob("job_v", "t", 64, "p_v", 0.0, 1000.0, preemptible=True)]
+    queued = [QueuedJob("job_a", "u", 64, 5.0, 100.0)]
+    snapshot = Snapshot(now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc)
+    target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
+    starts = forecast(snapshot, "default", target=target)
+    assert starts == {"job_a": 40.0, "job_v": 140.0, "job_t": 1130.0}, starts

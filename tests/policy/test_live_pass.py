@@ -150,6 +150,16 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
         warned = s.get(Attempt, attempt.id)
         assert warned.state == AttemptState.RUNNING and warned.preempt_deadline is not None
         assert s.get(Job, urgent).wait["reason"] == "preempting"
+        # The forecast is told when the warned attempt stops (it frees its IPUs then, not at its
+        # predicted end).
+        snap = scheduling.build_snapshot(
+            session=s,
+            allocator=on.sync.refresh(s),  # type: ignore[union-attr]
+            now=utcnow(),
+            time_scale=1.0,
+            half_life_s=3600.0,
+        ).snapshot
+        assert snap.stopping == {low: warned.preempt_deadline.timestamp()}
     assert on.schedule_pass() == 0  # ...which keeps its IPUs while it checkpoints...
     with db.read() as s:
         assert s.get(Attempt, attempt.id).state == AttemptState.RUNNING

@@ -13,6 +13,7 @@ from ipucloud.cli import app
 from scheduler.policy import get_policy
 from scheduler.simulator import ReplaySpec, replay, report
 from scheduler.simulator.engine import Simulation
+from scheduler.simulator.metrics import decision_hash
 from scheduler.simulator.trace import TraceJob
 
 SLICE = Path(__file__).parent / "data" / "philly-slice.csv"
@@ -71,3 +72,36 @@ def test_simulate_json_reports_the_estimate_error() -> None:
     assert run.exit_code == 0, run.output
     out = json.loads(run.stdout)
     assert out["default"]["estimate_error"]["estimated_jobs"] == 75
+
+
+def test_the_wait_estimate_decides_nothing_and_the_decision_hash_says_so() -> None:
+    """`decision_hash` digests every job's starts, end and preemptions. Asking the forecast at every
+    submission, with its sampled replays, leaves it as it is; another policy changes it."""
+    jobs = [job(i, 60.0 * i, 1 << (i % 5), 900.0 + 37 * i, tenant=f"t{i % 3}") for i in range(80)]
+    told = [j.duration_s * (1.3 if i % 2 else 0.8) for i, j in enumerate(jobs)]
+    config = get_policy("default-classes")
+
+    def digest(policy: object = config, every: int = 0) -> str:
+        return decision_hash(Simulation(jobs, policy, told, pods=1, estimate_every=every).run())
+
+    plain = digest()
+    assert len(plain) == 16 and digest() == plain
+    assert digest(every=1) == plain
+    assert digest(config.with_options(forecast_samples=1, forecast_spread=0.0), every=1) == plain
+    assert digest(get_policy("fifo-firstfit")) != plain
+
+
+def test_a_running_jobs_new_class_keeps_every_other_field() -> None:
+    """The engine moves running jobs' classes field by field (`_with_priority`, for speed): a field
+    added to `RunningJob` and not copied there would be lost at the first move."""
+    import dataclasses
+
+    from scheduler.policy import RunningJob
+    from scheduler.simulator.engine import _with_priority
+
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(RunningJob):
+        kind = {"str": "x", "int": 3, "float": 2.5, "bool": True}[str(f.type)]
+        values[f.name] = f"{f.name}-1" if kind == "x" else kind
+    job = RunningJob(**values)  # type: ignore[arg-type]
+    assert _with_priority(job, -7) == dataclasses.replace(job, priority=-7)

@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from vipu.allocator import AllocationConflict, Allocator, PolicyError
@@ -438,3 +440,33 @@ def test_pod16_windows_stay_in_line(policy):
     assert allocator.largest_free() == 4  # machines 3 and 0 are not neighbours on a POD16
     assert allocator.allocate("eight", 8) is None
     assert allocator.allocate("four", 4) is not None
+
+
+@pytest.mark.parametrize("spec", ["8xm2000", "2xm2000,1xbow,8xdss8440"])
+def test_largest_free_after_release_is_asked_without_releasing(spec: str) -> None:
+    """`largest_free_after` answers what `largest_free` would once some partitions were released,
+    for every subset tried, and changes nothing (the preemption search asks it before it clones)."""
+    rng = random.Random(spec)
+    fleet = Fleet.build(spec)
+    alloc = Allocator(fleet)
+    names: list[str] = []
+    for i in range(400):
+        size = rng.choice((1, 1, 1, 2, 4, 8, 16, 64, 128))
+        if alloc.allocate(f"p{i}", size) is not None:
+            names.append(f"p{i}")
+        if names and rng.random() < 0.3:
+            alloc.release(names.pop(rng.randrange(len(names))))
+    assert names
+    kinds = (None, *(kind.value for kind in fleet.machine_types))
+    for _ in range(60):
+        chosen = rng.sample(names, rng.randint(1, min(40, len(names))))
+        twin = alloc.clone()
+        for name in chosen:
+            twin.release(name)
+        before = {kind: alloc.largest_free(kind) for kind in kinds}
+        for kind in kinds:
+            assert alloc.largest_free_after([*chosen, "no-such"], kind) == twin.largest_free(kind), (
+                kind,
+                chosen,
+            )
+        assert {kind: alloc.largest_free(kind) for kind in kinds} == before
