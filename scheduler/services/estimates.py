@@ -401,7 +401,12 @@ def expected_wait_s(
         submitted_at=snapshot.now,
         predicted_runtime_s=predicted_runtime_s / scale,
         machine_type=machine,
-        priority=job_class(policy, 0, size, predicted_runtime_s / scale),
+        priority=job_class(
+            policy,
+            scheduling.plan_priority(session=session, tenant_id=tenant_id),
+            size,
+            predicted_runtime_s / scale,
+        ),
     )
     start = estimate_start(snapshot, target, policy, budget_s=ESTIMATE_BUDGET_S)
     if start is None:
@@ -576,6 +581,7 @@ def _forecast_elements(
     snapshot = live.snapshot
     targets: list[QueuedJob] = []
     index_of: dict[str, int] = {}
+    ranked_at = scheduling.plan_priority(session=session, tenant_id=tenant_id)
     for e in elements[:FORECAST_ELEMENTS]:
         out = answers[id(e.spec)]
         if not out.get("fits") or out.get("total_s") is None or not out.get("ipus"):
@@ -592,7 +598,7 @@ def _forecast_elements(
                 machine_type=out.get("machine"),
                 # Ranked as the single job's estimate is (its service class under default-classes).
                 priority=job_class(
-                    policy, 0, int(cast(int, out["ipus"])), float(cast(float, out["total_s"])) / scale
+                    policy, ranked_at, int(cast(int, out["ipus"])), float(cast(float, out["total_s"])) / scale
                 ),
             )
         )

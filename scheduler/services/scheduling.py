@@ -119,6 +119,17 @@ class LiveSnapshot:
     gated: dict[str, Wait] = field(default_factory=dict)
 
 
+def plan_priority(*, session: Session, tenant_id: str | None) -> int:
+    """The plan priority a tenant's queued work is ranked at, as `build_snapshot` reads it (0 for
+    no tenant: an admin's estimate)."""
+    if tenant_id is None:
+        return 0
+    found = session.execute(
+        select(Plan.priority).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
+    ).scalar_one_or_none()
+    return int(found or 0)
+
+
 def build_snapshot(
     *,
     session: Session,

@@ -80,6 +80,33 @@ def test_a_queued_job_behind_another_gets_a_forecast_start(db: Any, seeded: Any)
     assert starts[third] - starts[second] > 60
 
 
+def test_an_estimate_ranks_the_job_at_its_tenants_plan_priority(db: Any, seeded: Any, client: Any) -> None:
+    """The job asked about is ranked as the tenant's real job would be: at its plan's priority. It was
+    ranked at 0, so an internal tenant heavier in fair share than a standard tenant was told it would
+    wait behind the standard tenant's queued job, which its job would in fact pass."""
+    from scheduler.services import tenants
+
+    light, _ = new_tenant(db, "light", quota_ipu_hours=10_000)  # standard: plan priority 2
+    with db.write() as s:
+        made = tenants.create_tenant(
+            session=s, secret=get_settings().secret(), name="heavy", plan="internal", quota_ipu_hours=10_000
+        )  # internal: plan priority 3
+        heavy, key = made.tenant.id, made.api_key
+    running = submit(db, heavy, spec(128, steps=20_000))  # the heavy tenant holds the whole fleet
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    queued = submit(db, light, spec(128, steps=20_000))  # the standard tenant waits for all of it
+    assert loop.schedule_pass() == 0
+    with db.read() as s:
+        first_end = datetime.fromisoformat(s.get(Job, queued).wait["estimated_start"]).timestamp()
+    asked_at = datetime.now().astimezone().timestamp()
+    wait_s = estimate(client, key, 128, steps=20_000)["expected_wait_s"]
+    assert wait_s is not None
+    # It starts when the running job ends, ahead of the standard tenant's job, not one run after it.
+    starts_at = asked_at + wait_s / get_settings().time_scale
+    assert abs(starts_at - first_end) < 5, (starts_at - first_end, running)
+
+
 BERT = {"model": "bert-base", "task": "train", "batch_size": 32, "seq_len": 128, "steps": 200}
 
 
