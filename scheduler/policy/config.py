@@ -93,6 +93,10 @@ class PolicyConfig:
     # emulator's preemption costs are cluster seconds; live, the pass runs on the wall clock
     # (IPUCLOUD_TIME_SCALE), the simulator on cluster time (1).
     clock_scale: float = 1.0
+    # Cluster seconds a victim is warned ahead (IPUCLOUD_PREEMPTION_WARNING_S live, the replay's
+    # `warning_s` in the simulator): the job it makes room for waits that long, so the stop's cost
+    # the guards weigh counts it.
+    preempt_warning_s: float = 30.0
     # The forecast's replays with run times drawn around the predictions (log-normal, this sigma;
     # 0: one replay on the predictions as they are), and how many; a start is their median.
     forecast_spread: float = 0.0

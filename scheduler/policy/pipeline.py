@@ -289,7 +289,7 @@ class _Pass:
             worth = guard(
                 job,
                 now,
-                cost=PreemptionCost().scaled(config.clock_scale),
+                cost=PreemptionCost(warning_s=config.preempt_warning_s).scaled(config.clock_scale),
                 min_run_s=config.preempt_min_run_s / config.clock_scale,
                 max_preemptions=config.preempt_max,
                 gain=config.preempt_gain or 0.0,

@@ -104,6 +104,7 @@ def live_policy(settings: Settings) -> PolicyConfig:
         placement=settings.placement_policy,
         preemption=base.preemption or settings.preemption,
         clock_scale=settings.time_scale,
+        preempt_warning_s=settings.preemption_warning_s,
     )
 
 

@@ -97,7 +97,7 @@ class ReplaySpec:
 def replay_policy(
     spec: ReplaySpec, jobs: Sequence[TraceJob], policy: str, progress: Progress | None = None
 ) -> SimResult:
-    config = get_policy(policy)
+    config = get_policy(policy).with_options(preempt_warning_s=spec.warning_s)
     model = config.estimates or spec.estimates
     limit = spec.max_runtime_s or default_limit(jobs)
     told = estimates(jobs, model, seed=spec.seed, limit_s=limit, prediction_error=spec.prediction_error)

@@ -144,6 +144,19 @@ def test_preemption_only_when_the_predicted_gain_exceeds_its_cost() -> None:
     assert cost.restart_s(same_type=False) == cost.restart_s() + cost.compile_s
 
 
+def test_the_stop_cost_counts_the_warning_the_cloud_gives() -> None:
+    """The guard weighs the warning a victim is given (IPUCLOUD_PREEMPTION_WARNING_S live), not a fixed
+    30 s: the job it makes room for waits that long, and the victim holds its IPUs meanwhile."""
+    config = get_policy("default-classes")
+    assert [v.id for v in decide(_scene(), config).preempt] == ["long"]
+    # 20 h of 64 IPUs left to run: with a 30 h warning the short job is better off waiting.
+    assert decide(_scene(), config.with_options(preempt_warning_s=30 * HOUR)).preempt == []
+    from scheduler.services.scheduling import live_policy
+    from scheduler.settings import Settings
+
+    assert live_policy(Settings(preemption_warning_s=120.0)).preempt_warning_s == 120.0
+
+
 def test_a_starved_long_job_is_promoted_in_the_simulator() -> None:
     """A stream of short jobs of one tenant would keep another's long job waiting for ever on a
     full fleet; promotion lifts it over them after `promote_after_s` per class."""
