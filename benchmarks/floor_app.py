@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fastapi import FastAPI, Request
-from sqlalchemy import JSON, Column, MetaData, String, Table, create_engine, insert
+from sqlalchemy import JSON, Column, MetaData, String, Table, create_engine, insert, text
 
 metadata = MetaData()
 floor_jobs = Table("floor_jobs", metadata, Column("id", String(40), primary_key=True), Column("spec", JSON))
@@ -35,7 +35,12 @@ engine = create_engine(
     pool_size=10,
     max_overflow=10,
 )
-metadata.create_all(engine, checkfirst=True)
+with engine.begin() as conn:
+    # Every uvicorn worker imports this module at once, and two CREATE TABLEs of one name race on
+    # PostgreSQL's catalogue (a worker died of it, leaving the floor measured on one process): they
+    # take turns under a transaction-scoped advisory lock.
+    conn.execute(text("SELECT pg_advisory_xact_lock(20261207)"))
+    metadata.create_all(conn, checkfirst=True)
 
 app = FastAPI()
 
