@@ -248,20 +248,22 @@ def build_snapshot(
         if again:
             queued = [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
 
-    # How often each running job was preempted before: the policy bounds it (preempt_max). One
-    # grouped query over the live attempts' jobs, not one per job.
-    earlier = aliased(Attempt)
-    preempted_before: dict[str, int] = {
-        job_id: int(n)
-        for job_id, n in session.execute(
-            select(earlier.job_id, func.count())
-            .where(
-                earlier.state == AttemptState.PREEMPTED,
-                earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
-            )
-            .group_by(earlier.job_id)
-        ).tuples()
-    }
+    # How often each running job was preempted before: a policy that bounds it (preempt_max) reads
+    # it, in one grouped query over the live attempts' jobs; one that does not spares the pass it.
+    preempted_before: dict[str, int] = {}
+    if policy is not None and policy.preempt_max is not None:
+        earlier = aliased(Attempt)
+        preempted_before = {
+            job_id: int(n)
+            for job_id, n in session.execute(
+                select(earlier.job_id, func.count())
+                .where(
+                    earlier.state == AttemptState.PREEMPTED,
+                    earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
+                )
+                .group_by(earlier.job_id)
+            ).tuples()
+        }
     running: list[RunningJob] = []
     stopping: dict[str, float] = {}
     running_jobs: dict[str, int] = {}
