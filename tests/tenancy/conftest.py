@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,8 @@ from scheduler.jobspec import JobSpec
 from scheduler.models import ApiKey, AttemptState, Job, utcnow
 from scheduler.services import attempts, jobs, keys, partitions, tenants
 from scheduler.settings import get_settings
-from tests.support import agentkit
+from tests.support import agentkit, services
+from tests.support.smtp import Inbox, smtp_server
 
 JOB: dict[str, Any] = {
     "name": "r50",
@@ -147,3 +149,14 @@ def submit(db: Any, tenant_id: str, **over: Any) -> str:
         return jobs.submit_job(
             session=s, tenant_id=tenant_id, spec=JobSpec.model_validate({**JOB, **over})
         ).job.id
+
+
+@pytest.fixture
+def inbox(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Inbox]:
+    """A real SMTP server (aiosmtpd) the cloud's mail goes to, with the settings pointing at it."""
+    with smtp_server() as box:
+        monkeypatch.setenv("IPUCLOUD_SMTP_URL", f"smtp://127.0.0.1:{box.port}")
+        monkeypatch.setenv("IPUCLOUD_MAIL_FROM", "ipucloud <cloud@example.net>")
+        monkeypatch.setenv("IPUCLOUD_PUBLIC_URL", "http://testserver")
+        services.reload_settings(runtime)
+        yield box

@@ -7,7 +7,6 @@ and `GET/PUT /api/v1/notification-settings`."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
@@ -34,16 +33,6 @@ APPLICATION = {
 CLAIM = re.compile(r"(https?://[^\s]+/claim/([A-Za-z0-9_-]+))")
 FORM_TOKEN = re.compile(r'name="form_token" value="([^"]+)"')
 NEW_KEY = re.compile(r'id="new-key" class="mono key" readonly value="(ipuc_[^"]+)"')
-
-
-@pytest.fixture
-def inbox(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Inbox]:
-    with smtp_server() as box:
-        monkeypatch.setenv("IPUCLOUD_SMTP_URL", f"smtp://127.0.0.1:{box.port}")
-        monkeypatch.setenv("IPUCLOUD_MAIL_FROM", "ipucloud <cloud@example.net>")
-        monkeypatch.setenv("IPUCLOUD_PUBLIC_URL", "http://testserver")
-        services.reload_settings(runtime)
-        yield box
 
 
 def apply(client: Any, **over: Any) -> str:

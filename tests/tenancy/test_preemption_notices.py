@@ -4,7 +4,6 @@ tenant's job id is never shown."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,20 +21,16 @@ from scheduler.services.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit, services
-from tests.support.smtp import Inbox, send_due_mail, smtp_server
+from tests.support.smtp import Inbox, send_due_mail
 from tests.tenancy.conftest import TenantWorld, auth, make_tenant
 
 
 @pytest.fixture
-def inbox(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Inbox]:
-    with smtp_server() as box:
-        monkeypatch.setenv("IPUCLOUD_SMTP_URL", f"smtp://127.0.0.1:{box.port}")
-        monkeypatch.setenv("IPUCLOUD_MAIL_FROM", "ipucloud <cloud@example.net>")
-        monkeypatch.setenv("IPUCLOUD_PUBLIC_URL", "http://testserver")
-        # The receiver runs on this machine, as a demo's does under `ipucloud up`.
-        monkeypatch.setenv("IPUCLOUD_WEBHOOK_ALLOW_PRIVATE", "1")
-        services.reload_settings(runtime)
-        yield box
+def inbox(inbox: Inbox, runtime: Any, monkeypatch: pytest.MonkeyPatch) -> Inbox:
+    # The webhook receiver runs on this machine, as a demo's does under `ipucloud up`.
+    monkeypatch.setenv("IPUCLOUD_WEBHOOK_ALLOW_PRIVATE", "1")
+    services.reload_settings(runtime)
+    return inbox
 
 
 def submit(db: Any, tenant: str, ipus: int, **extra: Any) -> str:
