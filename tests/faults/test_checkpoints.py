@@ -54,6 +54,19 @@ def checkpoints_of(db: Any, job_id: str) -> list[Checkpoint]:
         )
 
 
+def uninterrupted_ipu_ms(first: Attempt, ipus: int, steps: int, rate: float) -> int:
+    """What the job would have cost run once without a stop: one compile and load, then its steps."""
+    run = first.timeline
+    assert run is not None
+    return charged_ipu_ms(ipus, run["compile_s"] + run["load_s"] + steps * run["step_s"], rate)
+
+
+def billed_ipu_ms(db: Any, job_id: str) -> int:
+    """What the job's meter events charged, every attempt's."""
+    with db.read() as s:
+        return int(sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == job_id)).scalars()))
+
+
 def test_a_sigkilled_agents_job_resumes_from_its_checkpoint_and_is_billed_once(
     env: dict[str, str], db: Any, tmp_path: Path
 ) -> None:
@@ -83,14 +96,11 @@ def test_a_sigkilled_agents_job_resumes_from_its_checkpoint_and_is_billed_once(
     )
     # Billed once: attempt 1 up to its checkpoint, attempt 2 for the steps after it (its restore is
     # free): what the run would have cost without the fault, to a millisecond per record.
-    run = lost.timeline
-    assert run is not None
-    clean = charged_ipu_ms(lost.size, run["compile_s"] + run["load_s"] + 2_000_000 * run["step_s"], lost.rate)
+    clean = uninterrupted_ipu_ms(lost, lost.size, 2_000_000, lost.rate)
     outcome = check_cloud(db, [job_id])
     assert outcome.attempts == {"lost": 1, "succeeded": 1}
     assert abs(round(shown["used_ipu_hours"] * 3_600_000) - clean) <= 50  # hours are rounded for display
-    with db.read() as s:
-        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == job_id)).scalars())
+    billed = billed_ipu_ms(db, job_id)
     assert abs(billed - clean) <= 3
     assert shown["checkpoints"] and shown["checkpoints"][0]["step"] >= kept.step
     assert shown["checkpoint_count"] >= len(shown["checkpoints"])
@@ -147,11 +157,8 @@ def test_a_preempted_job_is_warned_checkpoints_requeues_and_finishes(
     # Billed exactly once: attempt 1 up to the checkpoint it kept (what it ran after, in its warning,
     # is refunded), attempt 2 for the steps after it (its restore is free): what the run would have
     # cost without the preemption, to a millisecond per record.
-    run = preempted.timeline
-    assert run is not None
-    clean = charged_ipu_ms(preempted.size, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], 0.5)
-    with db.read() as s:
-        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == spot["id"])).scalars())
+    clean = uninterrupted_ipu_ms(preempted, preempted.size, 3_000_000, 0.5)
+    billed = billed_ipu_ms(db, spot["id"])
     assert abs(billed - clean) <= 3
     held = sum(charged_ipu_ms(a.size, a.cluster_s, a.rate) for a in (preempted, resumed))
     assert billed <= held, "never billed for more than it held"
@@ -236,12 +243,9 @@ def test_preemption_by_priority_warns_and_an_opted_out_job_is_never_preempted(
     # Each billed once, at the plan's undiscounted rate.
     billed_once = [(other["id"], stopped)] + ([(kept["id"], only)] if len(kept_attempts) == 1 else [])
     for job_id, first_attempt in billed_once:
-        run = first_attempt.timeline
-        assert run is not None and first_attempt.rate == 1.0
-        clean = charged_ipu_ms(64, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], 1.0)
-        with db.read() as s:
-            billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == job_id)).scalars())
-        assert abs(billed - clean) <= 3, job_id
+        assert first_attempt.rate == 1.0
+        clean = uninterrupted_ipu_ms(first_attempt, 64, 3_000_000, 1.0)
+        assert abs(billed_ipu_ms(db, job_id) - clean) <= 3, job_id
     outcome = check_cloud(db, [kept["id"], other["id"], first, second])
     assert outcome.states == {"succeeded": 4}
 
@@ -296,12 +300,8 @@ def test_default_classes_preempts_a_long_job_of_the_same_plan_for_short_work_and
     (ran,) = attempts_of(db, short_id)
     assert stopped.ended_at is not None and ran.started_at is not None and stopped.ended_at <= ran.started_at
     # Billed once: what the run would have cost without the preemption.
-    run = stopped.timeline
-    assert run is not None
-    clean = charged_ipu_ms(64, run["compile_s"] + run["load_s"] + 3_000_000 * run["step_s"], stopped.rate)
-    with db.read() as s:
-        billed = sum(s.execute(select(MeterEvent.ipu_ms).where(MeterEvent.job_id == long_id)).scalars())
-    assert abs(billed - clean) <= 3
+    clean = uninterrupted_ipu_ms(stopped, 64, 3_000_000, stopped.rate)
+    assert abs(billed_ipu_ms(db, long_id) - clean) <= 3
     outcome = check_cloud(db, [long_id, short_id])
     assert outcome.states == {"succeeded": 2}
 
