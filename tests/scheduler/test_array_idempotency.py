@@ -53,6 +53,10 @@ def _wait_for_lock_waiter(db: Any, timeout: float = 10.0) -> None:
             ).scalar_one()
             if waiting:
                 return
+            # PostgreSQL reads pg_stat_activity once per transaction: without ending it, every poll
+            # after the first sees the same snapshot, and a second submission slower than the first
+            # poll (a loaded machine) is never seen waiting.
+            conn.rollback()
             time.sleep(0.02)
     raise AssertionError("the second submission never waited for the first's lock")
 
