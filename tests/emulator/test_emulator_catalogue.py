@@ -5,7 +5,7 @@ import json
 import pytest
 
 from vipu.emulator import catalogue, get_workload
-from vipu.emulator.catalogue import OpKind
+from vipu.emulator.graph import OpKind
 
 CONTRACT_NAMES = {
     "bert-base",
@@ -113,7 +113,7 @@ def test_phase_two_packs_sequences_so_a_sequence_costs_less_than_a_full_slot():
 
 
 def test_mcmc_flops_come_from_dimension_and_leapfrog_steps():
-    from vipu.emulator.catalogue import MCMC_DIMENSION, MCMC_LEAPFROG_STEPS, MCMC_OBSERVATIONS
+    from vipu.emulator.catalogue.probabilistic import MCMC_DIMENSION, MCMC_LEAPFROG_STEPS, MCMC_OBSERVATIONS
 
     graph = get_workload("mcmc").graph("infer")
     # Each leapfrog step: X.theta and X^T.r, 2 x N x d MACs; one more X.theta for the energy.

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from tests.support import onnx_files
 from vipu.emulator import CompileError, WorkloadError, WorkloadSpec, estimate, plan
-from vipu.emulator.catalogue import OpKind
+from vipu.emulator.graph import OpKind
 from vipu.emulator.onnxgraph import (
     GraphError,
     GraphTooLarge,

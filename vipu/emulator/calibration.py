@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from vipu.emulator.catalogue import Precision, Task
 from vipu.emulator.errors import CompileError
+from vipu.emulator.graph import Precision, Task
 from vipu.emulator.memory import superstep_instances
 from vipu.emulator.planner import Plan, _Overrides, _plan
 from vipu.emulator.spec import WorkloadSpec

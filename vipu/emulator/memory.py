@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vipu.emulator.catalogue import Layer, ModelGraph
+from vipu.emulator.graph import Layer, ModelGraph
 
 # Not published: Poplar's always-live memory per IPU (control program, sync and host-exchange code, the
 # runtime's vertex code) is modelled as 48 MiB, and each superstep instance (a superstep of one op in one

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from vipu.emulator.catalogue import Layer, ModelGraph
 from vipu.emulator.errors import CompileError
+from vipu.emulator.graph import Layer, ModelGraph
 from vipu.emulator.machines import MACHINES, MAX_IPUS, Machine, get_machine
 from vipu.emulator.memory import CODE_BASE_BYTES, StageAggregate, StageMemory, dtype_bytes, memory_of
 from vipu.emulator.spec import WorkloadSpec

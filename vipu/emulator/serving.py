@@ -39,14 +39,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from vipu.emulator.catalogue import (
-    AUTOENCODER_ITEMS,
-    IMAGENET_CLASSES,
-    MCMC_DIMENSION,
-    SERIES_FEATURES,
-    Layer,
-)
+from vipu.emulator.catalogue.probabilistic import MCMC_DIMENSION
+from vipu.emulator.catalogue.recommendation import AUTOENCODER_ITEMS
+from vipu.emulator.catalogue.series import SERIES_FEATURES
+from vipu.emulator.catalogue.vision import IMAGENET_CLASSES
 from vipu.emulator.errors import CompileError, WorkloadError
+from vipu.emulator.graph import Layer
 from vipu.emulator.machines import MACHINES, Machine
 from vipu.emulator.memory import StageAggregate, dtype_bytes
 from vipu.emulator.planner import (
@@ -203,7 +201,7 @@ def _catalogue_signature(family: str, name: str, seq_len: int | None, precision:
         )
     if family == "time-series":
         # The catalogue's forecaster: a window of seq_len readings of every series, FP32 from the
-        # host (catalogue.SERIES_READING_BYTES), and the next reading of each series back.
+        # host (catalogue/series.py, SERIES_READING_BYTES), and the next reading of each series back.
         seq = int(seq_len or 0)
         return Signature(
             (TensorSpec("window", "FP32", (-1, seq, SERIES_FEATURES)),),

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from vipu.emulator.catalogue import WORKLOAD_NAMES, ModelGraph, Precision, Task, Workload, get_workload
+from vipu.emulator.catalogue import WORKLOAD_NAMES, Workload, get_workload
 from vipu.emulator.errors import WorkloadError
+from vipu.emulator.graph import ModelGraph, Precision, Task
 
 _FIELDS = ("model", "task", "batch_size", "seq_len", "precision", "steps", "samples", "dims", "optimizer")
 MAX_STEPS = 10_000_000

@@ -12,7 +12,7 @@ Every op runs as bulk-synchronous supersteps over the IPU's 1,472 tiles. Per op 
     vector work (element-wise, normalisation, depthwise conv):
         t = E / (tiles x lanes x clock x e_vec) + S_kind x c_ss / clock
     embedding: the gathered rows cross the exchange, then one vector pass.
-    S_kind: supersteps per op and pass (catalogue.SUPERSTEPS).
+    S_kind: supersteps per op and pass (graph.SUPERSTEPS).
 
 Training costs each op three forward times (forward, input gradient, weight gradient) plus one more when
 the stage recomputes its activations. A pipeline of P stages and G micro-batches per step takes
@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from vipu.emulator.catalogue import SUPERSTEPS, Layer, ModelGraph, Op, OpKind
+from vipu.emulator.graph import SUPERSTEPS, Layer, ModelGraph, Op, OpKind
 from vipu.emulator.machines import POD64_IPUS, Machine
 from vipu.emulator.memory import dtype_bytes, superstep_instances
 

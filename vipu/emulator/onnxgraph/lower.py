@@ -21,7 +21,7 @@
    ``input_elements`` is what crosses its start: its recomputation checkpoint and what travels over
    IPU-Links when a stage starts there.
 
-The result is a ``catalogue.ModelGraph``, so planner, memory and timing treat an uploaded graph exactly as
+The result is a ``graph.ModelGraph``, so planner, memory and timing treat an uploaded graph exactly as
 a catalogue workload.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from vipu.emulator.catalogue import Layer, ModelGraph, Op, OpKind, Task
+from vipu.emulator.graph import Layer, ModelGraph, Op, OpKind, Task
 from vipu.emulator.onnxgraph.errors import GraphError
 from vipu.emulator.onnxgraph.load import OnnxGraph, _node_label, dtype_bytes, is_float
 from vipu.emulator.onnxgraph.rules import (

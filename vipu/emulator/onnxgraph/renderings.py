@@ -1,12 +1,12 @@
 """The catalogue's models written as ONNX graphs with ``onnx.helper``, without weights.
 
-Each rendering is the network a framework would export for the catalogue entry (``catalogue.py``), the
-way ``torch.onnx.export`` writes it: standard ONNX operators, biases as separate inputs, inputs with a
-dynamic batch axis (and a dynamic sequence axis for the NLP and time-series models). Weights are
-initializers with their shapes and no data (marked as stripped external data), exactly what the CLI
-uploads. They serve three purposes: the parity check (an uploaded graph plans like the catalogue entry
-it renders: ``tests/emulator/test_onnx_parity.py`` and ``benchmarks/onnx_parity.py``), examples for users,
-and test inputs.
+Each rendering is the network a framework would export for the catalogue entry
+(``vipu/emulator/catalogue/``), the way ``torch.onnx.export`` writes it: standard ONNX operators,
+biases as separate inputs, inputs with a dynamic batch axis (and a dynamic sequence axis for the NLP
+and time-series models). Weights are initializers with their shapes and no data (marked as stripped
+external data), exactly what the CLI uploads. They serve three purposes: the parity check (an
+uploaded graph plans like the catalogue entry it renders: ``tests/emulator/test_onnx_parity.py`` and
+``benchmarks/onnx_parity.py``), examples for users, and test inputs.
 
 ``fused=False`` writes LayerNorm and GELU as the primitive operators older exporters emit
 (ReduceMean, Sub, Pow, Sqrt, Div, ...; Div, Erf, Add, Mul), to check that they plan like the fused ones.
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
 
-import vipu.emulator.catalogue  # noqa: F401  (the module, not the package's catalogue() function)
-from vipu.emulator.catalogue import Task
+from vipu.emulator.catalogue import get_workload, nlp, recommendation, series, vision
+from vipu.emulator.graph import Task
 from vipu.emulator.onnxgraph.strip import STRIPPED_LOCATION
-
-cat = sys.modules["vipu.emulator.catalogue"]
 
 OPSET = 20
 RENDERED = (
@@ -137,8 +134,8 @@ def _dropout(b: _Builder, x: str) -> str:
 
 def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True) -> onnx.ModelProto:
     """BERT with the catalogue's heads: MLM + NSP when training at 128 or 512, SQuAD's span head otherwise."""
-    w = cat.get_workload(name)
-    arch = w.architecture
+    w = get_workload(name)
+    arch: dict[str, Any] = dict(w.architecture)  # BERT's entries are all integers
     hidden, layers, heads = int(arch["hidden"]), int(arch["layers"]), int(arch["heads"])
     ffn, head_dim = 4 * hidden, hidden // heads
     pretraining = task == "train" and seq_len in (128, 512)
@@ -148,12 +145,12 @@ def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True
         helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", seq])
         for n in ("input_ids", "token_type_ids", "attention_mask")
     ]
-    word = b.weight("word_embeddings", [cat.BERT_VOCAB, hidden])
+    word = b.weight("word_embeddings", [nlp.BERT_VOCAB, hidden])
     x = b.op("Gather", word, "input_ids")
     x = b.op(
         "Add",
         x,
-        b.op("Gather", b.weight("token_type_embeddings", [cat.BERT_TOKEN_TYPES, hidden]), "token_type_ids"),
+        b.op("Gather", b.weight("token_type_embeddings", [nlp.BERT_TOKEN_TYPES, hidden]), "token_type_ids"),
     )
     # Position ids follow from the sequence length alone: a constant once the length is known.
     length = b.op("Gather", b.op("Shape", "input_ids"), b.ints([1]))
@@ -164,7 +161,7 @@ def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True
         b.const("one", [1], TensorProto.INT64, scalar=True),
     )
     x = b.op(
-        "Add", x, b.op("Gather", b.weight("position_embeddings", [cat.BERT_MAX_POSITIONS, hidden]), positions)
+        "Add", x, b.op("Gather", b.weight("position_embeddings", [nlp.BERT_MAX_POSITIONS, hidden]), positions)
     )
     x = _dropout(b, _layernorm(b, x, hidden, fused))
     mask = b.op("Unsqueeze", b.op("Cast", "attention_mask", to=_F), b.ints([1, 2]))
@@ -187,7 +184,7 @@ def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True
         out = _dropout(b, _linear(b, inner, ffn, hidden, "output"))
         x = _layernorm(b, b.op("Add", out, x), hidden, fused)
     if pretraining:
-        masked = math.ceil(cat.MASKED_FRACTION * seq_len)
+        masked = math.ceil(nlp.MASKED_FRACTION * seq_len)
         inputs.append(
             helper.make_tensor_value_info("masked_lm_positions", TensorProto.INT32, ["batch", masked])
         )
@@ -203,7 +200,7 @@ def bert(name: str, task: Task = "infer", seq_len: int = 128, fused: bool = True
         logits = b.op(
             "Add",
             b.op("MatMul", t, b.op("Transpose", word, perm=[1, 0])),
-            b.weight("mlm.bias", [cat.BERT_VOCAB]),
+            b.weight("mlm.bias", [nlp.BERT_VOCAB]),
         )
         mlm = b.op("Softmax", logits, axis=-1)
         first = b.op("Gather", x, b.const("cls", [0], TensorProto.INT64), axis=1)
@@ -251,8 +248,8 @@ def _classifier(b: _Builder, x: str, channels: int) -> str:
     logits = b.op(
         "Gemm",
         pooled,
-        b.weight("fc.weight", [cat.IMAGENET_CLASSES, channels]),
-        b.weight("fc.bias", [cat.IMAGENET_CLASSES]),
+        b.weight("fc.weight", [vision.IMAGENET_CLASSES, channels]),
+        b.weight("fc.bias", [vision.IMAGENET_CLASSES]),
         transB=1,
     )
     return b.op("Softmax", logits, axis=-1)
@@ -287,11 +284,11 @@ def efficientnet(name: str) -> onnx.ModelProto:
     width, depth, image = (1.0, 1.0, 224) if name == "efficientnet-b0" else (1.4, 1.8, 380)
     b = _Builder()
     inputs, x = _image_input(b, image)
-    stem = cat._round_filters(32, width)
+    stem = vision.round_filters(32, width)
     x = _swish(b, _bn(b, _conv(b, x, 3, stem, 3, 2), stem))
     cin = stem
-    for expand, k, stride, base_out, repeats in cat._EFFNET_B0:
-        cout = cat._round_filters(base_out, width)
+    for expand, k, stride, base_out, repeats in vision.EFFNET_B0:
+        cout = vision.round_filters(base_out, width)
         for i in range(math.ceil(depth * repeats)):
             s = stride if i == 0 else 1
             mid = cin * expand
@@ -307,7 +304,7 @@ def efficientnet(name: str) -> onnx.ModelProto:
             if s == 1 and cin == cout:
                 y = b.op("Add", y, x)
             x, cin = y, cout
-    head = cat._round_filters(1280, width)
+    head = vision.round_filters(1280, width)
     x = _swish(b, _bn(b, _conv(b, x, cin, head, 1, 1), head))
     return b.model(name, inputs, [_classifier(b, x, head)])
 
@@ -318,12 +315,12 @@ def efficientnet(name: str) -> onnx.ModelProto:
 def rnn(name: str) -> onnx.ModelProto:
     """The catalogue's two-layer LSTM or GRU forecaster: a window of readings in, the next reading out."""
     op, gates = ("LSTM", 4) if name == "lstm" else ("GRU", 3)
-    h, features = cat.SERIES_HIDDEN, cat.SERIES_FEATURES
+    h, features = series.SERIES_HIDDEN, series.SERIES_FEATURES
     b = _Builder()
     inputs = [helper.make_tensor_value_info("window", _F, ["batch", "time", features])]
     x = b.op("Transpose", "window", perm=[1, 0, 2])  # ONNX recurrent ops take time first
     fan_in = features
-    for layer in range(cat.SERIES_LAYERS):
+    for layer in range(series.SERIES_LAYERS):
         weights = [
             b.weight(f"{op}.W", [1, gates * h, fan_in]),
             b.weight(f"{op}.R", [1, gates * h, h]),
@@ -331,7 +328,7 @@ def rnn(name: str) -> onnx.ModelProto:
         ]
         extra = {"linear_before_reset": 1} if op == "GRU" else {}
         y, y_h = b.node(op, [x, *weights], 2, hidden_size=h, **extra)
-        x = b.op("Squeeze", y, b.ints([1])) if layer + 1 < cat.SERIES_LAYERS else y_h
+        x = b.op("Squeeze", y, b.ints([1])) if layer + 1 < series.SERIES_LAYERS else y_h
         fan_in = h
     last = b.op("Squeeze", x, b.ints([0]))
     forecast = b.op(
@@ -341,8 +338,8 @@ def rnn(name: str) -> onnx.ModelProto:
 
 
 def autoencoder(name: str = "deep-autoencoder") -> onnx.ModelProto:
-    items = cat.AUTOENCODER_ITEMS
-    hidden = cat.AUTOENCODER_HIDDEN
+    items = recommendation.AUTOENCODER_ITEMS
+    hidden = recommendation.AUTOENCODER_HIDDEN
     widths = (items, *hidden, *reversed(hidden[:-1]), items)
     b = _Builder()
     inputs = [helper.make_tensor_value_info("ratings", TensorProto.UINT8, ["batch", items])]

@@ -18,18 +18,16 @@ Roles:
 - ``control``: If, Loop, Scan and sequences: no static plan exists.
 
 Element-operations per element count the arithmetic a vector unit issues for each output element, on the
-same scale as the catalogue's (``catalogue.py``): a primitive arithmetic operator or exp/tanh is one, a
-sigmoid three (exp, add, reciprocal), erf four (a polynomial), a fused GELU eight, a LayerNorm eight.
+same scale as the catalogue's (``vipu/emulator/graph.py``): a primitive arithmetic operator or exp/tanh
+is one, a sigmoid three (exp, add, reciprocal), erf four (a polynomial), a fused GELU eight, a
+LayerNorm eight.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Literal
 
-import vipu.emulator.catalogue  # noqa: F401  (the module, not the package's catalogue() function)
-
-cat = sys.modules["vipu.emulator.catalogue"]
+from vipu.emulator import graph
 
 Role = Literal[
     "gemm",
@@ -67,8 +65,8 @@ ELEMENT_OPS.update(
         "Softsign": 2.0,
         "Elu": 3.0,
         "Celu": 3.0,
-        "Selu": float(cat.SELU_OPS),
-        "Gelu": float(cat.GELU_OPS),
+        "Selu": float(graph.SELU_OPS),
+        "Gelu": float(graph.GELU_OPS),
         "Mish": 6.0,
         "Sin": 4.0,
         "Cos": 4.0,
@@ -81,16 +79,16 @@ ELEMENT_OPS.update(
         "Asinh": 4.0,
         "Acosh": 4.0,
         "Atanh": 4.0,
-        "Softmax": float(cat.SOFTMAX_OPS),
-        "LogSoftmax": float(cat.SOFTMAX_OPS),
-        "LayerNormalization": float(cat.LAYERNORM_OPS),
-        "MeanVarianceNormalization": float(cat.LAYERNORM_OPS),
-        "BatchNormalization": float(cat.BATCHNORM_OPS),
-        "InstanceNormalization": float(cat.BATCHNORM_OPS),
-        "GroupNormalization": float(cat.BATCHNORM_OPS),
-        "RMSNormalization": float(cat.BATCHNORM_OPS),
+        "Softmax": float(graph.SOFTMAX_OPS),
+        "LogSoftmax": float(graph.SOFTMAX_OPS),
+        "LayerNormalization": float(graph.LAYERNORM_OPS),
+        "MeanVarianceNormalization": float(graph.LAYERNORM_OPS),
+        "BatchNormalization": float(graph.BATCHNORM_OPS),
+        "InstanceNormalization": float(graph.BATCHNORM_OPS),
+        "GroupNormalization": float(graph.BATCHNORM_OPS),
+        "RMSNormalization": float(graph.BATCHNORM_OPS),
         "LpNormalization": 3.0,
-        "LRN": float(cat.BATCHNORM_OPS),
+        "LRN": float(graph.BATCHNORM_OPS),
         "ReduceL2": 2.0,
         "ReduceLogSum": 2.0,
         "ReduceLogSumExp": 3.0,
@@ -98,7 +96,7 @@ ELEMENT_OPS.update(
         "Upsample": 2.0,
         "TopK": 2.0,
         "DynamicQuantizeLinear": 3.0,
-        "Dropout": float(cat.DROPOUT_OPS),
+        "Dropout": float(graph.DROPOUT_OPS),
     }
 )
 
@@ -132,7 +130,7 @@ DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
 
 # The gates of each recurrent cell and the element-operations per gate element.
 RECURRENT_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-RECURRENT_GATE_OPS = {"LSTM": cat.LSTM_GATE_OPS, "GRU": cat.GRU_GATE_OPS, "RNN": 1}
+RECURRENT_GATE_OPS = {"LSTM": graph.LSTM_GATE_OPS, "GRU": graph.GRU_GATE_OPS, "RNN": 1}
 
 # What the emulator approximates rather than models, by role or operator, for a model's description.
 APPROXIMATIONS: dict[str, str] = {

@@ -10,8 +10,8 @@ from typing import Any
 
 import onnx
 
-from vipu.emulator.catalogue import ModelGraph, Precision, Task
 from vipu.emulator.errors import WorkloadError
+from vipu.emulator.graph import ModelGraph, Precision, Task
 from vipu.emulator.memory import dtype_bytes
 from vipu.emulator.onnxgraph.errors import GraphError
 from vipu.emulator.onnxgraph.load import SEQ_NAME, OnnxGraph
