@@ -38,7 +38,7 @@ from api.views import render_submitted
 from scheduler import runtime as runtime_module
 from scheduler.errors import PROBLEM_TYPES
 from scheduler.runtime import Runtime
-from scheduler.services import submitter
+from scheduler.services.batch import submitter
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.api")
@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
         app.state.runtime = built
         # Service code publishes its after-commit hints on the process's runtime (scheduler/runtime.py).
         runtime_module.install(built)
-        # The process's one submission writer (group commit, scheduler/services/submitter.py).
+        # The process's one submission writer (group commit, scheduler/services/batch/submitter.py).
         submitter.start(built, render_submitted)
         try:
             yield

@@ -14,8 +14,8 @@ from api.ratelimit import check_not_exhausted, check_rate, check_rate_async, cou
 from scheduler.db import Database
 from scheduler.errors import Unauthorized
 from scheduler.runtime import Runtime
-from scheduler.services import keys
-from scheduler.services.keys import Principal
+from scheduler.services.tenancy import keys
+from scheduler.services.tenancy.keys import Principal
 from scheduler.settings import Settings
 
 log = logging.getLogger("ipucloud.api")

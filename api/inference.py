@@ -40,7 +40,7 @@ from api.problems import problem
 from scheduler import inference
 from scheduler.inference import Answer, Envelope, Route
 from scheduler.runtime import Runtime
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 from vipu.emulator.serving import V2_BYTES, Signature, TensorSpec, numpy_types, outputs_for
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         from scheduler.runtime import current
-        from scheduler.services.reconciler import cluster_state
+        from scheduler.services.capacity.reconciler import cluster_state
 
         ok = GaugeMetricFamily(
             "ipucloud_cluster_scrape_ok", "1 if the cluster figures below could be read from the database"
@@ -128,7 +128,7 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         from scheduler.runtime import current
-        from scheduler.services import fleet_metrics
+        from scheduler.services.capacity import fleet_metrics
 
         try:
             with current().db.read() as s:

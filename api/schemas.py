@@ -22,8 +22,8 @@ from pydantic import (
 from scheduler.errors import InvalidRequest
 from scheduler.jobspec import JSON_NUMBER
 from scheduler.models import ApiKey, Member, OwnModel, Plan, TrialApplication
-from scheduler.services.keys import key_state
-from scheduler.services.rates import allowed_types, plan_rates
+from scheduler.services.tenancy.keys import key_state
+from scheduler.services.tenancy.rates import allowed_types, plan_rates
 from scheduler.text import LINE, OPTIONAL_TEXT, TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
 from vipu.partitions import is_power_of_two

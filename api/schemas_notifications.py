@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from scheduler.jobspec import JSON_NUMBER
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
-from scheduler.services.notifications import EVENT_TYPES
+from scheduler.services.tenancy.notifications import EVENT_TYPES
 from scheduler.text import NO_HIDDEN, OPTIONAL_TEXT
 from scheduler.webhook_http import MAX_URL_LENGTH
 

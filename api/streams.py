@@ -19,9 +19,10 @@ from scheduler import bus
 from scheduler.errors import DomainError
 from scheduler.models import FINAL_JOB_STATES, Job, utcnow
 from scheduler.runtime import Runtime
-from scheduler.services import attempts, keys
-from scheduler.services import jobs as job_service
-from scheduler.services.scope import Scope
+from scheduler.services.batch import attempts
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.tenancy import keys
+from scheduler.services.tenancy.scope import Scope
 
 # An event id this API sent (ASCII digits: `str.isdigit` would also take `²`, which `int` refuses).
 LastEventId = Annotated[

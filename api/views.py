@@ -25,9 +25,9 @@ from scheduler.billing import ipu_hours as hours
 from scheduler.billing import remaining_ipu_ms
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S, compress_indices
 from scheduler.models import Attempt, Job, JobEvent, Partition, Tenant, utcnow
-from scheduler.services import attempts
-from scheduler.services.arrays import ArraySummary, array_state
-from scheduler.services.job_views import JobRead
+from scheduler.services.batch import attempts
+from scheduler.services.batch.arrays import ArraySummary, array_state
+from scheduler.services.batch.job_views import JobRead
 
 
 def render_submitted(job: Job) -> dict[str, object]:
@@ -145,7 +145,7 @@ def tenant_out(t: Tenant) -> TenantOut:
 
 
 def partition_out(p: Partition, running: list[str] | None = None) -> PartitionOut:
-    """`running`: the jobs running in it now (scheduler.services.partitions.running_jobs)."""
+    """`running`: the jobs running in it now (scheduler.services.capacity.partitions.running_jobs)."""
     running = running or []
     return PartitionOut(
         id=p.name,
@@ -171,7 +171,7 @@ def days_left(expires_at: datetime | None) -> float | None:
 
 
 def array_out(summary: ArraySummary) -> ArrayOut:
-    """An array with its figures (scheduler/services/arrays.py, `summaries`)."""
+    """An array with its figures (scheduler/services/batch/arrays.py, `summaries`)."""
     a = summary.array
     ended = sum(n for state, n in summary.by_state.items() if state in ("succeeded", "failed", "cancelled"))
     deps = (a.spec or {}).get("depends_on")

@@ -7,7 +7,7 @@ in, `GetPartitionStatusReply` out, field names as the protos have them). docs/vi
 operation, message and field, and says which fields are the cloud's own additions.
 
 Keys are the cloud's: an API key (`read` to look, `submit` to create, remove and reset; an admin
-key sees every partition) or an attempt's short-lived key (scheduler/services/attempt_keys.py),
+key sees every partition) or an attempt's short-lived key (scheduler/services/capacity/attempt_keys.py),
 sent as `Authorization: Bearer <key>` (the V-IPU CLI's `--api-access-key`). Errors are RFC 9457
 problems whose `code` is the gRPC status the V-IPU CLI would report and whose `reason` names the
 cause in the words of a job's `wait.reason`.
@@ -38,9 +38,10 @@ from scheduler import runtime as runtime_module
 from scheduler.db import Database
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.runtime import Runtime
-from scheduler.services import attempt_keys, fleet, keys, vipu_user
+from scheduler.services.capacity import attempt_keys, fleet, vipu_user
+from scheduler.services.capacity.vipu_user import VipuCaller
 from scheduler.services.clock import db_now
-from scheduler.services.vipu_user import VipuCaller
+from scheduler.services.tenancy import keys
 from scheduler.settings import Settings, get_settings
 from vipu.ipuof import VIPU_API_VERSION
 from vipu.machine_types import MACHINE_TYPE_NAMES

@@ -322,8 +322,8 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
     from scheduler.jobspec import JobSpec
     from scheduler.loop import SchedulerLoop
     from scheduler.routing import Router
-    from scheduler.services import jobs as job_service
-    from scheduler.services import tenants
+    from scheduler.services.batch import jobs as job_service
+    from scheduler.services.tenancy import tenants
     from scheduler.settings import Settings
 
     db_url = fresh_database(base_url, "ipucloud_bench_place")

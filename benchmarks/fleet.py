@@ -214,7 +214,7 @@ def add_tenants(db_url: str, n: int) -> list[str]:
     """`n` more `internal` tenants: a plan lets one tenant run 10,000 jobs at once, and a fleet this
     size serves many tenants anyway."""
     from scheduler.db import Database
-    from scheduler.services import tenants
+    from scheduler.services.tenancy import tenants
 
     db = Database(db_url)
     secret = os.environ["IPUCLOUD_SECRET_KEY"].encode()
@@ -234,7 +234,7 @@ def submit_direct(db_url: str, tenants: list[str], names: list[str], batch: int 
     batches (the scale benchmark measures the fleet running, not 65,536 HTTP round trips)."""
     from scheduler.db import Database
     from scheduler.jobspec import JobSpec
-    from scheduler.services import jobs
+    from scheduler.services.batch import jobs
 
     db = Database(db_url)
     for i in range(0, len(names), batch):

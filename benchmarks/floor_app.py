@@ -8,7 +8,7 @@ as a ratio of these.
 - `POST /jobs-grouped`: the group-commit floor. One writer thread per process commits whatever requests
   arrived while it committed the last batch in one transaction, the rows as one executemany of one INSERT
   (psycopg 3 sends it pipelined and prepared: one round trip, one parse), and answers each after that
-  commit, as the API's submitter does (scheduler/services/submitter.py) without its admission;
+  commit, as the API's submitter does (scheduler/services/batch/submitter.py) without its admission;
 - `POST /jobs-grouped-values`: the same with the batch's rows as one multi-row `INSERT ... VALUES (...),
   (...)` statement (SQLAlchemy's "insertmanyvalues"), to hold the two ways of writing a batch against
   each other (docs/performance.md).

@@ -76,7 +76,8 @@ def main() -> None:
     )
     from scheduler import runtime as runtime_module
     from scheduler.migrate import upgrade
-    from scheduler.services import fleet, tenants
+    from scheduler.services.capacity import fleet
+    from scheduler.services.tenancy import tenants
     from scheduler.settings import Settings, reset_settings_cache
     from tests.support import vipu as support
 

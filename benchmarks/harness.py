@@ -71,7 +71,8 @@ def prepare(db_url: str, pods: int) -> tuple[str, str]:
     """Migrate and seed; return (admin key, an internal tenant's key)."""
     from scheduler.db import Database
     from scheduler.migrate import upgrade
-    from scheduler.services import fleet, tenants
+    from scheduler.services.capacity import fleet
+    from scheduler.services.tenancy import tenants
 
     upgrade(db_url)
     db = Database(db_url)

@@ -5,7 +5,7 @@ over 10,000 queued jobs that cannot start (explanations and fair share included)
 
 It creates a scratch database next to the one named (PostgreSQL by default:
 postgresql://postgres@127.0.0.1:5432/postgres; a sqlite:/// URL works too), migrates it, seeds the
-plans, the fleet and one tenant, submits the jobs through ``scheduler.services.jobs.submit_job`` and
+plans, the fleet and one tenant, submits the jobs through ``scheduler.services.batch.jobs.submit_job`` and
 times ``SchedulerLoop.schedule_pass`` (leader fence, allocator refresh, snapshot, policy, placement
 rows, attempts, outbox, waits) with a broker stub. The scratch database is dropped at the end.
 """
@@ -35,7 +35,9 @@ from scheduler.jobspec import JobSpec  # noqa: E402
 from scheduler.loop import SchedulerLoop  # noqa: E402
 from scheduler.migrate import upgrade  # noqa: E402
 from scheduler.models import Attempt, Job  # noqa: E402
-from scheduler.services import fleet, jobs, tenants  # noqa: E402
+from scheduler.services.batch import jobs  # noqa: E402
+from scheduler.services.capacity import fleet  # noqa: E402
+from scheduler.services.tenancy import tenants  # noqa: E402
 from scheduler.settings import Settings  # noqa: E402
 
 COMMAND = ".venv/bin/python benchmarks/live_loop.py"

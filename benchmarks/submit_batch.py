@@ -1,6 +1,6 @@
 """A submission batch's database writes, in process, on PostgreSQL: how to send a batch's job rows.
 
-The API's submit writer (scheduler/services/submitter.py) admits what arrives together in one
+The API's submit writer (scheduler/services/batch/submitter.py) admits what arrives together in one
 transaction and inserts the batch's `jobs` rows in one go (`jobs.submit_jobs`). This times the ways
 of sending those rows, alternating between them batch by batch so that a machine's changing load
 falls on all alike, for batches of 16, 64 and 256 rows of a real admitted one-step job (42 columns):
@@ -54,7 +54,7 @@ def main() -> None:
     from scheduler.ids import new_id
     from scheduler.jobspec import JobSpec
     from scheduler.models import Job, Tenant
-    from scheduler.services import jobs
+    from scheduler.services.batch import jobs
 
     print(f"# a batch's job rows, {time.strftime('%Y-%m-%d %H:%M:%S')}, load average {_load()}")
     print("# reproduce: .venv/bin/python benchmarks/submit_batch.py " + " ".join(sys.argv[1:]))

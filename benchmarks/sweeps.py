@@ -41,7 +41,9 @@ from benchmarks.live_loop import NullCelery, _Router, scratch_database  # noqa: 
 from scheduler import runtime as runtime_module  # noqa: E402
 from scheduler.loop import SchedulerLoop  # noqa: E402
 from scheduler.models import Attempt, AttemptState, Job  # noqa: E402
-from scheduler.services import attempts, fleet, tenants  # noqa: E402
+from scheduler.services.batch import attempts  # noqa: E402
+from scheduler.services.capacity import fleet  # noqa: E402
+from scheduler.services.tenancy import tenants  # noqa: E402
 from scheduler.settings import Settings  # noqa: E402
 
 COMMAND = ".venv/bin/python benchmarks/sweeps.py"

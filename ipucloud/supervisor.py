@@ -294,7 +294,8 @@ def prepare_data(settings: Settings, groups: tuple[UnitGroup, ...]) -> tuple[int
     Returns (units added, the new key or None)."""
     from scheduler.db import Database
     from scheduler.migrate import upgrade
-    from scheduler.services import fleet, tenants
+    from scheduler.services.capacity import fleet
+    from scheduler.services.tenancy import tenants
 
     secret = settings.secret()
     upgrade(settings.db_url)

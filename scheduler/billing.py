@@ -2,7 +2,7 @@
 
 A grant is kept in IPU-milliseconds (integers, so that the ledger sums exactly on every database) and
 shown in IPU-hours. An attempt is charged `rate x IPUs x cluster seconds`, at the rate of the machine
-type it ran on (`scheduler/services/rates.py` says where a rate comes from). What is left of a grant
+type it ran on (`scheduler/services/tenancy/rates.py` says where a rate comes from). What is left of a grant
 is the quota less what was used and what running and queued jobs hold. Changing how billing works
 means changing this module and `tests/tenancy/test_billing.py`; metering (`services/metering.py`)
 writes the ledger with these formulas and everything that shows or checks a grant reads them.

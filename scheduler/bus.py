@@ -23,7 +23,8 @@ WAKE_CHANNEL = "ipucloud:wake"
 # message finds out at its next look at the database.
 STOP_CHANNEL = "ipucloud:agents:stop"
 # "<agent name> <attempt id> <warning s> [<why>]": the attempt is preempted; it checkpoints within
-# that many cluster seconds and ends itself, else the scheduler stops it (scheduler.services.checkpoints).
+# that many cluster seconds and ends itself, else the scheduler stops it
+# (scheduler.services.batch.checkpoints).
 # `why` (the rest of the line) is what its owner is told, e.g. "preempted for your job job_...".
 PREEMPT_CHANNEL = "ipucloud:agents:preempt"
 

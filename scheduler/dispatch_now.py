@@ -4,7 +4,7 @@ The scheduler's dispatcher publishes outbox rows on its next iteration (schedule
 session is placed by its own submission (scheduler/services/sessions.py) and must not wait for that,
 so its row is written already marked published and sent here once the submission commits. If the
 broker refuses, nothing is lost: the reconciler republishes a row no agent took within
-`IPUCLOUD_OUTBOX_RETRY_S` (scheduler/services/reconciler.py).
+`IPUCLOUD_OUTBOX_RETRY_S` (scheduler/services/capacity/reconciler.py).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ NotifyOn = Literal["start", "end", "fail", "requeue", "time_limit", "all"]
 
 
 class JobNotify(BaseModel):
-    """What of a job's life mails its submitter, as Slurm's `--mail-type` (scheduler/services/mail.py)."""
+    """What of a job's life mails its submitter, as Slurm's `--mail-type`
+    (scheduler/services/tenancy/mail.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -78,7 +79,7 @@ class JobNotify(BaseModel):
     )
 
 
-# Jobs arrays, sweeps and dependencies (docs/sweeps.md, scheduler/services/arrays.py).
+# Jobs arrays, sweeps and dependencies (docs/sweeps.md, scheduler/services/batch/arrays.py).
 MAX_ARRAY_SIZE = 10_000  # no plan allows more elements in one array or sweep
 MAX_ARRAY_INDEX = 999_999  # indices are 0 ... this (Slurm's MaxArraySize is a million too)
 MAX_DEPENDENCIES = 64

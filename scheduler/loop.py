@@ -35,20 +35,11 @@ from scheduler.models import (
 from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
-from scheduler.services import (
-    arrays,
-    attempts,
-    checkpoints,
-    endpoints,
-    fleet,
-    leader,
-    outbox,
-    reconciler,
-    scheduling,
-    sessions,
-)
+from scheduler.services import endpoints, sessions
+from scheduler.services.batch import arrays, attempts, checkpoints, outbox, scheduling
+from scheduler.services.capacity import fleet, leader, reconciler
+from scheduler.services.capacity.leader import Fence, NotLeader
 from scheduler.services.clock import db_now
-from scheduler.services.leader import Fence, NotLeader
 from scheduler.settings import Settings
 from vipu.allocator import Allocator
 

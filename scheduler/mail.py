@@ -1,6 +1,6 @@
 """E-mail on the wire: compose a message (plain text and HTML, List-Unsubscribe) and send it over SMTP,
 or keep it as an `.eml` file when the cloud has no mail server (`ipucloud up`). No database here: the
-outbox and its retries are scheduler/services/mail.py's, the sending the notifier's.
+outbox and its retries are scheduler/services/tenancy/mail.py's, the sending the notifier's.
 
 Header values never carry a CR or LF: a name or subject that holds one is refused (`HeaderInjection`)
 before a message is built, so no name typed into a form can add a `Bcc:` or start the body early.

@@ -139,7 +139,7 @@ class Plan(Base):
     checkpoint_retention_s: Mapped[int] = mapped_column(
         BigInteger, default=7 * 86400, server_default=str(7 * 86400)
     )
-    # Webhooks a tenant on this plan may register (scheduler/services/notifications.py).
+    # Webhooks a tenant on this plan may register (scheduler/services/tenancy/notifications.py).
     max_webhooks: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
@@ -148,7 +148,7 @@ class Plan(Base):
     max_endpoints: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     max_endpoint_replicas: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     max_endpoint_ipus: Mapped[int] = mapped_column(Integer, default=8, server_default="8")
-    # The most elements one job array or sweep may have (scheduler/services/arrays.py).
+    # The most elements one job array or sweep may have (scheduler/services/batch/arrays.py).
     max_array_size: Mapped[int] = mapped_column(Integer, default=64, server_default="64")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
@@ -169,7 +169,7 @@ class Tenant(Base):
     reserved_ipu_ms: Mapped[int] = mapped_column(BigInteger, default=0)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     fairshare_weight: Mapped[float] = mapped_column(Float, default=1.0)
-    # Fair share (scheduler.services.scheduling): decayed IPU-seconds of cluster time as last sampled,
+    # Fair share (scheduler.services.batch.scheduling): decayed IPU-seconds of cluster time as last sampled,
     # the `used_ipu_ms` counter at that sample, and when. Sampled by the scheduler, so a pass reads
     # each tenant's standing in O(1) instead of summing its meter events.
     fairshare_usage_ipu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
@@ -178,7 +178,7 @@ class Tenant(Base):
     # An upper bound on the tenant's queued jobs, kept under its row lock by admission: the exact
     # count as of the last recount plus every job admitted since (jobs that start or end only make
     # it higher than the truth). Admission counts the queue only when this bound reaches the plan's
-    # limit, so a long queue costs nothing per submission (scheduler.services.jobs).
+    # limit, so a long queue costs nothing per submission (scheduler.services.batch.jobs).
     queued_jobs_bound: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
@@ -371,10 +371,10 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # Who submitted it (the member of the key), and what of its life it asked to be mailed about
-    # (`notify.on`, as Slurm's --mail-type): scheduler/services/mail.py.
+    # (`notify.on`, as Slurm's --mail-type): scheduler/services/tenancy/mail.py.
     submitted_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
     notify: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    # An element of a job array or sweep (scheduler/services/arrays.py): the array, its index there,
+    # An element of a job array or sweep (scheduler/services/batch/arrays.py): the array, its index there,
     # and the swept parameters it was given (paths into the spec, e.g. `workload.batch_size`).
     array_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -460,7 +460,7 @@ class Attempt(Base):
     rate: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # grant units per IPU-hour
     queue_wait_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # wall s from submission to here
     # The host agent that took it (its name) and the incarnation of that agent (its lease epoch):
-    # the attempt is live exactly as long as that incarnation's lease is (scheduler.services.agents).
+    # the attempt is live exactly as long as that incarnation's lease is (scheduler.services.capacity.agents).
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     agent_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The run's timeline, fixed when it was taken (vipu.emulator.Timeline plus the time scale), so
@@ -549,7 +549,7 @@ class OutboxMessage(Base):
     __tablename__ = "outbox"
     __table_args__ = (
         Index("ix_outbox_pending", "published_at", "acked_at"),
-        # Which queues workers are taking from right now (scheduler.services.reconciler).
+        # Which queues workers are taking from right now (scheduler.services.capacity.reconciler).
         Index("ix_outbox_acked_at", "acked_at"),
     )
 

@@ -148,7 +148,7 @@ class MailMessage(Base):
 
 class NotificationSetting(Base):
     """A member's e-mail choices (`GET/PUT /api/v1/notification-settings`); a member without a row
-    has the defaults (scheduler/services/mail.py, DEFAULTS)."""
+    has the defaults (scheduler/services/tenancy/mail.py, DEFAULTS)."""
 
     __tablename__ = "notification_settings"
 

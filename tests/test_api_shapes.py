@@ -81,8 +81,8 @@ def test_untyped_returns_are_found() -> None:
 
 def test_services_return_typed_views() -> None:
     untyped = {
-        path.name: found
-        for path in sorted((ROOT / "scheduler" / "services").glob("*.py"))
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "scheduler" / "services").rglob("*.py"))
         if (found := untyped_returns(path.read_text()))
     }
     assert not untyped, (

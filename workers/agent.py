@@ -8,7 +8,7 @@ and a stream of events in this loop, not a process or a thread, so how many run 
 by the IPUs of the agent's racks, not by a pool.
 
 Every tick (`IPUCLOUD_HEARTBEAT_S`) is one transaction for all its attempts: the agent's lease
-renewed (one heartbeat for the whole host, scheduler.services.agents), the log lines that happened,
+renewed (one heartbeat for the whole host, scheduler.services.capacity.agents), the log lines that happened,
 the meter ticks due (each running attempt every `IPUCLOUD_METER_INTERVAL_S`) and the attempts that
 ended. Progress is not written: it follows from each run's timeline and start, which the take wrote.
 
@@ -58,10 +58,11 @@ import redis
 from scheduler import bus, runtime
 from scheduler.db import Database
 from scheduler.models import AttemptState
-from scheduler.services import agents, attempts, executables
-from scheduler.services.agents import AgentLease
-from scheduler.services.attempts import Bill, Finish, LogLine, TakenAttempt
-from scheduler.services.checkpoints import CheckpointDue
+from scheduler.services.batch import attempts, executables
+from scheduler.services.batch.attempts import Bill, Finish, LogLine, TakenAttempt
+from scheduler.services.batch.checkpoints import CheckpointDue
+from scheduler.services.capacity import agents
+from scheduler.services.capacity.agents import AgentLease
 from scheduler.settings import Settings
 from vipu.emulator import RunEvent
 from workers import faults, ipuof

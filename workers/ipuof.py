@@ -5,7 +5,7 @@ A Poplar program finds its partition through `IPUOF_VIPU_API_HOST`, `IPUOF_VIPU_
 configuration file at `IPUOF_CONFIG_PATH`. The host agent gives each attempt exactly these, and the
 attempt's log shows them. Beside the configuration, in the attempt's own directory (mode 0700), it
 writes `vipu-cli.hcl`: the V-IPU endpoint's address and the attempt's short-lived key
-(scheduler/services/attempt_keys.py), which `vipu`, `gc-info` and `gc-monitor` read. The key is in
+(scheduler/services/capacity/attempt_keys.py), which `vipu`, `gc-info` and `gc-monitor` read. The key is in
 that file only, never in the environment or the log, and stops working when the attempt ends; the
 directory is removed then.
 """
@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from scheduler.services import attempt_keys
+from scheduler.services.capacity import attempt_keys
 from scheduler.settings import Settings, write_private
 from vipu import ipuof
 

@@ -9,8 +9,9 @@ again (at least once). The pump also writes the swept events (grant thresholds, 
 prunes what is older than 30 days. Replicas may run side by side: claims are guarded updates.
 
 E-mail goes the same way: the pump turns new events into messages for the members who want them
-(scheduler/services/mail.py), claims the messages due and publishes one `send_mail` per claim; the task
-sends it over SMTP, or keeps it as an `.eml` file when no server is configured, and records the outcome.
+(scheduler/services/tenancy/mail.py), claims the messages due and publishes one `send_mail` per
+claim; the task sends it over SMTP, or keeps it as an `.eml` file when no server is configured, and
+records the outcome.
 
 It has its own Celery app and serves only its own queue, so it never takes a host agent's dispatch.
 
@@ -37,7 +38,7 @@ from scheduler import runtime, webhook_http
 from scheduler.broker import make_celery
 from scheduler.models import utcnow
 from scheduler.runtime import Runtime
-from scheduler.services import mail, notifications
+from scheduler.services.tenancy import mail, notifications
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.notifier")

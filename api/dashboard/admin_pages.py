@@ -18,11 +18,12 @@ from scheduler import bus
 from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, InvalidRequest
 from scheduler.jobspec import PartitionName
-from scheduler.services import fleet, machines, partitions, trials
-from scheduler.services import keys as key_service
-from scheduler.services import tenants as tenant_service
-from scheduler.services import usage as usage_service
-from scheduler.services.scope import ALL_TENANTS, OneTenant
+from scheduler.services.capacity import fleet, machines, partitions
+from scheduler.services.tenancy import keys as key_service
+from scheduler.services.tenancy import tenants as tenant_service
+from scheduler.services.tenancy import trials
+from scheduler.services.tenancy import usage as usage_service
+from scheduler.services.tenancy.scope import ALL_TENANTS, OneTenant
 from scheduler.text import TEXT
 from vipu.machine_types import MACHINE_TYPE_NAMES
 from vipu.topology import parse_machine_id

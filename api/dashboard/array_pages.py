@@ -20,8 +20,8 @@ from api.deps import DbDep
 from api.views import array_out
 from scheduler import bus
 from scheduler.errors import DomainError, InvalidRequest, NotFound, Unauthorized
-from scheduler.services import arrays as array_service
-from scheduler.services.arrays import ElementResult
+from scheduler.services.batch import arrays as array_service
+from scheduler.services.batch.arrays import ElementResult
 from scheduler.services.clock import db_now
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)

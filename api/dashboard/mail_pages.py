@@ -15,7 +15,7 @@ from api.dashboard.web import AdminUser, DashboardRoute, Form, TenantReader, Ten
 from api.deps import DbDep, SettingsDep
 from scheduler import mail as mail_wire
 from scheduler.errors import DomainError, Gone, InvalidRequest, NotFound
-from scheduler.services import claims, keys, mail
+from scheduler.services.tenancy import claims, keys, mail
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 

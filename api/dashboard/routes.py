@@ -21,7 +21,8 @@ from api.dashboard.web import DashboardRoute, Form, OptionalUser, User, render, 
 from api.deps import DbDep, SettingsDep
 from api.ratelimit import check_rate
 from scheduler.errors import Conflict, InvalidRequest, RateLimited, TenantInactive, Unauthorized
-from scheduler.services import fleet, keys, trials
+from scheduler.services.capacity import fleet
+from scheduler.services.tenancy import keys, trials
 from vipu.machine_types import LAYOUTS
 from vipu.topology import Fleet
 

@@ -18,8 +18,8 @@ from api.views import job_view
 from scheduler import bus
 from scheduler.errors import DomainError, Forbidden, NotFound, Unauthorized
 from scheduler.jobspec import SessionChange, SessionSpec
-from scheduler.services import job_views as job_view_service
 from scheduler.services import sessions as session_service
+from scheduler.services.batch import job_views as job_view_service
 from scheduler.services.clock import db_now
 from vipu.machine_types import MACHINE_TYPE_NAMES
 

@@ -24,7 +24,7 @@ from fastapi import Request, Response
 
 from scheduler import runtime
 from scheduler.errors import Forbidden, Unavailable
-from scheduler.services.keys import Principal
+from scheduler.services.tenancy.keys import Principal
 
 COOKIE = "ipucloud_session"
 FORM_COOKIE = "ipucloud_form"

@@ -31,14 +31,14 @@ from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
-from scheduler.services import estimates
-from scheduler.services import job_views as job_view_service
-from scheduler.services import jobs as job_service
-from scheduler.services import rates as rate_service
 from scheduler.services import sessions as session_service
-from scheduler.services import tenants as tenant_service
-from scheduler.services import usage as usage_service
-from scheduler.services.scope import OneTenant, Scope
+from scheduler.services.batch import estimates
+from scheduler.services.batch import job_views as job_view_service
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.tenancy import rates as rate_service
+from scheduler.services.tenancy import tenants as tenant_service
+from scheduler.services.tenancy import usage as usage_service
+from scheduler.services.tenancy.scope import OneTenant, Scope
 from vipu import emulator
 from vipu.emulator.serving import DEFAULT_SERVE_BATCHES
 from vipu.machine_types import MachineType

@@ -20,7 +20,7 @@ from api.dashboard import sessions
 from api.deps import DbDep
 from scheduler import figures
 from scheduler.errors import DomainError, Forbidden, Unauthorized
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 from vipu.machine_types import LAYOUTS, MACHINES, SERVER_MODELS
 
 HERE = Path(__file__).parent

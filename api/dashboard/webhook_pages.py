@@ -28,7 +28,7 @@ from api.schemas_notifications import (
     WebhookOut,
 )
 from scheduler.errors import DomainError, InvalidRequest
-from scheduler.services import notifications
+from scheduler.services.tenancy import notifications
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 

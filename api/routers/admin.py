@@ -32,9 +32,9 @@ from api.schemas import (
 )
 from api.views import partition_out
 from scheduler import bus
-from scheduler.services import fleet, machines, partitions
-from scheduler.services import tenants as tenant_service
-from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
+from scheduler.services.capacity import fleet, machines, partitions
+from scheduler.services.tenancy import tenants as tenant_service
+from scheduler.services.tenancy.scope import ALL_TENANTS, OneTenant, Scope
 from scheduler.text import TEXT
 from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MACHINES, SERVER_MODELS
 

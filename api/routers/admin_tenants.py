@@ -33,9 +33,9 @@ from api.schemas import (
     encode_cursor,
 )
 from api.views import tenant_out
-from scheduler.services import keys as key_service
-from scheduler.services import tenants as tenant_service
-from scheduler.services import trials as trial_service
+from scheduler.services.tenancy import keys as key_service
+from scheduler.services.tenancy import tenants as tenant_service
+from scheduler.services.tenancy import trials as trial_service
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin: tenants"])
 

@@ -24,8 +24,8 @@ from api.schemas import (
 from api.views import array_out, job_view
 from scheduler import bus
 from scheduler.errors import InvalidRequest
-from scheduler.services import arrays as array_service
-from scheduler.services import job_views as job_view_service
+from scheduler.services.batch import arrays as array_service
+from scheduler.services.batch import job_views as job_view_service
 
 router = APIRouter(prefix="/api/v1", tags=["arrays"])
 

@@ -12,9 +12,10 @@ from api.schemas import CatalogueOut, ServeRequest, ServeRowOut
 from scheduler.errors import InvalidRequest
 from scheduler.jobspec import MAX_ARRAY_SIZE, ArrayRequest, JobSpec, SweepRequest, WorkloadRequest
 from scheduler.models import Plan
-from scheduler.services import estimates, rates
-from scheduler.services import jobs as job_service
-from scheduler.services.tenants import get_tenant
+from scheduler.services.batch import estimates
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.tenancy import rates
+from scheduler.services.tenancy.tenants import get_tenant
 from vipu import emulator
 from vipu.machine_types import MACHINE_TYPE_NAMES
 

@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect
 from api import inference
 from api.deps import Invoker, RuntimeDep
 from scheduler.inference import Route
-from scheduler.services.keys import Principal
+from scheduler.services.tenancy.keys import Principal
 
 router = APIRouter(prefix="/api/v1/endpoints/{endpoint_id}/v2", tags=["inference"])
 

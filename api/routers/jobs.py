@@ -30,11 +30,11 @@ from scheduler import bus
 from scheduler.errors import Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.runtime import Runtime
-from scheduler.services import arrays as array_service
-from scheduler.services import job_views as job_view_service
-from scheduler.services import jobs as job_service
-from scheduler.services import submitter
-from scheduler.services.scope import Scope
+from scheduler.services.batch import arrays as array_service
+from scheduler.services.batch import job_views as job_view_service
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.batch import submitter
+from scheduler.services.tenancy.scope import Scope
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 

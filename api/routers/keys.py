@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query
 
 from api.deps import DbDep, Reader, SettingsDep, Submitter
 from api.schemas import ApiKeyCreated, ApiKeyOut, CursorParam, KeyCreate, Page, decode_cursor, encode_cursor
-from scheduler.services import keys as key_service
+from scheduler.services.tenancy import keys as key_service
 
 router = APIRouter(prefix="/api/v1", tags=["keys"])
 

@@ -17,7 +17,7 @@ from api.schemas import CursorParam, ModelOut, Page, decode_cursor, encode_curso
 from api.uploads import receive_upload
 from scheduler.errors import Forbidden, InvalidRequest
 from scheduler.services import own_models
-from scheduler.services.keys import Principal
+from scheduler.services.tenancy.keys import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 

@@ -1,4 +1,4 @@
-"""A member's e-mail choices: `GET/PUT /api/v1/notification-settings` (scheduler/services/mail.py,
+"""A member's e-mail choices: `GET/PUT /api/v1/notification-settings` (scheduler/services/tenancy/mail.py,
 docs/notifications.md). Each key reads and changes its own member's; a key with no member (an admin's)
 has none."""
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from api.deps import DbDep, Reader, Submitter
 from api.schemas_notifications import NotificationSettingsChange, NotificationSettingsOut
-from scheduler.services import mail
+from scheduler.services.tenancy import mail
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 

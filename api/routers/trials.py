@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 
 from api.deps import DbDep, trial_rate
 from api.schemas import TrialApplicationCreate, TrialReceipt
-from scheduler.services import trials as trial_service
+from scheduler.services.tenancy import trials as trial_service
 
 router = APIRouter(prefix="/api/v1", tags=["trials"])
 

@@ -28,10 +28,10 @@ from api.views import days_left, hours, tenant_status, usage_csv
 from scheduler.billing import remaining_ipu_ms
 from scheduler.errors import Forbidden
 from scheduler.models import Tenant
-from scheduler.services import rates
-from scheduler.services import tenants as tenant_service
-from scheduler.services import usage as usage_service
-from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
+from scheduler.services.tenancy import rates
+from scheduler.services.tenancy import tenants as tenant_service
+from scheduler.services.tenancy import usage as usage_service
+from scheduler.services.tenancy.scope import ALL_TENANTS, OneTenant, Scope
 
 router = APIRouter(prefix="/api/v1", tags=["usage"])
 

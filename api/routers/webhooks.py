@@ -1,5 +1,6 @@
 """Webhooks and events: register receivers, rotate their secrets, test them, read their deliveries,
-and the tenant's events of the last 30 days (scheduler/services/notifications.py, docs/notifications.md).
+and the tenant's events of the last 30 days (scheduler/services/tenancy/notifications.py,
+docs/notifications.md).
 
 Owners manage a tenant's webhooks; members read them. A webhook or event of another tenant is a 404.
 """
@@ -23,7 +24,7 @@ from api.schemas_notifications import (
     WebhookOut,
     WebhookTest,
 )
-from scheduler.services import notifications
+from scheduler.services.tenancy import notifications
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 

@@ -385,7 +385,7 @@ def migrate() -> None:
     """Apply database migrations (idempotent)."""
     from scheduler.db import Database
     from scheduler.migrate import head_revision, upgrade
-    from scheduler.services import tenants
+    from scheduler.services.tenancy import tenants
 
     settings = _settings_or_exit()
     _configure_logging(settings)
@@ -425,8 +425,8 @@ def bootstrap(
 ) -> None:
     """Seed a production database: fleet racks and the first admin key (printed once)."""
     from scheduler.db import Database
-    from scheduler.services import fleet as fleet_service
-    from scheduler.services import tenants
+    from scheduler.services.capacity import fleet as fleet_service
+    from scheduler.services.tenancy import tenants
     from scheduler.settings import write_private
     from vipu.topology import parse_fleet_description
 

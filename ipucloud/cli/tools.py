@@ -82,7 +82,7 @@ def estimate(
     from ipucloud.cli.client_models import parse_dims
     from scheduler.errors import DomainError
     from scheduler.jobspec import WorkloadRequest
-    from scheduler.services.estimates import estimate as run_estimate
+    from scheduler.services.batch.estimates import estimate as run_estimate
 
     if machine not in (*MACHINE_TYPE_NAMES, "any"):
         err.print(f"[red]--machine must be one of {', '.join(MACHINE_TYPE_NAMES)} or any[/]")

@@ -31,7 +31,7 @@ from vipu.allocator import Allocator, Placement
 # (its fixed part; the image itself streams in well under a second over the host links), and a
 # compile of the models of the catalogue takes about 700 s. A checkpoint of a whole IPU's 900 MB
 # of In-Processor Memory streams out (and back) over the same links in a fraction of a second, well
-# inside the 30 s warning a victim gets (scheduler/services/checkpoints.py).
+# inside the 30 s warning a victim gets (scheduler/services/batch/checkpoints.py).
 WARNING_S = 30.0
 LOAD_S = 10.0
 COMPILE_S = 700.0

@@ -71,9 +71,12 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, notifications, own_models, rates
-from scheduler.services.job_state import add_event, finalize_job
-from scheduler.services.scope import Scope, restrict, sees
+from scheduler.services import own_models
+from scheduler.services.batch import attempts
+from scheduler.services.batch.job_state import add_event, finalize_job
+from scheduler.services.capacity import fleet
+from scheduler.services.tenancy import notifications, rates
+from scheduler.services.tenancy.scope import Scope, restrict, sees
 from vipu import emulator
 from vipu.emulator.catalogue import WORKLOAD_NAMES
 from vipu.emulator.serving import DEFAULT_SERVE_BATCHES, choose_serving_ipus, serve_plan, signature_of

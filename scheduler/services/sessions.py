@@ -54,10 +54,12 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet, metering, notifications, rates
+from scheduler.services.batch import attempts
+from scheduler.services.batch.job_state import add_event, finalize_job
+from scheduler.services.capacity import fleet
 from scheduler.services.clock import db_now
-from scheduler.services.job_state import add_event, finalize_job
-from scheduler.services.scope import Scope, restrict, sees
+from scheduler.services.tenancy import metering, notifications, rates
+from scheduler.services.tenancy.scope import Scope, restrict, sees
 
 SESSION_TASK = "session"  # the holder job's task: not a workload, never handed to an agent
 HOLD_GCD = -1  # the holding attempt's GCD: beside the session's jobs' 0.., under the same unique index

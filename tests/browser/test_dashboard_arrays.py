@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job
-from scheduler.services import attempts
-from scheduler.services.attempts import Finish
+from scheduler.services.batch import attempts
+from scheduler.services.batch.attempts import Finish
 from scheduler.settings import get_settings
 from tests.browser.test_dashboard_http import csrf_of, make_tenant, sign_in
 from tests.scheduler.test_lifecycle import FakeCelery

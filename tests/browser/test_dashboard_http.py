@@ -17,9 +17,9 @@ from sqlalchemy import select
 from sqlalchemy import update as sql_update
 
 from scheduler.models import ApiKey, TrialApplication
-from scheduler.services import fleet as fleet_service
-from scheduler.services import keys as key_service
-from scheduler.services import tenants as tenant_service
+from scheduler.services.capacity import fleet as fleet_service
+from scheduler.services.tenancy import keys as key_service
+from scheduler.services.tenancy import tenants as tenant_service
 from scheduler.settings import get_settings
 from tests.support.services import Seeded
 

@@ -62,8 +62,8 @@ def test_upload_describe_choose_run_and_remove_a_model(client: TestClient, seede
     refused = client.post(f"/models/{model_id}/delete", data={"csrf": csrf}, follow_redirects=False)
     assert refused.status_code == 409 and "used by queued or running jobs" in refused.text
     job_id = submitted.headers["location"].rsplit("/", 1)[1]
-    from scheduler.services import jobs as job_service
-    from scheduler.services.scope import ALL_TENANTS
+    from scheduler.services.batch import jobs as job_service
+    from scheduler.services.tenancy.scope import ALL_TENANTS
 
     with db.write() as s:
         job_service.request_cancel(session=s, job_id=job_id, scope=ALL_TENANTS)

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from scheduler.models import Attempt, Machine, MeterEvent, Partition
-from scheduler.services import fleet
+from scheduler.services.capacity import fleet
 from tests.support import services
 from tests.support.cloud import RunningCloud
 from vipu.partitions import validate_partition

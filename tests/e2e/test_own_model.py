@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from scheduler.models import Attempt, Executable, MeterEvent
-from scheduler.services import executables
+from scheduler.services.batch import executables
 from tests.support import onnx_files
 from tests.support.cloud import RunningCloud
 

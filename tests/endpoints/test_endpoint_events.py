@@ -12,9 +12,11 @@ from sqlalchemy import select
 from scheduler.endpointspec import EndpointChange
 from scheduler.models import Attempt, AttemptState, Job, JobState
 from scheduler.notify_models import Event, MailMessage, Webhook, WebhookDelivery
-from scheduler.services import attempts, endpoints, mail, notifications
-from scheduler.services.job_state import finalize_job
-from scheduler.services.scope import OneTenant
+from scheduler.services import endpoints
+from scheduler.services.batch import attempts
+from scheduler.services.batch.job_state import finalize_job
+from scheduler.services.tenancy import mail, notifications
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.endpoints.test_serve_pass import BUSY, CALM, IDLE, Window, at, create, endpoint, run_placed, serve
 from tests.faults.harness import leader_loop, make_tenant

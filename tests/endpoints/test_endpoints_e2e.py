@@ -25,7 +25,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from scheduler.emulation import serve_plan_on_partition
-from scheduler.services import executables
+from scheduler.services.batch import executables
 from tests.support import services
 from tests.support.cloud import RunningCloud
 

@@ -16,10 +16,12 @@ from sqlalchemy import select, text
 
 from scheduler.endpointspec import EndpointSpec
 from scheduler.models import Attempt, AttemptState, Endpoint, EndpointStat, Job, JobState, Tenant, utcnow
-from scheduler.services import attempts, endpoints, usage
+from scheduler.services import endpoints
+from scheduler.services.batch import attempts
+from scheduler.services.batch.job_state import add_event
 from scheduler.services.endpoints import ScalePolicy, ScaleState, decide_scale
-from scheduler.services.job_state import add_event
-from scheduler.services.scope import OneTenant
+from scheduler.services.tenancy import usage
+from scheduler.services.tenancy.scope import OneTenant
 from tests.faults.harness import leader_loop, make_tenant
 
 # Minutes ago, on a whole minute: a drain bills up to the database's now, so the test's clock stays
@@ -370,7 +372,7 @@ def test_failing_replicas_fail_the_endpoint(db: Any, seeded: Any) -> None:
     for n in range(endpoints.FAILURE_LIMIT):
         with db.write() as s:
             job = s.execute(select(Job).where(Job.endpoint_id == ep, Job.state == "queued")).scalar_one()
-            from scheduler.services.job_state import finalize_job
+            from scheduler.services.batch.job_state import finalize_job
 
             finalize_job(session=s, job=job, state=JobState.FAILED, reason="does not fit on the partition")
         serve(db, at(n + 1))
@@ -419,7 +421,7 @@ def test_replicas_are_exempt_from_the_plans_job_count_limits() -> None:
 def test_a_new_batch_size_is_rolled_out_without_a_gap(db: Any, seeded: Any) -> None:
     """PATCH batching: the old replica serves until a replica of the new layout does, then drains."""
     from scheduler.endpointspec import EndpointChange
-    from scheduler.services.scope import OneTenant
+    from scheduler.services.tenancy.scope import OneTenant
 
     tenant = make_tenant(db, "roller")
     loop = leader_loop(db)

@@ -11,9 +11,10 @@ from sqlalchemy import select
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt
-from scheduler.services import jobs, tenants
-from scheduler.services.agents import AgentLease
-from scheduler.services.attempts import TakenAttempt
+from scheduler.services.batch import jobs
+from scheduler.services.batch.attempts import TakenAttempt
+from scheduler.services.capacity.agents import AgentLease
+from scheduler.services.tenancy import tenants
 from scheduler.settings import get_settings
 from tests.support import agentkit
 

@@ -18,8 +18,8 @@ from sqlalchemy import event, func, select
 from sqlalchemy.exc import OperationalError
 
 from scheduler.models import Attempt, AttemptState, Job, JobEvent, MeterEvent, Tenant
-from scheduler.services import jobs
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.faults.checker import check_cloud
 from tests.faults.harness import attempt_of, leader_loop, make_tenant, place, submit

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import select
 
 from scheduler.models import Agent as AgentRow
-from scheduler.services import agents, attempts
+from scheduler.services.batch import attempts
+from scheduler.services.capacity import agents
 from scheduler.settings import get_settings
 from tests.faults.test_agent import FakeClock, NoRedis
 from tests.support.services import Seeded

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from scheduler.billing import charged_ipu_ms
 from scheduler.models import Attempt, AttemptState, Checkpoint, Job, MeterEvent, Plan, Tenant, utcnow
-from scheduler.services import checkpoints
+from scheduler.services.batch import checkpoints
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.faults.harness import agent as harness_agent
 from tests.faults.harness import leader_loop, make_tenant, place, submit

@@ -29,8 +29,9 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, jobs, leader
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import attempts, jobs
+from scheduler.services.capacity import leader
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import reset_settings_cache
 from tests.faults.checker import check_cloud
 from tests.faults.harness import agent, attempt_of, leader_loop, make_tenant, place, submit, take
@@ -287,7 +288,7 @@ def test_an_attempt_of_a_job_that_already_ended_is_ended_and_frees_its_partition
     # pass and the API's cancel can run on PostgreSQL): the job ended, the attempt lives on.
     with db.write() as s:
         job = s.get(Job, job_id)
-        from scheduler.services.job_state import finalize_job
+        from scheduler.services.batch.job_state import finalize_job
 
         finalize_job(session=s, job=job, state="cancelled", reason="cancelled by user")  # type: ignore[arg-type]
     assert loop.reconcile().count("attempt_of_ended_job_ended") == 1
@@ -361,15 +362,15 @@ def test_leases_are_judged_on_the_database_clock_not_the_workers(
     if db.sqlite:
         pytest.skip("SQLite runs on one host: there is only one clock")
     import scheduler.models
-    import scheduler.services.agents
-    import scheduler.services.attempts
+    import scheduler.services.batch.attempts
+    import scheduler.services.capacity.agents
 
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
     behind = utcnow() - timedelta(hours=1)
-    monkeypatch.setattr(scheduler.services.attempts, "utcnow", lambda: behind)
-    monkeypatch.setattr(scheduler.services.agents, "utcnow", lambda: behind, raising=False)
+    monkeypatch.setattr(scheduler.services.batch.attempts, "utcnow", lambda: behind)
+    monkeypatch.setattr(scheduler.services.capacity.agents, "utcnow", lambda: behind, raising=False)
     monkeypatch.setattr(scheduler.models, "utcnow", lambda: behind)
     _, taken = take(db, attempt, lease_s=1.0)
     monkeypatch.undo()

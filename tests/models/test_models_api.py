@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.services import tenants
+from scheduler.services.tenancy import tenants
 from tests.support import onnx_files
 from tests.support.services import reload_settings
 from tests.tenancy.conftest import assert_problem, auth, make_tenant

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from scheduler import billing, emulation
 from scheduler.jobspec import WorkloadRequest
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Plan, Tenant
-from scheduler.services import executables
+from scheduler.services.batch import executables
 from tests.faults.harness import leader_loop
 from tests.policy.test_live_pass import new_tenant
 from tests.support import agentkit, services

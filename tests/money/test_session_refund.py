@@ -14,8 +14,9 @@ from sqlalchemy import func, select
 from scheduler import billing
 from scheduler.jobspec import SessionSpec
 from scheduler.models import Attempt, AttemptState, IpuSession, Job, MeterEvent, Tenant, utcnow
-from scheduler.services import attempts, sessions
-from scheduler.services.scope import OneTenant
+from scheduler.services import sessions
+from scheduler.services.batch import attempts
+from scheduler.services.tenancy.scope import OneTenant
 from tests.faults.harness import leader_loop, make_tenant, submit
 from tests.support import agentkit
 

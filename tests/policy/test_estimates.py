@@ -9,7 +9,7 @@ from typing import Any
 from scheduler import emulation
 from scheduler.jobspec import WorkloadRequest
 from scheduler.models import Job
-from scheduler.services import executables
+from scheduler.services.batch import executables
 from scheduler.settings import get_settings
 from tests.policy.test_live_pass import new_tenant, scheduler, spec, submit
 
@@ -84,7 +84,7 @@ def test_an_estimate_ranks_the_job_at_its_tenants_plan_priority(db: Any, seeded:
     """The job asked about is ranked as the tenant's real job would be: at its plan's priority. It was
     ranked at 0, so an internal tenant heavier in fair share than a standard tenant was told it would
     wait behind the standard tenant's queued job, which its job would in fact pass."""
-    from scheduler.services import tenants
+    from scheduler.services.tenancy import tenants
 
     light, _ = new_tenant(db, "light", quota_ipu_hours=10_000)  # standard: plan priority 2
     with db.write() as s:
@@ -181,7 +181,7 @@ def test_an_inference_estimate_answers_a_serving_row_per_batch_size(
 
     # `auto` sizes the replica for the largest batch asked; a PCIe C2 answers with its own host call
     # (offline, as `ipucloud estimate` asks: this fleet has no C2 servers).
-    from scheduler.services.estimates import estimate as service_estimate
+    from scheduler.services.batch.estimates import estimate as service_estimate
 
     auto = service_estimate(
         session=None,

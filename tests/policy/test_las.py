@@ -151,7 +151,7 @@ def test_the_stop_cost_counts_the_warning_the_cloud_gives() -> None:
     assert [v.id for v in decide(_scene(), config).preempt] == ["long"]
     # 20 h of 64 IPUs left to run: with a 30 h warning the short job is better off waiting.
     assert decide(_scene(), config.with_options(preempt_warning_s=30 * HOUR)).preempt == []
-    from scheduler.services.scheduling import live_policy
+    from scheduler.services.batch.scheduling import live_policy
     from scheduler.settings import Settings
 
     assert live_policy(Settings(preemption_warning_s=120.0)).preempt_warning_s == 120.0

@@ -16,8 +16,9 @@ from scheduler.loop import SchedulerLoop
 from scheduler.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
 from scheduler.policy import RunningJob, get_policy
 from scheduler.policy.model import tenant_key
-from scheduler.services import jobs, scheduling, tenants
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs, scheduling
+from scheduler.services.tenancy import tenants
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit

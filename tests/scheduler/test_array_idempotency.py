@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from scheduler import billing
 from scheduler.models import Job, JobArray, Tenant
-from scheduler.services import arrays, jobs
+from scheduler.services.batch import arrays, jobs
 from tests.scheduler.test_arrays import make_tenant, spec
 
 KEY = "sweep-nightly-7"

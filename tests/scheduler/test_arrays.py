@@ -1,4 +1,4 @@
-"""Job arrays, sweeps and dependencies (scheduler/services/arrays.py), on the real test database:
+"""Job arrays, sweeps and dependencies (scheduler/services/batch/arrays.py), on the real test database:
 admission, the scheduler's throttle, cancel and retry, dependency chains, quota held and released."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from scheduler.errors import InvalidRequest, LimitExceeded, NotFound, QuotaExcee
 from scheduler.jobspec import JobSpec, compress_indices, parse_indices
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, JobArray, JobEvent, Tenant
-from scheduler.services import arrays, jobs, tenants
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import arrays, jobs
+from scheduler.services.tenancy import tenants
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit

@@ -19,8 +19,8 @@ from scheduler import billing, emulation
 from scheduler.jobspec import JobSpec
 from scheduler.models import Job, Tenant
 from scheduler.runtime import Runtime
-from scheduler.services import submitter
-from scheduler.services.submitter import GroupSubmitter
+from scheduler.services.batch import submitter
+from scheduler.services.batch.submitter import GroupSubmitter
 from tests.support.services import Seeded
 
 JOB = {"name": "sample", "workload": {"model": "mcmc", "task": "infer", "steps": 50}, "ipus": 1}
@@ -193,8 +193,8 @@ def test_a_bad_spec_and_a_replay_in_one_batch_leave_the_others_alone(
 def test_a_lone_submission_is_not_held_for_company(runtime: Runtime, db: Any, seeded: Seeded) -> None:
     """After a big batch the writer waits at most its short deadline once; a lone client then
     pays nothing (the writer commits at once when nothing else is waiting)."""
-    from scheduler.services.jobs import SubmitRequest
-    from scheduler.services.tenants import create_tenant
+    from scheduler.services.batch.jobs import SubmitRequest
+    from scheduler.services.tenancy.tenants import create_tenant
     from scheduler.settings import get_settings
 
     with db.write() as s:
@@ -214,9 +214,9 @@ def test_a_batch_reads_the_executable_cache_once_per_workload(
     runtime: Runtime, db: Any, seeded: Seeded
 ) -> None:
     """Twenty identical jobs in a batch: one look-up of their executable, not twenty."""
-    from scheduler.services import jobs
-    from scheduler.services.jobs import SubmitRequest, Submitted
-    from scheduler.services.tenants import create_tenant
+    from scheduler.services.batch import jobs
+    from scheduler.services.batch.jobs import SubmitRequest, Submitted
+    from scheduler.services.tenancy.tenants import create_tenant
     from scheduler.settings import get_settings
 
     with db.write() as s:
@@ -245,9 +245,9 @@ def test_a_batch_writes_its_jobs_and_their_first_events_in_one_statement_each(
     `job_events`, each executed once with every row's parameters (on PostgreSQL psycopg pipelines the
     rows through one prepared statement: one round trip, parsed once; measured faster than one
     multi-row VALUES statement, docs/performance.md). A refused job is not among them."""
-    from scheduler.services import jobs
-    from scheduler.services.jobs import SubmitRequest, Submitted
-    from scheduler.services.tenants import create_tenant
+    from scheduler.services.batch import jobs
+    from scheduler.services.batch.jobs import SubmitRequest, Submitted
+    from scheduler.services.tenancy.tenants import create_tenant
     from scheduler.settings import get_settings
 
     with db.write() as s:
@@ -299,7 +299,7 @@ def wake_channel(runtime: Runtime) -> Iterator[Any]:
 def test_a_batch_wakes_the_scheduler_once_and_a_batch_of_replays_not_at_all(
     app: Any, client: Any, seeded: Seeded, held: GroupSubmitter, wake_channel: Any
 ) -> None:
-    from scheduler.services.jobs import SubmitRequest
+    from scheduler.services.batch.jobs import SubmitRequest
 
     tid, headers = tenant(client, seeded, "woken")
     keyed = {**headers, "Idempotency-Key": "nightly-3"}

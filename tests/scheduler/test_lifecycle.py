@@ -20,8 +20,10 @@ from scheduler.models import (
     Partition,
     Tenant,
 )
-from scheduler.services import agents, attempts, jobs, leader, reconciler, tenants
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import attempts, jobs
+from scheduler.services.capacity import agents, leader, reconciler
+from scheduler.services.tenancy import tenants
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.support import agentkit
 

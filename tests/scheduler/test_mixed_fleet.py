@@ -13,8 +13,10 @@ from scheduler.errors import Conflict, DoesNotFit, InvalidRequest, LimitExceeded
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Machine, MeterEvent, Tenant
-from scheduler.services import fleet, fleet_metrics, jobs, tenants, usage
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs
+from scheduler.services.capacity import fleet, fleet_metrics
+from scheduler.services.tenancy import tenants, usage
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit, services
@@ -232,7 +234,9 @@ def test_an_estimate_admission_and_a_session_take_the_same_offers_from_a_plan(db
     estimate, a job's admission and a session see the same types at the same rates."""
     from scheduler import billing
     from scheduler.jobspec import SessionSpec
-    from scheduler.services import estimates, rates, sessions
+    from scheduler.services import sessions
+    from scheduler.services.batch import estimates
+    from scheduler.services.tenancy import rates
 
     with db.write() as s:
         tenants.update_plan(session=s, name="trial", changes={"machine_types": ["c2"], "rates": {"c2": 0.25}})

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from scheduler.models import Tenant, utcnow
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
-from scheduler.services import notifications, tenants
+from scheduler.services.tenancy import notifications, tenants
 from scheduler.settings import get_settings
 from scheduler.webhook_http import Outcome, refusal, retry_after
 
@@ -254,7 +254,7 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 def test_jobs_are_warned_as_they_near_their_time_limit(db: Any, tenant_id: str) -> None:
     from scheduler.jobspec import JobSpec
     from scheduler.models import Attempt, Job
-    from scheduler.services import jobs
+    from scheduler.services.batch import jobs
     from tests.tenancy.conftest import JOB, start_attempt
 
     with db.write() as s:

@@ -23,7 +23,8 @@ from scheduler import loop as loop_module
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Partition, utcnow
-from scheduler.services import jobs, tenants
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy import tenants
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, utcnow
-from scheduler.services import attempts
+from scheduler.services.batch import attempts
 from tests.scheduler.test_lifecycle import loop, submit, tenant  # noqa: F401  (fixtures)
 from tests.support import agentkit
 from vipu.emulator.run import Timeline

@@ -1,5 +1,5 @@
 """`POST /jobs/{id}/resume` joins the queue as a submission does: held to the plan's queued-job limit,
-and a refusal changes nothing (scheduler/services/jobs.py, resume_job)."""
+and a refusal changes nothing (scheduler/services/batch/jobs.py, resume_job)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from sqlalchemy import update
 
 from scheduler.jobspec import JobSpec
 from scheduler.models import Job, JobState, Plan, Tenant
-from scheduler.services import jobs, keys
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy import keys
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.faults.harness import make_tenant
 from tests.support import agentkit

@@ -18,7 +18,8 @@ from scheduler.loop import SchedulerLoop
 from scheduler.models import OutboxMessage, Partition, utcnow
 from scheduler.routing import Router
 from scheduler.runtime import Runtime
-from scheduler.services import jobs, tenants
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy import tenants
 from scheduler.settings import Settings, get_settings
 
 

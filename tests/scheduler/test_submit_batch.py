@@ -8,9 +8,10 @@ from sqlalchemy import func, select
 
 from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
 from scheduler.models import Job, JobEvent, Tenant
-from scheduler.services import jobs, tenants
-from scheduler.services.jobs import SubmitRequest, Submitted
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs
+from scheduler.services.batch.jobs import SubmitRequest, Submitted
+from scheduler.services.tenancy import tenants
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import spec
 

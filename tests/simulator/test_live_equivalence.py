@@ -19,7 +19,8 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, Partition, utcnow
 from scheduler.policy import get_policy
-from scheduler.services import jobs, tenants
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy import tenants
 from scheduler.settings import get_settings
 from scheduler.simulator import Simulation, TraceJob
 from tests.scheduler.test_lifecycle import FakeCelery

@@ -1,5 +1,5 @@
 """The simulator reads the opt-out of preemption per job (`never_preempt`), as the live snapshot
-reads it from the job and its plan (scheduler/services/scheduling.py)."""
+reads it from the job and its plan (scheduler/services/batch/scheduling.py)."""
 
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import attempts
-from scheduler.services.agents import AgentLease
-from scheduler.services.attempts import Bill, Finish, TakenAttempt, TickResult
-from scheduler.services.job_state import finalize_job
+from scheduler.services.batch import attempts
+from scheduler.services.batch.attempts import Bill, Finish, TakenAttempt, TickResult
+from scheduler.services.batch.job_state import finalize_job
+from scheduler.services.capacity.agents import AgentLease
 
 __all__ = [
     "AGENT",

@@ -135,7 +135,7 @@ def reset_caches() -> None:
     """Forget the process's runtime (its database, Redis clients, allocators, capacity cache, rate
     limiters: scheduler/runtime.py) and the memo caches that outlive it."""
     from scheduler import emulation, runtime
-    from scheduler.services import keys
+    from scheduler.services.tenancy import keys
     from scheduler.settings import reset_settings_cache
 
     reset_settings_cache()
@@ -181,7 +181,8 @@ class Seeded:
 def seed(database: object, *, pods: int = 2, fleet_description: str | None = None) -> Seeded:
     """Plans, an admin key and a fleet: `pods` IPU-M2000 POD64s, or a fleet description such as
     `2xm2000,1xdss8440`."""
-    from scheduler.services import fleet, tenants
+    from scheduler.services.capacity import fleet
+    from scheduler.services.tenancy import tenants
     from scheduler.settings import get_settings
     from vipu.topology import parse_fleet_description
 

@@ -89,7 +89,7 @@ def send_due_mail(db: Any) -> list[str]:
     """What the notifier's pump and its `send_mail` tasks do, in this process: fan new events out into
     messages, claim the due ones and send each. Returns each message's outcome."""
     from scheduler.models import utcnow
-    from scheduler.services import mail
+    from scheduler.services.tenancy import mail
     from scheduler.settings import get_settings
     from workers.notifier import send_mail
 

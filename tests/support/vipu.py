@@ -113,8 +113,9 @@ def fill_fleet(
 
     from scheduler.jobspec import JobSpec
     from scheduler.models import AttemptState
-    from scheduler.services import fleet, jobs, partitions
-    from scheduler.services import tenants as tenant_service
+    from scheduler.services.batch import jobs
+    from scheduler.services.capacity import fleet, partitions
+    from scheduler.services.tenancy import tenants as tenant_service
     from scheduler.settings import get_settings
 
     settings = get_settings()
@@ -164,7 +165,7 @@ def fill_fleet(
             break
         for i in range(0, len(placed), batch):
             with db.write() as s:
-                from scheduler.services import attempts
+                from scheduler.services.batch import attempts
 
                 taken = attempts.take_many(
                     session=s, agent=agent, deliveries=placed[i : i + batch], lease_s=3600, time_scale=1.0

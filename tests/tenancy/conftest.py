@@ -11,7 +11,9 @@ import pytest
 
 from scheduler.jobspec import JobSpec
 from scheduler.models import ApiKey, AttemptState, Job, utcnow
-from scheduler.services import attempts, jobs, keys, partitions, tenants
+from scheduler.services.batch import attempts, jobs
+from scheduler.services.capacity import partitions
+from scheduler.services.tenancy import keys, tenants
 from scheduler.settings import get_settings
 from tests.support import agentkit, services
 from tests.support.smtp import Inbox, smtp_server

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from scheduler.models import MeterEvent, Tenant, utcnow
 from scheduler.notify_models import Event
-from scheduler.services import notifications
+from scheduler.services.tenancy import notifications
 from tests.tenancy.conftest import World, bill, start_attempt
 
 SCALE = 1000.0  # cluster seconds a wall second, as the tests' clouds run: 24 h of cluster time is 86.4 s

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import update
 
 from scheduler.models import Job, Tenant, utcnow
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 from scheduler.settings import get_settings
 from tests.support import onnx_files
 from tests.tenancy.conftest import JOB, World, assert_problem, auth, start_attempt, submit

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 
 from scheduler.models import OwnModel, Tenant, utcnow
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 from tests.support import onnx_files
 from tests.tenancy.conftest import World, assert_problem, auth
 

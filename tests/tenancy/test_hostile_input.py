@@ -31,10 +31,13 @@ from api.dashboard import routes, sessions
 from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import Base
-from scheduler.services import arrays, jobs, keys, own_models, partitions, tenants, trials
 from scheduler.services import endpoints as endpoint_service
+from scheduler.services import own_models
 from scheduler.services import sessions as session_service
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import arrays, jobs
+from scheduler.services.capacity import partitions
+from scheduler.services.tenancy import keys, tenants, trials
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.support import onnx_files, webhooks
 from tests.support.services import Seeded, reload_settings

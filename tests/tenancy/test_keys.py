@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 
 from scheduler.errors import Unauthorized
 from scheduler.models import ApiKey, utcnow
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 from scheduler.settings import get_settings
 from tests.tenancy.conftest import JOB, World, assert_problem, auth
 

@@ -17,7 +17,7 @@ from scheduler import mail as mail_wire
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, AttemptState, Job, Member, Tenant, utcnow
 from scheduler.notify_models import ClaimLink, MailMessage
-from scheduler.services import mail, notifications
+from scheduler.services.tenancy import mail, notifications
 from tests.support import services
 from tests.support.smtp import Inbox, send_due_mail, smtp_server
 from tests.tenancy.conftest import World, assert_problem, auth, finish, start_attempt, submit

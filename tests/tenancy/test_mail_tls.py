@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from scheduler import mail as mail_wire
 from scheduler.notify_models import MailMessage
-from scheduler.services import mail
+from scheduler.services.tenancy import mail
 from tests.support import services
 from tests.support.smtp import send_due_mail, smtp_server
 from tests.tenancy.conftest import World

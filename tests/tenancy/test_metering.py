@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler.models import Attempt, AttemptState, Job, MeterEvent, Tenant
-from scheduler.services import metering, tenants, usage
+from scheduler.services.tenancy import metering, tenants, usage
 from scheduler.settings import get_settings
 from tests.support import agentkit
 from tests.tenancy.conftest import World, bill, finish, place_attempt, start_attempt, submit

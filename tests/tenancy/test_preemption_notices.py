@@ -16,8 +16,9 @@ from werkzeug import Request, Response
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, JobEvent, utcnow
-from scheduler.services import jobs, notifications
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import jobs
+from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit, services

@@ -13,7 +13,9 @@ from api.app import create_app
 from scheduler.endpointspec import EndpointSpec
 from scheduler.jobspec import JobSpec, SessionSpec
 from scheduler.models import ApiKey, Job
-from scheduler.services import arrays, endpoints, keys, own_models, sessions, trials
+from scheduler.services import endpoints, own_models, sessions
+from scheduler.services.batch import arrays
+from scheduler.services.tenancy import keys, trials
 from scheduler.settings import Settings
 from tests.support import onnx_files, webhooks
 from tests.tenancy.conftest import World, assert_problem, auth

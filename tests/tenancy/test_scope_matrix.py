@@ -54,11 +54,14 @@ from scheduler.models import (
     TrialApplication,
     Webhook,
 )
-from scheduler.services import arrays as array_service
-from scheduler.services import claims, fleet, jobs, keys, mail, own_models, partitions, tenants, trials
 from scheduler.services import endpoints as endpoint_service
+from scheduler.services import own_models
 from scheduler.services import sessions as session_service
-from scheduler.services.scope import OneTenant
+from scheduler.services.batch import arrays as array_service
+from scheduler.services.batch import jobs
+from scheduler.services.capacity import fleet, partitions
+from scheduler.services.tenancy import claims, keys, mail, tenants, trials
+from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.support import agentkit, onnx_files, webhooks
 from tests.support.services import Seeded, reload_settings
@@ -538,7 +541,7 @@ def _member(w: World, body: Any = None) -> Call:
 def _machine(w: World, verb: str) -> Call:
     # Each admin call is undone by the next case's setup (restore), so the fleet stays whole.
     with w.db.write() as s:
-        from scheduler.services import fleet
+        from scheduler.services.capacity import fleet
 
         fleet.set_machine_health(session=s, machine="pod0001-m15", health="up", reason=None)
     return Call(

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from scheduler.errors import Conflict
 from scheduler.models import ApiKey, Member, Tenant, TrialApplication
-from scheduler.services import trials
+from scheduler.services.tenancy import trials
 from tests.support import services
 from tests.tenancy.conftest import JOB, assert_problem, auth
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from scheduler.models import Machine
-from scheduler.services import tenants
+from scheduler.services.tenancy import tenants
 from scheduler.settings import get_settings
 from tests.support import services
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from scheduler.models import Attempt, JobEvent, MeterEvent, Tenant
-from scheduler.services import machines
+from scheduler.services.capacity import machines
 from tests.faults.harness import leader_loop
 from tests.support import agentkit
 

@@ -19,7 +19,7 @@ from sqlalchemy import select, text
 
 from scheduler.errors import Conflict, NoCapacity
 from scheduler.models import IpuAssignment, Partition
-from scheduler.services import fleet, partitions
+from scheduler.services.capacity import fleet, partitions
 from tests.support.cloud import RunningCloud, free_port
 from vipu.partitions import validate_partition
 

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from scheduler.models import Attempt, AttemptState, JobEvent
-from scheduler.services import machines
+from scheduler.services.capacity import machines
 from tests.faults.harness import leader_loop
 from tests.support import agentkit
 

@@ -1,6 +1,6 @@
 """A job stores the priority its owner gave (-100 to 100). Before, it stored that plus 1,000 times
 its plan's priority at submission, so a later plan edit never reached queued jobs; the plan's
-priority is now read at every scheduling pass (scheduler/services/scheduling.py).
+priority is now read at every scheduling pass (scheduler/services/batch/scheduling.py).
 
 Revision ID: 0009_job_priority
 Revises: 0008_checkpoints

@@ -13,7 +13,7 @@ down_revision = "0013_mail"
 branch_labels = None
 depends_on = None
 
-# The default plans' array limits (scheduler/services/tenants.py); an admin's own plans get 64.
+# The default plans' array limits (scheduler/services/tenancy/tenants.py); an admin's own plans get 64.
 _SIZES = {"trial": 64, "trial-university": 256, "trial-business": 256, "standard": 1000, "internal": 10000}
 
 

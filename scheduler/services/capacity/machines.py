@@ -12,7 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Ipu, IpuAssignment, Machine
-from scheduler.services import attempts, fleet
+from scheduler.services.batch import attempts
+from scheduler.services.capacity import fleet
 
 
 def set_health(

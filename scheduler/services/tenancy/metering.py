@@ -1,7 +1,7 @@
 """Metering: every IPU-second of an attempt, billed once.
 
 An attempt is metered as its rate x partition size x cluster time (the rate of its machine type
-under the tenant's plan, fixed when it was placed: `scheduler.services.rates`): in ticks while it
+under the tenant's plan, fixed when it was placed: `scheduler.services.tenancy.rates`): in ticks while it
 runs (so a running job burns quota as it goes; its host agent bills many attempts per transaction,
 every `IPUCLOUD_METER_INTERVAL_S`) and settled once at its end. Every meter event has a deterministic id
 (`att:<attempt>:tick:<seq>`, `att:<attempt>:settle`), and counters move only when the event row
@@ -167,7 +167,7 @@ class Metered:
     reservation_used_ipu_ms: int
     cluster_s: float
     ticks: int
-    # What it is billed at (scheduler.services.rates): its type's rate, fixed when it was placed.
+    # What it is billed at (scheduler.services.tenancy.rates): its type's rate, fixed when it was placed.
     machine_type: str | None = None
     rate: float = 1.0
     unbilled_s: float = 0.0

@@ -15,12 +15,12 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from scheduler.models import Attempt, Job, JobEvent, Partition
-from scheduler.services import checkpoints as checkpoint_service
-from scheduler.services import jobs as job_service
-from scheduler.services import usage as usage_service
-from scheduler.services.checkpoints import CheckpointView
-from scheduler.services.jobs import Folded
-from scheduler.services.scope import Scope
+from scheduler.services.batch import checkpoints as checkpoint_service
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.batch.checkpoints import CheckpointView
+from scheduler.services.batch.jobs import Folded
+from scheduler.services.tenancy import usage as usage_service
+from scheduler.services.tenancy.scope import Scope
 from scheduler.services.views import WaitView
 
 

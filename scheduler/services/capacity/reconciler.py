@@ -43,9 +43,10 @@ from scheduler.models import (
     Partition,
     ReconcilerAction,
 )
-from scheduler.services import agents, attempts, fleet
+from scheduler.services.batch import attempts
+from scheduler.services.batch.job_state import add_event, finalize_job
+from scheduler.services.capacity import agents, fleet
 from scheduler.services.clock import db_now
-from scheduler.services.job_state import add_event, finalize_job
 
 log = logging.getLogger("ipucloud.reconciler")
 

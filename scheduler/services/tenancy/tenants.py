@@ -15,7 +15,7 @@ from scheduler.billing import ipu_ms_of_hours
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.ids import new_id
 from scheduler.models import ApiKey, Member, Plan, Tenant, utcnow
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 
 MIB = 2**20
 

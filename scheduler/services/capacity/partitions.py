@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from scheduler.errors import Conflict, InvalidRequest, NoCapacity, NotFound
 from scheduler.models import Attempt, AttemptState, Machine, Partition, Tenant
-from scheduler.services import attempts as attempt_service
-from scheduler.services import fleet
+from scheduler.services.batch import attempts as attempt_service
+from scheduler.services.capacity import fleet
 from vipu.machine_types import LAYOUTS
 from vipu.partitions import PartitionRuleError, check_gcds, check_size
 from vipu.topology import rack_id

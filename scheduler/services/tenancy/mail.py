@@ -33,7 +33,7 @@ from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, NotFound
 from scheduler.models import IpuSession, Job, Member, utcnow
 from scheduler.notify_models import Event, MailMessage, NotificationSetting
-from scheduler.services import notifications
+from scheduler.services.tenancy import notifications
 
 log = logging.getLogger("ipucloud.mail")
 

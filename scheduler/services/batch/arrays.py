@@ -51,11 +51,12 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, fleet
-from scheduler.services import jobs as job_service
-from scheduler.services.dependencies import DEPENDENCY, check_dependencies
-from scheduler.services.job_state import finalize_job
-from scheduler.services.scope import Scope, restrict, sees
+from scheduler.services.batch import attempts
+from scheduler.services.batch import jobs as job_service
+from scheduler.services.batch.dependencies import DEPENDENCY, check_dependencies
+from scheduler.services.batch.job_state import finalize_job
+from scheduler.services.capacity import fleet
+from scheduler.services.tenancy.scope import Scope, restrict, sees
 
 _ARRAY_FIELDS = ("array", "sweep")
 

@@ -43,10 +43,13 @@ from scheduler.models import (
     Tenant,
     utcnow,
 )
-from scheduler.services import attempts, checkpoints, executables, fleet, own_models, rates, sessions
-from scheduler.services.dependencies import DEPENDENCY, check_dependencies
-from scheduler.services.job_state import add_event, finalize_job
-from scheduler.services.scope import AllTenants, Scope, restrict, sees
+from scheduler.services import own_models, sessions
+from scheduler.services.batch import attempts, checkpoints, executables
+from scheduler.services.batch.dependencies import DEPENDENCY, check_dependencies
+from scheduler.services.batch.job_state import add_event, finalize_job
+from scheduler.services.capacity import fleet
+from scheduler.services.tenancy import rates
+from scheduler.services.tenancy.scope import AllTenants, Scope, restrict, sees
 from scheduler.services.views import RuntimeLimitView, WaitView
 
 if TYPE_CHECKING:
@@ -328,7 +331,7 @@ _LOCK_TENANTS = (
 )
 # The tenant's queued jobs, counted no further than its plan's limit needs (an index range of at
 # most `cap` entries of the (tenant, state) index, however long the queue).
-# An array's queued elements count once (scheduler/services/arrays.py).
+# An array's queued elements count once (scheduler/services/batch/arrays.py).
 _QUEUED_JOBS = select(func.count()).select_from(
     select(func.coalesce(_jobs.c.array_id, _jobs.c.id))
     .distinct()
@@ -952,7 +955,7 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
             Tenant.id == tenant.id,
             Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
         )
-        # The queued-job bound stays an upper bound (scheduler/services/jobs.py, submit_jobs).
+        # The queued-job bound stays an upper bound (scheduler/services/batch/jobs.py, submit_jobs).
         .values(
             reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve,
             queued_jobs_bound=Tenant.queued_jobs_bound + 1,

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.ids import new_id
 from scheduler.models import Plan, TrialApplication, utcnow
-from scheduler.services import claims, mail, notifications, tenants
-from scheduler.services.tenants import TRIAL_PLAN_BY_CATEGORY, CreatedTenant
+from scheduler.services.tenancy import claims, mail, notifications, tenants
+from scheduler.services.tenancy.tenants import TRIAL_PLAN_BY_CATEGORY, CreatedTenant
 
 CATEGORIES = tuple(TRIAL_PLAN_BY_CATEGORY)
 STATUSES = ("pending", "approved", "rejected")

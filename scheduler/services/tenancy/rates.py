@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.errors import LimitExceeded
 from scheduler.models import Plan
-from scheduler.services import fleet
+from scheduler.services.capacity import fleet
 from vipu.machine_types import MACHINE_TYPE_NAMES, default_rates
 
 MAX_RATE = 1000.0

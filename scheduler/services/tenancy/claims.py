@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Gone, NotFound
 from scheduler.models import ApiKey, Member, Tenant, utcnow
 from scheduler.notify_models import ClaimLink
-from scheduler.services import keys
+from scheduler.services.tenancy import keys
 
 CLAIM_TTL = timedelta(hours=72)
 TOKEN_BYTES = 32

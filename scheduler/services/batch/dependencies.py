@@ -1,5 +1,5 @@
 """Dependencies between jobs, as a submission states them (docs/sweeps.md); the scheduler resolves
-them (scheduler/services/arrays.py, `resolve_dependencies`)."""
+them (scheduler/services/batch/arrays.py, `resolve_dependencies`)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,12 @@ from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.policy import HeldArray, QueuedJob
 from scheduler.policy.forecast import estimate_start, forecast
 from scheduler.policy.las import job_class
-from scheduler.services import arrays, executables, fleet, own_models, rates, scheduling
+from scheduler.services import own_models
+from scheduler.services.batch import arrays, executables, scheduling
+from scheduler.services.capacity import fleet
 from scheduler.services.clock import db_now
-from scheduler.services.rates import Offers
+from scheduler.services.tenancy import rates
+from scheduler.services.tenancy.rates import Offers
 from scheduler.services.views import RuntimeLimitView
 from scheduler.settings import Settings, get_settings
 from vipu import emulator

@@ -9,7 +9,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from scheduler.models import Job, JobEvent, JobState, Tenant, utcnow
-from scheduler.services import notifications
+from scheduler.services.tenancy import notifications
 
 
 def add_event(

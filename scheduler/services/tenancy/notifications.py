@@ -35,7 +35,7 @@ from scheduler.errors import Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.ids import new_id
 from scheduler.models import SERVE_TASK, Job, MeterEvent, Plan, Tenant, utcnow
 from scheduler.notify_models import Event, NotificationSetting, Webhook, WebhookDelivery
-from scheduler.services.scope import Scope, restrict, sees
+from scheduler.services.tenancy.scope import Scope, restrict, sees
 from scheduler.settings import Settings
 
 # Every event type. `endpoint.*` are written by inference endpoints (scheduler/services/endpoints.py);
@@ -704,7 +704,7 @@ RUNTIME_WARNINGS = (50, 80, 90)
 def _runtime_warnings(session: Session, now: datetime) -> int:
     """Warn the owners of running jobs that have used 50, 80 or 90% of their time limit. The run
     time counts as the limit does: what earlier attempts ran since the owner last started or resumed
-    the job, and this attempt's run after its restore (scheduler/services/attempts.py, take_many)."""
+    the job, and this attempt's run after its restore (scheduler/services/batch/attempts.py, take_many)."""
     from scheduler.models import Attempt, AttemptState
 
     rows = session.execute(
@@ -800,8 +800,8 @@ def sweep(*, session: Session, now: datetime, time_scale: float = 1.0) -> SweepR
     of the last 24 h of cluster time (`time_scale` cluster seconds a wall second) extrapolated at that
     rate to `expires_at`."""
     result = SweepResult(usage=0, trials=0, runtime=_runtime_warnings(session, now))
-    # Members choose their own thresholds (scheduler/services/mail.py): the events are written at every
-    # threshold one of a tenant's members chose, as well as the defaults.
+    # Members choose their own thresholds (scheduler/services/tenancy/mail.py): the events are written
+    # at every threshold one of a tenant's members chose, as well as the defaults.
     chosen: dict[str, set[int]] = {}
     for tenant_id, thresholds in session.execute(
         select(NotificationSetting.tenant_id, NotificationSetting.budget_thresholds)

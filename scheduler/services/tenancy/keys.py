@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, TenantInactive, Unauthorized
 from scheduler.ids import new_id
 from scheduler.models import ApiKey, Member, Tenant, utcnow
-from scheduler.services.scope import Scope, scope_of
+from scheduler.services.tenancy.scope import Scope, scope_of
 
 PREFIX = "ipuc_"
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -54,7 +54,7 @@ from scheduler.policy import (
     get_policy,
 )
 from scheduler.policy.las import job_class, plan_of
-from scheduler.services import arrays, attempts, checkpoints
+from scheduler.services.batch import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
 from scheduler.settings import Settings
@@ -169,7 +169,7 @@ def build_snapshot(
     ]
     if read_waits:
         columns.append(Job.wait)
-    # Arrays, singletons and dependencies (scheduler/services/arrays.py, `gate_queue`).
+    # Arrays, singletons and dependencies (scheduler/services/batch/arrays.py, `gate_queue`).
     columns += [Job.array_id, Job.array_index, Job.singleton, Job.name, Job.held_for]
     # The class ranking a job against every tenant's is its tenant's plan priority as it is now
     # (an admin's plan edit reaches queued jobs); the job's own priority orders its tenant's jobs.

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.billing import ipu_hours as _hours
 from scheduler.models import Endpoint, Job, MeterEvent, Tenant
-from scheduler.services.scope import Scope, restrict
+from scheduler.services.tenancy.scope import Scope, restrict
 
 GROUPS = ("day", "job", "workload", "partition_size", "machine_type", "endpoint")
 

@@ -29,7 +29,7 @@ from typing import Any
 from scheduler import bus
 from scheduler.models import Job
 from scheduler.runtime import Runtime
-from scheduler.services import jobs as job_service
+from scheduler.services.batch import jobs as job_service
 
 log = logging.getLogger("ipucloud.submit")
 

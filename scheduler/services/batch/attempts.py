@@ -1,6 +1,6 @@
 """An attempt's life: placed (partition held, outbox row), taken by a host agent, billed, ended.
 
-A host agent (scheduler.services.agents) holds one lease for all the attempts it drives, and every
+A host agent (scheduler.services.capacity.agents) holds one lease for all the attempts it drives, and every
 one of its writes starts by renewing that lease: a guarded UPDATE that fails once the lease has
 lapsed, so an agent that was paused, cut off or replaced can change nothing.
 
@@ -49,10 +49,12 @@ from scheduler.models import (
     Partition,
     utcnow,
 )
-from scheduler.services import agents, checkpoints, executables, fleet, metering, notifications, rates
-from scheduler.services.agents import AgentLease
+from scheduler.services.batch import checkpoints, executables
+from scheduler.services.batch.job_state import add_event, finalize_job
+from scheduler.services.capacity import agents, fleet
+from scheduler.services.capacity.agents import AgentLease
 from scheduler.services.clock import db_now
-from scheduler.services.job_state import add_event, finalize_job
+from scheduler.services.tenancy import metering, notifications, rates
 from vipu import emulator
 from vipu.emulator.replica import ReplicaRun
 

@@ -6,7 +6,7 @@ A caller sees its own allocation and nothing else (docs/vipu.md, "The V-IPU endp
   partitions, its running jobs' partitions), reserved partitions that belong to no tenant (any
   tenant's jobs may run there; other tenants' jobs on them are shown without their ids), and its
   sessions still waiting for IPUs (`PS_PENDING`);
-- an attempt key (scheduler/services/attempt_keys.py): its attempt's partition only, read-only;
+- an attempt key (scheduler/services/capacity/attempt_keys.py): its attempt's partition only, read-only;
 - an admin key: every live partition.
 
 Another tenant's partition is answered exactly as a missing one (404 `partition-missing`), so a
@@ -16,7 +16,7 @@ key learns nothing of partitions outside its allocation. Errors say why in the w
 
 Creating a partition with a tenant's key starts a session (scheduler/services/sessions.py): it
 queues for IPUs like a job, is billed per held IPU-second, and is bounded by the tenant's plan.
-With an admin key it carves a reserved partition at once (scheduler/services/partitions.py).
+With an admin key it carves a reserved partition at once (scheduler/services/capacity/partitions.py).
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ from scheduler.models import (
     SessionState,
     Tenant,
 )
-from scheduler.services import attempts as attempt_service
-from scheduler.services import fleet, partitions, sessions
-from scheduler.services.attempt_keys import AttemptCaller
-from scheduler.services.scope import ALL_TENANTS, OneTenant, Scope
+from scheduler.services import sessions
+from scheduler.services.batch import attempts as attempt_service
+from scheduler.services.capacity import fleet, partitions
+from scheduler.services.capacity.attempt_keys import AttemptCaller
+from scheduler.services.tenancy.scope import ALL_TENANTS, OneTenant, Scope
 from vipu import ipuof
 
 PS_ACTIVE = "PS_ACTIVE"

@@ -21,7 +21,7 @@ from scheduler import runtime
 from scheduler.db import changed, insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
-from scheduler.services.scope import Scope, restrict
+from scheduler.services.tenancy.scope import Scope, restrict
 from vipu.allocator import AllocationConflict, Allocator, Placement
 from vipu.machine_types import LAYOUTS, MACHINE_TYPE_NAMES, MAX_UNITS, SERVER_MODELS, get_machine
 from vipu.topology import (
