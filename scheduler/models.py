@@ -8,69 +8,27 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
-    DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     String,
-    Table,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     func,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-# Auto-incrementing 64-bit keys: SQLite only auto-increments a column declared INTEGER.
-BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in and out, stored naive-UTC so SQLite compares them as text correctly."""
-
-    impl = DateTime(timezone=False)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the database; use utcnow()")
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=UTC)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
-    # Every model here is mapped to one Table (no joined or selectable mappings), which the batched
-    # Core statements of the services use directly.
-    __table__: ClassVar[Table]
+from scheduler.model_base import Base, BigIntPK, UTCDateTime, utcnow
 
 
 class JobState(enum.StrEnum):
@@ -783,5 +741,6 @@ class EndpointStat(Base):
     desired: Mapped[int] = mapped_column(Integer, default=0)
 
 
-# The notification tables (events, webhooks, deliveries) share this metadata.
+# The notification tables (events, webhooks, deliveries) share Base's metadata: importing the models
+# registers every table (what migrations and the test databases read).
 from scheduler.notify_models import Event, Webhook, WebhookDelivery  # noqa: E402, F401

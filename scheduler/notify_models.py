@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from scheduler.models import Base, UTCDateTime, utcnow
+from scheduler.model_base import Base, UTCDateTime, utcnow
 
 # As scheduler.models spells it (SQLite auto-increments only a column declared INTEGER); repeated here
 # because this module is imported while that one is still being read.
