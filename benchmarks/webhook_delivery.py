@@ -46,7 +46,7 @@ from sqlalchemy import delete, update  # noqa: E402
 from scheduler.db import Database  # noqa: E402
 from scheduler.migrate import upgrade  # noqa: E402
 from scheduler.models import Event, Plan, Webhook, WebhookDelivery  # noqa: E402
-from scheduler.services.tenancy import notifications, tenants  # noqa: E402
+from scheduler.services.tenancy import notifications, tenants, webhooks  # noqa: E402
 from tests.support.services import EmbeddedRedis  # noqa: E402
 
 
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, kinds: list[str], workdir: Path) -> dict[str, 
                     description=kinds[index],
                     events=[],
                     enabled=True,
-                    secret=notifications.new_secret(),
+                    secret=webhooks.new_secret(),
                 )
             )
     redis = None

@@ -38,7 +38,7 @@ from scheduler import runtime, webhook_http
 from scheduler.broker import make_celery
 from scheduler.models import utcnow
 from scheduler.runtime import Runtime
-from scheduler.services.tenancy import mail, notifications
+from scheduler.services.tenancy import deliveries, mail, notifications, thresholds
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger("ipucloud.notifier")
@@ -102,13 +102,13 @@ class Pump(threading.Thread):
         db = self.rt.db
         if sweep:
             with db.write() as s:
-                notifications.sweep(session=s, now=utcnow(), time_scale=settings.time_scale)
+                thresholds.sweep(session=s, now=utcnow(), time_scale=settings.time_scale)
         if prune:
             with db.write() as s:
                 notifications.prune(session=s, now=utcnow())
                 mail.prune(session=s, now=utcnow())
         with db.write() as s:
-            fanned = notifications.fan_out(session=s)
+            fanned = deliveries.fan_out(session=s)
         with db.write() as s:
             mailed = mail.fan_out(session=s, secret=settings.secret(), link_base=settings.link_base)
         with db.write() as s:
@@ -116,7 +116,7 @@ class Pump(threading.Thread):
         for message_id in letters:
             self.publish(MAIL_TASK, message_id)
         with db.write() as s:
-            claimed = notifications.claim_due(
+            claimed = deliveries.claim_due(
                 session=s,
                 now=utcnow(),
                 lease_s=claim_lease_s(settings),
@@ -175,9 +175,7 @@ def deliver(delivery_id: int) -> str:
     until = time.monotonic() + CHAIN_S
     now = utcnow()
     with rt.db.read() as s:
-        out = notifications.outgoing(
-            session=s, delivery_id=delivery_id, now=now, public_url=settings.public_url
-        )
+        out = deliveries.outgoing(session=s, delivery_id=delivery_id, now=now, public_url=settings.public_url)
     status = "nothing to send"
     while out is not None:
         outcome = webhook_http.send(
@@ -193,7 +191,7 @@ def deliver(delivery_id: int) -> str:
         sent, out = out, None
         with rt.db.write() as s:
             now = utcnow()
-            result = notifications.record_outcome(
+            result = deliveries.record_outcome(
                 session=s,
                 delivery_id=sent.delivery_id,
                 outcome=outcome,
@@ -203,11 +201,11 @@ def deliver(delivery_id: int) -> str:
                 rng=_rng,
             )
             if result is not None and not result["disabled"] and time.monotonic() < until:
-                following = notifications.claim_next(
+                following = deliveries.claim_next(
                     session=s, webhook_id=sent.webhook_id, now=now, lease_s=claim_lease_s(settings)
                 )
                 if following is not None:
-                    out = notifications.outgoing(
+                    out = deliveries.outgoing(
                         session=s, delivery_id=following, now=now, public_url=settings.public_url
                     )
         if result is not None and result["disabled"]:

@@ -28,7 +28,7 @@ from api.schemas_notifications import (
     WebhookOut,
 )
 from scheduler.errors import DomainError, InvalidRequest
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import notifications, webhooks
 
 router = APIRouter(include_in_schema=False, route_class=DashboardRoute)
 
@@ -75,7 +75,7 @@ def _list_page(
     status_code: int = 200,
 ) -> Response:
     with db.read() as s:
-        rows = notifications.list_webhooks(session=s, scope=user.principal.scope, after=None, limit=500)
+        rows = webhooks.list_webhooks(session=s, scope=user.principal.scope, after=None, limit=500)
         hooks = [WebhookOut.of(r) for r in rows]
     context = {
         "hooks": hooks,
@@ -118,7 +118,7 @@ def create(request: Request, db: DbDep, settings: SettingsDep, user: SubmitterUs
             },
         )
         with db.write() as s:
-            row, secret = notifications.create_webhook(
+            row, secret = webhooks.create_webhook(
                 session=s,
                 principal=user.principal,
                 url=body.url,
@@ -148,9 +148,9 @@ def _detail_page(
     status_code: int = 200,
 ) -> Response:
     with db.read() as s:
-        row = notifications.get_webhook(session=s, scope=user.principal.scope, webhook_id=webhook_id)
+        row = webhooks.get_webhook(session=s, scope=user.principal.scope, webhook_id=webhook_id)
         hook = WebhookOut.of(row)
-        rows = notifications.list_deliveries(
+        rows = webhooks.list_deliveries(
             session=s,
             scope=user.principal.scope,
             webhook_id=webhook_id,
@@ -164,7 +164,7 @@ def _detail_page(
         "deliveries": deliveries,
         "more": deliveries[-1].id if len(rows) > PAGE else None,
         "status": status,
-        "statuses": notifications.DELIVERY_STATUSES,
+        "statuses": webhooks.DELIVERY_STATUSES,
         "event_types": notifications.EVENT_TYPES,
         "values": values or {"url": hook.url, "description": hook.description, "events": hook.events},
         "overlaps": OVERLAPS,
@@ -214,7 +214,7 @@ def change(
             },
         ).model_dump(exclude_none=True)
         with db.write() as s:
-            notifications.update_webhook(
+            webhooks.update_webhook(
                 session=s,
                 principal=user.principal,
                 webhook_id=webhook_id,
@@ -236,7 +236,7 @@ def _switch(
 ) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
-        notifications.update_webhook(
+        webhooks.update_webhook(
             session=s,
             principal=user.principal,
             webhook_id=webhook_id,
@@ -273,7 +273,7 @@ def rotate(request: Request, webhook_id: WebhookId, db: DbDep, user: SubmitterUs
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 7 and int(raw) <= MAX_OVERLAP_S):
         raise InvalidRequest(f"overlap_s is whole seconds, 0 to {MAX_OVERLAP_S:,}.", field="overlap_s")
     with db.write() as s:
-        row, secret = notifications.rotate_secret(
+        row, secret = webhooks.rotate_secret(
             session=s, principal=user.principal, webhook_id=webhook_id, overlap_s=int(raw)
         )
         created = WebhookCreated.created(row, secret)
@@ -287,7 +287,7 @@ def test(
     """A signed `webhook.ping` now, as `POST /api/v1/webhooks/{id}/test` sends it; the page shows what the
     receiver answered."""
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    ping = notifications.send_ping(db=db, principal=user.principal, webhook_id=webhook_id, settings=settings)
+    ping = webhooks.send_ping(db=db, principal=user.principal, webhook_id=webhook_id, settings=settings)
     outcome, msg_id = ping.outcome, ping.msg_id
     result = {
         "ok": outcome.ok,
@@ -304,7 +304,7 @@ def test(
 def remove(request: Request, webhook_id: WebhookId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:
-        row = notifications.delete_webhook(session=s, principal=user.principal, webhook_id=webhook_id)
+        row = webhooks.delete_webhook(session=s, principal=user.principal, webhook_id=webhook_id)
         url = row.url
     sessions.flash(user, f"Webhook to {url} removed, with its deliveries.")
     return RedirectResponse("/webhooks", status_code=303)
@@ -322,7 +322,7 @@ def redeliver(
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     try:
         with db.write() as s:
-            row = notifications.redeliver(
+            row = webhooks.redeliver(
                 session=s, principal=user.principal, webhook_id=webhook_id, delivery_id=delivery_id
             )
             event_id = row.event_id

@@ -24,7 +24,7 @@ from api.schemas_notifications import (
     WebhookOut,
     WebhookTest,
 )
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import notifications, webhooks
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])
 
@@ -45,7 +45,7 @@ def create_webhook(
     body: WebhookCreate, principal: Submitter, db: DbDep, settings: SettingsDep, response: Response
 ) -> WebhookCreated:
     with db.write() as s:
-        row, secret = notifications.create_webhook(
+        row, secret = webhooks.create_webhook(
             session=s,
             principal=principal,
             url=body.url,
@@ -66,7 +66,7 @@ def list_webhooks(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> Page[WebhookOut]:
     with db.read() as s:
-        rows = notifications.list_webhooks(
+        rows = webhooks.list_webhooks(
             session=s, scope=principal.scope, after=decode_cursor(cursor), limit=limit + 1
         )
         items = [WebhookOut.of(r) for r in rows[:limit]]
@@ -78,9 +78,7 @@ def list_webhooks(
 @router.get("/webhooks/{webhook_id}", response_model=WebhookOut, summary="A webhook (never its secret)")
 def get_webhook(webhook_id: WebhookId, principal: Reader, db: DbDep) -> WebhookOut:
     with db.read() as s:
-        return WebhookOut.of(
-            notifications.get_webhook(session=s, scope=principal.scope, webhook_id=webhook_id)
-        )
+        return WebhookOut.of(webhooks.get_webhook(session=s, scope=principal.scope, webhook_id=webhook_id))
 
 
 @router.patch(
@@ -92,7 +90,7 @@ def change_webhook(
     webhook_id: WebhookId, body: WebhookChange, principal: Submitter, db: DbDep, settings: SettingsDep
 ) -> WebhookOut:
     with db.write() as s:
-        row = notifications.update_webhook(
+        row = webhooks.update_webhook(
             session=s,
             principal=principal,
             webhook_id=webhook_id,
@@ -109,9 +107,7 @@ def change_webhook(
 )
 def delete_webhook(webhook_id: WebhookId, principal: Submitter, db: DbDep) -> WebhookOut:
     with db.write() as s:
-        return WebhookOut.of(
-            notifications.delete_webhook(session=s, principal=principal, webhook_id=webhook_id)
-        )
+        return WebhookOut.of(webhooks.delete_webhook(session=s, principal=principal, webhook_id=webhook_id))
 
 
 @router.post(
@@ -126,7 +122,7 @@ def rotate_secret(
 ) -> WebhookCreated:
     overlap = (body or RotateSecret()).overlap_s
     with db.write() as s:
-        row, secret = notifications.rotate_secret(
+        row, secret = webhooks.rotate_secret(
             session=s, principal=principal, webhook_id=webhook_id, overlap_s=overlap
         )
         return WebhookCreated.created(row, secret)
@@ -140,7 +136,7 @@ def rotate_secret(
 def test_webhook(
     webhook_id: WebhookId, principal: Submitter, db: DbDep, settings: SettingsDep
 ) -> WebhookTest:
-    ping = notifications.send_ping(db=db, principal=principal, webhook_id=webhook_id, settings=settings)
+    ping = webhooks.send_ping(db=db, principal=principal, webhook_id=webhook_id, settings=settings)
     outcome, msg_id = ping.outcome, ping.msg_id
     return WebhookTest(
         ok=outcome.ok,
@@ -166,7 +162,7 @@ def list_deliveries(
     status: Literal["pending", "succeeded", "failed"] | None = None,
 ) -> Page[DeliveryOut]:
     with db.read() as s:
-        rows = notifications.list_deliveries(
+        rows = webhooks.list_deliveries(
             session=s,
             scope=principal.scope,
             webhook_id=webhook_id,
@@ -188,7 +184,7 @@ def list_deliveries(
 )
 def redeliver(webhook_id: WebhookId, delivery_id: DeliveryId, principal: Submitter, db: DbDep) -> DeliveryOut:
     with db.write() as s:
-        row = notifications.redeliver(
+        row = webhooks.redeliver(
             session=s, principal=principal, webhook_id=webhook_id, delivery_id=delivery_id
         )
         return DeliveryOut.of(row)

@@ -15,7 +15,7 @@ from scheduler.notify_models import Event, MailMessage, Webhook, WebhookDelivery
 from scheduler.services import endpoints
 from scheduler.services.batch import attempts
 from scheduler.services.batch.job_state import finalize_job
-from scheduler.services.tenancy import mail, notifications
+from scheduler.services.tenancy import deliveries, mail, webhooks
 from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.endpoints.test_serve_pass import BUSY, CALM, IDLE, Window, at, create, endpoint, run_placed, serve
@@ -181,7 +181,7 @@ def test_a_webhook_that_asks_gets_them_and_mail_does_not(db: Any, seeded: Any) -
                 description="",
                 events=["endpoint.ready", "endpoint.failed"],
                 enabled=True,
-                secret=notifications.new_secret(),
+                secret=webhooks.new_secret(),
             )
         )
     loop = leader_loop(db)
@@ -198,7 +198,7 @@ def test_a_webhook_that_asks_gets_them_and_mail_does_not(db: Any, seeded: Any) -
         )
     assert [e.type for e in events(db, ep)] == ["endpoint.ready", "endpoint.scaled"]
     with db.write() as s:
-        assert notifications.fan_out(session=s) == 2  # both events handled; one asked for
+        assert deliveries.fan_out(session=s) == 2  # both events handled; one asked for
         # Handled too, and nothing mailed to the tenant's owner (who gets every mail category by default).
         assert mail.fan_out(session=s, secret=get_settings().secret(), link_base="http://x") == 2
     with db.read() as s:

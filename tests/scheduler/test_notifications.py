@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from scheduler.models import Tenant, utcnow
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
-from scheduler.services.tenancy import notifications, tenants
+from scheduler.services.tenancy import deliveries, notifications, tenants, thresholds, webhooks
 from scheduler.settings import get_settings
 from scheduler.webhook_http import Outcome, refusal, retry_after
 
@@ -38,7 +38,7 @@ def hook(db: Any, tenant_id: str, events: list[str] | None = None, enabled: bool
             description="",
             events=events or [],
             enabled=enabled,
-            secret=notifications.new_secret(),
+            secret=webhooks.new_secret(),
         )
         s.add(row)
         return row.id
@@ -54,7 +54,7 @@ def events(db: Any) -> list[Event]:
         return list(s.execute(select(Event).order_by(Event.seq)).scalars())
 
 
-def deliveries(db: Any) -> list[WebhookDelivery]:
+def stored_deliveries(db: Any) -> list[WebhookDelivery]:
     with db.read() as s:
         return list(s.execute(select(WebhookDelivery).order_by(WebhookDelivery.id)).scalars())
 
@@ -82,10 +82,10 @@ def test_fan_out_follows_each_webhooks_types_and_skips_disabled_ones(db: Any, te
     emit(db, tenant_id, "job.failed", "a")
     emit(db, tenant_id, "job.succeeded", "b")
     with db.write() as s:
-        assert notifications.fan_out(session=s) == 2
+        assert deliveries.fan_out(session=s) == 2
     with db.write() as s:
-        assert notifications.fan_out(session=s) == 0
-    got = {(d.webhook_id, d.event_id) for d in deliveries(db)}
+        assert deliveries.fan_out(session=s) == 0
+    got = {(d.webhook_id, d.event_id) for d in stored_deliveries(db)}
     assert got == {(every, "job.failed:a"), (every, "job.succeeded:b"), (failures, "job.failed:a")}
 
 
@@ -93,20 +93,20 @@ def test_claims_are_exclusive_until_they_lapse(db: Any, tenant_id: str) -> None:
     hook(db, tenant_id)
     emit(db, tenant_id)
     with db.write() as s:
-        notifications.fan_out(session=s)
+        deliveries.fan_out(session=s)
     now = utcnow()
     with db.write() as s:
-        first = notifications.claim_due(session=s, now=now, lease_s=30)
+        first = deliveries.claim_due(session=s, now=now, lease_s=30)
     with db.write() as s:
-        assert notifications.claim_due(session=s, now=now, lease_s=30) == []
+        assert deliveries.claim_due(session=s, now=now, lease_s=30) == []
     with db.write() as s:
-        assert notifications.claim_due(session=s, now=now + timedelta(seconds=31), lease_s=30) == first
+        assert deliveries.claim_due(session=s, now=now + timedelta(seconds=31), lease_s=30) == first
     assert len(first) == 1
 
 
 def settle(db: Any, delivery_id: int, outcome: Outcome, at: Any, **kw: Any) -> Any:
     with db.write() as s:
-        return notifications.record_outcome(
+        return deliveries.record_outcome(
             session=s,
             delivery_id=delivery_id,
             outcome=outcome,
@@ -121,17 +121,17 @@ def one_delivery(db: Any, tenant_id: str) -> tuple[str, int]:
     webhook_id = hook(db, tenant_id)
     emit(db, tenant_id)
     with db.write() as s:
-        notifications.fan_out(session=s)
-    return webhook_id, deliveries(db)[0].id
+        deliveries.fan_out(session=s)
+    return webhook_id, stored_deliveries(db)[0].id
 
 
 def test_failures_follow_the_schedule_then_fail(db: Any, tenant_id: str) -> None:
     _, delivery_id = one_delivery(db, tenant_id)
     at = utcnow()
     waits = []
-    for n, planned in enumerate(notifications.RETRY_SCHEDULE_S, start=1):
+    for n, planned in enumerate(deliveries.RETRY_SCHEDULE_S, start=1):
         assert settle(db, delivery_id, FAIL, at, disable_after_s=10**9)["status"] == "pending"
-        (d,) = deliveries(db)
+        (d,) = stored_deliveries(db)
         wait = (d.next_attempt_at - at).total_seconds()
         assert planned * 0.8 <= wait <= planned * 1.2 and d.attempts == n
         waits.append(wait)
@@ -146,11 +146,11 @@ def test_the_schedule_is_compressed_by_the_time_scale_and_retry_after_is_honoure
     _, delivery_id = one_delivery(db, tenant_id)
     at = utcnow()
     settle(db, delivery_id, FAIL, at, time_scale=1000)
-    assert (deliveries(db)[0].next_attempt_at - at).total_seconds() < 0.01
+    assert (stored_deliveries(db)[0].next_attempt_at - at).total_seconds() < 0.01
     settle(db, delivery_id, Outcome(503, 5, "", "answered 503", retry_after_s=120), at, time_scale=1000)
-    assert (deliveries(db)[0].next_attempt_at - at).total_seconds() == pytest.approx(120, abs=0.01)
+    assert (stored_deliveries(db)[0].next_attempt_at - at).total_seconds() == pytest.approx(120, abs=0.01)
     assert settle(db, delivery_id, OK, at)["status"] == "succeeded"
-    (d,) = deliveries(db)
+    (d,) = stored_deliveries(db)
     assert d.attempts == 3 and d.delivered_at is not None and d.response_excerpt == "ok"
 
 
@@ -173,8 +173,8 @@ def test_failing_for_days_disables_and_a_success_forgives(db: Any, tenant_id: st
         assert s.get(Webhook, webhook_id).failing_since is None
     emit(db, tenant_id, key="job_2:1")
     with db.write() as s:
-        notifications.fan_out(session=s)
-    second = deliveries(db)[-1].id
+        deliveries.fan_out(session=s)
+    second = stored_deliveries(db)[-1].id
     settle(db, second, FAIL, start)
     result = settle(db, second, FAIL, start + timedelta(days=5, seconds=1))
     assert result == {"status": "failed", "disabled": True}
@@ -187,18 +187,18 @@ def test_thresholds_fire_once_per_grant_and_again_after_it_changes(db: Any, tena
         t.used_ipu_ms, t.reserved_ipu_ms = 7 * hour, 2 * hour  # 70% used, 90% forecast
     for _ in range(2):
         with db.write() as s:
-            notifications.sweep(session=s, now=utcnow())
+            thresholds.sweep(session=s, now=utcnow())
     kinds = sorted((e.data["kind"], e.data["threshold_percent"]) for e in events(db))
     assert kinds == [("actual", 50), ("forecast", 50), ("forecast", 80)]
     with db.write() as s:
         s.get(Tenant, tenant_id).used_ipu_ms = 10 * hour
-        notifications.sweep(session=s, now=utcnow())
+        thresholds.sweep(session=s, now=utcnow())
     kinds = sorted((e.data["kind"], e.data["threshold_percent"]) for e in events(db))
     assert kinds == [(k, p) for k in ("actual", "forecast") for p in (50, 80, 100)]
     with db.write() as s:
         s.get(Tenant, tenant_id).quota_ipu_ms = 12 * hour  # the admin raised the grant: 83% now
     with db.write() as s:
-        notifications.sweep(session=s, now=utcnow())
+        thresholds.sweep(session=s, now=utcnow())
     # 10 of 12 used (83%), 12 of 12 forecast: 50% and 80% actual, 50%, 80% and 100% forecast of the
     # new grant.
     assert len(events(db)) == 6 + 5
@@ -209,11 +209,11 @@ def test_trials_are_warned_a_week_and_a_day_ahead_then_expire(db: Any, tenant_id
     with db.write() as s:
         s.get(Tenant, tenant_id).expires_at = now + timedelta(days=3)
     with db.write() as s:
-        notifications.sweep(session=s, now=now)
+        thresholds.sweep(session=s, now=now)
     with db.write() as s:
-        notifications.sweep(session=s, now=now + timedelta(days=2, hours=1))
+        thresholds.sweep(session=s, now=now + timedelta(days=2, hours=1))
     with db.write() as s:
-        notifications.sweep(session=s, now=now + timedelta(days=3, seconds=1))
+        thresholds.sweep(session=s, now=now + timedelta(days=3, seconds=1))
     got = [(e.type, e.data.get("within")) for e in events(db)]
     assert got == [("trial.expiring", "7d"), ("trial.expiring", "1d"), ("trial.expired", None)]
 
@@ -269,7 +269,7 @@ def test_jobs_are_warned_as_they_near_their_time_limit(db: Any, tenant_id: str) 
             ran = run_s + attempt.unbilled_s
             attempt.started_at = utcnow() - timedelta(seconds=ran / scale)
         with db.write() as s:
-            notifications.sweep(session=s, now=utcnow())
+            thresholds.sweep(session=s, now=utcnow())
         return [(e.data["percent"], e.data["id"]) for e in events(db) if e.type == "job.runtime_warning"]
 
     assert at_run_s(100) == []
@@ -286,18 +286,18 @@ def test_a_webhook_has_at_most_its_share_in_flight(db: Any, tenant_id: str) -> N
     for n in range(10):
         emit(db, tenant_id, key=f"job_{n}:1")
     with db.write() as s:
-        notifications.fan_out(session=s)
+        deliveries.fan_out(session=s)
     now = utcnow()
     with db.write() as s:
-        first = notifications.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
-    by_hook = {d.id: d.webhook_id for d in deliveries(db)}
+        first = deliveries.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
+    by_hook = {d.id: d.webhook_id for d in stored_deliveries(db)}
     assert sorted(by_hook[i] for i in first) == sorted([slow] * 3 + [quick] * 3)
     # The quick one's settle; the slow one's are still in flight: only the quick one gets more.
     for delivery_id in first:
         if by_hook[delivery_id] == quick:
             settle(db, delivery_id, OK, now)
     with db.write() as s:
-        second = notifications.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
+        second = deliveries.claim_due(session=s, now=now, lease_s=30, per_webhook=3)
     assert [by_hook[i] for i in second] == [quick] * 3
 
 
@@ -307,7 +307,7 @@ def test_the_forecast_carries_the_recent_burn_on_to_the_grants_expiry() -> None:
     day = 86400.0
 
     def forecast(burn: int, window_s: float = day, expires: Any = now + timedelta(days=3)) -> int:
-        return notifications.forecast_ipu_ms(
+        return thresholds.forecast_ipu_ms(
             used_ipu_ms=10 * hour,
             reserved_ipu_ms=5 * hour,
             burn_ipu_ms=burn,

@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler.ids import new_id
 from scheduler.notify_models import Webhook, WebhookDelivery
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import webhooks
 
 # TEST-NET-1 (RFC 5737): never routed, and refused at connect time, so a test ping ends at once.
 UNREACHABLE = "https://192.0.2.1/hook"
@@ -23,7 +23,7 @@ def make_webhook(db: Any, tenant_id: str, url: str = UNREACHABLE) -> tuple[str, 
             description="",
             events=[],
             enabled=True,
-            secret=notifications.new_secret(),
+            secret=webhooks.new_secret(),
         )
         s.add(hook)
         s.flush()

@@ -11,13 +11,13 @@ from sqlalchemy import func, select
 
 from scheduler.models import MeterEvent, Tenant, utcnow
 from scheduler.notify_models import Event
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import thresholds
 from tests.tenancy.conftest import World, bill, start_attempt
 
 SCALE = 1000.0  # cluster seconds a wall second, as the tests' clouds run: 24 h of cluster time is 86.4 s
 
 
-def thresholds(db: Any, tenant_id: str) -> list[tuple[str, int]]:
+def threshold_events(db: Any, tenant_id: str) -> list[tuple[str, int]]:
     with db.read() as s:
         rows = s.execute(
             select(Event).where(Event.tenant_id == tenant_id, Event.type == "usage.threshold")
@@ -49,8 +49,10 @@ def test_the_recent_burn_to_expiry_fires_forecast_thresholds_once(db: Any, world
 
     for _ in range(2):
         with db.write() as s:
-            notifications.sweep(session=s, now=now, time_scale=SCALE)
-    assert thresholds(db, world.a.id) == [("forecast", 50)], "once, and no actual threshold: 10% is used"
+            thresholds.sweep(session=s, now=now, time_scale=SCALE)
+    assert threshold_events(db, world.a.id) == [("forecast", 50)], (
+        "once, and no actual threshold: 10% is used"
+    )
     with db.read() as s:
         (event,) = s.execute(
             select(Event).where(Event.tenant_id == world.a.id, Event.type == "usage.threshold")
@@ -58,22 +60,22 @@ def test_the_recent_burn_to_expiry_fires_forecast_thresholds_once(db: Any, world
     assert event.data["recent_burn_ipu_hours"] == burn / 3_600_000
     assert abs(event.data["forecast_ipu_hours"] - 0.65 * quota / 3_600_000) < 1e-6
     assert event.data["expires_at"] == expires.isoformat()
-    assert thresholds(db, world.b.id) == []
+    assert threshold_events(db, world.b.id) == []
 
     # Read a day of wall time as 24 h of cluster time (time scale 1): the same charge is a slower pace,
     # and forecasts less; the threshold already written is not written again.
     with db.write() as s:
-        notifications.sweep(session=s, now=now, time_scale=1.0)
-    assert thresholds(db, world.a.id) == [("forecast", 50)]
+        thresholds.sweep(session=s, now=now, time_scale=1.0)
+    assert threshold_events(db, world.a.id) == [("forecast", 50)]
 
     # More is charged at the same moment: the pace doubles and the forecast passes 80% and 100%, once each.
     bill(db, attempt_id, 2, 20.0)
     for _ in range(2):
         with db.write() as s:
-            notifications.sweep(session=s, now=now, time_scale=SCALE)
-    assert thresholds(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]
+            thresholds.sweep(session=s, now=now, time_scale=SCALE)
+    assert threshold_events(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]
 
     # Once the charge is older than the window, the burn is gone: nothing new, and nothing fires twice.
     with db.write() as s:
-        notifications.sweep(session=s, now=now + timedelta(seconds=2 * window_s), time_scale=SCALE)
-    assert thresholds(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]
+        thresholds.sweep(session=s, now=now + timedelta(seconds=2 * window_s), time_scale=SCALE)
+    assert threshold_events(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]

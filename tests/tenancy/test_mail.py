@@ -17,7 +17,7 @@ from scheduler import mail as mail_wire
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, AttemptState, Job, Member, Tenant, utcnow
 from scheduler.notify_models import ClaimLink, MailMessage
-from scheduler.services.tenancy import mail, notifications
+from scheduler.services.tenancy import mail, thresholds
 from tests.support import services
 from tests.support.smtp import Inbox, send_due_mail, smtp_server
 from tests.tenancy.conftest import World, assert_problem, auth, finish, start_attempt, submit
@@ -305,7 +305,7 @@ def test_budget_thresholds_a_member_chose_fire_once_per_grant(
         t.used_ipu_ms, t.reserved_ipu_ms = int(t.quota_ipu_ms * 0.35), 0
     for _ in range(2):
         with db.write() as s:
-            notifications.sweep(session=s, now=utcnow())
+            thresholds.sweep(session=s, now=utcnow())
         send_due_mail(db)
     (got,) = inbox.wait_for(1)
     assert got.rcpt_tos == ["m@alpha.example.org"] and "30%" in got.message["Subject"]
@@ -314,7 +314,7 @@ def test_budget_thresholds_a_member_chose_fire_once_per_grant(
         s.get(Tenant, world.a.id).quota_ipu_ms *= 2
         s.get(Tenant, world.a.id).used_ipu_ms += 1000 * hour // 2
     with db.write() as s:
-        notifications.sweep(session=s, now=utcnow())
+        thresholds.sweep(session=s, now=utcnow())
     send_due_mail(db)
     assert len(inbox.wait_for(2)) == 2
 

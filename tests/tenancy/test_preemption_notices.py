@@ -17,7 +17,7 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import Attempt, AttemptState, Job, JobEvent, utcnow
 from scheduler.services.batch import jobs
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import deliveries
 from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings
 from tests.scheduler.test_lifecycle import FakeCelery
@@ -111,9 +111,9 @@ def test_job_preempted_webhook_and_mail_carry_the_reason_and_never_another_tenan
 
     # The webhook, delivered as the notifier does it (fan out, claim, send), to the real receiver.
     with db.write() as s:
-        notifications.fan_out(session=s)
+        deliveries.fan_out(session=s)
     with db.write() as s:
-        claimed = notifications.claim_due(session=s, now=utcnow(), lease_s=60)
+        claimed = deliveries.claim_due(session=s, now=utcnow(), lease_s=60)
     assert len(claimed) == 1
     from workers.notifier import deliver  # its Celery app reads the test's settings at import
 

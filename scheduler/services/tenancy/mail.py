@@ -33,7 +33,7 @@ from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, NotFound
 from scheduler.models import IpuSession, Job, Member, utcnow
 from scheduler.notify_models import Event, MailMessage, NotificationSetting
-from scheduler.services.tenancy import notifications
+from scheduler.services.tenancy import deliveries
 
 log = logging.getLogger("ipucloud.mail")
 
@@ -675,7 +675,7 @@ def record_failure(
     delay = (
         None
         if permanent
-        else notifications.retry_delay_s(row.attempts, time_scale, None, rng or random.Random())
+        else deliveries.retry_delay_s(row.attempts, time_scale, None, rng or random.Random())
     )
     if delay is None:
         row.status = "failed"
