@@ -36,7 +36,7 @@ from scheduler.policy import Snapshot, Wait, decide
 from scheduler.policy.forecast import forecast as forecast_starts
 from scheduler.routing import Router
 from scheduler.services import endpoints, sessions
-from scheduler.services.batch import arrays, attempts, checkpoints, outbox, scheduling
+from scheduler.services.batch import attempts, checkpoints, dependencies, outbox, scheduling
 from scheduler.services.capacity import fleet, leader, reconciler
 from scheduler.services.capacity.leader import Fence, NotLeader
 from scheduler.services.clock import db_now
@@ -333,15 +333,15 @@ class SchedulerLoop:
             self._renew(s)
             return placed
 
-    def resolve_dependencies(self) -> arrays.Resolved | None:
+    def resolve_dependencies(self) -> dependencies.Resolved | None:
         """Release jobs whose dependencies are met, cancel those whose can no longer be
-        (services.arrays.resolve_dependencies), in one fenced transaction."""
+        (services.batch.dependencies.resolve_dependencies), in one fenced transaction."""
         with self.db.read() as s:
-            if not arrays.has_held(session=s):
+            if not dependencies.has_held(session=s):
                 return None
         with self.db.write() as s:
             self._fence(s)
-            result = arrays.resolve_dependencies(session=s)
+            result = dependencies.resolve_dependencies(session=s)
         for job_id in result.cancelled:
             log.info("job %s cancelled: its dependencies can never be satisfied", job_id)
         return result
