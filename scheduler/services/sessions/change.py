@@ -59,49 +59,8 @@ def change_session(
             limit="max_session_s",
         )
     if new_max > row.max_duration_s:
-        added = new_max - row.max_duration_s
-        options = {kind: dict(o) for kind, o in (job.options or {}).items()}
-        hold = session.get(Attempt, row.attempt_id) if row.attempt_id is not None else None
-        if hold is not None:
-            # Holding: the added seconds cost the rate of the type it holds.
-            extra = billing.charged_ipu_ms(row.ipus, float(new_max), hold.rate) - billing.charged_ipu_ms(
-                row.ipus, float(row.max_duration_s), hold.rate
-            )
-            for option in options.values():
-                option["predicted_runtime_s"] = float(new_max)
-        else:
-            # Queued: what the whole new duration costs on its dearest option, less what is reserved.
-            for option in options.values():
-                option["predicted_runtime_s"] = float(new_max)
-            full = max((billing.option_cost_ipu_ms(o) for o in options.values()), default=0)
-            extra = max(0, full - int(job.reserved_ipu_ms))
-        locked = session.execute(
-            select(Tenant)
-            .where(Tenant.id == row.tenant_id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalar_one()
-        if locked.status != "active":
-            raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
-        left = billing.left_ipu_ms(locked)
-        if extra > left:
-            raise QuotaExceeded(
-                f"Holding {row.ipus} IPUs {added} s longer costs up to {billing.ipu_hours(extra):.3f} "
-                f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left.",
-                cost_ipu_hours=billing.ipu_hours(extra),
-                remaining_ipu_hours=billing.ipu_hours(max(0, left)),
-            )
-        locked.reserved_ipu_ms += extra
-        job.reserved_ipu_ms += extra
-        job.options = options
-        # The scheduler plans the rest of the fleet around the holder's predicted end.
-        job.max_runtime_s = new_max
-        job.predicted_runtime_s = float(new_max)
-        job.updated_at = utcnow()
-        row.max_duration_s = new_max
-        changes.append(
-            f"maximum duration {new_max} s (+{added} s, {billing.ipu_hours(extra):.4f} IPU-hours reserved)"
-        )
+        extra, change = _lengthen(session, row, job, tenant, new_max)
+        changes.append(change)
     if idle_timeout_s is not None and idle_timeout_s != row.idle_timeout_s:
         row.idle_timeout_s = idle_timeout_s
         changes.append(f"idle timeout {idle_timeout_s} s")
@@ -119,3 +78,53 @@ def change_session(
         )
     session.flush()
     return row
+
+
+def _lengthen(session: Session, row: IpuSession, job: Job, tenant: Tenant, new_max: int) -> tuple[int, str]:
+    """Give the session (its holder ``job`` locked) the longer maximum duration ``new_max``, reserving
+    what the added time costs from the tenant's grant; what it reserved, and the change as its history
+    says it."""
+    added = new_max - row.max_duration_s
+    options = {kind: dict(o) for kind, o in (job.options or {}).items()}
+    hold = session.get(Attempt, row.attempt_id) if row.attempt_id is not None else None
+    if hold is not None:
+        # Holding: the added seconds cost the rate of the type it holds.
+        extra = billing.charged_ipu_ms(row.ipus, float(new_max), hold.rate) - billing.charged_ipu_ms(
+            row.ipus, float(row.max_duration_s), hold.rate
+        )
+        for option in options.values():
+            option["predicted_runtime_s"] = float(new_max)
+    else:
+        # Queued: what the whole new duration costs on its dearest option, less what is reserved.
+        for option in options.values():
+            option["predicted_runtime_s"] = float(new_max)
+        full = max((billing.option_cost_ipu_ms(o) for o in options.values()), default=0)
+        extra = max(0, full - int(job.reserved_ipu_ms))
+    locked = session.execute(
+        select(Tenant)
+        .where(Tenant.id == row.tenant_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if locked.status != "active":
+        raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
+    left = billing.left_ipu_ms(locked)
+    if extra > left:
+        raise QuotaExceeded(
+            f"Holding {row.ipus} IPUs {added} s longer costs up to {billing.ipu_hours(extra):.3f} "
+            f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left.",
+            cost_ipu_hours=billing.ipu_hours(extra),
+            remaining_ipu_hours=billing.ipu_hours(max(0, left)),
+        )
+    locked.reserved_ipu_ms += extra
+    job.reserved_ipu_ms += extra
+    job.options = options
+    # The scheduler plans the rest of the fleet around the holder's predicted end.
+    job.max_runtime_s = new_max
+    job.predicted_runtime_s = float(new_max)
+    job.updated_at = utcnow()
+    row.max_duration_s = new_max
+    return (
+        extra,
+        f"maximum duration {new_max} s (+{added} s, {billing.ipu_hours(extra):.4f} IPU-hours reserved)",
+    )

@@ -73,35 +73,7 @@ def end_many(
                 max_attempts=1,
             )
             _fail_waiting_jobs(session, row, detail)
-        holding = None
-        if row.attempt_id is not None:
-            holding = session.execute(
-                select(Attempt)
-                .where(Attempt.id == row.attempt_id)
-                .with_for_update()
-                .execution_options(populate_existing=True)
-            ).scalar_one()
-        if holding is not None and holding.state == AttemptState.RUNNING:
-            assert row.started_at is not None
-            held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
-            holding.cluster_s = max(holding.cluster_s, held)
-            # Back to a job partition for the moment of the end, so the attempt's end frees it as usual.
-            session.execute(update(Partition).where(Partition.pk == row.partition_pk).values(kind="job"))
-            attempts.end_attempts(
-                session=session,
-                endings=[attempts.Ending(holding, job, AttemptState.SUCCEEDED, f"session ended: {detail}")],
-                max_attempts=1,
-            )
-        else:
-            if row.partition_pk is not None:
-                partition = session.get(Partition, row.partition_pk)
-                if partition is not None:
-                    fleet.release_partition(session=session, partition=partition)
-            if job.state not in FINAL_JOB_STATES:
-                job.cancel_requested = True
-                finalize_job(
-                    session=session, job=job, state=JobState.CANCELLED, reason=f"session ended: {detail}"
-                )
+        _settle_hold(session, row, job, detail, now, time_scale)
         row.state = SessionState.ENDED
         row.ended_reason = reason
         row.ended_detail = detail[:1000]
@@ -126,6 +98,42 @@ def end_many(
             f"session ended: {detail}",
             data={"state": "ended", "reason": reason},
         )
+
+
+def _settle_hold(
+    session: Session, row: IpuSession, job: Job, detail: str, now: datetime, time_scale: float
+) -> None:
+    """End the session's holding attempt, billed up to ``now``, which frees the partition; a session
+    that never held one (or lost it) has its partition released and its holder job cancelled."""
+    holding = None
+    if row.attempt_id is not None:
+        holding = session.execute(
+            select(Attempt)
+            .where(Attempt.id == row.attempt_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalar_one()
+    if holding is not None and holding.state == AttemptState.RUNNING:
+        assert row.started_at is not None
+        held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+        holding.cluster_s = max(holding.cluster_s, held)
+        # Back to a job partition for the moment of the end, so the attempt's end frees it as usual.
+        session.execute(update(Partition).where(Partition.pk == row.partition_pk).values(kind="job"))
+        attempts.end_attempts(
+            session=session,
+            endings=[attempts.Ending(holding, job, AttemptState.SUCCEEDED, f"session ended: {detail}")],
+            max_attempts=1,
+        )
+    else:
+        if row.partition_pk is not None:
+            partition = session.get(Partition, row.partition_pk)
+            if partition is not None:
+                fleet.release_partition(session=session, partition=partition)
+        if job.state not in FINAL_JOB_STATES:
+            job.cancel_requested = True
+            finalize_job(
+                session=session, job=job, state=JobState.CANCELLED, reason=f"session ended: {detail}"
+            )
 
 
 def _fail_waiting_jobs(session: Session, row: IpuSession, detail: str) -> None:

@@ -49,45 +49,10 @@ def start_session(
             limit="max_session_s",
         )
     idle = spec.idle_timeout_s or int(plan.idle_timeout_s)
-    pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
-    offered = rates.offers(plan=plan, machine=spec.machine, present=pods, what="sessions")
-    offered.check_size(None, spec.ipus, "this session asks for")
-    options: dict[str, dict[str, float]] = {}
-    refusals: list[str] = []
-    for kind in offered.kinds:
-        try:
-            fleet.check_fleet_can_ever_host(session=session, size=spec.ipus, machine_type=kind, pods=pods)
-        except Exception as exc:  # a DomainError saying why this type cannot
-            refusals.append(f"{kind}: {getattr(exc, 'detail', exc)}")
-            continue
-        options[kind] = offered.option(kind, spec.ipus, float(max_duration))
-    if not options:
-        raise InvalidRequest(
-            "No partition of this size can ever be held: " + "; ".join(refusals), field="ipus"
-        )
+    options = _options(session, plan, spec, max_duration)
     reserve = max(billing.option_cost_ipu_ms(o) for o in options.values())
     now = utcnow()
-    # The tenant's row first, so the reservation is judged on exact figures (as job admission does).
-    locked = session.execute(
-        select(Tenant)
-        .where(Tenant.id == tenant_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).scalar_one()
-    if locked.status != "active":
-        raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
-    if locked.expires_at is not None and locked.expires_at <= now:
-        raise TenantInactive(f"The trial of {tenant.name} ended on {locked.expires_at:%Y-%m-%d}.")
-    left = billing.left_ipu_ms(locked)
-    if reserve > left:
-        raise QuotaExceeded(
-            f"Holding {spec.ipus} IPUs for {max_duration} s costs up to {billing.ipu_hours(reserve):.3f} "
-            f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left; ask for a "
-            "shorter max_duration_s.",
-            cost_ipu_hours=billing.ipu_hours(reserve),
-            remaining_ipu_hours=billing.ipu_hours(max(0, left)),
-        )
-    locked.reserved_ipu_ms += reserve
+    _reserve(session, tenant_id, tenant, spec, max_duration, reserve, now)
     sid = new_id("ses")
     fastest = next(iter(options))
     job = Job(
@@ -141,6 +106,64 @@ def start_session(
     )
     session.flush()
     return row
+
+
+def _options(
+    session: Session, plan: Plan, spec: SessionSpec, max_duration: int
+) -> dict[str, dict[str, float]]:
+    """Holding the session on each machine type the plan offers and the fleet can ever host it on
+    (its predicted run time, rate and cost, as a job's options); refused when there is none."""
+    pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
+    offered = rates.offers(plan=plan, machine=spec.machine, present=pods, what="sessions")
+    offered.check_size(None, spec.ipus, "this session asks for")
+    options: dict[str, dict[str, float]] = {}
+    refusals: list[str] = []
+    for kind in offered.kinds:
+        try:
+            fleet.check_fleet_can_ever_host(session=session, size=spec.ipus, machine_type=kind, pods=pods)
+        except Exception as exc:  # a DomainError saying why this type cannot
+            refusals.append(f"{kind}: {getattr(exc, 'detail', exc)}")
+            continue
+        options[kind] = offered.option(kind, spec.ipus, float(max_duration))
+    if not options:
+        raise InvalidRequest(
+            "No partition of this size can ever be held: " + "; ".join(refusals), field="ipus"
+        )
+    return options
+
+
+def _reserve(
+    session: Session,
+    tenant_id: str,
+    tenant: Tenant,
+    spec: SessionSpec,
+    max_duration: int,
+    reserve: int,
+    now: datetime,
+) -> None:
+    """Reserve the session's whole cost from the tenant's grant, or refuse it (inactive, expired, too
+    little left)."""
+    # The tenant's row first, so the reservation is judged on exact figures (as job admission does).
+    locked = session.execute(
+        select(Tenant)
+        .where(Tenant.id == tenant_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    if locked.status != "active":
+        raise TenantInactive(f"Tenant {tenant.name} is {locked.status}.")
+    if locked.expires_at is not None and locked.expires_at <= now:
+        raise TenantInactive(f"The trial of {tenant.name} ended on {locked.expires_at:%Y-%m-%d}.")
+    left = billing.left_ipu_ms(locked)
+    if reserve > left:
+        raise QuotaExceeded(
+            f"Holding {spec.ipus} IPUs for {max_duration} s costs up to {billing.ipu_hours(reserve):.3f} "
+            f"IPU-hours but only {billing.ipu_hours(max(0, left)):.3f} of the grant are left; ask for a "
+            "shorter max_duration_s.",
+            cost_ipu_hours=billing.ipu_hours(reserve),
+            remaining_ipu_hours=billing.ipu_hours(max(0, left)),
+        )
+    locked.reserved_ipu_ms += reserve
 
 
 def activate_many(

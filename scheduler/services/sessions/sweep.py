@@ -94,32 +94,7 @@ def sweep(
             ends.append((row, reason, what))
             continue
         if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
-            row.warned_for = deadline
-            left = (deadline - now).total_seconds() * time_scale
-            why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
-            add_event(
-                session,
-                row.job_id,
-                "warning",
-                f"session ends in {left:.0f} s ({why})"
-                + ("; submit a job to keep it" if reason == IDLE_TIMEOUT else ""),
-                data={"warning": reason, "ends_in_s": round(left, 3), "ends_at": deadline.isoformat()},
-                at=now,
-            )
-            notifications.emit(
-                session,
-                tenant_id=row.tenant_id,
-                type_="session.ending_soon",
-                key=f"{row.id}:{deadline.isoformat()}",
-                data={
-                    "id": row.id,
-                    "reason": reason,
-                    "ends_at": deadline.isoformat(),
-                    "ends_in_s": round(left, 3),
-                    "url": f"/api/v1/sessions/{row.id}",
-                },
-                at=now,
-            )
+            _warn(session, row, deadline, reason, now, time_scale)
             result.warned.append(row.id)
         elapsed = (now - row.started_at).total_seconds()
         seq = int(elapsed // meter_interval_s)
@@ -136,6 +111,39 @@ def sweep(
         end_many(session=session, ends=ends, now=now, time_scale=time_scale)
         result.ended = [(r.id, reason) for r, reason, _ in ends]
     return result
+
+
+def _warn(
+    session: Session, row: IpuSession, deadline: datetime, reason: str, now: datetime, time_scale: float
+) -> None:
+    """Tell the owner the session ends at ``deadline`` (for ``reason``): in its history and as a
+    `session.ending_soon` event, once per deadline."""
+    row.warned_for = deadline
+    left = (deadline - now).total_seconds() * time_scale
+    why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
+    add_event(
+        session,
+        row.job_id,
+        "warning",
+        f"session ends in {left:.0f} s ({why})"
+        + ("; submit a job to keep it" if reason == IDLE_TIMEOUT else ""),
+        data={"warning": reason, "ends_in_s": round(left, 3), "ends_at": deadline.isoformat()},
+        at=now,
+    )
+    notifications.emit(
+        session,
+        tenant_id=row.tenant_id,
+        type_="session.ending_soon",
+        key=f"{row.id}:{deadline.isoformat()}",
+        data={
+            "id": row.id,
+            "reason": reason,
+            "ends_at": deadline.isoformat(),
+            "ends_in_s": round(left, 3),
+            "url": f"/api/v1/sessions/{row.id}",
+        },
+        at=now,
+    )
 
 
 def _deadline(
