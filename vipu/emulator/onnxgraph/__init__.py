@@ -3,6 +3,8 @@
 - ``strip``: weights out of an ONNX file without loading it (stdlib only; the CLI runs it before upload).
 - ``load``: parse, check (cycles, dangling inputs, unknown operators) and order a graph.
 - ``lower``: bind dynamic dimensions, infer shapes, cost every node, fuse element-wise chains, cut layers.
+  Its passes: ``classify`` (constants, views, roles), ``costs`` (each heavy node's ops), ``fuse``
+  (element-wise regions), ``layers`` (where a pipeline boundary may fall).
 - ``workload``: ``OnnxWorkload``, the ``WorkloadSpec`` source the planner takes, and ``describe``.
 - ``renderings``: the catalogue's models written as ONNX graphs (parity checks, examples).
 

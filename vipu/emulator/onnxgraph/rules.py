@@ -8,7 +8,7 @@ Roles:
 - ``attention``: the fused ``Attention`` operator (opset 23): QK^T, softmax and AV.
 - ``gather``: an embedding lookup when its table is a weight, a free view of an activation otherwise.
 - ``elementwise``: activations, arithmetic, normalisations, softmax, reductions, casts, resizes. Chains of
-  them on the same tensor fuse into one vector pass (``lower.py``), so a LayerNorm written as nine primitive
+  them on the same tensor fuse into one vector pass (``fuse.py``), so a LayerNorm written as nine primitive
   operators and the fused ``LayerNormalization`` cost alike.
 - ``pool``: max, average and global pooling; its own vector pass.
 - ``free``: reshapes and layout views (Reshape, Transpose, Slice, Concat, ...) and anything computed from
