@@ -1,11 +1,11 @@
 """Pass 1 of lowering (``lower.py``, step 2): what every tensor is and what every node does.
 
 ``Lowering`` holds the bound, shape-inferred graph's tensor types and shapes. ``classify`` walks the nodes in
-order: Shape/Size and nodes computed from constants only are folded (their outputs are constants, and the
-weights they derive from are counted once, by the first node that reads them); reshapes and layout views are
-free (their outputs alias the activations of their inputs); every other node keeps the role
-``rules.role_of`` gives it (a Gather refined to an embedding lookup, a constant gather or a view) and is
-costed by the later passes.
+order: Shape/Size and nodes computed from constants only are folded (their outputs are constants that
+remember the weights they derive from, so ``new_params`` counts each weight once, for the first costed node
+that reads it); reshapes and layout views are free (their outputs alias the activations of their inputs);
+every other node keeps the role ``rules.role_of`` gives it (a Gather refined to an embedding lookup, a
+constant gather or a view) and is costed by the later passes.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class Lowering:
         return entry[0] if entry is not None else onnx.TensorProto.FLOAT
 
     def root_numel(self, name: str) -> float:
+        """An activation's element count, where no single node is to blame if its shape is unknown."""
         entry = self.types.get(name)
         shape = entry[1] if entry else None
         if shape is None or any(not isinstance(d, int) for d in shape):
@@ -200,6 +201,7 @@ class Lowering:
                     self.origin[out] = origin
 
     def new_params(self, node: onnx.NodeProto) -> int:
+        """The weight elements ``node`` reads that no node before it has read (each weight counts once)."""
         total = 0
         for t in node.input:
             for w in self.origin.get(t, ()):
