@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.ratelimit import check_not_exhausted, check_rate, check_rate_async, count_failure
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.errors import Unauthorized
 from scheduler.runtime import Runtime
@@ -40,8 +41,14 @@ async def _db(runtime: RuntimeDep) -> Database:
     return runtime.db
 
 
+async def _clock(runtime: RuntimeDep) -> Clock:
+    return runtime.clock
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 DbDep = Annotated[Database, Depends(_db)]
+# Cluster time against the wall clock: what every figure in cluster seconds is converted with.
+ClockDep = Annotated[Clock, Depends(_clock)]
 
 
 # Declares `Authorization: Bearer` in the OpenAPI spec; the header itself is read below, so that

@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api import problems
-from api.deps import DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal
+from api.deps import ClockDep, DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal
 from api.middleware import BodyLimit, RefuseControlCharacters
 from api.ratelimit import check_rate_async
 from api.routers import health
@@ -424,11 +424,11 @@ def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None
 
     @app.post("/v1/RemovePartition", response_model=RemovePartitionReply, summary="Remove a partition")
     def remove_partition(
-        body: RemovePartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep
+        body: RemovePartitionRequest, caller: Caller, db: DbDep, clock: ClockDep
     ) -> dict[str, Any]:
         with db.write() as s:
             name = vipu_user.remove_partition(
-                session=s, caller=caller, partition_id=body.partition_id, time_scale=settings.time_scale
+                session=s, caller=caller, partition_id=body.partition_id, clock=clock
             )
         bus.wake_scheduler("partition")
         return {"partition_id": name}

@@ -2,7 +2,8 @@
 
 The API (its lifespan, `app.state.runtime`), the scheduler loop (`ipucloud scheduler`) and the host
 agent (`workers/app.py`) each build a `Runtime` from their settings at start-up and close it at
-shutdown. It holds what used to be module-level singletons: the database, the Redis clients, the
+shutdown. It holds the clock (cluster time against the wall clock, `scheduler/clock.py`) and what
+used to be module-level singletons: the database, the Redis clients, the
 Celery app and router for dispatching placements as their transaction commits, the cache of the
 fleet's largest partitions, and (in `extras`) the allocators the admin partition verbs place with.
 Code that has the runtime passes what it needs explicitly; tests build a runtime of their own
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.settings import Settings, get_settings
 
@@ -66,6 +68,8 @@ class Runtime:
     settings: Settings
     db: Database
     capacity: CapacityCache = field(default_factory=CapacityCache)
+    # Cluster time against the wall clock (`scheduler/clock.py`), from `settings.time_scale`.
+    clock: Clock = field(init=False)
     # What is built per process from the rest and hung here, keyed by its class: the admin partition
     # verbs' allocators (`fleet.allocators_of`), and what the layers above the scheduler build (the
     # API's submission batcher and rate limits, the host agent), which this module may not import.
@@ -76,6 +80,9 @@ class Runtime:
     _async_redis: AsyncRedis | None = None
     _dispatch: tuple[Celery, Router] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.clock = Clock.of(self.settings)
 
     @classmethod
     def from_settings(

@@ -17,7 +17,8 @@ behind the session's own jobs.
 `sweep` runs in every scheduler iteration (the leader's, fenced): it bills the holding attempts,
 warns `warning_s` cluster seconds before an idle timeout or the maximum duration, and ends sessions
 whose time is up. Ending stops the session's running jobs, settles the holding attempt and frees the
-partition. All durations are cluster seconds; the wall clock runs `time_scale` times slower.
+partition. All durations are cluster seconds, converted to the wall clock by the caller's `Clock`
+(`scheduler/clock.py`).
 
 Locks are taken in the order sessions, jobs, attempts, tenants. The scheduling pass alone comes to a
 session with its holder job already locked; it skips a session row another transaction holds
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypedDict
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import billing, dispatch_now
+from scheduler.clock import Clock
 from scheduler.errors import Conflict, InvalidRequest, LimitExceeded, NotFound, QuotaExceeded, TenantInactive
 from scheduler.ids import new_id
 from scheduler.jobspec import SessionSpec
@@ -313,9 +315,7 @@ class SessionView:
     events: list[JobEvent]
 
 
-def view(
-    *, session: Session, row: IpuSession, time_scale: float, now: datetime, jobs: int = 50
-) -> SessionView:
+def view(*, session: Session, row: IpuSession, clock: Clock, now: datetime, jobs: int = 50) -> SessionView:
     partition = session.get(Partition, row.partition_pk) if row.partition_pk is not None else None
     holding = session.get(Attempt, row.attempt_id) if row.attempt_id is not None else None
     session_jobs = list(
@@ -340,15 +340,15 @@ def view(
         held = holding.cluster_s if holding is not None else 0.0
         return SessionView(row, partition, held, None, None, None, None, 0, billed, session_jobs, events)
     busy, idle_since = _activity(session, [row]).get(row.partition_pk or 0, (0, row.started_at))
-    held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+    held = min(float(row.max_duration_s), clock.cluster_since(row.started_at, now))
     left = max(0.0, row.max_duration_s - held)
-    max_end = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    max_end = clock.wall_after(row.started_at, row.max_duration_s)
     if busy:
         return SessionView(
             row, partition, held, left, None, None, max_end, busy, billed, session_jobs, events
         )
-    idle = max(0.0, (now - idle_since).total_seconds() * time_scale)
-    idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+    idle = max(0.0, clock.cluster_since(idle_since, now))
+    idle_end = clock.wall_after(idle_since, row.idle_timeout_s)
     return SessionView(
         row,
         partition,
@@ -570,15 +570,15 @@ def place_session_jobs(*, session: Session, jobs: Sequence[Job]) -> list[int]:
 # Ending ------------------------------------------------------------------------------------------------
 
 
-def end_session(*, session: Session, session_id: str, scope: Scope, time_scale: float) -> IpuSession:
+def end_session(*, session: Session, session_id: str, scope: Scope, clock: Clock) -> IpuSession:
     """The owner ends a session: its running jobs are stopped, its hold billed up to now."""
     row = _lock_unended(session, session_id, scope)
-    end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=utcnow(), time_scale=time_scale)
+    end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=clock.wall_now(), clock=clock)
     return row
 
 
 def end_many(
-    *, session: Session, ends: Sequence[tuple[IpuSession, str, str]], now: datetime, time_scale: float
+    *, session: Session, ends: Sequence[tuple[IpuSession, str, str]], now: datetime, clock: Clock
 ) -> None:
     """End sessions (rows locked by the caller): `(session, reason, detail)` each."""
     for row, reason, detail in ends:
@@ -617,7 +617,7 @@ def end_many(
             ).scalar_one()
         if holding is not None and holding.state == AttemptState.RUNNING:
             assert row.started_at is not None
-            held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+            held = min(float(row.max_duration_s), clock.cluster_since(row.started_at, now))
             holding.cluster_s = max(holding.cluster_s, held)
             # Back to a job partition for the moment of the end, so the attempt's end frees it as usual.
             session.execute(update(Partition).where(Partition.pk == row.partition_pk).values(kind="job"))
@@ -699,7 +699,7 @@ def sweep(
     *,
     session: Session,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     warning_s: float,
     meter_interval_s: float,
 ) -> SweepResult:
@@ -740,15 +740,15 @@ def sweep(
             # The platform ended the hold (a machine under it failed): nothing is left to hold.
             ends.append((row, FAULT, f"its partition was lost ({hold.end_reason if hold else 'no hold'})"))
             continue
-        deadline, reason = _deadline(row, activity, time_scale)
+        deadline, reason = _deadline(row, activity, clock)
         if now >= deadline and reason == IDLE_TIMEOUT and warning_s > 0 and row.warned_for != deadline:
             # Its warning window passed with no sweep to announce it (the scheduler was down or had
             # no leader): culling now would end the owner's session unannounced. Move the floor of
             # its idle countdown so it ends `warning_s` from now, and warn as for any deadline.
-            grace_end = now + timedelta(seconds=warning_s / time_scale)
-            row.idle_since = grace_end - timedelta(seconds=row.idle_timeout_s / time_scale)
+            grace_end = now + clock.wall_delta(warning_s)
+            row.idle_since = grace_end - clock.wall_delta(row.idle_timeout_s)
             activity[row.partition_pk] = (0, row.idle_since)
-            deadline, reason = _deadline(row, activity, time_scale)
+            deadline, reason = _deadline(row, activity, clock)
         if now >= deadline:
             what = (
                 f"idle for {row.idle_timeout_s} s with no job"
@@ -757,9 +757,9 @@ def sweep(
             )
             ends.append((row, reason, what))
             continue
-        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
+        if now >= deadline - clock.wall_delta(warning_s) and row.warned_for != deadline:
             row.warned_for = deadline
-            left = (deadline - now).total_seconds() * time_scale
+            left = clock.cluster_since(now, deadline)
             why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
             add_event(
                 session,
@@ -788,7 +788,7 @@ def sweep(
         elapsed = (now - row.started_at).total_seconds()
         seq = int(elapsed // meter_interval_s)
         if seq > hold.ticks:
-            held = min(float(row.max_duration_s), elapsed * time_scale)
+            held = min(float(row.max_duration_s), clock.to_cluster(elapsed))
             ticks.append(metering.TickDue(hold, seq, held, int(reserved.get(row.job_id, 0)), SESSION_TASK))
             by_attempt[hold.id] = row
     if ticks:
@@ -797,29 +797,29 @@ def sweep(
         for attempt_id in sorted(exhausted):
             ends.append((by_attempt[attempt_id], QUOTA, "the tenant's grant ran out"))
     if ends:
-        end_many(session=session, ends=ends, now=now, time_scale=time_scale)
+        end_many(session=session, ends=ends, now=now, clock=clock)
         result.ended = [(r.id, reason) for r, reason, _ in ends]
     return result
 
 
 def _deadline(
-    row: IpuSession, activity: dict[int, tuple[int, datetime]], time_scale: float
+    row: IpuSession, activity: dict[int, tuple[int, datetime]], clock: Clock
 ) -> tuple[datetime, str]:
     """When an active session ends if nothing changes (wall clock), and why: its maximum duration, or
     its idle timeout while no job of it runs."""
     assert row.started_at is not None and row.partition_pk is not None
-    deadline = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    deadline = clock.wall_after(row.started_at, row.max_duration_s)
     reason = MAX_DURATION
     busy, idle_since = activity.get(row.partition_pk, (0, row.started_at))
     if not busy:
-        idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+        idle_end = clock.wall_after(idle_since, row.idle_timeout_s)
         if idle_end < deadline:
             deadline, reason = idle_end, IDLE_TIMEOUT
     return deadline, reason
 
 
 def has_due(
-    *, session: Session, now: datetime, time_scale: float, warning_s: float, meter_interval_s: float
+    *, session: Session, now: datetime, clock: Clock, warning_s: float, meter_interval_s: float
 ) -> bool:
     """Whether `sweep` has anything to do now (read without locks): a meter tick, a warning or an end
     due. The scheduler asks this first, so that on SQLite its loop does not take the database's one
@@ -840,8 +840,8 @@ def has_due(
         state, ticks = holds.get(row.attempt_id or 0, (None, 0))
         if state != AttemptState.RUNNING or row.started_at is None:
             return True
-        deadline, _ = _deadline(row, activity, time_scale)
-        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
+        deadline, _ = _deadline(row, activity, clock)
+        if now >= deadline - clock.wall_delta(warning_s) and row.warned_for != deadline:
             return True
         if now >= deadline or int((now - row.started_at).total_seconds() // meter_interval_s) > ticks:
             return True
@@ -904,10 +904,10 @@ class SessionJson(TypedDict):
     events: list[SessionEventView]
 
 
-def session_answer(*, session: Session, row: IpuSession, time_scale: float) -> SessionJson:
+def session_answer(*, session: Session, row: IpuSession, clock: Clock) -> SessionJson:
     """A session as every reader is answered it (start, list, show, change, end), as of the
     database's clock."""
-    return session_json(view(session=session, row=row, time_scale=time_scale, now=db_now(session)))
+    return session_json(view(session=session, row=row, clock=clock, now=db_now(session)))
 
 
 def session_json(v: SessionView) -> SessionJson:

@@ -30,6 +30,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, object_session
 
 from scheduler import bus, emulation
+from scheduler.clock import UNSCALED, Clock
 from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
@@ -316,7 +317,7 @@ def take_many(
     agent: AgentLease,
     deliveries: Sequence[tuple[int, int]],
     lease_s: float,
-    time_scale: float,
+    clock: Clock,
     running: int = 0,
     ipus_busy: int = 0,
 ) -> TakeResult:
@@ -442,7 +443,7 @@ def take_many(
         attempt.timeline = {
             **run.timeline.to_dict(),
             "end_s": end_s,
-            "scale": time_scale,
+            "scale": clock.scale,
             "cached": run.cached,
             "unbilled_s": unbilled,
             "run_base_s": run_base,
@@ -506,11 +507,11 @@ def take(
     attempt_id: int,
     epoch: int,
     lease_s: float,
-    time_scale: float = 1.0,
+    clock: Clock = UNSCALED,
 ) -> TakenAttempt | None:
     """`take_many` of one delivery."""
     result = take_many(
-        session=session, agent=agent, deliveries=[(attempt_id, epoch)], lease_s=lease_s, time_scale=time_scale
+        session=session, agent=agent, deliveries=[(attempt_id, epoch)], lease_s=lease_s, clock=clock
     )
     return result.taken[0] if result.taken else None
 
