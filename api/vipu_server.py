@@ -29,9 +29,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api import problems
-from api.deps import ClockDep, DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal
+from api.deps import ClockDep, DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal, rate_limits
 from api.middleware import BodyLimit, RefuseControlCharacters
-from api.ratelimit import check_rate_async
+from api.ratelimit import RateLimits, check_rate_async
 from api.routers import health
 from scheduler import bus
 from scheduler import runtime as runtime_module
@@ -250,7 +250,9 @@ async def vipu_caller(request: Request, db: DbDep, settings: SettingsDep) -> Vip
     if attempt_keys.is_attempt_key(key):
         caller = await to_thread.run_sync(_attempt_caller, db, settings.secret(), key)
         assert caller.attempt is not None
-        await check_rate_async(f"attempt:{caller.attempt.attempt_id}", settings.rate_limit)
+        await check_rate_async(
+            rate_limits(request), f"attempt:{caller.attempt.attempt_id}", settings.rate_limit
+        )
         return caller
     principal = await current_principal(request, db, settings)
     if principal.is_admin:
@@ -308,6 +310,8 @@ def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None
     )
     if runtime is not None:
         app.state.runtime = runtime
+    # Its own limiters, on its runtime's broker; API processes share their counts through Redis.
+    app.state.rate_limits = RateLimits(settings)
     problems.install(app)
 
     @app.exception_handler(DomainError)

@@ -71,20 +71,6 @@ class Clock:
         """The wall instant `cluster_s` cluster seconds after `start`."""
         return start + timedelta(seconds=cluster_s / self.scale)
 
-    # Rates: per cluster second to per wall second and back.
-    def rate_to_wall(self, per_cluster_s: float) -> float:
-        return per_cluster_s * self.scale
-
-    def describe(self) -> str:
-        """One line saying how the clocks relate, for a banner or a page's footnote."""
-        if self.scale == 1:
-            return f"{self.name} runs at the {self.wall_name}'s pace"
-        return f"{self.name}: {self.scale:g} cluster seconds per wall second"
-
-    def label(self, cluster_s: float) -> str:
-        """A figure in cluster seconds as a person reads it, naming its clock: '90 s cluster time'."""
-        return f"{cluster_s:.0f} s {self.name}"
-
 
 # Cluster time at the wall clock's pace: the default where a caller states no scale (tests, tools).
 UNSCALED = Clock()

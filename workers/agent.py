@@ -629,8 +629,8 @@ class Agent:
                 r.taken.job_id,
                 r.taken.number,
                 "log",
-                f"WARNING: {r.preempt_why}: it {step_note} at {at:,.1f} s (cluster "
-                "time), then is queued again"
+                f"WARNING: {r.preempt_why}: it {step_note} at {at:,.1f} s "
+                f"({self.cluster_clock.name}), then is queued again"
                 + (" and resumes from that checkpoint" if "checkpoints" in step_note else ""),
                 {
                     "t": round(t, 3),

@@ -777,7 +777,8 @@ def derived_cluster_s(attempt: Attempt, now: datetime, *, agent: Agent | None = 
     until = answered_until(attempt, agent if agent is not None else agent_of(attempt))
     if until is not None and until < now:
         now = until
-    t = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+    # The clock it was taken at (its timeline's), not the process's: it runs on that to its end.
+    t = Clock(float(timeline["scale"])).cluster_since(attempt.started_at, now)
     return max(attempt.cluster_s, min(float(timeline["end_s"]), max(0.0, t)))
 
 
@@ -982,9 +983,9 @@ def _hold_refunds(
         if hold is None or hold.state != AttemptState.RUNNING or a.started_at is None:
             continue  # the hold ended too: its own settle decides what it is billed
         timeline = a.timeline or {}
-        scale = float(timeline.get("scale") or 1.0)
+        clock = Clock(float(timeline.get("scale") or 1.0))  # the one it was taken at
         started = a.started_at if a.started_at.tzinfo is not None else a.started_at.replace(tzinfo=now.tzinfo)
-        ran = max(float(a.cluster_s or 0.0), (now - started).total_seconds() * scale)
+        ran = max(float(a.cluster_s or 0.0), clock.cluster_since(started, now))
         ran = min(ran, float(timeline.get("end_s") or ran))
         wasted = ran - float(kept.get(a.id) or 0.0)
         if wasted > 0:

@@ -56,7 +56,9 @@ def _runtime_warnings(session: Session, now: datetime) -> int:
         timeline = attempt.timeline or {}
         if attempt.started_at is None or not timeline or not job.max_runtime_s:
             continue
-        ran = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+        ran = Clock(float(timeline["scale"])).cluster_since(
+            attempt.started_at, now
+        )  # the clock it was taken at
         before = max(0.0, float(timeline.get("run_base_s", 0.0)) - job.runtime_base_s)
         run_s = before + max(0.0, ran - attempt.unbilled_s)
         crossed = [pct for pct in RUNTIME_WARNINGS if 100 * run_s >= pct * job.max_runtime_s]
