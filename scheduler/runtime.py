@@ -72,7 +72,7 @@ class Runtime:
     clock: Clock = field(init=False)
     # What is built per process from the rest and hung here, keyed by its class: the admin partition
     # verbs' allocators (`fleet.allocators_of`), and what the layers above the scheduler build (the
-    # API's submission batcher and rate limits, the host agent), which this module may not import.
+    # API's submission batcher, the host agent), which this module may not import.
     extras: dict[type, object] = field(default_factory=dict)
     # Built on first use: a process that never publishes never opens a connection (the clients
     # connect lazily anyway; the Celery app is not free to make).

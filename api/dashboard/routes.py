@@ -104,7 +104,7 @@ def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Res
             request, "login.html", {"next": next_path, "error": exc.detail}, status_code=exc.status
         )
     # The session keeps who signed in (the key's id), never the key itself.
-    token, _ = sessions.create(principal)
+    token, _ = sessions.create(sessions.store_of(request), principal)
     response = RedirectResponse(next_path, status_code=303)
     sessions.set_session_cookie(response, request, token)
     return response
@@ -113,7 +113,7 @@ def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Res
 @router.post("/logout")
 def logout(request: Request, user: User, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    sessions.destroy(user.token)
+    sessions.destroy(user.store, user.token)
     response = RedirectResponse("/login", status_code=303)
     sessions.clear_session_cookie(response, request)
     return response
