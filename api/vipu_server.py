@@ -38,7 +38,7 @@ from scheduler import runtime as runtime_module
 from scheduler.db import Database
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.runtime import Runtime
-from scheduler.services.capacity import attempt_keys, fleet, vipu_user
+from scheduler.services.capacity import attempt_keys, vipu_user
 from scheduler.services.capacity.vipu_user import VipuCaller
 from scheduler.services.clock import db_now
 from scheduler.services.tenancy import keys
@@ -420,7 +420,7 @@ def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None
                 reconfigurable=r.reconfigurable,
                 machine_type=r.machine_type,
                 policy=settings.placement_policy,
-                allocators=fleet.allocators_of(runtime),
+                allocators=runtime.allocators,
                 created_by=None,
             )
         bus.wake_scheduler("session" if created["session_id"] else "partition")

@@ -442,18 +442,6 @@ class Allocators:
         return sync
 
 
-_allocators_lock = threading.Lock()
-
-
-def allocators_of(rt: runtime.Runtime) -> Allocators:
-    """The process's allocators for the admin partition verbs, kept in its runtime's extras."""
-    with _allocators_lock:
-        found = rt.extras.get(Allocators)
-        if not isinstance(found, Allocators):
-            found = rt.extras[Allocators] = Allocators()
-        return found
-
-
 def load_allocator(*, session: Session, policy: str = "default") -> Allocator:
     return AllocatorSync(policy).refresh(session)
 
