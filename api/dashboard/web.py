@@ -125,6 +125,8 @@ def render(
         "user": user,
         "flashes": sessions.take_flashes(user) if user is not None else [],
         "path": request.url.path,
+        # Every figure a page shows names its clock (`clock.name`, `clock.wall_name`): the app's.
+        "clock": request.app.state.runtime.clock,
         **(context or {}),
     }
     response = templates.TemplateResponse(request, template, ctx, status_code=status_code)
