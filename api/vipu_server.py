@@ -18,13 +18,14 @@ network as V-IPU's controller is; it shares the API's runtime, key checks and pr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
+import orjson
 from anyio import to_thread
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -266,6 +267,8 @@ async def vipu_caller(request: Request, db: DbDep, settings: SettingsDep) -> Vip
 
 Caller = Annotated[VipuCaller, Depends(vipu_caller)]
 
+router = APIRouter()
+
 OPERATIONS = (
     "GetVersion",
     "ListPartitions",
@@ -277,6 +280,172 @@ OPERATIONS = (
     "ListAllocations",
     "ListIpuAttributes",
 )
+
+
+@router.get("/", response_model=IndexReply, summary="What this endpoint is and the operations it answers")
+def index() -> IndexReply:
+    return IndexReply(
+        service="ipucloud V-IPU endpoint",
+        version=VIPU_API_VERSION,
+        operations=[f"POST /v1/{op}" for op in OPERATIONS],
+    )
+
+
+@router.post("/v1/GetVersion", response_model=VersionReply, summary="The V-IPU API version (no key needed)")
+def get_version(settings: SettingsDep, body: Empty | None = None) -> VersionReply:
+    return VersionReply(
+        version=VIPU_API_VERSION,
+        server=SERVER_VERSION,
+        host=settings.vipu_api_host,
+        port=settings.vipu_api_port,
+    )
+
+
+@router.post("/v1/ListPartitions", response_model=ListPartitionsReply, summary="The caller's partitions")
+def list_partitions(caller: Caller, db: DbDep, body: Empty | None = None) -> dict[str, Any]:
+    with db.read() as s:
+        return {"partitions": vipu_user.list_partitions(session=s, caller=caller, now=db_now(s))}
+
+
+@router.post("/v1/GetPartitionStatus", response_model=GetPartitionStatusReply, summary="One partition")
+def get_partition_status(body: GetPartitionStatusRequest, caller: Caller, db: DbDep) -> dict[str, Any]:
+    with db.read() as s:
+        status = vipu_user.partition_status(
+            session=s, caller=caller, partition_id=body.partition_id, now=db_now(s)
+        )
+    return {"status": status}
+
+
+@router.post(
+    "/v1/GetPartitionIpuofConfig",
+    response_model=GetPartitionIpuofConfigReply,
+    summary="The IPUoF configuration of a partition's GCD (refused, with the cause, when it cannot "
+    "be attached)",
+)
+def get_ipuof_config(body: GetPartitionIpuofConfigRequest, caller: Caller, db: DbDep) -> dict[str, Any]:
+    with db.read() as s:
+        return dict(
+            vipu_user.ipuof_config(
+                session=s,
+                caller=caller,
+                partition_id=body.partition_id,
+                gcd=body.gcd_id.id,
+                now=db_now(s),
+            )
+        )
+
+
+@router.post(
+    "/v1/CreatePartition",
+    response_model=CreatePartitionReply,
+    summary="Admin: carve a reserved partition; tenant: start a session (it queues for IPUs)",
+)
+def create_partition(
+    body: CreatePartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
+) -> dict[str, Any]:
+    r = body.requirements
+    if r.machine_type is not None and r.machine_type not in MACHINE_TYPE_NAMES:
+        raise InvalidRequest(
+            f"requirements.machine_type must be one of {', '.join(MACHINE_TYPE_NAMES)}, "
+            f"not {r.machine_type!r}",
+            field="requirements.machine_type",
+            code="INVALID_ARGUMENT",
+        )
+    with db.write() as s:
+        created = vipu_user.create_partition(
+            session=s,
+            caller=caller,
+            partition_id=r.id,
+            size=r.size,
+            num_gcds=r.num_gcds,
+            reconfigurable=r.reconfigurable,
+            machine_type=r.machine_type,
+            policy=settings.placement_policy,
+            allocators=runtime.allocators,
+            created_by=None,
+        )
+    bus.wake_scheduler("session" if created["session_id"] else "partition")
+    return dict(created)
+
+
+@router.post("/v1/RemovePartition", response_model=RemovePartitionReply, summary="Remove a partition")
+def remove_partition(
+    body: RemovePartitionRequest, caller: Caller, db: DbDep, clock: ClockDep
+) -> dict[str, Any]:
+    with db.write() as s:
+        name = vipu_user.remove_partition(
+            session=s, caller=caller, partition_id=body.partition_id, clock=clock
+        )
+    bus.wake_scheduler("partition")
+    return {"partition_id": name}
+
+
+@router.post("/v1/ResetPartition", response_model=ResetPartitionReply, summary="Reset a partition's IPUs")
+def reset_partition(
+    body: ResetPartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep
+) -> dict[str, Any]:
+    with db.write() as s:
+        out = vipu_user.reset_partition(
+            session=s,
+            caller=caller,
+            partition_id=body.partition_id,
+            num_gcds=body.num_gcds,
+            max_attempts=settings.max_attempts,
+        )
+    bus.wake_scheduler("partition")
+    return dict(out)
+
+
+@router.post("/v1/ListAllocations", response_model=ListAllocationsReply, summary="The caller's allocations")
+def list_allocations(caller: Caller, db: DbDep, body: Empty | None = None) -> dict[str, Any]:
+    with db.read() as s:
+        return {"allocations": vipu_user.list_allocations(session=s, caller=caller, now=db_now(s))}
+
+
+@router.post(
+    "/v1/ListIpuAttributes",
+    response_model=ListIpuAttributesReply,
+    summary="Attributes of the caller's IPUs",
+)
+def list_ipu_attributes(
+    caller: Caller, db: DbDep, body: ListIpuAttributesRequest | None = None
+) -> dict[str, Any]:
+    with db.read() as s:
+        attrs = vipu_user.ipu_attributes(
+            session=s, caller=caller, partition_id=body.partition_id if body else None, now=db_now(s)
+        )
+    return {"ipu_attributes": attrs}
+
+
+async def _domain_problem(request: Request, exc: Exception) -> Response:
+    """A domain error as an RFC 9457 problem carrying the gRPC status a V-IPU client reports."""
+    assert isinstance(exc, DomainError)
+    extra = {k: v for k, v in exc.extra.items() if k not in {"type", "title", "status", "detail"}}
+    extra.setdefault("code", GRPC_CODES.get(exc.status, "UNKNOWN"))
+    headers = {"WWW-Authenticate": 'Bearer realm="ipucloud-vipu"'} if exc.status == 401 else None
+    if exc.status == 429 and "retry_after" in exc.extra:
+        headers = {"Retry-After": str(exc.extra["retry_after"])}
+    return problems.problem(
+        exc.status, exc.detail, slug=exc.slug, instance=request.url.path, headers=headers, **extra
+    )
+
+
+def _with_grpc_code(validation: Callable[..., Any]) -> Callable[..., Awaitable[Response]]:
+    """The API's validation problem, with the gRPC status (`INVALID_ARGUMENT`) a V-IPU client reports."""
+
+    async def invalid(request: Request, exc: Exception) -> Response:
+        # FastAPI's own handler for validation errors is a coroutine.
+        answer: Response = await validation(request, exc)
+        data = orjson.loads(answer.body)
+        data.setdefault("code", "INVALID_ARGUMENT")
+        return problems.problem(
+            data.pop("status"),
+            data.pop("detail"),
+            slug=str(data.pop("type")).rsplit("/", 1)[-1],
+            **{k: v for k, v in data.items() if k != "title"},
+        )
+
+    return invalid
 
 
 def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
@@ -313,162 +482,12 @@ def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None
     # Its own limiters, on its runtime's broker; API processes share their counts through Redis.
     app.state.rate_limits = RateLimits(settings)
     problems.install(app)
-
-    @app.exception_handler(DomainError)
-    async def _domain(request: Request, exc: DomainError) -> Response:
-        extra = {k: v for k, v in exc.extra.items() if k not in {"type", "title", "status", "detail"}}
-        extra.setdefault("code", GRPC_CODES.get(exc.status, "UNKNOWN"))
-        headers = {"WWW-Authenticate": 'Bearer realm="ipucloud-vipu"'} if exc.status == 401 else None
-        if exc.status == 429 and "retry_after" in exc.extra:
-            headers = {"Retry-After": str(exc.extra["retry_after"])}
-        return problems.problem(
-            exc.status, exc.detail, slug=exc.slug, instance=request.url.path, headers=headers, **extra
-        )
-
+    app.add_exception_handler(DomainError, _domain_problem)
     validation = app.exception_handlers[RequestValidationError]
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        resp = await validation(request, exc)  # type: ignore[misc]
-        body = resp.body
-        import orjson
-
-        data = orjson.loads(body)
-        data.setdefault("code", "INVALID_ARGUMENT")
-        return problems.problem(
-            data.pop("status"),
-            data.pop("detail"),
-            slug=str(data.pop("type")).rsplit("/", 1)[-1],
-            **{k: v for k, v in data.items() if k != "title"},
-        )
+    app.add_exception_handler(RequestValidationError, _with_grpc_code(validation))
 
     app.add_middleware(RefuseControlCharacters)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
-
-    @app.get("/", response_model=IndexReply, summary="What this endpoint is and the operations it answers")
-    def index() -> IndexReply:
-        return IndexReply(
-            service="ipucloud V-IPU endpoint",
-            version=VIPU_API_VERSION,
-            operations=[f"POST /v1/{op}" for op in OPERATIONS],
-        )
-
-    @app.post("/v1/GetVersion", response_model=VersionReply, summary="The V-IPU API version (no key needed)")
-    def get_version(settings: SettingsDep, body: Empty | None = None) -> VersionReply:
-        return VersionReply(
-            version=VIPU_API_VERSION,
-            server=SERVER_VERSION,
-            host=settings.vipu_api_host,
-            port=settings.vipu_api_port,
-        )
-
-    @app.post("/v1/ListPartitions", response_model=ListPartitionsReply, summary="The caller's partitions")
-    def list_partitions(caller: Caller, db: DbDep, body: Empty | None = None) -> dict[str, Any]:
-        with db.read() as s:
-            return {"partitions": vipu_user.list_partitions(session=s, caller=caller, now=db_now(s))}
-
-    @app.post("/v1/GetPartitionStatus", response_model=GetPartitionStatusReply, summary="One partition")
-    def get_partition_status(body: GetPartitionStatusRequest, caller: Caller, db: DbDep) -> dict[str, Any]:
-        with db.read() as s:
-            status = vipu_user.partition_status(
-                session=s, caller=caller, partition_id=body.partition_id, now=db_now(s)
-            )
-        return {"status": status}
-
-    @app.post(
-        "/v1/GetPartitionIpuofConfig",
-        response_model=GetPartitionIpuofConfigReply,
-        summary="The IPUoF configuration of a partition's GCD (refused, with the cause, when it cannot "
-        "be attached)",
-    )
-    def get_ipuof_config(body: GetPartitionIpuofConfigRequest, caller: Caller, db: DbDep) -> dict[str, Any]:
-        with db.read() as s:
-            return dict(
-                vipu_user.ipuof_config(
-                    session=s,
-                    caller=caller,
-                    partition_id=body.partition_id,
-                    gcd=body.gcd_id.id,
-                    now=db_now(s),
-                )
-            )
-
-    @app.post(
-        "/v1/CreatePartition",
-        response_model=CreatePartitionReply,
-        summary="Admin: carve a reserved partition; tenant: start a session (it queues for IPUs)",
-    )
-    def create_partition(
-        body: CreatePartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep, runtime: RuntimeDep
-    ) -> dict[str, Any]:
-        r = body.requirements
-        if r.machine_type is not None and r.machine_type not in MACHINE_TYPE_NAMES:
-            raise InvalidRequest(
-                f"requirements.machine_type must be one of {', '.join(MACHINE_TYPE_NAMES)}, "
-                f"not {r.machine_type!r}",
-                field="requirements.machine_type",
-                code="INVALID_ARGUMENT",
-            )
-        with db.write() as s:
-            created = vipu_user.create_partition(
-                session=s,
-                caller=caller,
-                partition_id=r.id,
-                size=r.size,
-                num_gcds=r.num_gcds,
-                reconfigurable=r.reconfigurable,
-                machine_type=r.machine_type,
-                policy=settings.placement_policy,
-                allocators=runtime.allocators,
-                created_by=None,
-            )
-        bus.wake_scheduler("session" if created["session_id"] else "partition")
-        return dict(created)
-
-    @app.post("/v1/RemovePartition", response_model=RemovePartitionReply, summary="Remove a partition")
-    def remove_partition(
-        body: RemovePartitionRequest, caller: Caller, db: DbDep, clock: ClockDep
-    ) -> dict[str, Any]:
-        with db.write() as s:
-            name = vipu_user.remove_partition(
-                session=s, caller=caller, partition_id=body.partition_id, clock=clock
-            )
-        bus.wake_scheduler("partition")
-        return {"partition_id": name}
-
-    @app.post("/v1/ResetPartition", response_model=ResetPartitionReply, summary="Reset a partition's IPUs")
-    def reset_partition(
-        body: ResetPartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep
-    ) -> dict[str, Any]:
-        with db.write() as s:
-            out = vipu_user.reset_partition(
-                session=s,
-                caller=caller,
-                partition_id=body.partition_id,
-                num_gcds=body.num_gcds,
-                max_attempts=settings.max_attempts,
-            )
-        bus.wake_scheduler("partition")
-        return dict(out)
-
-    @app.post("/v1/ListAllocations", response_model=ListAllocationsReply, summary="The caller's allocations")
-    def list_allocations(caller: Caller, db: DbDep, body: Empty | None = None) -> dict[str, Any]:
-        with db.read() as s:
-            return {"allocations": vipu_user.list_allocations(session=s, caller=caller, now=db_now(s))}
-
-    @app.post(
-        "/v1/ListIpuAttributes",
-        response_model=ListIpuAttributesReply,
-        summary="Attributes of the caller's IPUs",
-    )
-    def list_ipu_attributes(
-        caller: Caller, db: DbDep, body: ListIpuAttributesRequest | None = None
-    ) -> dict[str, Any]:
-        with db.read() as s:
-            attrs = vipu_user.ipu_attributes(
-                session=s, caller=caller, partition_id=body.partition_id if body else None, now=db_now(s)
-            )
-        return {"ipu_attributes": attrs}
-
+    app.include_router(router)
     return app

@@ -1,7 +1,7 @@
 """Publishing a placement from the process that made it, as its transaction commits.
 
 The scheduler's dispatcher publishes outbox rows on its next iteration (scheduler/loop.py); a job in a
-session is placed by its own submission (scheduler/services/sessions.py) and must not wait for that,
+session is placed by its own submission (scheduler/services/sessions/jobs.py) and must not wait for that,
 so its row is written already marked published and sent here once the submission commits. If the
 broker refuses, nothing is lost: the reconciler republishes a row no agent took within
 `IPUCLOUD_OUTBOX_RETRY_S` (scheduler/services/capacity/reconciler.py).

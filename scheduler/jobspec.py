@@ -374,7 +374,7 @@ SessionSeconds = Annotated[int, Field(ge=1, le=MAX_SESSION_S, strict=False), JSO
 
 
 class SessionSpec(BaseModel):
-    """`POST /api/v1/sessions`: a partition held for the tenant's jobs (scheduler/services/sessions.py)."""
+    """`POST /api/v1/sessions`: a partition held for the tenant's jobs (scheduler/services/sessions/)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

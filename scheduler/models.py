@@ -99,7 +99,7 @@ class Plan(Base):
     )
     # Webhooks a tenant on this plan may register (scheduler/services/tenancy/notifications.py).
     max_webhooks: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
-    # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions.py).
+    # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions/).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
     # Inference endpoints (scheduler/services/endpoints.py): how many a tenant may keep, the most
     # replicas one may scale to, and the IPUs all of a tenant's endpoints may hold at their maxima.
@@ -611,7 +611,7 @@ class SessionState(enum.StrEnum):
 
 
 class IpuSession(Base):
-    """A held partition (scheduler/services/sessions.py). It queues as its holder job (`job_id`,
+    """A held partition (scheduler/services/sessions/). It queues as its holder job (`job_id`,
     task `session`), whose attempt on graph compile domain -1 holds the partition and is metered
     per held IPU-second; the session's own jobs run on GCDs 0.. of that partition."""
 
@@ -638,7 +638,7 @@ class IpuSession(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # The earliest its idle countdown may start from: its start, or later once a warning that was
-    # missed has been given its time (scheduler/services/sessions.py, sweep). Jobs' ends move it on.
+    # missed has been given its time (scheduler/services/sessions/sweep.py). Jobs' ends move it on.
     idle_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # The deadline the last warning was about (wall time), so each is announced once.
     warned_for: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

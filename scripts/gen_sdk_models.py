@@ -1,11 +1,11 @@
 """Write the SDK's models of the API's answers from docs/openapi.json (`--check`: exit 1 if stale).
 
-    .venv/bin/python -m scripts.export_openapi   # after changing api/schemas.py or a route
+    .venv/bin/python -m scripts.export_openapi   # after changing api/schemas/ or a route
     .venv/bin/python -m scripts.gen_sdk_models   # then this: ipucloud/sdk/_schemas.py follows
     .venv/bin/python -m scripts.gen_sdk_models --check   # what tests/sdk/test_sdk_schemas.py asserts
 
 The SDK is client-side and may not import `api/`, so it cannot share the API's pydantic classes; it
-reads the committed spec instead, so a field added to an `api/schemas.py` model reaches the SDK by
+reads the committed spec instead, so a field added to an `api/schemas/` model reaches the SDK by
 regenerating, with no hand edit. Every schema a route answers with (and every schema those refer to)
 becomes a class named as the SDK has always named it (`JobOut` -> `Job`, `ModelOut` -> `OnnxModel`).
 

@@ -57,7 +57,7 @@ def test_every_api_and_health_route_declares_its_answer() -> None:
     missing = {
         f"{','.join(sorted(r.methods))} {r.path}": why for r in checked if (why := shapeless(r)) is not None
     }
-    assert not missing, f"routes without a declared answer (api/schemas.py has the models): {missing}"
+    assert not missing, f"routes without a declared answer (api/schemas/ has the models): {missing}"
 
 
 def untyped_returns(source: str) -> list[str]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from api.dashboard import forms, sessions
 from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, render
 from api.deps import DbDep, SettingsDep
-from api.schemas_notifications import (
+from api.schemas.notifications import (
     MAX_OVERLAP_S,
     DeliveryOut,
     WebhookChange,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import DbDep, Reader, Submitter
-from api.schemas_notifications import NotificationSettingsChange, NotificationSettingsOut
+from api.schemas.notifications import NotificationSettingsChange, NotificationSettingsOut
 from scheduler.services.tenancy import mail
 
 router = APIRouter(prefix="/api/v1", tags=["webhooks"])

@@ -1,4 +1,4 @@
-"""Sessions: hold a partition, run jobs in it at once, end it (scheduler/services/sessions.py)."""
+"""Sessions: hold a partition, run jobs in it at once, end it (scheduler/services/sessions/)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from api.deps import DbDep, Reader, SettingsDep, Submitter
 from api.schemas import CursorParam, IntCursorParam, Page, decode_cursor, decode_int_cursor, encode_cursor
-from api.schemas_notifications import (
+from api.schemas.notifications import (
     DeliveryOut,
     EventOut,
     EventType,

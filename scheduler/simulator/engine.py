@@ -47,7 +47,7 @@ from scheduler.policy.preemption import PreemptionCost
 from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
-from vipu.allocator import Allocator
+from vipu.allocator import Allocator, Placement
 from vipu.machine_types import default_rates
 from vipu.topology import IPUS_PER_POD, Fleet, MachineType
 
@@ -174,318 +174,8 @@ class Simulation:
         self._placed_on: dict[int, float] = {}  # run-time factor of the type a job last started on
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
-        jobs, config, est = self.jobs, self.policy, self.estimates
-        alloc = Allocator(self.fleet, policy=config.placement)
-        capacity = self.fleet.ipus
-        index = {job.id: i for i, job in enumerate(jobs)}
-        outcomes = [JobOutcome() for _ in jobs]
-        horizon = max((j.submit_s + j.duration_s for j in jobs), default=1.0)
-        # Bins cover the submissions plus the longest job; a queue that outlasts them grows the list.
-        bin_s = max(horizon / self.bins, 1.0)
-        result = SimResult(
-            policy=config.name,
-            estimates=self.estimate_model,
-            jobs=jobs,
-            outcomes=outcomes,
-            capacity_ipus=capacity,
-            busy_bins=[0.0] * (self.bins + 1),
-            bin_s=bin_s,
-            preemptible=self.preemptible,
-        )
-        flags = self.preemptible
-        # Warned victims stop when their warning ends: (at, job index, attempt).
-        stops: list[tuple[float, int, int]] = []
-        warned: set[str] = set()
-        fair = config.ordering == "fair"
-        half_life = config.half_life_s
-        queue = JobQueue()
-        running: dict[str, RunningJob] = {}
-        table = TimeTable(self.fleet)
-        tenants: dict[str, _Tenant] = {}
-        # (end, job index, attempt): a preempted attempt's completion is ignored when it comes up.
-        completions: list[tuple[float, int, int]] = []
-        attempt = [0] * len(jobs)
-        submitted: list[QueuedJob | None] = [None] * len(jobs)
-        # Reference policies (tiresias, srtf-oracle) rank by service had or time left and resume
-        # preempted jobs from their checkpoint; the others rank as asked and lose preempted work.
-        ranked = config.priority_from != "plan"
-        left = [j.duration_s for j in jobs]  # true run time still to go, on the recorded machine
-        told_left = list(est)  # what the policy believes is still to go
-        attained = [0.0] * len(jobs)  # IPU-seconds run so far (Tiresias' service)
-        run_from = [0.0] * len(jobs)
-        cost = self.cost
-        predicted = config.priority_from == "predicted"
-        promote_s = config.promote_after_s if ranked else None
-        # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
-        promotions: list[tuple[float, int, int]] = []
-        queued_at = [0.0] * len(jobs)
-        reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
-        base_class = [0] * len(jobs)
-        last_type: dict[int, str] = {}
-        now = 0.0
-        busy = 0
-        head_size: int | None = None
-        head_refused = False
-        next_arrival = 0
-        done = 0
-
-        def stop(i: int, lost: float) -> None:
-            """Take job `i` off its partition and queue it again; `lost` of the run time it had
-            (since its last start) is redone, the rest it resumes from (a checkpoint)."""
-            job = jobs[i]
-            victim = running.pop(job.id)
-            alloc.release(victim.partition)
-            table.remove(victim.partition)
-            attempt[i] += 1
-            nonlocal busy
-            busy -= victim.size
-            ledger = tenants[victim.tenant_id]
-            ledger.advance(now, half_life)
-            ledger.ipus -= victim.size
-            ledger.end_weighted -= victim.size * victim.expected_end
-            factor = self._placed_on[i]
-            ran = now - run_from[i]
-            if self.runs is not None:
-                # It was counted as running all it had left; it ran `ran` of it.
-                result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
-            kept_s = max(0.0, ran - lost) / factor
-            if kept_s > 0 or ranked:
-                left[i] = max(0.0, left[i] - kept_s)
-                told_left[i] = max(1.0, told_left[i] - kept_s)
-            if cost is not None and (kept_s > 0 or ranked):
-                # Resumed, it loads its executable and reads its checkpoint back before new work.
-                restart = cost.restart_s() / factor
-                left[i] += restart
-                told_left[i] += restart
-            attained[i] += victim.size * ran
-            outcomes[i].preempted += 1
-            outcomes[i].lost_s += lost
-            outcomes[i].start_s = math.nan
-            result.preemption_losses.append(lost)
-            warned.discard(job.id)
-            again = submitted[i]
-            assert again is not None
-            if kept_s > 0 or ranked:
-                again = replace(again, predicted_runtime_s=told_left[i])
-            if ranked:
-                base_class[i] = self._rank(attained[i], left[i], victim.size * told_left[i])
-                again = replace(again, priority=base_class[i])
-                queued_at[i] = now
-                due = next_promotion(base_class[i], now, now, promote_s)
-                if due < math.inf:
-                    heapq.heappush(promotions, (due, i, attempt[i]))
-            submitted[i] = again
-            queue.add(again)
-
-        while next_arrival < len(jobs) or completions or stops:
-            upcoming = jobs[next_arrival].submit_s if next_arrival < len(jobs) else math.inf
-            if completions and completions[0][0] <= upcoming:
-                upcoming = completions[0][0]
-            if stops and stops[0][0] <= upcoming:
-                upcoming = stops[0][0]
-            # Integrate the figures over the interval during which nothing changed.
-            elapsed = upcoming - now
-            if elapsed > 0:
-                if busy:
-                    self._add_busy(result, now, upcoming, busy)
-                if head_size is not None:
-                    result.waiting_s += elapsed
-                    result.stranded_ipu_s += elapsed * alloc.fragmentation(head_size).stranded_share
-                    if head_refused:
-                        result.refused_with_room_s += elapsed
-            now = upcoming
-
-            while completions and completions[0][0] <= now:
-                _, i, number = heapq.heappop(completions)
-                if number != attempt[i]:
-                    continue  # this attempt was preempted
-                job = jobs[i]
-                ended = running.pop(job.id)
-                alloc.release(ended.partition)
-                table.remove(ended.partition)
-                busy -= job.size
-                ledger = tenants[job.tenant]
-                ledger.advance(now, half_life)
-                ledger.ipus -= job.size
-                ledger.end_weighted -= job.size * ended.expected_end
-                outcomes[i].end_s = now
-                warned.discard(job.id)
-                done += 1
-            while stops and stops[0][0] <= now:
-                _, i, number = heapq.heappop(stops)
-                if number == attempt[i] and jobs[i].id in running:
-                    # Checkpointed at its warning; what it ran in the window is lost.
-                    stop(i, min(self.warning_s, now - run_from[i]))
-            arrivals: list[QueuedJob] = []
-            while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
-                job = jobs[next_arrival]
-                klass = self._rank(0.0, job.duration_s, job.size * est[next_arrival]) if ranked else 0
-                if promote_s is not None:
-                    base_class[next_arrival] = klass
-                    queued_at[next_arrival] = now
-                    due = next_promotion(klass, now, now, promote_s)
-                    if due < math.inf:
-                        heapq.heappush(promotions, (due, next_arrival, 0))
-                queued = submitted[next_arrival] = QueuedJob(
-                    job.id,
-                    job.tenant,
-                    job.size,
-                    job.submit_s,
-                    est[next_arrival],
-                    priority=klass,
-                    options=self._options(next_arrival),
-                    preemptible=flags[next_arrival],
-                )
-                tenants.setdefault(job.tenant, _Tenant(at=now))
-                if self.estimate_every and next_arrival % self.estimate_every == 0:
-                    view = Snapshot(
-                        now=now,
-                        queue=queue,
-                        running=running.values(),
-                        tenants=self._tenant_states(tenants, now, half_life) if fair else {},
-                        allocator=alloc,
-                        arrivals=arrivals,
-                        timetable=table,
-                        stopping={
-                            jobs[w].id: at
-                            for at, w, number in stops
-                            if number == attempt[w] and jobs[w].id in warned
-                        },
-                    )
-                    start = estimate_start(
-                        view, queued, config, max_passes=self.estimate_passes, name_for=_own_name
-                    )
-                    outcomes[next_arrival].estimated_start_s = math.inf if start is None else start
-                queue.add(queued)
-                arrivals.append(queued)
-                next_arrival += 1
-
-            while promotions and promotions[0][0] <= now:
-                _, i, number = heapq.heappop(promotions)
-                waiting = submitted[i]
-                if number != attempt[i] or waiting is None or waiting.id not in queue:
-                    continue
-                klass = promoted(base_class[i], now - queued_at[i], promote_s)
-                if klass != waiting.priority:
-                    queue.remove(waiting.id)
-                    waiting = submitted[i] = replace(waiting, priority=klass)
-                    queue.add(waiting)
-                due = next_promotion(base_class[i], queued_at[i], now, promote_s)
-                if due < math.inf:
-                    heapq.heappush(promotions, (due, i, number))
-            head_size = None
-            head_refused = False
-            if predicted and queue:
-                # A running job's class moves only when its predicted remaining IPU-seconds cross a
-                # power of two, its prediction runs out, or a promotion falls due: each is
-                # recomputed then (`_reclass`), not at every event.
-                while reclass and reclass[0][0] <= now:
-                    _, i, number = heapq.heappop(reclass)
-                    r = running.get(jobs[i].id)
-                    if r is None or number != attempt[i]:
-                        continue
-                    klass, due = self._reclass(r, now, queued_at[i], promote_s)
-                    if klass != r.priority:
-                        running[r.id] = _with_priority(r, klass)
-                    heapq.heappush(reclass, (due, i, number))
-            elif ranked and queue:
-                # Service grows and time left shrinks while jobs run: their classes move with them.
-                for job_id, r in running.items():
-                    i = index[job_id]
-                    ran = now - run_from[i]
-                    klass = self._rank(attained[i] + r.size * ran, left[i] - ran / self._placed_on[i])
-                    if klass != r.priority:
-                        running[job_id] = replace(r, priority=klass)
-            while queue:
-                snapshot = Snapshot(
-                    now=now,
-                    queue=queue,
-                    running=running.values(),
-                    tenants=self._tenant_states(tenants, now, half_life) if fair else {},
-                    allocator=alloc,
-                    arrivals=arrivals,
-                    timetable=table,
-                )
-                decision = decide(snapshot, config, explain=False, name_for=_own_name)
-                arrivals = []
-                result.passes += 1
-                result.launch_failures += decision.stats.launch_failures
-                result.backfilled += decision.stats.backfilled
-                for queued, placement in decision.starts:
-                    assert not isinstance(placement, str)
-                    i = index[queued.id]
-                    job = jobs[i]
-                    queue.remove(queued.id)
-                    factor = self._factor(i, placement.machine_type)
-                    kind = placement.machine_type.value
-                    if cost is not None and outcomes[i].preempted and last_type.get(i, kind) != kind:
-                        # Its executable was built for another machine type: compiled again.
-                        left[i] += cost.compile_s / factor
-                        told_left[i] += cost.compile_s / factor
-                    last_type[i] = kind
-                    end = now + told_left[i] * factor
-                    started = RunningJob(
-                        job.id,
-                        job.tenant,
-                        job.size,
-                        placement.partition_id,
-                        now,
-                        end,
-                        queued.priority,
-                        preemptible=flags[i],
-                        checkpoint_every=self.checkpoint_every_s if flags[i] else math.inf,
-                        never_preempt=self.never_preempt[i],
-                        preemptions=outcomes[i].preempted,
-                    )
-                    running[job.id] = started
-                    if predicted:
-                        heapq.heappush(reclass, (now, i, attempt[i]))
-                    table.add(placement.partition_id, placement, started)
-                    run_from[i] = now
-                    self._placed_on[i] = factor
-                    heapq.heappush(completions, (now + left[i] * factor, i, attempt[i]))
-                    if self.runs is not None:
-                        result.extra["work_ipu_s"] = (
-                            result.extra.get("work_ipu_s", 0.0) + job.size * left[i] * factor
-                        )
-                    busy += job.size
-                    ledger = tenants[job.tenant]
-                    ledger.advance(now, half_life)
-                    ledger.ipus += job.size
-                    ledger.end_weighted += job.size * end
-                    outcome = outcomes[i]
-                    outcome.start_s = now
-                    if math.isnan(outcome.first_start_s):
-                        outcome.first_start_s = now
-                    outcome.machine_type = placement.machine_type.value
-                    if self.record_placements:
-                        outcome.ipus = placement.ipu_ids
-                head_size = decision.stats.head_size
-                head_refused = decision.stats.head_refused_with_room
-                fresh = [v for v in decision.preempt if v.id not in warned]
-                if not fresh:
-                    break  # nothing to stop now: the victims warned before free their IPUs later
-                for victim in fresh:
-                    i = index[victim.id]
-                    if (victim.preemptible or (ranked and cost is not None)) and self.warning_s > 0:
-                        # Warned: it checkpoints and holds its IPUs until the warning ends.
-                        warned.add(victim.id)
-                        heapq.heappush(stops, (now + self.warning_s, i, attempt[i]))
-                    elif victim.preemptible:
-                        stop(i, victim.at_risk(now))  # no warning: back to its last checkpoint
-                    elif ranked:
-                        stop(i, 0.0)  # free preemption: resumed from the moment it was stopped
-                    else:
-                        stop(i, now - run_from[i])  # priority preemption: all of its run is lost
-                result.preemptions += len(fresh)
-                if all(v.id in warned for v in fresh):
-                    break
-            if progress is not None and done:
-                progress(done)
-                done = 0
-        if queue:
-            raise RuntimeError(f"{len(queue)} jobs never started: the fleet cannot host them")
-        return result
+        """Replay the trace, event by event (`_Replay`); ``progress`` is told of completed jobs."""
+        return _Replay(self).run(progress)
 
     def _rank(self, attained_ipu_s: float, left_s: float, told_ipu_s: float = 0.0) -> int:
         """A job's service class (higher first; scheduler.policy.las): default's by the predicted
@@ -553,6 +243,393 @@ class Simulation:
         for b in range(first + 1, last):
             bins[b] += busy * width
         bins[last] += busy * (end - last * width)
+
+
+class _Replay:
+    """One run of a `Simulation`: the state its events move (the queue, the running jobs, the fleet,
+    the tenants' ledgers, each job's progress) and the steps of each instant, in the order they are
+    taken: apply the completions and the warned victims' stops, queue the submissions (forecasting
+    some), move the waiting and running jobs' classes, then the policy's passes."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        jobs, config, est = sim.jobs, sim.policy, sim.estimates
+        self.jobs, self.config, self.est = jobs, config, est
+        self.alloc = Allocator(sim.fleet, policy=config.placement)
+        capacity = sim.fleet.ipus
+        self.index = {job.id: i for i, job in enumerate(jobs)}
+        self.outcomes = outcomes = [JobOutcome() for _ in jobs]
+        horizon = max((j.submit_s + j.duration_s for j in jobs), default=1.0)
+        # Bins cover the submissions plus the longest job; a queue that outlasts them grows the list.
+        bin_s = max(horizon / sim.bins, 1.0)
+        self.result = SimResult(
+            policy=config.name,
+            estimates=sim.estimate_model,
+            jobs=jobs,
+            outcomes=outcomes,
+            capacity_ipus=capacity,
+            busy_bins=[0.0] * (sim.bins + 1),
+            bin_s=bin_s,
+            preemptible=sim.preemptible,
+        )
+        self.flags = sim.preemptible
+        # Warned victims stop when their warning ends: (at, job index, attempt).
+        self.stops: list[tuple[float, int, int]] = []
+        self.warned: set[str] = set()
+        self.fair = config.ordering == "fair"
+        self.half_life = config.half_life_s
+        self.queue = JobQueue()
+        self.running: dict[str, RunningJob] = {}
+        self.table = TimeTable(sim.fleet)
+        self.tenants: dict[str, _Tenant] = {}
+        # (end, job index, attempt): a preempted attempt's completion is ignored when it comes up.
+        self.completions: list[tuple[float, int, int]] = []
+        self.attempt = [0] * len(jobs)
+        self.submitted: list[QueuedJob | None] = [None] * len(jobs)
+        # Reference policies (tiresias, srtf-oracle) rank by service had or time left and resume
+        # preempted jobs from their checkpoint; the others rank as asked and lose preempted work.
+        self.ranked = ranked = config.priority_from != "plan"
+        self.left = [j.duration_s for j in jobs]  # true run time still to go, on the recorded machine
+        self.told_left = list(est)  # what the policy believes is still to go
+        self.attained = [0.0] * len(jobs)  # IPU-seconds run so far (Tiresias' service)
+        self.run_from = [0.0] * len(jobs)
+        self.cost = sim.cost
+        self.predicted = config.priority_from == "predicted"
+        self.promote_s = config.promote_after_s if ranked else None
+        # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
+        self.promotions: list[tuple[float, int, int]] = []
+        self.queued_at = [0.0] * len(jobs)
+        self.reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
+        self.base_class = [0] * len(jobs)
+        self.last_type: dict[int, str] = {}
+        self.now = 0.0
+        self.busy = 0
+        self.head_size: int | None = None
+        self.head_refused = False
+        self.next_arrival = 0
+        self.done = 0
+
+    def run(self, progress: Callable[[int], None] | None) -> SimResult:
+        jobs = self.jobs
+        while self.next_arrival < len(jobs) or self.completions or self.stops:
+            self._advance(self._next_instant())
+            self._complete_due()
+            self._stop_warned_due()
+            arrivals = self._arrive_due()
+            self._promote_due()
+            self._reclass_running()
+            self._schedule(arrivals)
+            if progress is not None and self.done:
+                progress(self.done)
+                self.done = 0
+        if self.queue:
+            raise RuntimeError(f"{len(self.queue)} jobs never started: the fleet cannot host them")
+        return self.result
+
+    def _next_instant(self) -> float:
+        """When the next event comes: a submission, a completion or a warned victim's stop."""
+        jobs, completions, stops = self.jobs, self.completions, self.stops
+        upcoming = jobs[self.next_arrival].submit_s if self.next_arrival < len(jobs) else math.inf
+        if completions and completions[0][0] <= upcoming:
+            upcoming = completions[0][0]
+        if stops and stops[0][0] <= upcoming:
+            upcoming = stops[0][0]
+        return upcoming
+
+    def _advance(self, upcoming: float) -> None:
+        """Move the clock to ``upcoming``, integrating the figures over the interval during which
+        nothing changed."""
+        now, result = self.now, self.result
+        elapsed = upcoming - now
+        if elapsed > 0:
+            if self.busy:
+                self.sim._add_busy(result, now, upcoming, self.busy)
+            if self.head_size is not None:
+                result.waiting_s += elapsed
+                result.stranded_ipu_s += elapsed * self.alloc.fragmentation(self.head_size).stranded_share
+                if self.head_refused:
+                    result.refused_with_room_s += elapsed
+        self.now = upcoming
+
+    def _complete_due(self) -> None:
+        """Free the partitions of the jobs that end now (a preempted attempt's end is ignored)."""
+        jobs, completions, attempt, now = self.jobs, self.completions, self.attempt, self.now
+        while completions and completions[0][0] <= now:
+            _, i, number = heapq.heappop(completions)
+            if number != attempt[i]:
+                continue  # this attempt was preempted
+            job = jobs[i]
+            ended = self.running.pop(job.id)
+            self.alloc.release(ended.partition)
+            self.table.remove(ended.partition)
+            self.busy -= job.size
+            ledger = self.tenants[job.tenant]
+            ledger.advance(now, self.half_life)
+            ledger.ipus -= job.size
+            ledger.end_weighted -= job.size * ended.expected_end
+            self.outcomes[i].end_s = now
+            self.warned.discard(job.id)
+            self.done += 1
+
+    def _stop_warned_due(self) -> None:
+        """Stop the warned victims whose warning ends now."""
+        stops, now = self.stops, self.now
+        while stops and stops[0][0] <= now:
+            _, i, number = heapq.heappop(stops)
+            if number == self.attempt[i] and self.jobs[i].id in self.running:
+                # Checkpointed at its warning; what it ran in the window is lost.
+                self._stop(i, min(self.sim.warning_s, now - self.run_from[i]))
+
+    def _stop(self, i: int, lost: float) -> None:
+        """Take job `i` off its partition and queue it again; `lost` of the run time it had
+        (since its last start) is redone, the rest it resumes from (a checkpoint)."""
+        sim, now, ranked, cost = self.sim, self.now, self.ranked, self.cost
+        left, told_left, outcomes = self.left, self.told_left, self.outcomes
+        job = self.jobs[i]
+        victim = self.running.pop(job.id)
+        self.alloc.release(victim.partition)
+        self.table.remove(victim.partition)
+        self.attempt[i] += 1
+        self.busy -= victim.size
+        ledger = self.tenants[victim.tenant_id]
+        ledger.advance(now, self.half_life)
+        ledger.ipus -= victim.size
+        ledger.end_weighted -= victim.size * victim.expected_end
+        factor = sim._placed_on[i]
+        ran = now - self.run_from[i]
+        if sim.runs is not None:
+            # It was counted as running all it had left; it ran `ran` of it.
+            self.result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
+        kept_s = max(0.0, ran - lost) / factor
+        if kept_s > 0 or ranked:
+            left[i] = max(0.0, left[i] - kept_s)
+            told_left[i] = max(1.0, told_left[i] - kept_s)
+        if cost is not None and (kept_s > 0 or ranked):
+            # Resumed, it loads its executable and reads its checkpoint back before new work.
+            restart = cost.restart_s() / factor
+            left[i] += restart
+            told_left[i] += restart
+        self.attained[i] += victim.size * ran
+        outcomes[i].preempted += 1
+        outcomes[i].lost_s += lost
+        outcomes[i].start_s = math.nan
+        self.result.preemption_losses.append(lost)
+        self.warned.discard(job.id)
+        again = self.submitted[i]
+        assert again is not None
+        if kept_s > 0 or ranked:
+            again = replace(again, predicted_runtime_s=told_left[i])
+        if ranked:
+            self.base_class[i] = sim._rank(self.attained[i], left[i], victim.size * told_left[i])
+            again = replace(again, priority=self.base_class[i])
+            self.queued_at[i] = now
+            due = next_promotion(self.base_class[i], now, now, self.promote_s)
+            if due < math.inf:
+                heapq.heappush(self.promotions, (due, i, self.attempt[i]))
+        self.submitted[i] = again
+        self.queue.add(again)
+
+    def _arrive_due(self) -> list[QueuedJob]:
+        """Queue the jobs submitted by now, forecasting the start of every n-th as asked; the
+        arrivals, which the next pass is told of."""
+        sim, jobs, est, now = self.sim, self.jobs, self.est, self.now
+        promote_s = self.promote_s
+        arrivals: list[QueuedJob] = []
+        while self.next_arrival < len(jobs) and jobs[self.next_arrival].submit_s <= now:
+            next_arrival = self.next_arrival
+            job = jobs[next_arrival]
+            klass = sim._rank(0.0, job.duration_s, job.size * est[next_arrival]) if self.ranked else 0
+            if promote_s is not None:
+                self.base_class[next_arrival] = klass
+                self.queued_at[next_arrival] = now
+                due = next_promotion(klass, now, now, promote_s)
+                if due < math.inf:
+                    heapq.heappush(self.promotions, (due, next_arrival, 0))
+            queued = self.submitted[next_arrival] = QueuedJob(
+                job.id,
+                job.tenant,
+                job.size,
+                job.submit_s,
+                est[next_arrival],
+                priority=klass,
+                options=sim._options(next_arrival),
+                preemptible=self.flags[next_arrival],
+            )
+            self.tenants.setdefault(job.tenant, _Tenant(at=now))
+            if sim.estimate_every and next_arrival % sim.estimate_every == 0:
+                self._estimate(next_arrival, queued, arrivals)
+            self.queue.add(queued)
+            arrivals.append(queued)
+            self.next_arrival += 1
+        return arrivals
+
+    def _estimate(self, i: int, queued: QueuedJob, arrivals: list[QueuedJob]) -> None:
+        """Forecast when job `i`, submitted now, starts (what POST /estimates would have told it)."""
+        sim, jobs, now = self.sim, self.jobs, self.now
+        view = Snapshot(
+            now=now,
+            queue=self.queue,
+            running=self.running.values(),
+            tenants=sim._tenant_states(self.tenants, now, self.half_life) if self.fair else {},
+            allocator=self.alloc,
+            arrivals=arrivals,
+            timetable=self.table,
+            stopping={
+                jobs[w].id: at
+                for at, w, number in self.stops
+                if number == self.attempt[w] and jobs[w].id in self.warned
+            },
+        )
+        start = estimate_start(view, queued, self.config, max_passes=sim.estimate_passes, name_for=_own_name)
+        self.outcomes[i].estimated_start_s = math.inf if start is None else start
+
+    def _promote_due(self) -> None:
+        """Move starved queued jobs up a class as their promotions fall due."""
+        promotions, submitted, queue, now = self.promotions, self.submitted, self.queue, self.now
+        base_class, queued_at, promote_s = self.base_class, self.queued_at, self.promote_s
+        while promotions and promotions[0][0] <= now:
+            _, i, number = heapq.heappop(promotions)
+            waiting = submitted[i]
+            if number != self.attempt[i] or waiting is None or waiting.id not in queue:
+                continue
+            klass = promoted(base_class[i], now - queued_at[i], promote_s)
+            if klass != waiting.priority:
+                queue.remove(waiting.id)
+                waiting = submitted[i] = replace(waiting, priority=klass)
+                queue.add(waiting)
+            due = next_promotion(base_class[i], queued_at[i], now, promote_s)
+            if due < math.inf:
+                heapq.heappush(promotions, (due, i, number))
+
+    def _reclass_running(self) -> None:
+        """Move the running jobs' classes (ranked policies), before a pass that may preempt them."""
+        sim, jobs, running, now = self.sim, self.jobs, self.running, self.now
+        if self.predicted and self.queue:
+            # A running job's class moves only when its predicted remaining IPU-seconds cross a
+            # power of two, its prediction runs out, or a promotion falls due: each is
+            # recomputed then (`_reclass`), not at every event.
+            reclass = self.reclass
+            while reclass and reclass[0][0] <= now:
+                _, i, number = heapq.heappop(reclass)
+                r = running.get(jobs[i].id)
+                if r is None or number != self.attempt[i]:
+                    continue
+                klass, due = sim._reclass(r, now, self.queued_at[i], self.promote_s)
+                if klass != r.priority:
+                    running[r.id] = _with_priority(r, klass)
+                heapq.heappush(reclass, (due, i, number))
+        elif self.ranked and self.queue:
+            # Service grows and time left shrinks while jobs run: their classes move with them.
+            index, run_from, attained, left = self.index, self.run_from, self.attained, self.left
+            for job_id, r in running.items():
+                i = index[job_id]
+                ran = now - run_from[i]
+                klass = sim._rank(attained[i] + r.size * ran, left[i] - ran / sim._placed_on[i])
+                if klass != r.priority:
+                    running[job_id] = replace(r, priority=klass)
+
+    def _schedule(self, arrivals: list[QueuedJob]) -> None:
+        """The policy's passes at this instant: start what it starts and preempt what it preempts;
+        a pass that stops victims at once is followed by another, as the live loop's next pass
+        follows once the victims stop."""
+        sim, queue, result, now = self.sim, self.queue, self.result, self.now
+        self.head_size = None
+        self.head_refused = False
+        while queue:
+            snapshot = Snapshot(
+                now=now,
+                queue=queue,
+                running=self.running.values(),
+                tenants=sim._tenant_states(self.tenants, now, self.half_life) if self.fair else {},
+                allocator=self.alloc,
+                arrivals=arrivals,
+                timetable=self.table,
+            )
+            decision = decide(snapshot, self.config, explain=False, name_for=_own_name)
+            arrivals = []
+            result.passes += 1
+            result.launch_failures += decision.stats.launch_failures
+            result.backfilled += decision.stats.backfilled
+            for queued, placement in decision.starts:
+                assert not isinstance(placement, str)
+                self._start(queued, placement)
+            self.head_size = decision.stats.head_size
+            self.head_refused = decision.stats.head_refused_with_room
+            warned = self.warned
+            fresh = [v for v in decision.preempt if v.id not in warned]
+            if not fresh:
+                break  # nothing to stop now: the victims warned before free their IPUs later
+            for victim in fresh:
+                self._preempt(victim)
+            result.preemptions += len(fresh)
+            if all(v.id in warned for v in fresh):
+                break
+
+    def _start(self, queued: QueuedJob, placement: Placement) -> None:
+        """Start a job the pass placed: on its partition, in the ledgers and the figures."""
+        sim, now, cost, flags = self.sim, self.now, self.cost, self.flags
+        left, told_left, outcomes = self.left, self.told_left, self.outcomes
+        i = self.index[queued.id]
+        job = self.jobs[i]
+        self.queue.remove(queued.id)
+        factor = sim._factor(i, placement.machine_type)
+        kind = placement.machine_type.value
+        if cost is not None and outcomes[i].preempted and self.last_type.get(i, kind) != kind:
+            # Its executable was built for another machine type: compiled again.
+            left[i] += cost.compile_s / factor
+            told_left[i] += cost.compile_s / factor
+        self.last_type[i] = kind
+        end = now + told_left[i] * factor
+        started = RunningJob(
+            job.id,
+            job.tenant,
+            job.size,
+            placement.partition_id,
+            now,
+            end,
+            queued.priority,
+            preemptible=flags[i],
+            checkpoint_every=sim.checkpoint_every_s if flags[i] else math.inf,
+            never_preempt=sim.never_preempt[i],
+            preemptions=outcomes[i].preempted,
+        )
+        self.running[job.id] = started
+        if self.predicted:
+            heapq.heappush(self.reclass, (now, i, self.attempt[i]))
+        self.table.add(placement.partition_id, placement, started)
+        self.run_from[i] = now
+        sim._placed_on[i] = factor
+        heapq.heappush(self.completions, (now + left[i] * factor, i, self.attempt[i]))
+        result = self.result
+        if sim.runs is not None:
+            result.extra["work_ipu_s"] = result.extra.get("work_ipu_s", 0.0) + job.size * left[i] * factor
+        self.busy += job.size
+        ledger = self.tenants[job.tenant]
+        ledger.advance(now, self.half_life)
+        ledger.ipus += job.size
+        ledger.end_weighted += job.size * end
+        outcome = outcomes[i]
+        outcome.start_s = now
+        if math.isnan(outcome.first_start_s):
+            outcome.first_start_s = now
+        outcome.machine_type = placement.machine_type.value
+        if sim.record_placements:
+            outcome.ipus = placement.ipu_ids
+
+    def _preempt(self, victim: RunningJob) -> None:
+        """Preempt a job the pass chose: warn it (it stops when the warning ends) or stop it now."""
+        i = self.index[victim.id]
+        now, warning_s = self.now, self.sim.warning_s
+        if (victim.preemptible or (self.ranked and self.cost is not None)) and warning_s > 0:
+            # Warned: it checkpoints and holds its IPUs until the warning ends.
+            self.warned.add(victim.id)
+            heapq.heappush(self.stops, (now + warning_s, i, self.attempt[i]))
+        elif victim.preemptible:
+            self._stop(i, victim.at_risk(now))  # no warning: back to its last checkpoint
+        elif self.ranked:
+            self._stop(i, 0.0)  # free preemption: resumed from the moment it was stopped
+        else:
+            self._stop(i, now - self.run_from[i])  # priority preemption: all of its run is lost
 
 
 def _with_priority(r: RunningJob, priority: int) -> RunningJob:

@@ -1,4 +1,4 @@
-"""Sessions: a held partition that runs its owner's jobs at once (scheduler/services/sessions.py).
+"""Sessions: a held partition that runs its owner's jobs at once (scheduler/services/sessions/).
 
 Revision ID: 0007_sessions
 Revises: 0006_gcds

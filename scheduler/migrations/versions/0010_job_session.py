@@ -1,6 +1,6 @@
 """A job names its session in a column of its own, indexed, so a session's page reads its jobs
 by index instead of reading the JSON spec of every job its tenant ever ran
-(scheduler/services/sessions.py).
+(scheduler/services/sessions/).
 
 Revision ID: 0010_job_session
 Revises: 0009_job_priority

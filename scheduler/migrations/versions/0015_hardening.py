@@ -2,7 +2,7 @@
 
 Tenants already named alike but for case keep the oldest name as it is; each later one gets `-2`,
 `-3` ... appended (cut to fit 100 characters), so the index can be built. Tenant names are ASCII
-(api/schemas.py's TenantName), so SQLite's `lower` and PostgreSQL's agree.
+(api/schemas/common.py's TenantName), so SQLite's `lower` and PostgreSQL's agree.
 
 Revision ID: 0015_hardening
 Revises: 0014_arrays

@@ -322,7 +322,7 @@ def build_snapshot(
         started = (taken or placed).timestamp()
         end = started + clock.to_wall(predicted)
         # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
-        # hold (GCD -1, scheduler/services/sessions.py) frees it at its end.
+        # hold (GCD -1, scheduler/services/sessions/) frees it at its end.
         inside = kind == "reserved" or (kind == "session" and gcd >= 0)
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.

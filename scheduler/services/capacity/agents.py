@@ -198,7 +198,7 @@ def unheld_running_attempts(*, session: Session, limit: int = 500) -> list[int]:
     return list(
         session.execute(
             select(Attempt.id)
-            # A session's hold (GCD -1) is driven by the scheduler (scheduler/services/sessions.py).
+            # A session's hold (GCD -1) is driven by the scheduler (scheduler/services/sessions/).
             .where(Attempt.state == AttemptState.RUNNING, Attempt.gcd >= 0, ~live)
             .order_by(Attempt.id)
             .limit(limit)

@@ -14,7 +14,7 @@ key learns nothing of partitions outside its allocation. Errors say why in the w
 `wait.reason` (`partition-busy`, `partition-missing`, `partition-unhealthy`) or `outside-allocation`
 (the tenant's plan does not allow that partition), in the problem's `reason` member.
 
-Creating a partition with a tenant's key starts a session (scheduler/services/sessions.py): it
+Creating a partition with a tenant's key starts a session (scheduler/services/sessions/start.py): it
 queues for IPUs like a job, is billed per held IPU-second, and is bounded by the tenant's plan.
 With an admin key it carves a reserved partition at once (scheduler/services/capacity/partitions.py).
 """

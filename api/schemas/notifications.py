@@ -1,7 +1,5 @@
-"""Request and answer bodies of the webhook and event routes (api/routers/webhooks.py).
-
-Kept beside `api/schemas.py` rather than in it; `docs/openapi.json` and the SDK's models are generated
-from the app either way."""
+"""Request and answer bodies of the webhook, event and notification-settings routes
+(api/routers/webhooks.py, api/routers/notification_settings.py)."""
 
 from __future__ import annotations
 
