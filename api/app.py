@@ -17,6 +17,7 @@ from api import apidocs, dashboard, problems
 from api.inference import FastInfer
 from api.metrics import LATENCY, REQUESTS
 from api.middleware import BodyLimit, RefuseControlCharacters
+from api.ratelimit import RateLimits
 from api.routers import (
     admin,
     admin_tenants,
@@ -125,6 +126,8 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     )
     if runtime is not None:
         app.state.runtime = runtime
+    # Its own limiters, on its runtime's broker; API processes share their counts through Redis.
+    app.state.rate_limits = RateLimits(settings)
     problems.install(app)
 
     app.add_middleware(Observe)

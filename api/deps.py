@@ -10,7 +10,8 @@ from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.ratelimit import check_not_exhausted, check_rate, check_rate_async, count_failure
+from api.ratelimit import RateLimits, check_not_exhausted, check_rate, check_rate_async, count_failure
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.errors import Unauthorized
 from scheduler.runtime import Runtime
@@ -40,8 +41,14 @@ async def _db(runtime: RuntimeDep) -> Database:
     return runtime.db
 
 
+async def _clock(runtime: RuntimeDep) -> Clock:
+    return runtime.clock
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 DbDep = Annotated[Database, Depends(_db)]
+# Cluster time against the wall clock: what every figure in cluster seconds is converted with.
+ClockDep = Annotated[Clock, Depends(_clock)]
 
 
 # Declares `Authorization: Bearer` in the OpenAPI spec; the header itself is read below, so that
@@ -52,6 +59,13 @@ _bearer_scheme = HTTPBearer(
     bearerFormat="ipuc_...",
     description="An API key: `Authorization: Bearer ipuc_...`.",
 )
+
+
+def rate_limits(request: Request) -> RateLimits:
+    """The app's rate limiters (`app.state.rate_limits`, made with the app: api/app.py,
+    api/vipu_server.py)."""
+    limits: RateLimits = request.app.state.rate_limits
+    return limits
 
 
 def client_address(request: Request) -> str:
@@ -79,15 +93,16 @@ async def current_principal(
     A key verified moments ago is recognised on the event loop; anything else (a database read,
     the failure budget) runs in a worker thread."""
     failures = f"authfail:{client_address(request)}"
+    limits = rate_limits(request)
     try:
         key = bearer_key(request)
         principal = keys.cached_principal(secret=settings.secret(), key=key)
     except Unauthorized:
-        await to_thread.run_sync(_failed, failures, settings)
+        await to_thread.run_sync(_failed, limits, failures, settings)
         raise
     if principal is None:
-        principal = await to_thread.run_sync(_authenticate, db, settings, key, failures)
-    await check_rate_async(f"key:{principal.key_id}", settings.rate_limit)
+        principal = await to_thread.run_sync(_authenticate, limits, db, settings, key, failures)
+    await check_rate_async(limits, f"key:{principal.key_id}", settings.rate_limit)
     keys.check_standing(principal)
     if principal.key_id in keys.stale_last_use:
         await to_thread.run_sync(_touch, db, principal.key_id)
@@ -95,20 +110,20 @@ async def current_principal(
     return principal
 
 
-def _failed(failures: str, settings: Settings) -> None:
-    check_not_exhausted(failures, settings.rate_limit)  # a guesser over budget gets 429
-    count_failure(failures, settings.rate_limit)
+def _failed(limits: RateLimits, failures: str, settings: Settings) -> None:
+    check_not_exhausted(limits, failures, settings.rate_limit)  # a guesser over budget gets 429
+    count_failure(limits, failures, settings.rate_limit)
 
 
-def _authenticate(db: Database, settings: Settings, key: str, failures: str) -> Principal:
+def _authenticate(limits: RateLimits, db: Database, settings: Settings, key: str, failures: str) -> Principal:
     # Only a key not verified moments ago can be a guess: check the address's failure budget
     # before it reaches the database.
-    check_not_exhausted(failures, settings.rate_limit)
+    check_not_exhausted(limits, failures, settings.rate_limit)
     try:
         with db.read() as s:
             return keys.authenticate(session=s, secret=settings.secret(), key=key)
     except Unauthorized:
-        count_failure(failures, settings.rate_limit)
+        count_failure(limits, failures, settings.rate_limit)
         raise
 
 
@@ -148,14 +163,15 @@ async def invoker(
     per-key request rate: an endpoint's own queue (`max_queue`, 429) is what bounds its callers, and a
     model server that refused its tenant's traffic at 600 requests a minute would serve no one."""
     failures = f"authfail:{client_address(request)}"
+    limits = rate_limits(request)
     try:
         key = bearer_key(request)
         principal = keys.cached_principal(secret=settings.secret(), key=key)
     except Unauthorized:
-        await to_thread.run_sync(_failed, failures, settings)
+        await to_thread.run_sync(_failed, limits, failures, settings)
         raise
     if principal is None:
-        principal = await to_thread.run_sync(_authenticate, db, settings, key, failures)
+        principal = await to_thread.run_sync(_authenticate, limits, db, settings, key, failures)
     keys.check_standing(principal)
     principal.require("invoke")
     request.state.principal = principal
@@ -171,4 +187,4 @@ Invoker = Annotated[Principal, Depends(invoker)]
 
 def trial_rate(request: Request, settings: SettingsDep) -> None:
     """Trial applications come from anyone: limit them per client address."""
-    check_rate(f"trial:{client_address(request)}", settings.trial_rate_limit)
+    check_rate(rate_limits(request), f"trial:{client_address(request)}", settings.trial_rate_limit)

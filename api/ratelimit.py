@@ -21,8 +21,8 @@ from limits.aio.strategies import FixedWindowRateLimiter as AsyncFixedWindowRate
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
-from scheduler import runtime
 from scheduler.errors import RateLimited
+from scheduler.settings import Settings
 
 log = logging.getLogger("ipucloud.api")
 
@@ -34,14 +34,17 @@ def _storage_uri(url: str) -> str:
 
 
 class RateLimits:
-    """The limiters of one runtime (scheduler/runtime.py), on its broker, made on first use.
+    """The limiters of one API app (`app.state.rate_limits`, reached by `RateLimitsDep` in
+    api/deps.py), on its broker, made on first use. API processes share their counts through Redis.
 
     The hot path (every authenticated request) counts on the event loop with an asyncio Redis
     client, so a request needs no worker thread; one limiter per event loop, as asyncio clients
     belong to the loop that made them."""
 
-    def __init__(self, broker_url: str) -> None:
-        self.broker_url = broker_url
+    def __init__(self, settings: Settings) -> None:
+        # The broker is read on first use, as the runtime's clients read it: an app made without
+        # one (a schema dump, a test) works until something is counted.
+        self._settings = settings
         self._lock = threading.Lock()
         self._limiter: FixedWindowRateLimiter | None = None
         self._async: dict[int, tuple[asyncio.AbstractEventLoop, AsyncFixedWindowRateLimiter]] = {}
@@ -50,9 +53,10 @@ class RateLimits:
         with self._lock:
             if self._limiter is None:
                 storage: Storage
+                uri = _storage_uri(self._settings.broker_url)
                 try:
                     # A redis:// URI gives the synchronous storage this limiter needs.
-                    storage = cast(Storage, storage_from_string(_storage_uri(self.broker_url)))
+                    storage = cast(Storage, storage_from_string(uri))
                 except Exception as exc:  # no Redis configured at all: limit per process
                     log.warning("rate limits kept in memory: %s", exc)
                     storage = MemoryStorage()
@@ -65,37 +69,14 @@ class RateLimits:
             entry = self._async.get(id(loop))
             if entry is None or entry[0] is not loop:
                 storage: AsyncStorage
+                uri = _storage_uri(self._settings.broker_url)
                 try:
-                    storage = AsyncRedisStorage(
-                        "async+" + _storage_uri(self.broker_url), implementation="redispy", socket_timeout=2
-                    )
+                    storage = AsyncRedisStorage("async+" + uri, implementation="redispy", socket_timeout=2)
                 except Exception as exc:  # no Redis configured at all: limit per process
                     log.warning("rate limits kept in memory: %s", exc)
                     storage = AsyncMemoryStorage()
                 entry = self._async[id(loop)] = (loop, AsyncFixedWindowRateLimiter(storage))
             return entry[1]
-
-
-_lock = threading.Lock()
-
-
-def _limits() -> RateLimits:
-    # The process's runtime, which the API's lifespan installs: the checks below are called from
-    # dependencies and routes that hold no runtime of their own to hand.
-    rt = runtime.current()
-    with _lock:
-        limits = rt.extras.get(RateLimits)
-        if not isinstance(limits, RateLimits):
-            limits = rt.extras[RateLimits] = RateLimits(rt.settings.broker_url)
-        return limits
-
-
-def limiter() -> FixedWindowRateLimiter:
-    return _limits().limiter()
-
-
-def async_limiter() -> AsyncFixedWindowRateLimiter:
-    return _limits().async_limiter()
 
 
 # Parsed limits ("100/minute"): a pure memo of immutable values, bounded by the few limit strings
@@ -118,10 +99,10 @@ def _retry_after(lim: FixedWindowRateLimiter, item: RateLimitItem, identity: str
         return int(item.get_expiry())
 
 
-def check_rate(identity: str, limit: str) -> None:
+def check_rate(limits: RateLimits, identity: str, limit: str) -> None:
     """Count one request of `identity`; RateLimited (429 with Retry-After) once it is over `limit`."""
     item = _item(limit)
-    lim = limiter()
+    lim = limits.limiter()
     try:
         allowed = lim.hit(item, identity)
     except Exception as exc:
@@ -132,11 +113,11 @@ def check_rate(identity: str, limit: str) -> None:
         raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)
 
 
-async def check_rate_async(identity: str, limit: str) -> None:
+async def check_rate_async(limits: RateLimits, identity: str, limit: str) -> None:
     """`check_rate` without leaving the event loop."""
     item = _item(limit)
     try:
-        lim = async_limiter()
+        lim = limits.async_limiter()
         allowed = await lim.hit(item, identity)
     except Exception as exc:
         log.warning("rate limiter unavailable (%s); letting the request through", exc)
@@ -150,14 +131,14 @@ async def check_rate_async(identity: str, limit: str) -> None:
         raise RateLimited(f"Rate limit of {limit} exceeded; retry in {retry} s.", retry_after=retry)
 
 
-def check_not_exhausted(identity: str, limit: str) -> None:
+def check_not_exhausted(limits: RateLimits, identity: str, limit: str) -> None:
     """RateLimited if `identity` has no requests left in its window, without counting this one.
 
     For budgets that only failures spend (bad API keys from one address): a client that keeps
     failing is stopped before it reaches the database, while successful requests cost nothing.
     """
     item = _item(limit)
-    lim = limiter()
+    lim = limits.limiter()
     try:
         allowed = lim.test(item, identity)
     except Exception as exc:
@@ -168,8 +149,8 @@ def check_not_exhausted(identity: str, limit: str) -> None:
         raise RateLimited(f"Too many failed attempts; retry in {retry} s.", retry_after=retry)
 
 
-def count_failure(identity: str, limit: str) -> None:
+def count_failure(limits: RateLimits, identity: str, limit: str) -> None:
     try:
-        limiter().hit(_item(limit), identity)
+        limits.limiter().hit(_item(limit), identity)
     except Exception as exc:
         log.warning("rate limiter unavailable (%s)", exc)

@@ -30,16 +30,16 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from api import problems
-from api.deps import DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal
+from api.deps import ClockDep, DbDep, RuntimeDep, SettingsDep, bearer_key, current_principal, rate_limits
 from api.middleware import BodyLimit, RefuseControlCharacters
-from api.ratelimit import check_rate_async
+from api.ratelimit import RateLimits, check_rate_async
 from api.routers import health
 from scheduler import bus
 from scheduler import runtime as runtime_module
 from scheduler.db import Database
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.runtime import Runtime
-from scheduler.services.capacity import attempt_keys, fleet, vipu_user
+from scheduler.services.capacity import attempt_keys, vipu_user
 from scheduler.services.capacity.vipu_user import VipuCaller
 from scheduler.services.clock import db_now
 from scheduler.services.tenancy import keys
@@ -251,7 +251,9 @@ async def vipu_caller(request: Request, db: DbDep, settings: SettingsDep) -> Vip
     if attempt_keys.is_attempt_key(key):
         caller = await to_thread.run_sync(_attempt_caller, db, settings.secret(), key)
         assert caller.attempt is not None
-        await check_rate_async(f"attempt:{caller.attempt.attempt_id}", settings.rate_limit)
+        await check_rate_async(
+            rate_limits(request), f"attempt:{caller.attempt.attempt_id}", settings.rate_limit
+        )
         return caller
     principal = await current_principal(request, db, settings)
     if principal.is_admin:
@@ -359,7 +361,7 @@ def create_partition(
             reconfigurable=r.reconfigurable,
             machine_type=r.machine_type,
             policy=settings.placement_policy,
-            allocators=fleet.allocators_of(runtime),
+            allocators=runtime.allocators,
             created_by=None,
         )
     bus.wake_scheduler("session" if created["session_id"] else "partition")
@@ -368,11 +370,11 @@ def create_partition(
 
 @router.post("/v1/RemovePartition", response_model=RemovePartitionReply, summary="Remove a partition")
 def remove_partition(
-    body: RemovePartitionRequest, caller: Caller, db: DbDep, settings: SettingsDep
+    body: RemovePartitionRequest, caller: Caller, db: DbDep, clock: ClockDep
 ) -> dict[str, Any]:
     with db.write() as s:
         name = vipu_user.remove_partition(
-            session=s, caller=caller, partition_id=body.partition_id, time_scale=settings.time_scale
+            session=s, caller=caller, partition_id=body.partition_id, clock=clock
         )
     bus.wake_scheduler("partition")
     return {"partition_id": name}
@@ -477,6 +479,8 @@ def create_vipu_app(settings: Settings | None = None, *, runtime: Runtime | None
     )
     if runtime is not None:
         app.state.runtime = runtime
+    # Its own limiters, on its runtime's broker; API processes share their counts through Redis.
+    app.state.rate_limits = RateLimits(settings)
     problems.install(app)
     app.add_exception_handler(DomainError, _domain_problem)
     validation = app.exception_handlers[RequestValidationError]

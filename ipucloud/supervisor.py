@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 
+from scheduler.clock import Clock
 from scheduler.settings import Settings, get_settings, write_private
 from vipu.topology import UnitGroup, describe_fleet
 
@@ -222,12 +223,12 @@ class Cloud:
         console.print(f"[bold green]ipucloud is up[/] at [bold]{url}[/]  (API reference: {url}/docs)")
         vipu = f"{self.settings.vipu_api_host}:{self.settings.vipu_api_port}"
         console.print(f"V-IPU endpoint at {vipu} (`ipucloud vipu --api-host ... `, gc-info, gc-monitor)")
-        scale = self.settings.time_scale
-        if scale != 1:
+        clock = Clock.of(self.settings)
+        if clock.scale != 1:
             # Durations, meters and quotas all count cluster time; only the wall clock runs faster.
             console.print(
-                f"Time scale: {scale:g} cluster seconds per wall second (a job of {scale:g} s on real IPUs "
-                "takes 1 s here); every duration, IPU-hour and quota shown is in cluster time. "
+                f"Time scale: {clock.scale:g} cluster seconds per wall second (a job of {clock.scale:g} s on "
+                f"real IPUs takes 1 s here); every duration, IPU-hour and quota shown is in {clock.name}. "
                 "--time-scale 1 runs in real time."
             )
         key_file = self.settings.admin_key_file.resolve()

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from scheduler import bus, inference, runtime
 from scheduler.broker import TASK_NAME, make_celery
 from scheduler.broker import queue_depth as broker_queue_depth
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.models import (
     Job,
@@ -92,6 +93,9 @@ class SchedulerLoop:
     # The event bus's client (wake-ups, routing); by default the process's runtime's
     # (scheduler/runtime.py), which `ipucloud scheduler` builds and installs at start-up.
     redis_client: Callable[[], redis.Redis] | None = None
+    # Cluster time against the wall clock: the runtime's (`ipucloud scheduler` passes `rt.clock`);
+    # by default the one `settings` describe, for loops built without a runtime (tests, tools).
+    clock: Clock | None = None
     # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
     # each queued job, and the queued jobs already shown to the placement policy's demand model.
     _waits: dict[str, Mapping[str, Any] | None] | None = None
@@ -103,8 +107,15 @@ class SchedulerLoop:
     _forecast: dict[str, float] = field(default_factory=dict)
     _forecast_at: float = -math.inf
 
+    @property
+    def cluster_clock(self) -> Clock:
+        assert self.clock is not None  # set by __post_init__
+        return self.clock
+
     def __post_init__(self) -> None:
-        self.sync = fleet.AllocatorSync(self.settings.placement_policy, time_scale=self.settings.time_scale)
+        if self.clock is None:
+            self.clock = Clock.of(self.settings)
+        self.sync = fleet.AllocatorSync(self.settings.placement_policy, clock=self.clock)
         self._policy = scheduling.live_policy(self.settings)
         if self.redis_client is None:
             self.redis_client = lambda: runtime.current().redis
@@ -257,7 +268,7 @@ class SchedulerLoop:
                     ),
                     max_attempts=self.settings.max_attempts,
                     warning_s=self.settings.preemption_warning_s,
-                    time_scale=self.settings.time_scale,
+                    clock=self.cluster_clock,
                     grace_s=2 * self.settings.heartbeat_s + 0.5,
                 )
                 PREEMPTED.inc(stopped)
@@ -352,7 +363,7 @@ class SchedulerLoop:
             due = sessions.has_due(
                 session=s,
                 now=db_now(s),
-                time_scale=self.settings.time_scale,
+                clock=self.cluster_clock,
                 warning_s=self.settings.session_warning_s,
                 meter_interval_s=self.settings.meter_interval_s,
             )
@@ -363,7 +374,7 @@ class SchedulerLoop:
             result = sessions.sweep(
                 session=s,
                 now=db_now(s),
-                time_scale=self.settings.time_scale,
+                clock=self.cluster_clock,
                 warning_s=self.settings.session_warning_s,
                 meter_interval_s=self.settings.meter_interval_s,
             )
@@ -396,7 +407,7 @@ class SchedulerLoop:
             result = endpoints.serve_pass(
                 session=s,
                 now=db_now(s),
-                time_scale=self.settings.time_scale,
+                time_scale=self.cluster_clock.scale,
                 windows=windows,
                 refresh_routes=refresh,
             )
@@ -448,7 +459,7 @@ class SchedulerLoop:
             session=s,
             allocator=alloc,
             now=db_now(s),
-            time_scale=self.settings.time_scale,
+            clock=self.cluster_clock,
             half_life_s=self._policy.half_life_s,
             arrivals_seen=self._seen,
             read_waits=first,

@@ -2,9 +2,10 @@
 
 The API (its lifespan, `app.state.runtime`), the scheduler loop (`ipucloud scheduler`) and the host
 agent (`workers/app.py`) each build a `Runtime` from their settings at start-up and close it at
-shutdown. It holds what used to be module-level singletons: the database, the Redis clients, the
+shutdown. It holds the clock (cluster time against the wall clock, `scheduler/clock.py`) and what
+used to be module-level singletons: the database, the Redis clients, the
 Celery app and router for dispatching placements as their transaction commits, the cache of the
-fleet's largest partitions, and (in `extras`) the allocators the admin partition verbs place with.
+fleet's largest partitions, and the allocators the admin partition verbs place with (`allocators`).
 Code that has the runtime passes what it needs explicitly; tests build a runtime of their own
 instead of resetting private module attributes.
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.settings import Settings, get_settings
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from scheduler.routing import Router
+    from scheduler.services.capacity.fleet import Allocators
 
 
 class CapacityCache:
@@ -66,16 +69,21 @@ class Runtime:
     settings: Settings
     db: Database
     capacity: CapacityCache = field(default_factory=CapacityCache)
-    # What is built per process from the rest and hung here, keyed by its class: the admin partition
-    # verbs' allocators (`fleet.allocators_of`), and what the layers above the scheduler build (the
-    # API's submission batcher and rate limits, the host agent), which this module may not import.
+    # Cluster time against the wall clock (`scheduler/clock.py`), from `settings.time_scale`.
+    clock: Clock = field(init=False)
+    # What the layers above the scheduler build per process and hang here, keyed by its class (the
+    # API's submission batcher, the host agent), which this module may not import.
     extras: dict[type, object] = field(default_factory=dict)
     # Built on first use: a process that never publishes never opens a connection (the clients
     # connect lazily anyway; the Celery app is not free to make).
     _redis: Redis | None = None
     _async_redis: AsyncRedis | None = None
     _dispatch: tuple[Celery, Router] | None = None
+    _allocators: Allocators | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.clock = Clock.of(self.settings)
 
     @classmethod
     def from_settings(
@@ -119,6 +127,16 @@ class Runtime:
 
                 self._dispatch = (make_celery(self.settings), Router(self.redis_client()))
             return self._dispatch
+
+    @property
+    def allocators(self) -> Allocators:
+        """The admin partition verbs' allocators (`fleet.Allocators`), made on first use."""
+        with self._lock:
+            if self._allocators is None:
+                from scheduler.services.capacity.fleet import Allocators
+
+                self._allocators = Allocators()
+            return self._allocators
 
     def close(self) -> None:
         self.db.dispose()

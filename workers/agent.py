@@ -50,12 +50,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import redis
 
 from scheduler import bus, runtime
+from scheduler.clock import Clock
 from scheduler.db import Database
 from scheduler.models import AttemptState
 from scheduler.services.batch import attempts, executables
@@ -171,19 +171,23 @@ class Agent:
         name: str,
         queues: Iterable[str],
         clock: Callable[[], float] = time.monotonic,
+        cluster_clock: Clock | None = None,
         hints: Hints | None = None,
         redis_client: Callable[[], redis.Redis] | None = None,
         on_name_taken: Callable[[str], None] | None = None,
     ) -> None:
         """`redis_client`: the bus's client; by default the process's runtime's (workers/app.py
         installs the worker's at start-up). `on_name_taken`: called with what to tell the operator
-        when another live agent holds this name (the agent has stopped by then; the worker exits)."""
+        when another live agent holds this name (the agent has stopped by then; the worker exits).
+        `clock` is the agent's monotonic wall clock (a test may drive its own); `cluster_clock` converts
+        it to the runs' cluster time: the worker's runtime's, by default the one `settings` describe."""
         redis_client = redis_client or _process_redis
         self.settings = settings
         self.db = db
         self.name = name
         self.queues = list(queues)
         self.clock = clock
+        self.cluster_clock = cluster_clock or Clock.of(settings)
         self.hints = hints or Hints(redis_client)
         self._redis = redis_client
         self.lease: AgentLease | None = None
@@ -414,7 +418,7 @@ class Agent:
                     agent=lease,
                     deliveries=[(r.attempt_id, r.epoch) for r in batch],
                     lease_s=self.settings.lease_s,
-                    time_scale=self.settings.time_scale,
+                    clock=self.cluster_clock,
                     running=len(self.running),
                     ipus_busy=self._ipus_busy(),
                 )
@@ -502,12 +506,12 @@ class Agent:
         if self._serving is None:
             self._serving = ServingHost(self.settings.broker_url)
             self._serving.start()
-        loaded_in = taken.run.run_start_s / self.settings.time_scale - (self.clock() - t0)
+        loaded_in = self.cluster_clock.to_wall(taken.run.run_start_s) - (self.clock() - t0)
         self._serving.add(
             attempt_id=taken.attempt_id,
             endpoint_id=taken.endpoint_id or "",
             plan=taken.run.plan,  # type: ignore[arg-type]
-            time_scale=self.settings.time_scale,
+            time_scale=self.cluster_clock.scale,
             ready_at=time.time() + max(0.0, loaded_in),
         )
 
@@ -543,18 +547,18 @@ class Agent:
                 self._end(r, AttemptState.LOST, r.last_t, f"its run crashed in its host agent: {exc}")
 
     def _cluster_t(self, r: _Running, now: float) -> float:
-        t = (now - r.t0) * self.settings.time_scale
+        t = self.cluster_clock.to_cluster(now - r.t0)
         return r.taken.end_s if t >= r.taken.end_s - _END_EPS else max(0.0, t)
 
     def _advance(self, r: _Running, now: float) -> None:
         """Bring one attempt up to `now`: its events, its meter tick if due, its end."""
-        taken, run, scale = r.taken, r.taken.run, self.settings.time_scale
+        taken, run, cluster = r.taken, r.taken.run, self.cluster_clock
         t = self._cluster_t(r, now)
         preempted = r.preempt_at is not None and t >= r.preempt_at and r.preempt_at < taken.end_s
         if preempted:
             t = max(r.last_t, r.preempt_at or t)  # it stopped there, however late the loop looks
         for ev in run.events_between(r.last_t, t):
-            self._logs.append(_log_line(taken, ev, scale))
+            self._logs.append(_log_line(taken, ev, cluster))
             if ev.kind == "compile_end":
                 cache_key = executables.tenant_key(tenant_id=taken.tenant_id, key=run.plan.executable_key)
                 self._compiled.append((cache_key, taken.machine_type, run.compile_s))
@@ -579,9 +583,9 @@ class Agent:
             self._bills.append(Bill(taken.attempt_id, r.seq, t))
             r.next_bill = max(r.next_bill + self.settings.meter_interval_s, now)
         after = run.next_event_at(t)
-        wake = r.t0 + min(taken.end_s, r.next_checkpoint, r.preempt_at or taken.end_s) / scale
+        wake = r.t0 + cluster.to_wall(min(taken.end_s, r.next_checkpoint, r.preempt_at or taken.end_s))
         if after is not None:
-            wake = min(wake, r.t0 + after / scale)
+            wake = min(wake, r.t0 + cluster.to_wall(after))
         # An event at exactly `t` is written once time has moved past it ([last_t, t) is half-open).
         self._schedule(r, max(min(wake, r.next_bill), now + _MIN_WAIT_S))
 
@@ -625,8 +629,8 @@ class Agent:
                 r.taken.job_id,
                 r.taken.number,
                 "log",
-                f"WARNING: {r.preempt_why}: it {step_note} at {at:,.1f} s (cluster "
-                "time), then is queued again"
+                f"WARNING: {r.preempt_why}: it {step_note} at {at:,.1f} s "
+                f"({self.cluster_clock.name}), then is queued again"
                 + (" and resumes from that checkpoint" if "checkpoints" in step_note else ""),
                 {
                     "t": round(t, 3),
@@ -634,12 +638,12 @@ class Agent:
                     "ends_at_s": round(at, 3),
                     "level": "warning",
                 },
-                r.taken.started_at + timedelta(seconds=t / self.settings.time_scale),
+                self.cluster_clock.wall_after(r.taken.started_at, t),
             )
         )
         log.info("agent %s: attempt %d preempted; checkpoints and ends at cluster time %.1f",
                  self.name, attempt_id, at)  # fmt: skip
-        self._schedule(r, r.t0 + at / self.settings.time_scale)
+        self._schedule(r, r.t0 + self.cluster_clock.to_wall(at))
 
     def _end(self, r: _Running, outcome: AttemptState, t: float, reason: str | None) -> None:
         progress = attempts.progress_dict(r.taken.run.progress_at(t), t)
@@ -837,10 +841,10 @@ class Agent:
         left = self._stop_deadline - now
         for r in list(self.running.values()):
             t = self._cluster_t(r, now)
-            remaining = (r.taken.end_s - t) / self.settings.time_scale
+            remaining = self.cluster_clock.to_wall(r.taken.end_s - t)
             if left <= 0 or (not self._handed_back_at_stop and remaining > left):
                 self._logs.extend(
-                    _log_line(r.taken, ev, self.settings.time_scale)
+                    _log_line(r.taken, ev, self.cluster_clock)
                     for ev in r.taken.run.events_between(r.last_t, t)
                 )
                 r.last_t = t
@@ -859,16 +863,14 @@ class Agent:
         self.hints.send([(bus.WAKE_CHANNEL, "agent")])
 
 
-def _log_line(taken: TakenAttempt, ev: RunEvent, scale: float) -> LogLine:
+def _log_line(taken: TakenAttempt, ev: RunEvent, clock: Clock) -> LogLine:
     """A run event as a line of its job's log; the end's line says what the grant is charged."""
     message, data = ev.message, {"t": round(ev.t, 3), "kind": ev.kind, **(ev.data or {})}
     hours = data.get("ipu_hours")
     if ev.kind == "done" and isinstance(hours, int | float):
         message = taken.done_message(message, float(hours))
         data["rate"] = taken.rate
-    return LogLine(
-        taken.job_id, taken.number, "log", message, data, taken.started_at + timedelta(seconds=ev.t / scale)
-    )
+    return LogLine(taken.job_id, taken.number, "log", message, data, clock.wall_after(taken.started_at, ev.t))
 
 
 def _distinct_jobs(lines: list[LogLine]) -> list[LogLine]:

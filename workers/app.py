@@ -68,6 +68,7 @@ def current_agent() -> Agent:
                 name=node,
                 queues=[q.strip() for q in settings.worker_queues.split(",") if q.strip()],
                 redis_client=state.runtime.redis_client(),
+                cluster_clock=state.runtime.clock,
                 on_name_taken=_exit_name_taken,
             )
             state.agent.start()

@@ -102,7 +102,7 @@ class Pump(threading.Thread):
         db = self.rt.db
         if sweep:
             with db.write() as s:
-                thresholds.sweep(session=s, now=utcnow(), time_scale=settings.time_scale)
+                thresholds.sweep(session=s, now=self.rt.clock.wall_now(), clock=self.rt.clock)
         if prune:
             with db.write() as s:
                 notifications.prune(session=s, now=utcnow())
@@ -165,13 +165,23 @@ def _stop(**_: Any) -> None:
         pump.join(timeout=5)
 
 
+# Celery calls its tasks as plain functions with no application object of ours, so its entry points
+# alone read the process's runtime (`runtime.current()`); the embedded pool has it and passes it.
 @app.task(name=TASK_NAME, ignore_result=True)
 def deliver(delivery_id: int) -> str:
+    return deliver_with(runtime.current(), delivery_id)
+
+
+@app.task(name=MAIL_TASK, ignore_result=True)
+def send_mail(message_id: int) -> str:
+    return send_mail_with(runtime.current(), message_id)
+
+
+def deliver_with(rt: Runtime, delivery_id: int) -> str:
     """Send one claimed delivery and write what the receiver did; then, for up to `CHAIN_S`, the
     webhook's next due delivery in the same thread (claimed in the same transaction), so a busy
     webhook's queue drains at the pace of its receiver rather than of the pump's passes."""
-    rt = runtime.current()
-    settings = rt.settings
+    settings, clock = rt.settings, rt.clock
     until = time.monotonic() + CHAIN_S
     now = utcnow()
     with rt.db.read() as s:
@@ -196,7 +206,7 @@ def deliver(delivery_id: int) -> str:
                 delivery_id=sent.delivery_id,
                 outcome=outcome,
                 now=now,
-                time_scale=settings.time_scale,
+                clock=clock,
                 disable_after_s=settings.webhook_disable_after_s,
                 rng=_rng,
             )
@@ -214,11 +224,9 @@ def deliver(delivery_id: int) -> str:
     return status
 
 
-@app.task(name=MAIL_TASK, ignore_result=True)
-def send_mail(message_id: int) -> str:
+def send_mail_with(rt: Runtime, message_id: int) -> str:
     """Send one claimed message (SMTP, or an `.eml` file without a server) and record what happened.
     Sent twice only if this worker dies between the server's acceptance and the record (at least once)."""
-    rt = runtime.current()
     settings = rt.settings
     with rt.db.read() as s:
         found = mail.outgoing(session=s, message_id=message_id)
@@ -244,8 +252,8 @@ def send_mail(message_id: int) -> str:
                 message_id=message_id,
                 error=str(exc),
                 permanent=permanent,
-                now=utcnow(),
-                time_scale=settings.time_scale,
+                now=rt.clock.wall_now(),
+                clock=rt.clock,
                 rng=_rng,
             )
         log.warning("mail %s not sent (%s): %s", message_id, status, exc)
@@ -262,7 +270,10 @@ class Embedded:
     def __init__(self, rt: Runtime, concurrency: int) -> None:
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="notifier")
         self.pump = Pump(rt, publish=self.submit)
-        self.tasks: dict[str, Callable[[int], str]] = {TASK_NAME: deliver.run, MAIL_TASK: send_mail.run}
+        self.tasks: dict[str, Callable[[int], str]] = {
+            TASK_NAME: lambda claim: deliver_with(rt, claim),
+            MAIL_TASK: lambda claim: send_mail_with(rt, claim),
+        }
 
     def submit(self, task: str, claim: int) -> None:
         if self.pump.stop_event.is_set():

@@ -80,7 +80,7 @@ def fleet_page(
             session=s,
             head_size=None,
             policy=settings.placement_policy,
-            allocators=fleet.allocators_of(runtime),
+            allocators=runtime.allocators,
         )
         # A page past the end of the fleet shows its last page.
         pod_from = min(pod_from, max(0, (summary.get("pods") or 1) - 1))
@@ -265,7 +265,7 @@ def create_partition(
                     gcds=gcds,
                     created_by=user.principal.key_id,
                     policy=settings.placement_policy,
-                    allocators=fleet.allocators_of(runtime),
+                    allocators=runtime.allocators,
                 )
                 created = part.name
         except DomainError as exc:

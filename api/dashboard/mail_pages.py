@@ -63,8 +63,9 @@ def claim(request: Request, token: Token, db: DbDep, settings: SettingsDep, form
         return _anonymous(request, "claim.html", {"gone": exc.detail, "token": None}, status_code=exc.status)
     with db.read() as s:
         principal = keys.principal_by_id(session=s, key_id=key_id)
-    session_token, csrf = sessions.create(principal)
-    user = sessions.DashSession(token=session_token, principal=principal, csrf=csrf)
+    store = sessions.store_of(request)
+    session_token, csrf = sessions.create(store, principal)
+    user = sessions.DashSession(token=session_token, principal=principal, csrf=csrf, store=store)
     response = render(
         request,
         "claim_done.html",

@@ -18,7 +18,7 @@ from api.dashboard import (
     webhook_pages,
 )
 from api.dashboard.web import DashboardRoute, Form, OptionalUser, User, render, safe_next
-from api.deps import DbDep, SettingsDep
+from api.deps import DbDep, SettingsDep, rate_limits
 from api.ratelimit import check_rate
 from scheduler.errors import Conflict, InvalidRequest, RateLimited, TenantInactive, Unauthorized
 from scheduler.services.capacity import fleet
@@ -93,7 +93,7 @@ def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Res
     next_path = safe_next(form.get("next"))
     key = form.get("api_key", "").strip()
     try:
-        check_rate(f"dashboard-login:{_client(request)}", LOGIN_RATE)
+        check_rate(rate_limits(request), f"dashboard-login:{_client(request)}", LOGIN_RATE)
         if not key:
             raise Unauthorized("Paste your API key (it starts with ipuc_).")
         with db.read() as s:
@@ -104,7 +104,7 @@ def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Res
             request, "login.html", {"next": next_path, "error": exc.detail}, status_code=exc.status
         )
     # The session keeps who signed in (the key's id), never the key itself.
-    token, _ = sessions.create(principal)
+    token, _ = sessions.create(sessions.store_of(request), principal)
     response = RedirectResponse(next_path, status_code=303)
     sessions.set_session_cookie(response, request, token)
     return response
@@ -113,7 +113,7 @@ def login(request: Request, db: DbDep, settings: SettingsDep, form: Form) -> Res
 @router.post("/logout")
 def logout(request: Request, user: User, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
-    sessions.destroy(user.token)
+    sessions.destroy(user.store, user.token)
     response = RedirectResponse("/login", status_code=303)
     sessions.clear_session_cookie(response, request)
     return response
@@ -138,7 +138,7 @@ def trial_apply(request: Request, db: DbDep, settings: SettingsDep, form: Form) 
             status_code=422,
         )
     try:
-        check_rate(f"trial:{_client(request)}", settings.trial_rate_limit)
+        check_rate(rate_limits(request), f"trial:{_client(request)}", settings.trial_rate_limit)
         with db.write() as s:
             application = trials.submit_application(
                 session=s,

@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from api.dashboard import forms, sessions
 from api.dashboard.web import DashboardRoute, Form, ReaderUser, SubmitterUser, TenantSubmitter, render
-from api.deps import DbDep, SettingsDep
+from api.deps import ClockDep, DbDep
 from api.views import job_view
 from scheduler import bus
+from scheduler.clock import Clock
 from scheduler.errors import DomainError, Forbidden, NotFound, Unauthorized
 from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.services import sessions as session_service
@@ -33,7 +34,7 @@ def _list(
     request: Request,
     db: DbDep,
     user: sessions.DashSession,
-    time_scale: float,
+    clock: Clock,
     *,
     values: dict[str, str] | None = None,
     error: str | None = None,
@@ -44,9 +45,7 @@ def _list(
         now = db_now(s)
         rows = session_service.list_sessions(session=s, scope=scope, after=None, limit=100)
         views = [
-            session_service.session_json(
-                session_service.view(session=s, row=r, time_scale=time_scale, now=now)
-            )
+            session_service.session_json(session_service.view(session=s, row=r, clock=clock, now=now))
             for r in rows
         ]
     context = {
@@ -54,14 +53,14 @@ def _list(
         "values": values or {},
         "error": error,
         "machines": MACHINE_TYPE_NAMES,
-        "scale": time_scale,
+        "clock": clock,
     }
     return render(request, "sessions.html", context, status_code=status_code, user=user)
 
 
 @router.get("/sessions", response_class=HTMLResponse)
-def sessions_page(request: Request, db: DbDep, settings: SettingsDep, user: ReaderUser) -> Response:
-    return _list(request, db, user, settings.time_scale)
+def sessions_page(request: Request, db: DbDep, clock: ClockDep, user: ReaderUser) -> Response:
+    return _list(request, db, user, clock)
 
 
 def _spec(form: dict[str, str]) -> SessionSpec:
@@ -79,7 +78,7 @@ def _spec(form: dict[str, str]) -> SessionSpec:
 
 
 @router.post("/sessions", response_class=HTMLResponse)
-def start(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmitter, form: Form) -> Response:
+def start(request: Request, db: DbDep, clock: ClockDep, user: TenantSubmitter, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     values = {k: form.get(k, "") for k in START_FIELDS}
     try:
@@ -91,13 +90,11 @@ def start(request: Request, db: DbDep, settings: SettingsDep, user: TenantSubmit
             sid = row.id
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'session'}: {e['msg']}" for e in exc.errors())
-        return _list(request, db, user, settings.time_scale, values=values, error=detail, status_code=422)
+        return _list(request, db, user, clock, values=values, error=detail, status_code=422)
     except DomainError as exc:
         if isinstance(exc, Unauthorized | Forbidden):
             raise
-        return _list(
-            request, db, user, settings.time_scale, values=values, error=exc.detail, status_code=exc.status
-        )
+        return _list(request, db, user, clock, values=values, error=exc.detail, status_code=exc.status)
     bus.wake_scheduler("session")
     sessions.flash(user, f"Session {sid} started: it holds its IPUs as soon as the scheduler places it.")
     return RedirectResponse(f"/sessions/{sid}", status_code=303)
@@ -108,7 +105,7 @@ def _page(
     db: DbDep,
     user: sessions.DashSession,
     session_id: str,
-    time_scale: float,
+    clock: Clock,
     *,
     error: str | None = None,
     add_s: str = "3600",
@@ -117,18 +114,18 @@ def _page(
     scope = user.principal.scope
     with db.read() as s:
         row = session_service.get_session(session=s, session_id=session_id, scope=scope)
-        view = session_service.view(session=s, row=row, time_scale=time_scale, now=db_now(s))
+        view = session_service.view(session=s, row=row, clock=clock, now=db_now(s))
         jobs = [job_view(r) for r in job_view_service.job_reads(session=s, jobs=view.jobs, scope=scope)]
         out = session_service.session_json(view)
-    context = {"s": out, "jobs": jobs, "scale": time_scale, "error": error, "add_s": add_s}
+    context = {"s": out, "jobs": jobs, "clock": clock, "error": error, "add_s": add_s}
     return render(request, "session.html", context, status_code=status_code, user=user)
 
 
 @router.get("/sessions/{session_id}", response_class=HTMLResponse)
 def session_page(
-    request: Request, session_id: SessionRef, db: DbDep, settings: SettingsDep, user: ReaderUser
+    request: Request, session_id: SessionRef, db: DbDep, clock: ClockDep, user: ReaderUser
 ) -> Response:
-    return _page(request, db, user, session_id, settings.time_scale)
+    return _page(request, db, user, session_id, clock)
 
 
 @router.post("/sessions/{session_id}/extend", response_class=HTMLResponse)
@@ -136,7 +133,7 @@ def extend(
     request: Request,
     session_id: SessionRef,
     db: DbDep,
-    settings: SettingsDep,
+    clock: ClockDep,
     user: SubmitterUser,
     form: Form,
 ) -> Response:
@@ -170,7 +167,7 @@ def extend(
             db,
             user,
             session_id,
-            settings.time_scale,
+            clock,
             error=detail,
             add_s=raw[:20],
             status_code=status,
@@ -185,7 +182,7 @@ def end(
     request: Request,
     session_id: SessionRef,
     db: DbDep,
-    settings: SettingsDep,
+    clock: ClockDep,
     user: SubmitterUser,
     form: Form,
 ) -> Response:
@@ -195,7 +192,7 @@ def end(
             session=s,
             session_id=session_id,
             scope=user.principal.scope,
-            time_scale=settings.time_scale,
+            clock=clock,
         )
     bus.wake_scheduler("session")
     sessions.flash(user, f"Session {session_id} ended.")

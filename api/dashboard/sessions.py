@@ -22,8 +22,8 @@ import orjson
 import redis
 from fastapi import Request, Response
 
-from scheduler import runtime
 from scheduler.errors import Forbidden, Unavailable
+from scheduler.runtime import Runtime
 from scheduler.services.tenancy.keys import Principal
 
 COOKIE = "ipucloud_session"
@@ -48,6 +48,8 @@ class DashSession:
     token: str
     principal: Principal
     csrf: str
+    # Where the session lives (`store_of`): its notices (`flash`) go there too.
+    store: redis.Redis = field(repr=False)
     flashes: list[str] = field(default_factory=list)
 
     @property
@@ -69,17 +71,17 @@ class Record:
     csrf: str
 
 
-def _redis() -> redis.Redis:
-    # The process's runtime (installed by the API's lifespan): these helpers are called from many
-    # routes and dependencies that have no request of their own to hand.
-    return runtime.current().redis
+def store_of(request: Request) -> redis.Redis:
+    """The session store: the Redis of the app's runtime (`app.state.runtime`, api/app.py)."""
+    rt: Runtime = request.app.state.runtime
+    return rt.redis
 
 
 def _unavailable(exc: Exception) -> Unavailable:
     return Unavailable(f"The session store (Redis) is unreachable: {type(exc).__name__}. Retry shortly.")
 
 
-def create(principal: Principal) -> tuple[str, str]:
+def create(store: redis.Redis, principal: Principal) -> tuple[str, str]:
     """Store a new session for a verified principal; return (token for the cookie, CSRF token)."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
     csrf = secrets.token_urlsafe(TOKEN_BYTES)
@@ -92,19 +94,19 @@ def create(principal: Principal) -> tuple[str, str]:
         "created": time.time(),
     }
     try:
-        _redis().set(_redis_key(token), orjson.dumps(record), ex=TTL_S)
+        store.set(_redis_key(token), orjson.dumps(record), ex=TTL_S)
     except redis.RedisError as exc:
         raise _unavailable(exc)
     return token, csrf
 
 
-def read(token: str) -> Record | None:
+def read(store: redis.Redis, token: str) -> Record | None:
     """The record of a live session, sliding its expiry; None if there is none."""
     if not token or len(token) > 100:
         return None
     name = _redis_key(token)
     try:
-        pipe = _redis().pipeline()
+        pipe = store.pipeline()
         pipe.get(name)
         pipe.expire(name, TTL_S)
         raw, _ = pipe.execute()
@@ -117,7 +119,7 @@ def read(token: str) -> Record | None:
     except orjson.JSONDecodeError:
         return None
     if not isinstance(record, dict) or record.get("v") != VERSION or not record.get("key_id"):
-        destroy(token)
+        destroy(store, token)
         return None
     return Record(
         key_id=str(record["key_id"]),
@@ -127,17 +129,17 @@ def read(token: str) -> Record | None:
     )
 
 
-def exists(token: str) -> bool:
+def exists(store: redis.Redis, token: str) -> bool:
     """Whether the session is still there (not signed out), without sliding its expiry."""
     try:
-        return bool(_redis().exists(_redis_key(token)))
+        return bool(store.exists(_redis_key(token)))
     except redis.RedisError as exc:
         raise _unavailable(exc)
 
 
-def destroy(token: str) -> None:
+def destroy(store: redis.Redis, token: str) -> None:
     try:
-        _redis().delete(_redis_key(token), FLASH_PREFIX + _redis_key(token))
+        store.delete(_redis_key(token), FLASH_PREFIX + _redis_key(token))
     except redis.RedisError:
         pass  # the cookie is cleared anyway; the record expires by its TTL
 
@@ -146,7 +148,7 @@ def flash(session: DashSession, message: str) -> None:
     """A one-line notice shown on the next page this session renders (after a redirect)."""
     name = FLASH_PREFIX + _redis_key(session.token)
     try:
-        pipe = _redis().pipeline()
+        pipe = session.store.pipeline()
         pipe.rpush(name, message[:500])
         pipe.expire(name, 300)
         pipe.execute()
@@ -157,7 +159,7 @@ def flash(session: DashSession, message: str) -> None:
 def take_flashes(session: DashSession) -> list[str]:
     name = FLASH_PREFIX + _redis_key(session.token)
     try:
-        pipe = _redis().pipeline()
+        pipe = session.store.pipeline()
         pipe.lrange(name, 0, -1)
         pipe.delete(name)
         raw, _ = pipe.execute()

@@ -429,7 +429,7 @@ def session_standing(db: DbDep, user: sessions.DashSession) -> Standing:
     }
 
     def denial() -> dict[str, Any] | None:
-        if not sessions.exists(user.token):
+        if not sessions.exists(user.store, user.token):
             return signed_out
         return key_denial(db, user.principal.key_id)
 

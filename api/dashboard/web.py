@@ -125,6 +125,8 @@ def render(
         "user": user,
         "flashes": sessions.take_flashes(user) if user is not None else [],
         "path": request.url.path,
+        # Every figure a page shows names its clock (`clock.name`, `clock.wall_name`): the app's.
+        "clock": request.app.state.runtime.clock,
         **(context or {}),
     }
     response = templates.TemplateResponse(request, template, ctx, status_code=status_code)
@@ -198,7 +200,8 @@ def optional_user(request: Request, db: DbDep) -> sessions.DashSession | None:
     token = request.cookies.get(sessions.COOKIE)
     if not token:
         return None
-    record = sessions.read(token)
+    store = sessions.store_of(request)
+    record = sessions.read(store, token)
     if record is None:
         return None
     try:
@@ -207,15 +210,15 @@ def optional_user(request: Request, db: DbDep) -> sessions.DashSession | None:
             with db.read() as s:
                 principal = keys.principal_by_id(session=s, key_id=record.key_id)
     except Unauthorized:
-        sessions.destroy(token)
+        sessions.destroy(store, token)
         return None
     if principal.tenant_id != record.tenant_id or principal.member_id != record.member_id:
-        sessions.destroy(token)
+        sessions.destroy(store, token)
         return None
     if principal.suspended:
-        sessions.destroy(token)
+        sessions.destroy(store, token)
         keys.check_standing(principal)
-    user = sessions.DashSession(token=token, principal=principal, csrf=record.csrf)
+    user = sessions.DashSession(token=token, principal=principal, csrf=record.csrf, store=store)
     request.state.dash_user = user
     return user
 

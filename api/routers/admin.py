@@ -72,7 +72,7 @@ def get_fleet(
             session=s,
             head_size=head_size,
             policy=settings.placement_policy,
-            allocators=fleet.allocators_of(runtime),
+            allocators=runtime.allocators,
         )
     return view
 
@@ -309,7 +309,7 @@ def create_partition(
             reconfigurable=body.reconfigurable,
             created_by=principal.key_id,
             policy=settings.placement_policy,
-            allocators=fleet.allocators_of(runtime),
+            allocators=runtime.allocators,
         )
         out = partition_out(part)
     bus.wake_scheduler("partition")

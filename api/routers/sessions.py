@@ -6,9 +6,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import DbDep, Reader, SettingsDep, Submitter
+from api.deps import ClockDep, DbDep, Reader, Submitter
 from api.schemas import CursorParam, Page, SessionOut, decode_cursor, encode_cursor
 from scheduler import bus
+from scheduler.clock import Clock
 from scheduler.errors import Forbidden
 from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.models import IpuSession
@@ -19,15 +20,13 @@ router = APIRouter(prefix="/api/v1", tags=["sessions"])
 SessionId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-def _out(s: Any, row: IpuSession, time_scale: float) -> SessionOut:
-    return SessionOut.model_validate(
-        session_service.session_answer(session=s, row=row, time_scale=time_scale)
-    )
+def _out(s: Any, row: IpuSession, clock: Clock) -> SessionOut:
+    return SessionOut.model_validate(session_service.session_answer(session=s, row=row, clock=clock))
 
 
 @router.post("/sessions", status_code=202, response_model=SessionOut, summary="Start a session")
 def start_session(
-    spec: SessionSpec, principal: Submitter, db: DbDep, settings: SettingsDep, response: Response
+    spec: SessionSpec, principal: Submitter, db: DbDep, clock: ClockDep, response: Response
 ) -> SessionOut:
     if principal.tenant_id is None:
         raise Forbidden("Admin keys have no tenant; start a session with a tenant's key.")
@@ -35,7 +34,7 @@ def start_session(
         row = session_service.start_session(
             session=s, tenant_id=principal.tenant_id, spec=spec, member_id=principal.member_id
         )
-        out = _out(s, row, settings.time_scale)
+        out = _out(s, row, clock)
     bus.wake_scheduler("session")
     response.headers["Location"] = f"/api/v1/sessions/{out.id}"
     return out
@@ -45,7 +44,7 @@ def start_session(
 def list_sessions(
     principal: Reader,
     db: DbDep,
-    settings: SettingsDep,
+    clock: ClockDep,
     cursor: CursorParam = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     state: Literal["starting", "active", "ended"] | None = None,
@@ -55,17 +54,17 @@ def list_sessions(
         rows = session_service.list_sessions(
             session=s, scope=principal.scope, after=after, limit=limit + 1, state=state
         )
-        items = [_out(s, r, settings.time_scale) for r in rows[:limit]]
+        items = [_out(s, r, clock) for r in rows[:limit]]
     return Page[SessionOut](
         items=items, next_cursor=encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
     )
 
 
 @router.get("/sessions/{session_id}", response_model=SessionOut, summary="A session, its jobs and time left")
-def get_session(session_id: SessionId, principal: Reader, db: DbDep, settings: SettingsDep) -> SessionOut:
+def get_session(session_id: SessionId, principal: Reader, db: DbDep, clock: ClockDep) -> SessionOut:
     with db.read() as s:
         row = session_service.get_session(session=s, session_id=session_id, scope=principal.scope)
-        return _out(s, row, settings.time_scale)
+        return _out(s, row, clock)
 
 
 @router.patch(
@@ -77,7 +76,7 @@ def get_session(session_id: SessionId, principal: Reader, db: DbDep, settings: S
     "session is 409.",
 )
 def change_session(
-    session_id: SessionId, change: SessionChange, principal: Submitter, db: DbDep, settings: SettingsDep
+    session_id: SessionId, change: SessionChange, principal: Submitter, db: DbDep, clock: ClockDep
 ) -> SessionOut:
     with db.write() as s:
         row = session_service.change_session(
@@ -87,18 +86,18 @@ def change_session(
             max_duration_s=change.max_duration_s,
             idle_timeout_s=change.idle_timeout_s,
         )
-        out = _out(s, row, settings.time_scale)
+        out = _out(s, row, clock)
     # A queued session's new length moves the scheduler's reservations; an active one's, its sweep.
     bus.wake_scheduler("session")
     return out
 
 
 @router.delete("/sessions/{session_id}", response_model=SessionOut, summary="End a session")
-def end_session(session_id: SessionId, principal: Submitter, db: DbDep, settings: SettingsDep) -> SessionOut:
+def end_session(session_id: SessionId, principal: Submitter, db: DbDep, clock: ClockDep) -> SessionOut:
     with db.write() as s:
         row = session_service.end_session(
-            session=s, session_id=session_id, scope=principal.scope, time_scale=settings.time_scale
+            session=s, session_id=session_id, scope=principal.scope, clock=clock
         )
-        out = _out(s, row, settings.time_scale)
+        out = _out(s, row, clock)
     bus.wake_scheduler("session")
     return out

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from scheduler import billing
+from scheduler.clock import UNSCALED, Clock
 from scheduler.jobspec import SessionSpec
 from scheduler.models import Attempt, AttemptState, IpuSession, Job, MeterEvent, Tenant, utcnow
 from scheduler.services import sessions
@@ -46,13 +47,13 @@ def test_a_lost_session_job_refunds_the_held_ipu_seconds_the_fault_wasted(db: An
     job_id = submit(db, tenant, name="in-session", steps=200_000, ipus=4, session=sid)
     with db.read() as s:
         job_attempt = s.execute(select(Attempt).where(Attempt.job_id == job_id)).scalar_one()
-    taken = agentkit.take(db, job_attempt.id, time_scale=SCALE)
+    taken = agentkit.take(db, job_attempt.id, clock=Clock(SCALE))
     assert taken is not None and taken.partition_size == 4
     time.sleep(1.0)  # the job runs a minute of cluster time; then its host agent dies
     # The scheduler bills the hold ten minutes on, then the reconciler finds the agent's lease gone.
     with db.write() as s:
         sessions.sweep(
-            session=s, now=started + timedelta(seconds=600), time_scale=1.0, warning_s=60, meter_interval_s=60
+            session=s, now=started + timedelta(seconds=600), clock=UNSCALED, warning_s=60, meter_interval_s=60
         )
     billed_before = ledger(db, tenant)[0]
     assert billed_before > 0
@@ -82,7 +83,7 @@ def test_a_lost_session_job_refunds_the_held_ipu_seconds_the_fault_wasted(db: An
         sessions.sweep(
             session=s,
             now=started + timedelta(seconds=1200),
-            time_scale=1.0,
+            clock=UNSCALED,
             warning_s=60,
             meter_interval_s=60,
         )
@@ -91,7 +92,7 @@ def test_a_lost_session_job_refunds_the_held_ipu_seconds_the_fault_wasted(db: An
         assert hold.metered_ipu_ms == billing.charged_ipu_ms(16, 1200, hold.rate) - expected
     held_before_end = ledger(db, tenant)[1]
     with db.write() as s:
-        sessions.end_session(session=s, session_id=sid, scope=OneTenant(tenant), time_scale=1.0)
+        sessions.end_session(session=s, session_id=sid, scope=OneTenant(tenant), clock=UNSCALED)
     used, reserved, events = ledger(db, tenant)
     assert used == events and reserved == 0
     with db.read() as s:

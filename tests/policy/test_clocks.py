@@ -13,6 +13,7 @@ import pytest
 
 from ipucloud.cli.client_jobs import _progress_row, _wait
 from ipucloud.cli.server import DEMO_TIME_SCALE
+from scheduler.clock import Clock
 from scheduler.models import Job
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.policy.test_live_pass import new_tenant, scheduler, spec, submit
@@ -98,10 +99,13 @@ def test_the_dashboard_names_the_clocks() -> None:
             "compile_s": 756.0, "ipu_hours": 1.6, "expected_wait_s": 4660.0, "expected_wait_wall_s": 77.667,
             "throughput": 3035.0, "time_scale": SCALE, "machine": "m2000", "rate": 1.0,
             "charged_ipu_hours": 1.6, "reserve_ipu_hours": 1.6,
-        }
+        },
+        clock=Clock(SCALE),  # every page is handed the app's (api/dashboard/web.py `render`)
     )  # fmt: skip
     assert "77.7 min cluster time" in html and "about 77.7 s wall clock" in html
     assert "24.0 min cluster time" in html
     page = (ROOT / "api" / "dashboard" / "templates" / "job.html").read_text()
-    assert "Estimated start (wall clock)" in page
-    assert "resumable_until|when }}</time> (wall clock)" in page
+    # The labels are the clock's own names, not words typed into each template.
+    assert "Estimated start ({{ clock.wall_name }})" in page
+    assert "resumable_until|when }}</time> ({{ clock.wall_name }})" in page
+    assert (Clock(SCALE).name, Clock(SCALE).wall_name) == ("cluster time", "wall clock")

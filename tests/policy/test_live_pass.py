@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select, update
 
 from scheduler import loop as loop_module
+from scheduler.clock import UNSCALED
 from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
@@ -157,7 +158,7 @@ def test_preemption_stops_lower_priority_work_only_when_switched_on(
             session=s,
             allocator=on.sync.refresh(s),  # type: ignore[union-attr]
             now=utcnow(),
-            time_scale=1.0,
+            clock=UNSCALED,
             half_life_s=3600.0,
         ).snapshot
         assert snap.stopping == {low: warned.preempt_deadline.timestamp()}
@@ -292,7 +293,7 @@ def test_a_preempted_job_requeues_at_the_head_of_its_tenants_work_and_is_told_fo
             session=s,
             allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
             now=utcnow(),
-            time_scale=1.0,
+            clock=UNSCALED,
             half_life_s=3600.0,
         ).snapshot
     mine = sorted((q for q in snap.queue if q.tenant_id == tenant), key=tenant_key)
@@ -330,7 +331,7 @@ def running_as_seen(db: Any, loop: SchedulerLoop, job_id: str) -> RunningJob:
             session=s,
             allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
             now=utcnow(),
-            time_scale=1.0,
+            clock=UNSCALED,
             half_life_s=3600.0,
             policy=loop._policy,
         ).snapshot

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from scheduler.clock import Clock
 from scheduler.models import Tenant, utcnow
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
 from scheduler.services.tenancy import deliveries, notifications, tenants, thresholds, webhooks
@@ -111,7 +112,7 @@ def settle(db: Any, delivery_id: int, outcome: Outcome, at: Any, **kw: Any) -> A
             delivery_id=delivery_id,
             outcome=outcome,
             now=at,
-            time_scale=kw.get("time_scale", 1.0),
+            clock=Clock(kw.get("time_scale", 1.0)),
             disable_after_s=kw.get("disable_after_s", 5 * 86400),
             rng=random.Random(1),
         )

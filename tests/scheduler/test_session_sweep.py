@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from scheduler.clock import Clock
 from scheduler.jobspec import SessionSpec
 from scheduler.models import IpuSession, JobEvent, Partition
 from scheduler.services import sessions
@@ -22,7 +23,9 @@ WARNING_S = 60.0
 
 def sweep(db: Any, at: Any) -> sessions.SweepResult:
     with db.write() as s:
-        return sessions.sweep(session=s, now=at, time_scale=SCALE, warning_s=WARNING_S, meter_interval_s=3600)
+        return sessions.sweep(
+            session=s, now=at, clock=Clock(SCALE), warning_s=WARNING_S, meter_interval_s=3600
+        )
 
 
 def test_a_missed_idle_warning_is_given_its_time_before_the_session_is_culled(db: Any, seeded: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from scheduler.clock import UNSCALED, Clock
 from scheduler.models import (
     Agent,
     AgentState,
@@ -72,13 +73,13 @@ def take(
     *,
     agent: AgentLease | None = None,
     lease_s: float | None = None,
-    time_scale: float = 1.0,
+    clock: Clock = UNSCALED,
 ) -> TakenAttempt | None:
     agent = agent or lease(db)
     lease_s = lease_s or _lease_s.get(agent.name, LEASE_S)
     with db.write() as s:
         return attempts.take(
-            session=s, agent=agent, attempt_id=attempt_id, epoch=epoch, lease_s=lease_s, time_scale=time_scale
+            session=s, agent=agent, attempt_id=attempt_id, epoch=epoch, lease_s=lease_s, clock=clock
         )
 
 

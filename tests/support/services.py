@@ -148,10 +148,12 @@ def reset_caches() -> None:
 def reload_settings(runtime: object) -> None:
     """The test changed IPUCLOUD_* variables: its runtime (and the app built on it) reads them
     again, as a process started with them would."""
+    from scheduler.clock import Clock
     from scheduler.settings import get_settings, reset_settings_cache
 
     reset_settings_cache()
     runtime.settings = get_settings()  # type: ignore[attr-defined]
+    runtime.clock = Clock.of(runtime.settings)  # type: ignore[attr-defined]
 
 
 def truncate_all(database: object) -> None:

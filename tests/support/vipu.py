@@ -12,6 +12,7 @@ import httpx
 import uvicorn
 from sqlalchemy import select
 
+from scheduler.clock import UNSCALED
 from scheduler.models import Attempt
 from tests.faults.harness import leader_loop
 from tests.support import agentkit
@@ -168,7 +169,7 @@ def fill_fleet(
                 from scheduler.services.batch import attempts
 
                 taken = attempts.take_many(
-                    session=s, agent=agent, deliveries=placed[i : i + batch], lease_s=3600, time_scale=1.0
+                    session=s, agent=agent, deliveries=placed[i : i + batch], lease_s=3600, clock=UNSCALED
                 )
             running += len(taken.taken)
     return {

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler.clock import UNSCALED, Clock
 from scheduler.models import MeterEvent, Tenant, utcnow
 from scheduler.notify_models import Event
 from scheduler.services.tenancy import thresholds
@@ -49,7 +50,7 @@ def test_the_recent_burn_to_expiry_fires_forecast_thresholds_once(db: Any, world
 
     for _ in range(2):
         with db.write() as s:
-            thresholds.sweep(session=s, now=now, time_scale=SCALE)
+            thresholds.sweep(session=s, now=now, clock=Clock(SCALE))
     assert threshold_events(db, world.a.id) == [("forecast", 50)], (
         "once, and no actual threshold: 10% is used"
     )
@@ -65,17 +66,17 @@ def test_the_recent_burn_to_expiry_fires_forecast_thresholds_once(db: Any, world
     # Read a day of wall time as 24 h of cluster time (time scale 1): the same charge is a slower pace,
     # and forecasts less; the threshold already written is not written again.
     with db.write() as s:
-        thresholds.sweep(session=s, now=now, time_scale=1.0)
+        thresholds.sweep(session=s, now=now, clock=UNSCALED)
     assert threshold_events(db, world.a.id) == [("forecast", 50)]
 
     # More is charged at the same moment: the pace doubles and the forecast passes 80% and 100%, once each.
     bill(db, attempt_id, 2, 20.0)
     for _ in range(2):
         with db.write() as s:
-            thresholds.sweep(session=s, now=now, time_scale=SCALE)
+            thresholds.sweep(session=s, now=now, clock=Clock(SCALE))
     assert threshold_events(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]
 
     # Once the charge is older than the window, the burn is gone: nothing new, and nothing fires twice.
     with db.write() as s:
-        thresholds.sweep(session=s, now=now + timedelta(seconds=2 * window_s), time_scale=SCALE)
+        thresholds.sweep(session=s, now=now + timedelta(seconds=2 * window_s), clock=Clock(SCALE))
     assert threshold_events(db, world.a.id) == [("forecast", 50), ("forecast", 80), ("forecast", 100)]

@@ -574,7 +574,7 @@ def send(w: World, field: Field, hostile: Any) -> Any:
             page = client.get("/login")
             form["form_token"] = re.search(r'name="form_token" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
         else:
-            record = sessions.read(client.cookies.get(sessions.COOKIE) or "")
+            record = sessions.read(client.app.state.runtime.redis, client.cookies.get(sessions.COOKIE) or "")
             assert record is not None, "the test's session ended"
             form["csrf"] = record.csrf
             headers["X-CSRF-Token"] = record.csrf

@@ -1343,7 +1343,7 @@ def sign_in(app: Any, key: str) -> TestClient:
 
 
 def csrf_of(client: TestClient) -> str:
-    record = sessions.read(client.cookies.get(sessions.COOKIE) or "")
+    record = sessions.read(client.app.state.runtime.redis, client.cookies.get(sessions.COOKIE) or "")
     return record.csrf if record is not None else "no-session"
 
 

@@ -30,6 +30,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, object_session
 
 from scheduler import bus, emulation
+from scheduler.clock import UNSCALED, Clock
 from scheduler.db import insert_returning_keys
 from scheduler.errors import Conflict
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
@@ -316,7 +317,7 @@ def take_many(
     agent: AgentLease,
     deliveries: Sequence[tuple[int, int]],
     lease_s: float,
-    time_scale: float,
+    clock: Clock,
     running: int = 0,
     ipus_busy: int = 0,
 ) -> TakeResult:
@@ -442,7 +443,7 @@ def take_many(
         attempt.timeline = {
             **run.timeline.to_dict(),
             "end_s": end_s,
-            "scale": time_scale,
+            "scale": clock.scale,
             "cached": run.cached,
             "unbilled_s": unbilled,
             "run_base_s": run_base,
@@ -506,11 +507,11 @@ def take(
     attempt_id: int,
     epoch: int,
     lease_s: float,
-    time_scale: float = 1.0,
+    clock: Clock = UNSCALED,
 ) -> TakenAttempt | None:
     """`take_many` of one delivery."""
     result = take_many(
-        session=session, agent=agent, deliveries=[(attempt_id, epoch)], lease_s=lease_s, time_scale=time_scale
+        session=session, agent=agent, deliveries=[(attempt_id, epoch)], lease_s=lease_s, clock=clock
     )
     return result.taken[0] if result.taken else None
 
@@ -776,7 +777,8 @@ def derived_cluster_s(attempt: Attempt, now: datetime, *, agent: Agent | None = 
     until = answered_until(attempt, agent if agent is not None else agent_of(attempt))
     if until is not None and until < now:
         now = until
-    t = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+    # The clock it was taken at (its timeline's), not the process's: it runs on that to its end.
+    t = Clock(float(timeline["scale"])).cluster_since(attempt.started_at, now)
     return max(attempt.cluster_s, min(float(timeline["end_s"]), max(0.0, t)))
 
 
@@ -981,9 +983,9 @@ def _hold_refunds(
         if hold is None or hold.state != AttemptState.RUNNING or a.started_at is None:
             continue  # the hold ended too: its own settle decides what it is billed
         timeline = a.timeline or {}
-        scale = float(timeline.get("scale") or 1.0)
+        clock = Clock(float(timeline.get("scale") or 1.0))  # the one it was taken at
         started = a.started_at if a.started_at.tzinfo is not None else a.started_at.replace(tzinfo=now.tzinfo)
-        ran = max(float(a.cluster_s or 0.0), (now - started).total_seconds() * scale)
+        ran = max(float(a.cluster_s or 0.0), clock.cluster_since(started, now))
         ran = min(ran, float(timeline.get("end_s") or ran))
         wasted = ran - float(kept.get(a.id) or 0.0)
         if wasted > 0:

@@ -11,6 +11,7 @@ from typing import Literal, NotRequired, TypedDict, cast
 from sqlalchemy.orm import Session
 
 from scheduler import billing, emulation
+from scheduler.clock import Clock
 from scheduler.errors import DoesNotFit, InvalidRequest
 from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.policy import HeldArray, QueuedJob
@@ -84,7 +85,7 @@ class EstimateView(TypedDict):
     reserve_ipu_hours: NotRequired[float | None]  # what submitting it reserves of the grant
     prefer: NotRequired[str]  # on `any`: what it was answered for (time or cost)
     expected_wait_s: NotRequired[float | None]  # with a session: the policy's forecast (None: not known)
-    expected_wait_wall_s: NotRequired[float | None]  # the same on the wall clock: / time_scale
+    expected_wait_wall_s: NotRequired[float | None]  # the same on the wall clock: clock.to_wall
     time_scale: NotRequired[float]  # with a session: the cloud's cluster seconds per wall second
     machine_options: NotRequired[dict[str, MachineOptionView]]  # on `any`: each type's answer
     runtime_limit: NotRequired[RuntimeLimitView]  # added by the API for a tenant
@@ -360,10 +361,10 @@ def _estimate_on(
         )
         # The wait is cluster time like every other `*_s` here; at a cloud's time scale of 60, 4,660
         # cluster seconds is 78 s on the wall clock, which is what someone waiting for it lives through.
-        scale = ctx.settings.time_scale
+        clock = Clock.of(ctx.settings)
         wait = out["expected_wait_s"]
-        out["time_scale"] = scale
-        out["expected_wait_wall_s"] = None if wait is None else round(wait / scale, 3)
+        out["time_scale"] = clock.scale
+        out["expected_wait_wall_s"] = None if wait is None else round(clock.to_wall(wait), 3)
     return out
 
 
@@ -381,9 +382,9 @@ def expected_wait_s(
     same snapshot the live pass decides on, with the cloud's policy settings. None when the replay
     does not reach its start (a very long queue, or no room of that size ever)."""
     settings = settings or get_settings()
-    scale = settings.time_scale
+    clock = Clock.of(settings)
     policy = scheduling.live_policy(settings)
-    alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
+    alloc = fleet.AllocatorSync(settings.placement_policy, clock=clock).refresh(session)
     if alloc.find(size, machine_type=machine) is not None and not scheduling.has_queued(session=session):
         return 0.0  # free room and nobody waiting: it starts at the next pass
     now = db_now(session)
@@ -391,7 +392,7 @@ def expected_wait_s(
         session=session,
         allocator=alloc,
         now=now,
-        time_scale=scale,
+        clock=clock,
         half_life_s=policy.half_life_s,
         also_tenants={tenant_id} if tenant_id is not None else (),
         policy=policy,
@@ -402,19 +403,19 @@ def expected_wait_s(
         tenant_id=tenant_id or ESTIMATE_TENANT,
         size=size,
         submitted_at=snapshot.now,
-        predicted_runtime_s=predicted_runtime_s / scale,
+        predicted_runtime_s=clock.to_wall(predicted_runtime_s),
         machine_type=machine,
         priority=job_class(
             policy,
             scheduling.plan_priority(session=session, tenant_id=tenant_id),
             size,
-            predicted_runtime_s / scale,
+            clock.to_wall(predicted_runtime_s),
         ),
     )
     start = estimate_start(snapshot, target, policy, budget_s=ESTIMATE_BUDGET_S)
     if start is None:
         return None
-    return round(max(0.0, start - snapshot.now) * scale, 3)
+    return round(clock.to_cluster(max(0.0, start - snapshot.now)), 3)
 
 
 # What the forecast calls the job asked about: an id no real job has (real ids are job_ + 26 chars).
@@ -569,14 +570,14 @@ def _forecast_elements(
     """Seconds until each fitting element (of the first `FORECAST_ELEMENTS`) would start if the
     array were submitted now: the live snapshot's forecast with the elements held as an array of at
     most `cap` running at once (policy.HeldArray). Elements it does not reach are left out."""
-    scale = settings.time_scale
+    clock = Clock.of(settings)
     policy = scheduling.live_policy(settings)
-    alloc = fleet.AllocatorSync(settings.placement_policy, time_scale=scale).refresh(session)
+    alloc = fleet.AllocatorSync(settings.placement_policy, clock=clock).refresh(session)
     live = scheduling.build_snapshot(
         session=session,
         allocator=alloc,
         now=db_now(session),
-        time_scale=scale,
+        clock=clock,
         half_life_s=policy.half_life_s,
         also_tenants={tenant_id} if tenant_id is not None else (),
         policy=policy,
@@ -597,11 +598,14 @@ def _forecast_elements(
                 tenant_id=tenant_id or ESTIMATE_TENANT,
                 size=int(cast(int, out["ipus"])),
                 submitted_at=snapshot.now,
-                predicted_runtime_s=float(cast(float, out["total_s"])) / scale,
+                predicted_runtime_s=clock.to_wall(float(cast(float, out["total_s"]))),
                 machine_type=out.get("machine"),
                 # Ranked as the single job's estimate is (its service class under default-classes).
                 priority=job_class(
-                    policy, ranked_at, int(cast(int, out["ipus"])), float(cast(float, out["total_s"])) / scale
+                    policy,
+                    ranked_at,
+                    int(cast(int, out["ipus"])),
+                    clock.to_wall(float(cast(float, out["total_s"]))),
                 ),
             )
         )
@@ -614,7 +618,7 @@ def _forecast_elements(
     view = dataclasses.replace(snapshot, held=held, arrivals=[*snapshot.arrivals, *targets[:cap]])
     starts = forecast(view, policy, until=set(index_of), budget_s=ESTIMATE_BUDGET_S)
     return {
-        index_of[job_id]: round(max(0.0, start - snapshot.now) * scale, 3)
+        index_of[job_id]: round(clock.to_cluster(max(0.0, start - snapshot.now)), 3)
         for job_id, start in starts.items()
         if job_id in index_of
     }

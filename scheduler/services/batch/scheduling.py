@@ -2,9 +2,9 @@
 besides placements (preemptions, why jobs wait, fair-share samples).
 
 Times handed to the policy are wall-clock epoch seconds, the scheduler's clock. Predicted run times
-and usage are cluster time (docs/architecture.md, "Time"), so they are divided by ``time_scale``
-on the way in: a job predicted to take 100 cluster seconds holds its partition for 100 / time_scale
-wall seconds.
+and usage are cluster time (docs/architecture.md, "Clocks"), so the pass's `Clock` converts them on
+the way in: a job predicted to take 100 cluster seconds holds its partition for
+`clock.to_wall(100)` wall seconds.
 
 Fair share needs each tenant's decayed usage. Summing meter events at every pass would grow with the
 history; instead each tenant row keeps its decayed usage as last sampled, with the metered counter
@@ -24,6 +24,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from scheduler import billing
+from scheduler.clock import UNSCALED, Clock
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
@@ -136,7 +137,7 @@ def build_snapshot(
     session: Session,
     allocator: Allocator,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     half_life_s: float,
     arrivals_seen: set[str] | None = None,
     read_waits: bool = False,
@@ -190,7 +191,7 @@ def build_snapshot(
         )
         preemptible, task, plan_priority = row[11], row[12], row[-1]
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
-        options = machine_options(choices, time_scale) if machine is None and partition is None else ()
+        options = machine_options(choices, clock) if machine is None and partition is None else ()
         if len(options) == 1:
             machine, options = options[0].machine_type, ()
         queued.append(
@@ -199,7 +200,7 @@ def build_snapshot(
                 tenant_id=tenant_id,
                 size=min((o.size for o in options), default=size),
                 submitted_at=created.timestamp(),
-                predicted_runtime_s=predicted / time_scale,
+                predicted_runtime_s=clock.to_wall(predicted),
                 # Below the plan's priority, the policy's service class (scheduler.policy.las).
                 priority=(
                     plan_priority
@@ -208,7 +209,7 @@ def build_snapshot(
                         policy,
                         plan_priority,
                         size,
-                        predicted / time_scale,
+                        clock.to_wall(predicted),
                         waited_s=max(0.0, now_s - created.timestamp()),
                     )
                 ),
@@ -319,13 +320,13 @@ def build_snapshot(
         # not move with each heartbeat, so a reservation behind it does not either; a job past its
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
-        end = started + predicted / time_scale
+        end = started + clock.to_wall(predicted)
         # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
         # hold (GCD -1, scheduler/services/sessions/) frees it at its end.
         inside = kind == "reserved" or (kind == "session" and gcd >= 0)
         if taken is not None:
             # How far it has run follows from its start; what was billed lags by up to a meter tick.
-            ran = max(ran, (now - taken).total_seconds() * time_scale)
+            ran = max(ran, clock.cluster_since(taken, now))
         held_job = RunningJob(
             job_id,
             tenant_id,
@@ -336,7 +337,7 @@ def build_snapshot(
             priority,
             inside,
             preemptible=bool(preemptible),
-            checkpoint_every=checkpoint_every(every, task) / time_scale,
+            checkpoint_every=clock.to_wall(checkpoint_every(every, task)),
             session=kind == "session" and gcd < 0,
             # Its own opt-out or its plan's as the plan is now (an admin's edit reaches running work).
             never_preempt=bool(opted_out or plan_opted_out),
@@ -352,7 +353,7 @@ def build_snapshot(
         if deadline is not None:
             # Warned of its preemption: the forecast frees its IPUs when the warning ends.
             stopping[job_id] = deadline.timestamp()
-        committed[tenant_id] = committed.get(tenant_id, 0.0) + size * max(0.0, predicted - ran) / time_scale
+        committed[tenant_id] = committed.get(tenant_id, 0.0) + clock.to_wall(size * max(0.0, predicted - ran))
         if task != SERVE_TASK:  # replicas count against the plan's endpoint limits instead
             running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
         if gcd >= 0:
@@ -364,7 +365,7 @@ def build_snapshot(
         samples=samples,
         tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
         now=now,
-        time_scale=time_scale,
+        clock=clock,
         half_life_s=half_life_s,
         held_by_queued=held_by_queued,
         running_jobs=running_jobs,
@@ -509,14 +510,14 @@ def checkpoint_every(checkpoint_every_s: int | None, task: str) -> float:
 
 
 def machine_options(
-    choices: Mapping[str, Mapping[str, float]] | None, time_scale: float
+    choices: Mapping[str, Mapping[str, float]] | None, clock: Clock
 ) -> tuple[MachineOption, ...]:
     """A job's per-type options (`Job.options`) as the policy sees them, run times on the wall clock,
     in registry order."""
     if not choices:
         return ()
     return tuple(
-        MachineOption(kind, int(o["ipus"]), float(o["predicted_runtime_s"]) / time_scale, float(o["rate"]))
+        MachineOption(kind, int(o["ipus"]), clock.to_wall(float(o["predicted_runtime_s"])), float(o["rate"]))
         for kind in MACHINE_TYPE_NAMES
         if (o := choices.get(kind)) is not None
     )
@@ -535,7 +536,7 @@ def _tenant_states(
     samples: list[dict[str, Any]],
     tenant_ids: set[str],
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     half_life_s: float,
     held_by_queued: Mapping[str, int],
     running_jobs: Mapping[str, int],
@@ -566,7 +567,7 @@ def _tenant_states(
             max_queued_jobs=plan.max_queued_jobs,
             max_partition_size=plan.max_partition_size,
             running_jobs=running_jobs.get(tenant.id, 0),
-            usage_ipu_s=usage / time_scale,
+            usage_ipu_s=clock.to_wall(usage),
             committed_ipu_s=committed.get(tenant.id, 0.0),
             weight=tenant.fairshare_weight,
         )
@@ -659,7 +660,7 @@ def preempt(
     for_job: str,
     max_attempts: int,
     warning_s: float = 30.0,
-    time_scale: float = 1.0,
+    clock: Clock = UNSCALED,
     grace_s: float = 1.0,
     by_class: Collection[str] = (),
 ) -> int:
@@ -700,7 +701,7 @@ def preempt(
         checkpoints.warn_preemption(
             session=session,
             attempt_ids=list(warn),
-            deadline=now + timedelta(seconds=warning_s / time_scale + grace_s),
+            deadline=now + timedelta(seconds=clock.to_wall(warning_s) + grace_s),
             window_s=warning_s,
             reasons=warn,
         )

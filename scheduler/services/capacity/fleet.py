@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import runtime
+from scheduler.clock import UNSCALED, Clock
 from scheduler.db import changed, insert_returning_keys
 from scheduler.errors import Conflict, InvalidRequest, NotFound
 from scheduler.models import Ipu, IpuAssignment, Job, Machine, Partition, utcnow
@@ -360,9 +361,9 @@ class AllocatorSync:
     fleet: Fleet | None = None
     known: dict[int, str] = field(default_factory=dict)  # partition pk -> name
     health_seen: dict[str, str] = field(default_factory=dict)
-    # Cluster seconds per wall second: a job partition's expected end (the placement policy's
-    # time hint) is its start plus its predicted run time, on the wall clock the planners use.
-    time_scale: float = 1.0
+    # A job partition's expected end (the placement policy's time hint) is its start plus its
+    # predicted run time (cluster seconds), on the wall clock the planners use.
+    clock: Clock = UNSCALED
 
     def refresh(self, session: Session) -> Allocator:
         shape = fleet_shape(session=session)
@@ -409,7 +410,7 @@ class AllocatorSync:
                     .where(Partition.pk.in_(new[chunk : chunk + 1000]))
                 ).tuples()
                 for pk, name, ipu_ids, created, predicted in rows:
-                    end = None if predicted is None else created.timestamp() + predicted / self.time_scale
+                    end = None if predicted is None else created.timestamp() + self.clock.to_wall(predicted)
                     try:
                         alloc.occupy(name, ipu_ids, expected_end=end)
                     except AllocationConflict as exc:
@@ -439,18 +440,6 @@ class Allocators:
         if sync is None:
             sync = self._syncs[policy] = AllocatorSync(policy)
         return sync
-
-
-_allocators_lock = threading.Lock()
-
-
-def allocators_of(rt: runtime.Runtime) -> Allocators:
-    """The process's allocators for the admin partition verbs, kept in its runtime's extras."""
-    with _allocators_lock:
-        found = rt.extras.get(Allocators)
-        if not isinstance(found, Allocators):
-            found = rt.extras[Allocators] = Allocators()
-        return found
 
 
 def load_allocator(*, session: Session, policy: str = "default") -> Allocator:

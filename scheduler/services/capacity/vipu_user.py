@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
+from scheduler.clock import Clock
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, LimitExceeded, NotFound
 from scheduler.jobspec import SessionSpec
 from scheduler.models import (
@@ -615,7 +616,7 @@ def _live_jobs(session: Session, part: Partition) -> list[Attempt]:
     )
 
 
-def remove_partition(*, session: Session, caller: VipuCaller, partition_id: str, time_scale: float) -> str:
+def remove_partition(*, session: Session, caller: VipuCaller, partition_id: str, clock: Clock) -> str:
     """`RemovePartition`: an admin frees a partition nothing runs on; a tenant ends its session."""
     caller.require_change("remove a partition")
     part, row = _resolve(session, caller, partition_id)
@@ -626,7 +627,7 @@ def remove_partition(*, session: Session, caller: VipuCaller, partition_id: str,
             )
         ).scalar_one_or_none()
     if row is not None:
-        sessions.end_session(session=session, session_id=row.id, scope=caller.scope, time_scale=time_scale)
+        sessions.end_session(session=session, session_id=row.id, scope=caller.scope, clock=clock)
         return part.name if part is not None else row.id
     assert part is not None
     if part.kind == "job":

@@ -22,7 +22,8 @@ behind the session's own jobs.
 `sweep` runs in every scheduler iteration (the leader's, fenced): it bills the holding attempts,
 warns `warning_s` cluster seconds before an idle timeout or the maximum duration, and ends sessions
 whose time is up. Ending stops the session's running jobs, settles the holding attempt and frees the
-partition. All durations are cluster seconds; the wall clock runs `time_scale` times slower.
+partition. All durations are cluster seconds, converted to the wall clock by the caller's `Clock`
+(`scheduler/clock.py`).
 
 Locks are taken in the order sessions, jobs, attempts, tenants. The scheduling pass alone comes to a
 session with its holder job already locked; it skips a session row another transaction holds

@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from scheduler.clock import Clock
 from scheduler.models import (
     FINAL_JOB_STATES,
     LIVE_ATTEMPT_STATES,
@@ -19,7 +20,6 @@ from scheduler.models import (
     JobState,
     Partition,
     SessionState,
-    utcnow,
 )
 from scheduler.services.batch import attempts
 from scheduler.services.batch.job_state import add_event, finalize_job
@@ -36,15 +36,15 @@ QUOTA = "quota"
 FAULT = "fault"
 
 
-def end_session(*, session: Session, session_id: str, scope: Scope, time_scale: float) -> IpuSession:
+def end_session(*, session: Session, session_id: str, scope: Scope, clock: Clock) -> IpuSession:
     """The owner ends a session: its running jobs are stopped, its hold billed up to now."""
     row = lock_unended(session, session_id, scope)
-    end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=utcnow(), time_scale=time_scale)
+    end_many(session=session, ends=[(row, OWNER, "ended by its owner")], now=clock.wall_now(), clock=clock)
     return row
 
 
 def end_many(
-    *, session: Session, ends: Sequence[tuple[IpuSession, str, str]], now: datetime, time_scale: float
+    *, session: Session, ends: Sequence[tuple[IpuSession, str, str]], now: datetime, clock: Clock
 ) -> None:
     """End sessions (rows locked by the caller): `(session, reason, detail)` each."""
     for row, reason, detail in ends:
@@ -73,7 +73,7 @@ def end_many(
                 max_attempts=1,
             )
             _fail_waiting_jobs(session, row, detail)
-        _settle_hold(session, row, job, detail, now, time_scale)
+        _settle_hold(session, row, job, detail, now, clock)
         row.state = SessionState.ENDED
         row.ended_reason = reason
         row.ended_detail = detail[:1000]
@@ -101,7 +101,7 @@ def end_many(
 
 
 def _settle_hold(
-    session: Session, row: IpuSession, job: Job, detail: str, now: datetime, time_scale: float
+    session: Session, row: IpuSession, job: Job, detail: str, now: datetime, clock: Clock
 ) -> None:
     """End the session's holding attempt, billed up to ``now``, which frees the partition; a session
     that never held one (or lost it) has its partition released and its holder job cancelled."""
@@ -115,7 +115,7 @@ def _settle_hold(
         ).scalar_one()
     if holding is not None and holding.state == AttemptState.RUNNING:
         assert row.started_at is not None
-        held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+        held = min(float(row.max_duration_s), clock.cluster_since(row.started_at, now))
         holding.cluster_s = max(holding.cluster_s, held)
         # Back to a job partition for the moment of the end, so the attempt's end frees it as usual.
         session.execute(update(Partition).where(Partition.pk == row.partition_pk).values(kind="job"))

@@ -5,11 +5,12 @@ whose grant ran out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.clock import Clock
 from scheduler.models import (
     Attempt,
     AttemptState,
@@ -35,7 +36,7 @@ def sweep(
     *,
     session: Session,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     warning_s: float,
     meter_interval_s: float,
 ) -> SweepResult:
@@ -76,15 +77,15 @@ def sweep(
             # The platform ended the hold (a machine under it failed): nothing is left to hold.
             ends.append((row, FAULT, f"its partition was lost ({hold.end_reason if hold else 'no hold'})"))
             continue
-        deadline, reason = _deadline(row, activity, time_scale)
+        deadline, reason = _deadline(row, activity, clock)
         if now >= deadline and reason == IDLE_TIMEOUT and warning_s > 0 and row.warned_for != deadline:
             # Its warning window passed with no sweep to announce it (the scheduler was down or had
             # no leader): culling now would end the owner's session unannounced. Move the floor of
             # its idle countdown so it ends `warning_s` from now, and warn as for any deadline.
-            grace_end = now + timedelta(seconds=warning_s / time_scale)
-            row.idle_since = grace_end - timedelta(seconds=row.idle_timeout_s / time_scale)
+            grace_end = now + clock.wall_delta(warning_s)
+            row.idle_since = grace_end - clock.wall_delta(row.idle_timeout_s)
             activity[row.partition_pk] = (0, row.idle_since)
-            deadline, reason = _deadline(row, activity, time_scale)
+            deadline, reason = _deadline(row, activity, clock)
         if now >= deadline:
             what = (
                 f"idle for {row.idle_timeout_s} s with no job"
@@ -93,13 +94,13 @@ def sweep(
             )
             ends.append((row, reason, what))
             continue
-        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
-            _warn(session, row, deadline, reason, now, time_scale)
+        if now >= deadline - clock.wall_delta(warning_s) and row.warned_for != deadline:
+            _warn(session, row, deadline, reason, now, clock)
             result.warned.append(row.id)
         elapsed = (now - row.started_at).total_seconds()
         seq = int(elapsed // meter_interval_s)
         if seq > hold.ticks:
-            held = min(float(row.max_duration_s), elapsed * time_scale)
+            held = min(float(row.max_duration_s), clock.to_cluster(elapsed))
             ticks.append(metering.TickDue(hold, seq, held, int(reserved.get(row.job_id, 0)), SESSION_TASK))
             by_attempt[hold.id] = row
     if ticks:
@@ -108,18 +109,18 @@ def sweep(
         for attempt_id in sorted(exhausted):
             ends.append((by_attempt[attempt_id], QUOTA, "the tenant's grant ran out"))
     if ends:
-        end_many(session=session, ends=ends, now=now, time_scale=time_scale)
+        end_many(session=session, ends=ends, now=now, clock=clock)
         result.ended = [(r.id, reason) for r, reason, _ in ends]
     return result
 
 
 def _warn(
-    session: Session, row: IpuSession, deadline: datetime, reason: str, now: datetime, time_scale: float
+    session: Session, row: IpuSession, deadline: datetime, reason: str, now: datetime, clock: Clock
 ) -> None:
     """Tell the owner the session ends at ``deadline`` (for ``reason``): in its history and as a
     `session.ending_soon` event, once per deadline."""
     row.warned_for = deadline
-    left = (deadline - now).total_seconds() * time_scale
+    left = clock.cluster_since(now, deadline)
     why = "idle timeout" if reason == IDLE_TIMEOUT else "maximum duration"
     add_event(
         session,
@@ -147,23 +148,23 @@ def _warn(
 
 
 def _deadline(
-    row: IpuSession, activity: dict[int, tuple[int, datetime]], time_scale: float
+    row: IpuSession, activity: dict[int, tuple[int, datetime]], clock: Clock
 ) -> tuple[datetime, str]:
     """When an active session ends if nothing changes (wall clock), and why: its maximum duration, or
     its idle timeout while no job of it runs."""
     assert row.started_at is not None and row.partition_pk is not None
-    deadline = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    deadline = clock.wall_after(row.started_at, row.max_duration_s)
     reason = MAX_DURATION
     busy, idle_since = activity.get(row.partition_pk, (0, row.started_at))
     if not busy:
-        idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+        idle_end = clock.wall_after(idle_since, row.idle_timeout_s)
         if idle_end < deadline:
             deadline, reason = idle_end, IDLE_TIMEOUT
     return deadline, reason
 
 
 def has_due(
-    *, session: Session, now: datetime, time_scale: float, warning_s: float, meter_interval_s: float
+    *, session: Session, now: datetime, clock: Clock, warning_s: float, meter_interval_s: float
 ) -> bool:
     """Whether `sweep` has anything to do now (read without locks): a meter tick, a warning or an end
     due. The scheduler asks this first, so that on SQLite its loop does not take the database's one
@@ -184,8 +185,8 @@ def has_due(
         state, ticks = holds.get(row.attempt_id or 0, (None, 0))
         if state != AttemptState.RUNNING or row.started_at is None:
             return True
-        deadline, _ = _deadline(row, activity, time_scale)
-        if now >= deadline - timedelta(seconds=warning_s / time_scale) and row.warned_for != deadline:
+        deadline, _ = _deadline(row, activity, clock)
+        if now >= deadline - clock.wall_delta(warning_s) and row.warned_for != deadline:
             return True
         if now >= deadline or int((now - row.started_at).total_seconds() // meter_interval_s) > ticks:
             return True

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypedDict
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.clock import Clock
 from scheduler.errors import Conflict, NotFound
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
@@ -80,9 +81,7 @@ class SessionView:
     events: list[JobEvent]
 
 
-def view(
-    *, session: Session, row: IpuSession, time_scale: float, now: datetime, jobs: int = 50
-) -> SessionView:
+def view(*, session: Session, row: IpuSession, clock: Clock, now: datetime, jobs: int = 50) -> SessionView:
     partition = session.get(Partition, row.partition_pk) if row.partition_pk is not None else None
     holding = session.get(Attempt, row.attempt_id) if row.attempt_id is not None else None
     session_jobs = list(
@@ -107,15 +106,15 @@ def view(
         held = holding.cluster_s if holding is not None else 0.0
         return SessionView(row, partition, held, None, None, None, None, 0, billed, session_jobs, events)
     busy, idle_since = activity_by_partition(session, [row]).get(row.partition_pk or 0, (0, row.started_at))
-    held = min(float(row.max_duration_s), (now - row.started_at).total_seconds() * time_scale)
+    held = min(float(row.max_duration_s), clock.cluster_since(row.started_at, now))
     left = max(0.0, row.max_duration_s - held)
-    max_end = row.started_at + timedelta(seconds=row.max_duration_s / time_scale)
+    max_end = clock.wall_after(row.started_at, row.max_duration_s)
     if busy:
         return SessionView(
             row, partition, held, left, None, None, max_end, busy, billed, session_jobs, events
         )
-    idle = max(0.0, (now - idle_since).total_seconds() * time_scale)
-    idle_end = idle_since + timedelta(seconds=row.idle_timeout_s / time_scale)
+    idle = max(0.0, clock.cluster_since(idle_since, now))
+    idle_end = clock.wall_after(idle_since, row.idle_timeout_s)
     return SessionView(
         row,
         partition,
@@ -222,10 +221,10 @@ class SessionJson(TypedDict):
     events: list[SessionEventView]
 
 
-def session_answer(*, session: Session, row: IpuSession, time_scale: float) -> SessionJson:
+def session_answer(*, session: Session, row: IpuSession, clock: Clock) -> SessionJson:
     """A session as every reader is answered it (start, list, show, change, end), as of the
     database's clock."""
-    return session_json(view(session=session, row=row, time_scale=time_scale, now=db_now(session)))
+    return session_json(view(session=session, row=row, clock=clock, now=db_now(session)))
 
 
 def session_json(v: SessionView) -> SessionJson:

@@ -19,6 +19,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler import webhook_http
+from scheduler.clock import Clock
 from scheduler.models import utcnow
 from scheduler.notify_models import Event, Webhook, WebhookDelivery
 from scheduler.services.tenancy.notifications import emit
@@ -187,12 +188,12 @@ def outgoing(*, session: Session, delivery_id: int, now: datetime, public_url: s
 
 
 def retry_delay_s(
-    attempts: int, time_scale: float, retry_after_s: float | None, rng: random.Random
+    attempts: int, clock: Clock, retry_after_s: float | None, rng: random.Random
 ) -> float | None:
     """Wall seconds until the next try after `attempts` failed ones; None when the schedule is spent."""
     if attempts > len(RETRY_SCHEDULE_S):
         return None
-    base = RETRY_SCHEDULE_S[attempts - 1] / time_scale
+    base = clock.to_wall(RETRY_SCHEDULE_S[attempts - 1])
     delay = base * (1 + rng.uniform(-JITTER, JITTER))
     if retry_after_s is not None:
         delay = max(delay, min(retry_after_s, MAX_RETRY_AFTER_S))
@@ -210,7 +211,7 @@ def record_outcome(
     delivery_id: int,
     outcome: webhook_http.Outcome,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     disable_after_s: float,
     rng: random.Random | None = None,
 ) -> DeliveryResult | None:
@@ -249,15 +250,13 @@ def record_outcome(
         if outcome.status == 410:
             delivery.status = "failed"
             disabled = _disable(session, hook, "the receiver answered 410 Gone", now)
-        elif (now - hook.failing_since).total_seconds() * time_scale >= disable_after_s:
+        elif clock.cluster_since(hook.failing_since, now) >= disable_after_s:
             delivery.status = "failed"
             disabled = _disable(
                 session, hook, f"every delivery failed for {disable_after_s / 86400:g} days", now
             )
         else:
-            delay = retry_delay_s(
-                delivery.attempts, time_scale, outcome.retry_after_s, rng or random.Random()
-            )
+            delay = retry_delay_s(delivery.attempts, clock, outcome.retry_after_s, rng or random.Random())
             if delay is None:
                 delivery.status = "failed"
             else:

@@ -29,6 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import mail as mail_wire
+from scheduler.clock import Clock
 from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, NotFound
 from scheduler.models import IpuSession, Job, Member, utcnow
@@ -661,7 +662,7 @@ def record_failure(
     error: str,
     permanent: bool,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     rng: random.Random | None = None,
 ) -> str | None:
     """A try failed: schedule the next (the webhooks' schedule, about three days), or fail it for good
@@ -672,11 +673,7 @@ def record_failure(
     row.attempts += 1
     row.last_error = error[:500]
     row.claimed_until = None
-    delay = (
-        None
-        if permanent
-        else deliveries.retry_delay_s(row.attempts, time_scale, None, rng or random.Random())
-    )
+    delay = None if permanent else deliveries.retry_delay_s(row.attempts, clock, None, rng or random.Random())
     if delay is None:
         row.status = "failed"
     else:

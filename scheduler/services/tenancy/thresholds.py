@@ -13,6 +13,7 @@ from typing import TypedDict
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.clock import UNSCALED, Clock
 from scheduler.models import Job, MeterEvent, Tenant
 from scheduler.notify_models import Event, NotificationSetting
 from scheduler.services.tenancy.notifications import HIDDEN_TASKS, emit, event_id, job_event
@@ -55,7 +56,9 @@ def _runtime_warnings(session: Session, now: datetime) -> int:
         timeline = attempt.timeline or {}
         if attempt.started_at is None or not timeline or not job.max_runtime_s:
             continue
-        ran = (now - attempt.started_at).total_seconds() * float(timeline["scale"])
+        ran = Clock(float(timeline["scale"])).cluster_since(
+            attempt.started_at, now
+        )  # the clock it was taken at
         before = max(0.0, float(timeline.get("run_base_s", 0.0)) - job.runtime_base_s)
         run_s = before + max(0.0, ran - attempt.unbilled_s)
         crossed = [pct for pct in RUNTIME_WARNINGS if 100 * run_s >= pct * job.max_runtime_s]
@@ -123,14 +126,14 @@ def _recent_burn(session: Session, tenant_ids: list[str], since: datetime) -> di
     return found
 
 
-def sweep(*, session: Session, now: datetime, time_scale: float = 1.0) -> SweepResult:
+def sweep(*, session: Session, now: datetime, clock: Clock = UNSCALED) -> SweepResult:
     """Write the events no single transaction makes: jobs near their time limit, grant thresholds
     crossed and trials ending.
     Their ids name the threshold and the grant (or the expiry), so each is written once, and again
     after an admin changes the grant (or the expiry).
 
     A threshold's `forecast` counts used + reserved + the recent burn to the grant's expiry: the charge
-    of the last 24 h of cluster time (`time_scale` cluster seconds a wall second) extrapolated at that
+    of the last 24 h of cluster time (`clock.scale` cluster seconds a wall second) extrapolated at that
     rate to `expires_at`."""
     result = SweepResult(usage=0, trials=0, runtime=_runtime_warnings(session, now))
     # Members choose their own thresholds (scheduler/services/tenancy/mail.py): the events are written
@@ -141,7 +144,7 @@ def sweep(*, session: Session, now: datetime, time_scale: float = 1.0) -> SweepR
     ).tuples():
         chosen.setdefault(tenant_id, set()).update(int(t) for t in thresholds)
     lowest = min([*USAGE_THRESHOLDS, *(t for ts in chosen.values() for t in ts)]) / 100
-    window_s = BURN_WINDOW_CLUSTER_S / time_scale
+    window_s = clock.to_wall(BURN_WINDOW_CLUSTER_S)
     columns = (Tenant.id, Tenant.quota_ipu_ms, Tenant.used_ipu_ms, Tenant.reserved_ipu_ms, Tenant.expires_at)
     live = (Tenant.quota_ipu_ms > 0, Tenant.status == "active")
     crossed = list(
