@@ -343,6 +343,13 @@ class ServingHost:
         while not rep.draining:
             try:
                 if not rep.carry:
+                    # Nothing is taken before the device can start on it: the endpoint's backlog stays in
+                    # its queue, where every ready replica (one just loaded included) takes from, instead
+                    # of being booked onto this replica's future timeline as fast as Python can take it.
+                    ahead = rep.device_free - rep.settle_s - self.clock()
+                    if ahead > 0:
+                        await asyncio.sleep(min(ahead, _PULL_TIMEOUT_S))
+                        continue
                     raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
                     if raw is None:
                         continue
