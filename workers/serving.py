@@ -40,7 +40,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from scheduler import inference
 from scheduler.inference import Answer, Envelope
-from vipu.emulator.serving import ServePlan
+from vipu.emulator.serving import Cut, ServePlan, cut_batch
 
 log = logging.getLogger(__name__)
 
@@ -514,48 +514,10 @@ class ServingHost:
                 self.counts.add_answer(rep.endpoint_id, a, now)
 
 
-@dataclass(frozen=True, slots=True)
-class Cut:
-    """A replica's next batch on its device's timeline (wall-clock seconds, as envelopes are stamped)."""
-
-    n: int
-    """How many of the pending envelopes (oldest first) it takes."""
-    rows: int
-    fill_from: float
-    """When the device is free for it and its first request has come: waiting before is queueing."""
-    start: float
-    """When it starts: ``fill_from``, or later by the batching window (waiting after is batching)."""
-    known: float
-    """Requests enqueued up to this time may still join it (unless ``closed``)."""
-    closed: bool
-    """Full, or stopped by a request that does not fit: later arrivals cannot change it."""
-
-
 def next_batch(pending: list[Envelope], device_free: float, max_rows: int, wait_s: float) -> Cut:
-    """The batching policy ``ServePlan.under_load`` replays (``vipu.emulator.serving.batch_under_load``),
-    on ``pending`` (sorted by enqueue time, not empty): the device takes every request enqueued by the
-    time it is free (or, idle, the first request's arrival), up to ``max_rows``, then waits up to
-    ``wait_s`` from then for the batch to fill, starting as soon as it is full. A request of several
-    rows that does not fit ends the batch (at its arrival: the batcher then knows it is complete)."""
-    fill_from = max(device_free, pending[0].enqueued_us / 1e6)
-    i = rows = 0
-    limit = fill_from
-    for phase in (0, 1):
-        if phase == 1:
-            if wait_s <= 0 or rows >= max_rows:
-                break
-            limit = fill_from + wait_s
-        while i < len(pending) and rows < max_rows:
-            t = pending[i].enqueued_us / 1e6
-            if t > limit:
-                break
-            if i and rows + pending[i].rows > max_rows:
-                start = max(fill_from, t)
-                return Cut(i, rows, fill_from, start, start, True)
-            rows += pending[i].rows
-            i += 1
-    if rows >= max_rows:
-        start = max(fill_from, pending[i - 1].enqueued_us / 1e6)
-        return Cut(i, rows, fill_from, start, start, True)
-    start = fill_from + wait_s if wait_s > 0 else fill_from
-    return Cut(i, rows, fill_from, start, start, False)
+    """The replica's next batch on ``pending`` (sorted by enqueue time, not empty), on the device's
+    timeline in wall-clock seconds as envelopes are stamped: ``vipu.emulator.serving.cut_batch``, the
+    policy ``ServePlan.under_load`` replays, so the two cannot drift apart."""
+    return cut_batch(
+        [e.enqueued_us / 1e6 for e in pending], device_free, max_rows, wait_s, rows=[e.rows for e in pending]
+    )
