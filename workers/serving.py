@@ -1,7 +1,9 @@
 """The model servers of a host agent: every serving replica it holds, on one asyncio loop of its own.
 
 A replica pulls envelopes from its endpoint's queue into its in-flight list (BLMOVE: a request is
-always in exactly one place), forms a batch, and answers it when the emulated IPU would have: the
+always in exactly one place) only when its device can start on them, so a backlog waits in the
+endpoint's queue, where every ready replica takes from (one scaled up under it takes its share at
+once); it forms a batch, and answers it when the emulated IPU would have: the
 plan's latency for that batch size, divided by the time scale. The device is pipelined as the plan
 says: the next batch may start ``step_s`` after this one while this one's answers are still on their
 way, so a replica at saturation serves ``batch / step_s`` requests a second.
