@@ -352,10 +352,21 @@ class ServingHost:
                     if ahead > 0:
                         await asyncio.sleep(min(ahead, _PULL_TIMEOUT_S))
                         continue
-                    raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
+                    # With the move, in the same round trip (Redis runs a blocked client's next commands
+                    # the moment the blocking one is served): the server's time, then whether anything
+                    # is left. An empty queue then means every request enqueued by that time is taken,
+                    # which is what a TAKE_MORE would have found out in a round trip of its own before
+                    # the batch could start (at one request in flight, one of four on its path).
+                    pipe = r.pipeline(transaction=False)
+                    pipe.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
+                    pipe.time()
+                    pipe.llen(queue)
+                    raw, (sec, usec), left = await pipe.execute()
                     if raw is None:
                         continue
                     rep.keep([Envelope.decode(raw)])
+                    if left == 0:
+                        rep.pulled_through = max(rep.pulled_through, sec + usec / 1e6 - rep.settle_s)
                 taken = await self._take_batch(rep, queue, inflight)
                 if taken is not None:
                     self._start_batch(rep, *taken)

@@ -132,3 +132,51 @@ def test_a_backlog_queued_under_one_replica_is_served_by_a_second_once_it_is_rea
     # last one waited about half what it would have behind one replica (3 s of work).
     worst = max(a.queue_ms for a in got) / 1000.0 / scale
     assert worst < 0.75 * n * STEP_WALL_S, (worst, by_replica)
+
+
+def test_a_lone_request_costs_the_replica_one_move_and_one_answer(runtime: Any) -> None:
+    """At one request in flight the replica learns that nothing else is queued in the round trip that
+    moves the request (the server's time and the queue's length come with it), so it starts the batch
+    without a TAKE_MORE of its own: one round trip of four on the request's path (before: five)."""
+    from workers.serving import ServingHost
+
+    spec = emulator.WorkloadSpec(model="mcmc", task="infer", precision="fp32")
+    plan = emulator.serve_plan(spec, machine="m2000", ipus=1, max_batch_size=64)
+    r = runtime.redis
+    endpoint = "ep_shared2"
+    for k in (inference.queue_key(endpoint), inference.reply_key("wlone")):
+        r.delete(k)
+    inference.publish_route(
+        r, Route(endpoint, "t_shared", "m", "ready", plan.signature.to_dict(), 64, 0.0, 100_000, 60.0)
+    )
+    host = ServingHost(runtime.settings.broker_url)
+    host.start()
+    takes = 0
+    try:
+        assert host._scripts is not None
+        take_more = host._scripts.take_more
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal takes
+            takes += 1
+            return await take_more(*args, **kwargs)
+
+        host._scripts.take_more = counted
+        # Zero device time (a time scale of a million): each request is a batch of its own, answered at once.
+        host.add(attempt_id=51, endpoint_id=endpoint, plan=plan, time_scale=1e6, ready_at=time.time())
+        deadline = time.time() + 10
+        while r.zscore(inference.ready_key(endpoint), "51") is None:
+            assert time.time() < deadline, "the replica never became ready"
+            time.sleep(0.01)
+        scripts = inference.Scripts(r)
+        for i in range(20):
+            env = Envelope(f"l{i}", "wlone", 1, int(time.time() * 1000) + 60_000, int(time.time() * 1e6))
+            keys, args = inference.enqueue_args(endpoint, [env.encode()], 100_000, time.time())
+            assert scripts.enqueue(keys=keys, args=args)[0] == 1
+            popped = r.brpop([inference.reply_key("wlone")], timeout=10)
+            assert popped is not None, f"request {i} was never answered"
+            a = Answer.decode(popped[1])
+            assert (a.rid, a.status, a.batch) == (f"l{i}", 200, 1)
+    finally:
+        host.close()
+    assert takes == 0
