@@ -495,6 +495,8 @@ class Setup:
     redis_url: str
     work: Path
     api_workers: int
+    db_name: str = "ipucloud_bench_endpoints"
+    """The PostgreSQL database the run drops and creates (``--database-name``: one per concurrent run)."""
 
 
 @contextmanager
@@ -532,7 +534,7 @@ def start_endpoint(
 
 
 def _cloud(setup: Setup, time_scale: float, *, control_plane: bool) -> tuple[RunningCloud, str]:
-    db_url = fresh_database(setup.db_url, "ipucloud_bench_endpoints")
+    db_url = fresh_database(setup.db_url, setup.db_name)
     admin, key = prepare(db_url, pods=1)
     setup.work.mkdir(parents=True, exist_ok=True)
     cloud = start_cloud(
@@ -1043,6 +1045,11 @@ def main() -> None:
     )
     ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
     ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
+    ap.add_argument(
+        "--database-name",
+        default="ipucloud_bench_endpoints",
+        help="the PostgreSQL database to drop and create (a run beside another needs its own)",
+    )
     args = ap.parse_args()
     only = set(args.only.split(","))
     os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
@@ -1053,7 +1060,7 @@ def main() -> None:
     )
     print(f"# reproduce: {COMMAND} " + " ".join(sys.argv[1:]), flush=True)
     work = Path(tempfile.mkdtemp(prefix="ipucloud-endpoints-bench-"))
-    setup = Setup(args.database_url, args.redis_url, work, api_workers=cores)
+    setup = Setup(args.database_url, args.redis_url, work, api_workers=cores, db_name=args.database_name)
     try:
         if "overhead" in only:
             part_overhead(

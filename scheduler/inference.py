@@ -6,7 +6,9 @@ No request touches the database. Per endpoint:
   plane after every commit that changes it; API processes cache it for ``ROUTE_CACHE_S``.
 - ``ep:<id>:q``      its queue. The API pushes request envelopes on the left (``ENQUEUE``, which
   refuses past ``max_queue`` and counts in the same step); every replica of the endpoint pulls from
-  the right, so one queue feeds all its replicas and a busy replica simply takes less.
+  the right, so one queue feeds all its replicas and a busy replica simply takes less. A replica
+  takes only what its device can start by now (``workers.serving``), so a backlog waits here, for
+  whichever replica is free first (one just scaled up included), and ``max_queue`` bounds it.
 - ``ep:<id>:f:<attempt>``  a replica's in-flight list: an envelope moves there atomically as the
   replica takes it (BLMOVE), and leaves it only by ``ANSWER`` (which replies only for envelopes it
   removed), ``FAIL_INFLIGHT`` (503 for everything left of a replica that is gone) or ``GIVE_BACK``

@@ -1,7 +1,9 @@
 """The model servers of a host agent: every serving replica it holds, on one asyncio loop of its own.
 
 A replica pulls envelopes from its endpoint's queue into its in-flight list (BLMOVE: a request is
-always in exactly one place), forms a batch, and answers it when the emulated IPU would have: the
+always in exactly one place) only when its device can start on them, so a backlog waits in the
+endpoint's queue, where every ready replica takes from (one scaled up under it takes its share at
+once); it forms a batch, and answers it when the emulated IPU would have: the
 plan's latency for that batch size, divided by the time scale. The device is pipelined as the plan
 says: the next batch may start ``step_s`` after this one while this one's answers are still on their
 way, so a replica at saturation serves ``batch / step_s`` requests a second.
@@ -40,7 +42,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from scheduler import inference
 from scheduler.inference import Answer, Envelope
-from vipu.emulator.serving import ServePlan
+from vipu.emulator.serving import Cut, ServePlan, cut_batch
 
 log = logging.getLogger(__name__)
 
@@ -343,10 +345,28 @@ class ServingHost:
         while not rep.draining:
             try:
                 if not rep.carry:
-                    raw = await r.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
+                    # Nothing is taken before the device can start on it: the endpoint's backlog stays in
+                    # its queue, where every ready replica (one just loaded included) takes from, instead
+                    # of being booked onto this replica's future timeline as fast as Python can take it.
+                    ahead = rep.device_free - rep.settle_s - self.clock()
+                    if ahead > 0:
+                        await asyncio.sleep(min(ahead, _PULL_TIMEOUT_S))
+                        continue
+                    # With the move, in the same round trip (Redis runs a blocked client's next commands
+                    # the moment the blocking one is served): the server's time, then whether anything
+                    # is left. An empty queue then means every request enqueued by that time is taken,
+                    # which is what a TAKE_MORE would have found out in a round trip of its own before
+                    # the batch could start (at one request in flight, one of four on its path).
+                    pipe = r.pipeline(transaction=False)
+                    pipe.blmove(queue, inflight, _PULL_TIMEOUT_S, "RIGHT", "LEFT")  # type: ignore[arg-type]
+                    pipe.time()
+                    pipe.llen(queue)
+                    raw, (sec, usec), left = await pipe.execute()
                     if raw is None:
                         continue
                     rep.keep([Envelope.decode(raw)])
+                    if left == 0:
+                        rep.pulled_through = max(rep.pulled_through, sec + usec / 1e6 - rep.settle_s)
                 taken = await self._take_batch(rep, queue, inflight)
                 if taken is not None:
                     self._start_batch(rep, *taken)
@@ -507,48 +527,10 @@ class ServingHost:
                 self.counts.add_answer(rep.endpoint_id, a, now)
 
 
-@dataclass(frozen=True, slots=True)
-class Cut:
-    """A replica's next batch on its device's timeline (wall-clock seconds, as envelopes are stamped)."""
-
-    n: int
-    """How many of the pending envelopes (oldest first) it takes."""
-    rows: int
-    fill_from: float
-    """When the device is free for it and its first request has come: waiting before is queueing."""
-    start: float
-    """When it starts: ``fill_from``, or later by the batching window (waiting after is batching)."""
-    known: float
-    """Requests enqueued up to this time may still join it (unless ``closed``)."""
-    closed: bool
-    """Full, or stopped by a request that does not fit: later arrivals cannot change it."""
-
-
 def next_batch(pending: list[Envelope], device_free: float, max_rows: int, wait_s: float) -> Cut:
-    """The batching policy ``ServePlan.under_load`` replays (``vipu.emulator.serving.batch_under_load``),
-    on ``pending`` (sorted by enqueue time, not empty): the device takes every request enqueued by the
-    time it is free (or, idle, the first request's arrival), up to ``max_rows``, then waits up to
-    ``wait_s`` from then for the batch to fill, starting as soon as it is full. A request of several
-    rows that does not fit ends the batch (at its arrival: the batcher then knows it is complete)."""
-    fill_from = max(device_free, pending[0].enqueued_us / 1e6)
-    i = rows = 0
-    limit = fill_from
-    for phase in (0, 1):
-        if phase == 1:
-            if wait_s <= 0 or rows >= max_rows:
-                break
-            limit = fill_from + wait_s
-        while i < len(pending) and rows < max_rows:
-            t = pending[i].enqueued_us / 1e6
-            if t > limit:
-                break
-            if i and rows + pending[i].rows > max_rows:
-                start = max(fill_from, t)
-                return Cut(i, rows, fill_from, start, start, True)
-            rows += pending[i].rows
-            i += 1
-    if rows >= max_rows:
-        start = max(fill_from, pending[i - 1].enqueued_us / 1e6)
-        return Cut(i, rows, fill_from, start, start, True)
-    start = fill_from + wait_s if wait_s > 0 else fill_from
-    return Cut(i, rows, fill_from, start, start, False)
+    """The replica's next batch on ``pending`` (sorted by enqueue time, not empty), on the device's
+    timeline in wall-clock seconds as envelopes are stamped: ``vipu.emulator.serving.cut_batch``, the
+    policy ``ServePlan.under_load`` replays, so the two cannot drift apart."""
+    return cut_batch(
+        [e.enqueued_us / 1e6 for e in pending], device_free, max_rows, wait_s, rows=[e.rows for e in pending]
+    )

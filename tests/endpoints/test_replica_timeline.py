@@ -14,7 +14,7 @@ import pytest
 from scheduler import inference
 from scheduler.inference import Answer, Envelope, Route
 from vipu import emulator
-from vipu.emulator.serving import batch_under_load
+from vipu.emulator.serving import batch_under_load, cut_batch
 from workers.serving import ServingHost, next_batch
 
 TIME_SCALE = 0.1
@@ -98,7 +98,9 @@ def test_charged_latencies_are_the_plans_under_load_though_the_replica_process_s
 
 def test_the_replicas_policy_is_the_one_under_load_replays() -> None:
     """``next_batch``, applied batch after batch with every arrival known, gives ``batch_under_load``'s
-    latencies, batching window or not, full batches or not."""
+    latencies, batching window or not, full batches or not. Both call ``cut_batch`` (the policy is
+    written once); this checks what each wraps around it: the envelopes' stamps read as the replica
+    reads them, the device's free time carried from batch to batch as the replay carries it."""
     plan = _plan(batch=8)
     rng = random.Random(7)
     for max_wait_ms in (0.0, 0.5, 3.0):
@@ -122,3 +124,22 @@ def test_the_replicas_policy_is_the_one_under_load_replays() -> None:
                 max_wait_ms=max_wait_ms,
             )
             assert lat == pytest.approx(exp, abs=1e-9), (max_wait_ms, max_rows)
+
+
+def test_a_request_that_does_not_fit_closes_the_batch_at_its_arrival() -> None:
+    """``cut_batch`` on requests of several rows, from an offset as the replay calls it: the batch takes
+    what fits, and the first request that does not fit closes it (the batcher knows it is complete
+    when that request arrives, not at the end of the window)."""
+    arrivals = [0.0, 0.010, 0.011, 0.012, 0.013]
+    rows = [9, 2, 3, 2, 1]
+    cut = cut_batch(arrivals, 0.0105, 8, 0.005, rows=rows, first=1)
+    # From 0.0105 (the device free, after the request at 0.010): 2 + 3 rows, then 2 more do fit (7),
+    # then 1 more (8, full) at 0.013.
+    assert (cut.n, cut.rows, cut.closed) == (4, 8, True)
+    assert cut.fill_from == 0.0105 and cut.start == 0.013
+    cut = cut_batch(arrivals, 0.0105, 6, 0.005, rows=rows, first=1)
+    # 2 + 3 = 5 rows; the next request's 2 do not fit: closed at its arrival, 0.012.
+    assert (cut.n, cut.rows, cut.closed, cut.start) == (2, 5, True, 0.012)
+    cut = cut_batch(arrivals, 0.0, 16, 0.0, rows=rows)
+    # No window: what had arrived when the device was free (at the first arrival), open.
+    assert (cut.n, cut.rows, cut.closed, cut.start, cut.known) == (1, 9, False, 0.0, 0.0)

@@ -411,10 +411,73 @@ class ServePlan:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A replica's next batch on its device's timeline (``cut_batch``), in the arrivals' time unit."""
+
+    n: int
+    """How many of the pending requests (oldest first, from ``first``) it takes."""
+    rows: int
+    fill_from: float
+    """When the device is free for it and its first request has come: waiting before is queueing."""
+    start: float
+    """When it starts: ``fill_from``, or later by the batching window (waiting after is batching)."""
+    known: float
+    """Requests arriving up to this time may still join it (unless ``closed``)."""
+    closed: bool
+    """Full, or stopped by a request that does not fit: later arrivals cannot change it."""
+
+
+def cut_batch(
+    arrivals: Sequence[float],
+    device_free: float,
+    max_rows: int,
+    wait_s: float,
+    *,
+    rows: Sequence[int] | None = None,
+    first: int = 0,
+) -> Cut:
+    """The serving replica's batching policy, the one implementation: the live replica
+    (``workers.serving``) and the plan's replay (``batch_under_load``) both call it.
+
+    On the requests pending from ``first`` (``arrivals`` sorted, at least one from ``first``; ``rows``
+    each, one if None): the device takes every request that arrived by the time it is free (or, idle,
+    the first request's arrival), up to ``max_rows``, then waits up to ``wait_s`` from then for the
+    batch to fill, starting as soon as it is full. A request of several rows that does not fit ends
+    the batch (at its arrival: the batcher then knows it is complete). Scale-free: the arrivals, the
+    device's free time and ``wait_s`` in one unit (wall seconds live, cluster seconds in the replay)."""
+    fill_from = max(device_free, arrivals[first])
+    end = len(arrivals)
+    i = first
+    taken = 0
+    limit = fill_from
+    for phase in (0, 1):
+        if phase == 1:
+            if wait_s <= 0 or taken >= max_rows:
+                break
+            limit = fill_from + wait_s
+        while i < end and taken < max_rows:
+            t = arrivals[i]
+            if t > limit:
+                break
+            r = 1 if rows is None else rows[i]
+            if i > first and taken + r > max_rows:
+                start = max(fill_from, t)
+                return Cut(i - first, taken, fill_from, start, start, True)
+            taken += r
+            i += 1
+    if taken >= max_rows:
+        start = max(fill_from, arrivals[i - 1])
+        return Cut(i - first, taken, fill_from, start, start, True)
+    start = fill_from + wait_s if wait_s > 0 else fill_from
+    return Cut(i - first, taken, fill_from, start, start, False)
+
+
 def batch_under_load(
     plan: ServePlan, arrivals_s: Sequence[float], *, max_batch_size: int, max_wait_ms: float = 0.0
 ) -> list[float]:
-    """The serving replica's batching policy (``workers/serving.py``) replayed on the plan's times.
+    """The serving replica's batching policy (``cut_batch``, as ``workers/serving.py`` runs it) replayed
+    on the plan's times.
 
     The device takes a batch every ``step_s(b)`` at most (pipelined: the next may start while this
     one's answers are on their way); when it is free, the replica takes every request waiting, up to
@@ -432,23 +495,12 @@ def batch_under_load(
     device_free = -math.inf
     i = 0
     while i < n:
-        fill_from = max(arrivals_s[i], device_free)
-        j = i + 1
-        while j < n and j - i < max_batch_size and arrivals_s[j] <= fill_from:
-            j += 1
-        start = fill_from
-        if wait > 0 and j - i < max_batch_size:
-            deadline = fill_from + wait
-            while j < n and j - i < max_batch_size and arrivals_s[j] <= deadline:
-                j += 1
-            start = arrivals_s[j - 1] if j - i == max_batch_size else deadline
-            start = max(start, fill_from)
-        b = j - i
-        t = plan.times(min(b, plan.max_batch_size))
-        for k in range(i, j):
-            out.append(start - arrivals_s[k] + t.latency_s)
-        device_free = start + t.step_s
-        i = j
+        cut = cut_batch(arrivals_s, device_free, max_batch_size, wait, first=i)
+        t = plan.times(min(cut.rows, plan.max_batch_size))
+        for k in range(i, i + cut.n):
+            out.append(cut.start - arrivals_s[k] + t.latency_s)
+        device_free = cut.start + t.step_s
+        i += cut.n
     return out
 
 
