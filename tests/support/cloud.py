@@ -263,10 +263,12 @@ def start_shared(
     secret_key: str,
     tmp_path_factory: Any,
     extra_env: dict[str, str] | None = None,
+    pods: int = 2,
 ) -> Iterator[RunningCloud]:
     """The cloud of tests/conftest.py's `shared_cloud`, with `extra_env` (e.g. a time scale) added to its
-    processes' settings: the body of a class-scoped fixture (`tmp_path_factory` is pytest's). The test
-    process's runtime is installed for as long as it runs, for `database` (the cloud's, for reading)."""
+    processes' settings and a fleet of `pods` POD64s: the body of a class-scoped fixture
+    (`tmp_path_factory` is pytest's). The test process's runtime is installed for as long as the cloud
+    runs, for `database` (the cloud's, for reading)."""
     import pytest
 
     from scheduler import runtime as runtime_module
@@ -291,7 +293,7 @@ def start_shared(
         runtime_module.install(rt)
         try:
             services.truncate_all(rt.db)
-            seeded = services.seed(rt.db, pods=2)
+            seeded = services.seed(rt.db, pods=pods)
             with RunningCloud.start(
                 values, workdir, admin_key=seeded.admin_key, extra_env=extra_env
             ) as running:
