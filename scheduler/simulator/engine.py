@@ -43,7 +43,7 @@ from scheduler.policy import (
 )
 from scheduler.policy.forecast import estimate_start
 from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted
-from scheduler.policy.preemption import PreemptionCost
+from scheduler.policy.preemption import PreemptionCost, resumed_runtime_s
 from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
@@ -250,13 +250,10 @@ class Simulation:
                 result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
             kept_s = max(0.0, ran - lost) / factor
             if kept_s > 0 or ranked:
-                left[i] = max(0.0, left[i] - kept_s)
-                told_left[i] = max(1.0, told_left[i] - kept_s)
-            if cost is not None and (kept_s > 0 or ranked):
                 # Resumed, it loads its executable and reads its checkpoint back before new work.
-                restart = cost.restart_s() / factor
-                left[i] += restart
-                told_left[i] += restart
+                restart = cost.restart_s() / factor if cost is not None else 0.0
+                left[i] = max(0.0, left[i] - kept_s) + restart
+                told_left[i] = resumed_runtime_s(told_left[i], kept_s, restart)
             attained[i] += victim.size * ran
             outcomes[i].preempted += 1
             outcomes[i].lost_s += lost

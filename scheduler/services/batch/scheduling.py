@@ -54,6 +54,7 @@ from scheduler.policy import (
     get_policy,
 )
 from scheduler.policy.las import job_class, plan_of
+from scheduler.policy.preemption import resumed_runtime_s
 from scheduler.services.batch import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
@@ -180,6 +181,8 @@ def build_snapshot(
         .join(Plan, Plan.name == Tenant.plan_name)
         .where(Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live))
     ).all()
+    # A requeued job resumes from its last checkpoint: it is predicted to run what that did not keep.
+    kept = checkpoints.kept_run_s_of_queued(session=session)
     queued: list[QueuedJob] = []
     held_by_queued: dict[str, int] = {}
     stored: dict[str, Mapping[str, Any] | None] = {}
@@ -188,9 +191,19 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
+        predicted_whole = predicted  # what its quota reservation was taken for (billing's, unchanged)
         preemptible, task, plan_priority = row[11], row[12], row[-1]
+        if job_id in kept:
+            predicted = resumed_runtime_s(predicted, kept[job_id])
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, time_scale) if machine is None and partition is None else ()
+        if job_id in kept:
+            options = tuple(
+                replace(
+                    o, predicted_runtime_s=resumed_runtime_s(o.predicted_runtime_s, kept[job_id] / time_scale)
+                )
+                for o in options
+            )
         if len(options) == 1:
             machine, options = options[0].machine_type, ()
         queued.append(
@@ -220,7 +233,7 @@ def build_snapshot(
                 cost_ipu_ms=(
                     billing.reserve_ipu_ms(choices, prefer or "time")
                     if options
-                    else _typed_cost(size, predicted, choices, machine)
+                    else _typed_cost(size, predicted_whole, choices, machine)
                 ),
                 options=options,
                 prefer=prefer or "time",
@@ -288,6 +301,8 @@ def build_snapshot(
         opted_out,
         plan_opted_out,
         deadline,
+        timeline,
+        runtime_base,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -308,6 +323,8 @@ def build_snapshot(
             Job.never_preempt,
             Plan.never_preempt,
             Attempt.preempt_deadline,
+            Attempt.timeline,
+            Job.runtime_base_s,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -319,6 +336,11 @@ def build_snapshot(
         # not move with each heartbeat, so a reservation behind it does not either; a job past its
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
+        # An attempt resumed from a checkpoint runs what the checkpoint did not keep (attempts.take_many
+        # notes the run time it resumed at, `run_base_s`, counted since its owner last started it).
+        resumed_at = max(0.0, float((timeline or {}).get("run_base_s", 0.0)) - (runtime_base or 0.0))
+        if resumed_at > 0:
+            predicted = resumed_runtime_s(predicted, resumed_at)
         end = started + predicted / time_scale
         # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
         # hold (GCD -1, scheduler/services/sessions.py) frees it at its end.
