@@ -32,7 +32,6 @@ from statistics import NormalDist
 from scheduler.policy.config import PolicyConfig, get_policy
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
-from scheduler.policy.preemption import WARNING_S
 from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import TimeTable, expected_end
 
@@ -149,6 +148,9 @@ def _replay(
     shared = [r for r in snapshot.running if not r.reserved]
     table = TimeTable.from_allocator(alloc, shared)
     now = snapshot.now
+    # A victim is warned the configured cluster seconds ahead (IPUCLOUD_PREEMPTION_WARNING_S live),
+    # on the pass's clock as the pipeline's stop cost counts them (`clock_scale`).
+    warning = config.preempt_warning_s / config.clock_scale
     # Each running job ends when predicted; one past its prediction gets it extended (expected_end).
     ends: list[tuple[float, str]] = [
         (expected_end(r, now) if draw is None else draw.running_end(r, now), r.id) for r in shared
@@ -230,7 +232,7 @@ def _replay(
             # As the live loop does: the victim is warned, holds its IPUs for the warning, then stops,
             # goes back to the queue and starts again later; the job it made room for waits that long.
             held = running[victim.id]
-            warned_until = now + WARNING_S
+            warned_until = now + warning
             stopped = dataclasses.replace(held, expected_end=warned_until)
             running[victim.id] = stopped
             table.remove(held.partition)

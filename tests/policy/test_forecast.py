@@ -90,3 +90,18 @@ def test_a_preempted_job_restarted_in_the_replay_runs_its_whole_restart() -> Non
     target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
     starts = forecast(snapshot, "default", target=target)
     assert starts == {"job_a": 40.0, "job_v": 140.0, "job_t": 1130.0}, starts
+
+
+def test_a_victim_holds_its_ipus_for_the_configured_warning_not_30_s() -> None:
+    """The scene above with a 120 s warning (IPUCLOUD_PREEMPTION_WARNING_S) on a clock 2x the pass's:
+    V is warned 60 s of the pass's clock, so A starts at 70 s, V restarts at 170 s, the job asked
+    about at 1,160 s."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_v", 64) is not None
+    running = [RunningJob("job_v", "t", 64, "p_v", 0.0, 1000.0, preemptible=True)]
+    queued = [QueuedJob("job_a", "u", 64, 5.0, 100.0)]
+    snapshot = Snapshot(now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc)
+    target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
+    config = get_policy("default").with_options(preempt_warning_s=120.0, clock_scale=2.0)
+    starts = forecast(snapshot, config, target=target)
+    assert starts == {"job_a": 70.0, "job_v": 170.0, "job_t": 1160.0}, starts
