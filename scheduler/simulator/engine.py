@@ -42,7 +42,7 @@ from scheduler.policy import (
     decide,
 )
 from scheduler.policy.forecast import estimate_start
-from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted
+from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted, starved_after
 from scheduler.policy.preemption import PreemptionCost, resumed_runtime_s
 from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
@@ -219,6 +219,7 @@ class Simulation:
         # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
         promotions: list[tuple[float, int, int]] = []
         queued_at = [0.0] * len(jobs)
+        starve_at = [math.inf] * len(jobs)  # the wait after which a job is starved (las.starved_after)
         reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
         base_class = [0] * len(jobs)
         last_type: dict[int, str] = {}
@@ -268,7 +269,8 @@ class Simulation:
                 base_class[i] = self._rank(attained[i], left[i], victim.size * told_left[i])
                 again = replace(again, priority=base_class[i])
                 queued_at[i] = now
-                due = next_promotion(base_class[i], now, now, promote_s)
+                starve_at[i] = starved_after(config, told_left[i])
+                due = next_promotion(base_class[i], now, now, promote_s, starve_at[i])
                 if due < math.inf:
                     heapq.heappush(promotions, (due, i, attempt[i]))
             submitted[i] = again
@@ -320,7 +322,8 @@ class Simulation:
                 if promote_s is not None:
                     base_class[next_arrival] = klass
                     queued_at[next_arrival] = now
-                    due = next_promotion(klass, now, now, promote_s)
+                    starve_at[next_arrival] = starved_after(config, est[next_arrival])
+                    due = next_promotion(klass, now, now, promote_s, starve_at[next_arrival])
                     if due < math.inf:
                         heapq.heappush(promotions, (due, next_arrival, 0))
                 queued = submitted[next_arrival] = QueuedJob(
@@ -362,12 +365,12 @@ class Simulation:
                 waiting = submitted[i]
                 if number != attempt[i] or waiting is None or waiting.id not in queue:
                     continue
-                klass = promoted(base_class[i], now - queued_at[i], promote_s)
+                klass = promoted(base_class[i], now - queued_at[i], promote_s, starve_at[i])
                 if klass != waiting.priority:
                     queue.remove(waiting.id)
                     waiting = submitted[i] = replace(waiting, priority=klass)
                     queue.add(waiting)
-                due = next_promotion(base_class[i], queued_at[i], now, promote_s)
+                due = next_promotion(base_class[i], queued_at[i], now, promote_s, starve_at[i])
                 if due < math.inf:
                     heapq.heappush(promotions, (due, i, number))
             head_size = None
@@ -381,7 +384,7 @@ class Simulation:
                     r = running.get(jobs[i].id)
                     if r is None or number != attempt[i]:
                         continue
-                    klass, due = self._reclass(r, now, queued_at[i], promote_s)
+                    klass, due = self._reclass(r, now, queued_at[i], promote_s, starve_at[i])
                     if klass != r.priority:
                         running[r.id] = _with_priority(r, klass)
                     heapq.heappush(reclass, (due, i, number))
@@ -496,7 +499,7 @@ class Simulation:
         return -math.ceil(4 * math.log2(max(left_s, 1.0)))
 
     def _reclass(
-        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None
+        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None, starve_s: float
     ) -> tuple[int, float]:
         """A running job's class under ``predicted`` classes, and when it next changes. Its class
         goes on rising with promotion while it runs, as the classes of the jobs waiting behind it
@@ -505,9 +508,9 @@ class Simulation:
         end = expected_end(r, now)  # past its prediction: expected to run as long again
         remaining = r.size * (end - now)
         base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
-        klass = promoted(base, now - queued_at, promote_s)
+        klass = promoted(base, now - queued_at, promote_s, starve_s)
         crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
-        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s))
+        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s, starve_s))
         return klass, due if due > now else end
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:

@@ -369,7 +369,8 @@ def build_snapshot(
             # Its promotion goes on rising while it runs, as the waiting jobs' do (scheduler.policy.las).
             left = max(0.0, expected_end(held_job, now_s) - now_s)
             waited = max(0.0, (now - created_at).total_seconds())
-            held_job = replace(held_job, priority=job_class(policy, priority, size, left, waited_s=waited))
+            klass = job_class(policy, priority, size, left, waited_s=waited, run_s=predicted / time_scale)
+            held_job = replace(held_job, priority=klass)
         running.append(held_job)
         if deadline is not None:
             # Warned of its preemption: the forecast frees its IPUs when the warning ends.
