@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection
 from statistics import NormalDist
 
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.las import CLASS_SPAN, plan_of, starved_after
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
 from scheduler.policy.running import RunningJob
@@ -183,11 +184,18 @@ def _replay(
             held.priority,
             preemptible=held.preemptible,
         )
+    starving = _starving(queued, config, now)
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
             finished = False
             break
+        while starving and starving[0][0] <= now:
+            # Starved while the replay ran: the policy lifts it to the top class then, so does this.
+            _, _, lifted = heapq.heappop(starving)
+            if lifted.id in queue:
+                queue.remove(lifted.id)
+                queue.add(dataclasses.replace(lifted, priority=plan_of(lifted.priority) * CLASS_SPAN))
         for q in throttle.take():  # as many as the array's elements that ended since
             queue.add(q)
         passes += 1
@@ -277,6 +285,24 @@ def _replay(
 # Predictions are off by about 20% at the median (log-normal, sigma 0.3, in the simulator): given
 # that a job ran past its prediction, it runs on for about a quarter of it at the mean.
 OVERRUN_SHARE = 0.25
+
+
+def _starving(
+    queued: list[QueuedJob], config: PolicyConfig, now: float
+) -> list[tuple[float, str, QueuedJob]]:
+    """When each queued job not yet at the top class becomes starved for its size (a heap), for a
+    policy with the rule (scheduler.policy.las.starved_after); its wait counts from its submission."""
+    if config.priority_from != "predicted" or config.starve_slowdown is None:
+        return []
+    due = []
+    for q in queued:
+        if q.priority == plan_of(q.priority) * CLASS_SPAN:
+            continue  # at the top already
+        at = q.submitted_at + starved_after(config, q.predicted_runtime_s)
+        if now < at < math.inf:
+            due.append((at, q.id, q))
+    heapq.heapify(due)
+    return due
 
 
 def likely_end(job: RunningJob, now: float) -> float:
