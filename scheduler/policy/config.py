@@ -5,12 +5,12 @@
   ``IPUCLOUD_PREEMPTION``), topology-aware placement through the Virtual-IPU allocator's ``default``
   (demand-aware) policy.
 - ``default-classes`` (issue #31, the candidate to replace ``default``): below the plan's priority,
-  service classes by the IPU-seconds a job is predicted still to need (scheduler.policy.las; promoted
-  as it waits, to the top once starved for its size), fair share within a class, EASY backfill,
-  preemption of a lower class when the gain predicted exceeds the cost (scheduler.policy.preemption).
-  It is not the default yet: in the simulator it lowers Philly's average JCT by more than half and
-  raises Jain fairness; its wait estimate meets the 25% target on the slice #31 measures (20.0%, default 23.3%) but not on a denser
-  sample nor on the whole trace (30.6%, default 19.7%; docs/scheduling.md).
+  service classes by the IPU-seconds a job is predicted still to need (scheduler.policy.las; promoted as
+  it waits, to the top once starved for its size), fair share within a class, EASY backfill, preemption
+  of a lower class when the gain predicted exceeds the cost (scheduler.policy.preemption). It is not the
+  default yet: in the simulator it lowers Philly's average JCT by more than half and raises Jain
+  fairness; its wait estimate meets the 25% target on the slice #31 measures (20.0%, default 23.3%) but
+  not on a denser sample nor on the whole trace (30.6%, default 19.7%; docs/scheduling.md).
 - ``fifo-firstfit``: what V-IPU under a plain FIFO queue gives: strict submission order (a job that
   cannot start blocks every later one) and the allocator's ``first-fit`` placement.
 - ``slurm-backfill``: Slurm's ``sched/backfill`` with a count-only IPU resource: FIFO, EASY backfill
