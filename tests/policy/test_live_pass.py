@@ -457,7 +457,7 @@ def test_a_requeued_preempted_job_is_predicted_to_run_only_what_its_checkpoint_d
             session=s,
             allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
             now=utcnow(),
-            time_scale=1.0,
+            clock=UNSCALED,
             half_life_s=3600.0,
             policy=loop._policy,
         ).snapshot
