@@ -225,7 +225,7 @@ def update_by_key(
         session.execute(
             update(table)
             .where(table.c[key] == bindparam("_key"))
-            .values({n: bindparam(n) for n in names}, **same),
+            .values({**{n: bindparam(n) for n in names}, **same}),
             [{"_key": k, **values} for k, values in rows.items()],
         )
         return

@@ -105,6 +105,8 @@ class SchedulerLoop:
     last_routes: float = -math.inf
     # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
     more: bool = False
+    # Whether the last iteration's pass read a queue: only such a pass is rested after (see `run`).
+    read_queue: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
@@ -172,6 +174,7 @@ class SchedulerLoop:
 
     def iterate(self) -> None:
         self.more = False
+        self.read_queue = False
         if not self.lead():
             return
         try:
@@ -237,6 +240,7 @@ class SchedulerLoop:
                 # on every tick for nothing.
                 QUEUED.set(0)
                 return 0
+            self.read_queue = True
             if self._waits_epoch != self.fence_token.epoch:
                 # A new term: what an earlier leader stored is read once, then kept in step.
                 self._waits, self._seen = None, set()
@@ -573,9 +577,13 @@ class SchedulerLoop:
             # run back to back, each reading the whole queue again, and the scheduler and its
             # database session would take the CPU the workers need. So the next pass starts no
             # sooner than the last one took: at most half the time goes to passes, each covering
-            # every event of the pause before it, while an idle cloud's passes (a few milliseconds)
-            # make it wait for nothing.
-            rest = ended + min(ended - started, self.settings.scheduler_tick_s) - time.monotonic()
+            # every event of the pause before it. An iteration whose pass found nothing queued read
+            # no queue and is not rested after: on a busy machine even its few statements take tens
+            # of milliseconds of wall time, and resting that long after the wake-up of a finish held
+            # up the next submission's start (40% of the scheduler's wall time was this rest in the
+            # start-latency benchmark, docs/performance.md).
+            rested = min(ended - started, self.settings.scheduler_tick_s) if self.read_queue else 0.0
+            rest = ended + rested - time.monotonic()
             if rest > 0:
                 self.stop_event.wait(rest)
         self.step_down()
