@@ -105,8 +105,10 @@ class SchedulerLoop:
     last_routes: float = -math.inf
     # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
     more: bool = False
-    # Whether the last iteration's pass read a queue: only such a pass is rested after (see `run`).
+    # Whether the last iteration's pass read a queue, and whether a submission's wake-up followed it:
+    # the rest after an iteration is skipped only for a submission after one that read none (`run`).
     read_queue: bool = False
+    submitted: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
@@ -571,18 +573,21 @@ class SchedulerLoop:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
             ended = time.monotonic()
+            self.submitted = False
             if not self.more and not self._wait(pubsub):
                 pubsub = None
             # Under a stream of wake-ups (every finish and every submission sends one) passes would
             # run back to back, each reading the whole queue again, and the scheduler and its
             # database session would take the CPU the workers need. So the next pass starts no
             # sooner than the last one took: at most half the time goes to passes, each covering
-            # every event of the pause before it. An iteration whose pass found nothing queued read
-            # no queue and is not rested after: on a busy machine even its few statements take tens
-            # of milliseconds of wall time, and resting that long after the wake-up of a finish held
-            # up the next submission's start (40% of the scheduler's wall time was this rest in the
-            # start-latency benchmark, docs/performance.md).
-            rested = min(ended - started, self.settings.scheduler_tick_s) if self.read_queue else 0.0
+            # every event of the pause before it. A submission's wake-up after an iteration whose
+            # pass found nothing queued is not rested for: that iteration read no queue, yet on a
+            # busy machine even its few statements take tens of milliseconds of wall time, and
+            # resting that long (after the wake-up of a job's finish) held up the submission's start
+            # (40% of the scheduler's wall time was this rest in the start-latency benchmark,
+            # docs/performance.md). A stream of finishes is still rested after, as before.
+            rests = self.read_queue or not self.submitted
+            rested = min(ended - started, self.settings.scheduler_tick_s) if rests else 0.0
             rest = ended + rested - time.monotonic()
             if rest > 0:
                 self.stop_event.wait(rest)
@@ -598,10 +603,12 @@ class SchedulerLoop:
             return True
         try:
             msg = pubsub.get_message(timeout=self.settings.scheduler_tick_s)  # type: ignore[attr-defined]
-            if msg is not None:
-                # Batch a burst of submissions into one pass: drain what is already there.
-                while time.monotonic() < deadline and pubsub.get_message(timeout=0) is not None:  # type: ignore[attr-defined]
-                    pass
+            # Batch a burst of submissions into one pass: drain what is already there.
+            while msg is not None:
+                self.submitted = self.submitted or msg.get("data") in (b"submit", "submit")
+                if time.monotonic() >= deadline:
+                    break
+                msg = pubsub.get_message(timeout=0)  # type: ignore[attr-defined]
         except (redis.RedisError, OSError) as exc:
             log.warning("event bus error: %s", exc)
             self.stop_event.wait(self.settings.scheduler_tick_s)
