@@ -313,7 +313,7 @@ def bench_throughput(
     report.add(f"short_jobs_{n}_{tag}submit_phase_s", "s", submitted)
 
 
-def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) -> None:
+def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int, db_name: str) -> None:
     """Place `jobs` queued jobs on 1,024 POD64s with the live loop's own pass (dispatch excluded;
     choosing each attempt's queue from the workers registered in Redis included)."""
     import redis as redis_lib
@@ -326,7 +326,7 @@ def bench_placement(report: Report, base_url: str, redis_url: str, jobs: int) ->
     from scheduler.services.tenancy import tenants
     from scheduler.settings import Settings
 
-    db_url = fresh_database(base_url, "ipucloud_bench_place")
+    db_url = fresh_database(base_url, f"{db_name}_place")
     prepare(db_url, pods=1024)
     # The scheduler's own bound on an idle transaction (`ipucloud scheduler`): a pass decides in
     # Python between its statements.
@@ -418,8 +418,8 @@ def main() -> None:
     ap.add_argument(
         "--db-name",
         default="ipucloud_bench",
-        help="the databases made (dropped first) on that server: NAME and NAME_floor; another name lets "
-        "two benchmarks share one server",
+        help="the databases made (dropped first) on that server: NAME, NAME_floor and NAME_place; another "
+        "name lets two benchmarks share one server",
     )
     ap.add_argument("--seconds", type=int, default=10, help="wrk duration per submit measurement")
     ap.add_argument("--latency-jobs", type=int, default=200)
@@ -484,7 +484,7 @@ def main() -> None:
                 report, fresh_database(args.database_url, f"{args.db_name}_floor"), args.seconds, cores
             )
         if "placement" in only:
-            bench_placement(report, args.database_url, args.redis_url, args.place_jobs)
+            bench_placement(report, args.database_url, args.redis_url, args.place_jobs, args.db_name)
         shutil.rmtree(work, ignore_errors=True)
     if args.vs_slurm:
         print("== Slurm 22.05 (Debian), same machine", flush=True)

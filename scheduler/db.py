@@ -13,7 +13,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Executable, Table, create_engine, event, func, insert, select
+from sqlalchemy import (
+    CursorResult,
+    Engine,
+    Executable,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -165,6 +178,70 @@ def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, A
     ]
     session.execute(insert(table), [{**row, key.name: k} for row, k in zip(rows, keys, strict=True)])
     return keys
+
+
+def insert_columns(session: Session, table: Table, columns: dict[str, list[Any]]) -> None:
+    """INSERT many rows of a narrow table given column by column (lists of equal length).
+
+    On PostgreSQL they go as one `INSERT ... SELECT FROM unnest(...)` of one array per column: for a
+    table of two or three plain columns that is one statement for PostgreSQL to run and no per-row
+    work in Python, against a pipelined executemany's per-row parameter handling and execution
+    (18,500 IPU assignments: 0.07 s against 0.27 s with psycopg alone, measured 2026-12-07; more
+    through SQLAlchemy). Wide rows, JSON columns or timestamps stay with executemany, which is
+    faster there (`scheduler/services/batch/jobs.py`)."""
+    names = list(columns)
+    count = len(columns[names[0]]) if names else 0
+    if not count:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        rows = zip(*columns.values(), strict=True)
+        session.execute(insert(table), [dict(zip(names, values, strict=True)) for values in rows])
+        return
+    dialect = session.get_bind().dialect
+    arrays = ", ".join(f"CAST(:c{i} AS {table.c[n].type.compile(dialect)}[])" for i, n in enumerate(names))
+    session.execute(
+        text(f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays})"),
+        {f"c{i}": columns[n] for i, n in enumerate(names)},
+    )
+
+
+def update_by_key(
+    session: Session,
+    table: Table,
+    key: str,
+    rows: dict[Any, dict[str, Any]],
+    same: dict[str, Any] | None = None,
+) -> None:
+    """UPDATE many rows, each by its key to values of its own (the same columns in every row) and to
+    `same` (values every row gets), in one statement on PostgreSQL: `UPDATE ... FROM unnest(...)` of
+    one array per column, rather than one execution per row. Per-row values must be plain (no JSON,
+    no type decorators: they go as arrays of the columns' database types); `same` may be anything
+    the columns take."""
+    if not rows:
+        return
+    same = same or {}
+    names = list(next(iter(rows.values())))
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(
+            update(table)
+            .where(table.c[key] == bindparam("_key"))
+            .values({**{n: bindparam(n) for n in names}, **same}),
+            [{"_key": k, **values} for k, values in rows.items()],
+        )
+        return
+    dialect = session.get_bind().dialect
+    columns = [key, *names]
+    arrays = ", ".join(f"CAST(:c{i} AS {table.c[n].type.compile(dialect)}[])" for i, n in enumerate(columns))
+    sets = [f"{n} = v.{n}" for n in names] + [f"{n} = :s_{n}" for n in same]
+    params: dict[str, Any] = {"c0": list(rows)}
+    for i, n in enumerate(names, start=1):
+        params[f"c{i}"] = [values[n] for values in rows.values()]
+    params.update({f"s_{n}": v for n, v in same.items()})
+    statement = text(
+        f"UPDATE {table.name} SET {', '.join(sets)} FROM unnest({arrays}) AS v({', '.join(columns)}) "
+        f"WHERE {table.name}.{key} = v.{key}"
+    ).bindparams(*(bindparam(f"s_{n}", type_=table.c[n].type) for n in same))
+    session.execute(statement, params)
 
 
 def changed(session: Session, statement: Executable) -> int:

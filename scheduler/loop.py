@@ -8,13 +8,15 @@ machine change) and at least every `scheduler_tick_s`.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,24 @@ PRUNE_EVERY_S = 60.0  # wall seconds between prunings of checkpoints no one will
 SERVE_EVERY_S = 1.0
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Run a pass without Python's cyclic garbage collector.
+
+    A pass at scale holds tens of thousands of live objects (ORM rows, the snapshot, rows to
+    insert) and allocates many more, so the collector's generation-2 runs, each scanning all of
+    them, took a third of the CPU of a pass placing 5,000 jobs (1.2 of 3.3 s for two such passes,
+    docs/performance.md). Nearly all of it is freed by reference counting when the pass ends; what
+    forms cycles waits for the collector's next run, after the pass."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 @dataclass
 class SchedulerLoop:
     settings: Settings
@@ -86,6 +106,10 @@ class SchedulerLoop:
     last_routes: float = -math.inf
     # The last pass left work for the next one (MAX_STARTS_PER_PASS, or a dispatch backlog).
     more: bool = False
+    # Whether the last iteration's pass read a queue, and whether a submission's wake-up followed it:
+    # the rest after an iteration is skipped only for a submission after one that read none (`run`).
+    read_queue: bool = False
+    submitted: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event)
     router: Router | None = None
     # How many messages wait in a broker queue (None: unknown); the reconciler's hint.
@@ -163,6 +187,7 @@ class SchedulerLoop:
 
     def iterate(self) -> None:
         self.more = False
+        self.read_queue = False
         if not self.lead():
             return
         try:
@@ -205,7 +230,8 @@ class SchedulerLoop:
         assert self.sync is not None and self.fence_token is not None
         self._samples = []
         try:
-            placed = self._schedule_pass()
+            with _collector_paused():
+                placed = self._schedule_pass()
         except BaseException:
             # `decide` allocates on the live allocator; a pass that did not commit must not leave
             # those placements behind in memory as phantoms.
@@ -227,6 +253,7 @@ class SchedulerLoop:
                 # on every tick for nothing.
                 QUEUED.set(0)
                 return 0
+            self.read_queue = True
             if self._waits_epoch != self.fence_token.epoch:
                 # A new term: what an earlier leader stored is read once, then kept in step.
                 self._waits, self._seen = None, set()
@@ -557,15 +584,22 @@ class SchedulerLoop:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
             ended = time.monotonic()
+            self.submitted = False
             if not self.more and not self._wait(pubsub):
                 pubsub = None
             # Under a stream of wake-ups (every finish and every submission sends one) passes would
             # run back to back, each reading the whole queue again, and the scheduler and its
             # database session would take the CPU the workers need. So the next pass starts no
             # sooner than the last one took: at most half the time goes to passes, each covering
-            # every event of the pause before it, while an idle cloud's passes (a few milliseconds)
-            # make it wait for nothing.
-            rest = ended + min(ended - started, self.settings.scheduler_tick_s) - time.monotonic()
+            # every event of the pause before it. A submission's wake-up after an iteration whose
+            # pass found nothing queued is not rested for: that iteration read no queue, yet on a
+            # busy machine even its few statements take tens of milliseconds of wall time, and
+            # resting that long (after the wake-up of a job's finish) held up the submission's start
+            # (40% of the scheduler's wall time was this rest in the start-latency benchmark,
+            # docs/performance.md). A stream of finishes is still rested after, as before.
+            rests = self.read_queue or not self.submitted
+            rested = min(ended - started, self.settings.scheduler_tick_s) if rests else 0.0
+            rest = ended + rested - time.monotonic()
             if rest > 0:
                 self.stop_event.wait(rest)
         self.step_down()
@@ -580,10 +614,12 @@ class SchedulerLoop:
             return True
         try:
             msg = pubsub.get_message(timeout=self.settings.scheduler_tick_s)  # type: ignore[attr-defined]
-            if msg is not None:
-                # Batch a burst of submissions into one pass: drain what is already there.
-                while time.monotonic() < deadline and pubsub.get_message(timeout=0) is not None:  # type: ignore[attr-defined]
-                    pass
+            # Batch a burst of submissions into one pass: drain what is already there.
+            while msg is not None:
+                self.submitted = self.submitted or msg.get("data") in (b"submit", "submit")
+                if time.monotonic() >= deadline:
+                    break
+                msg = pubsub.get_message(timeout=0)  # type: ignore[attr-defined]
         except (redis.RedisError, OSError) as exc:
             log.warning("event bus error: %s", exc)
             self.stop_event.wait(self.settings.scheduler_tick_s)

@@ -28,10 +28,11 @@ from typing import Any, Protocol, TypedDict, cast
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from scheduler import bus, emulation
 from scheduler.clock import UNSCALED, Clock
-from scheduler.db import insert_returning_keys
+from scheduler.db import insert_returning_keys, update_by_key
 from scheduler.errors import Conflict
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
@@ -134,8 +135,10 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
         else:
             gcd, ipus = 0, list(partition.ipu_ids)
         held.append((gcd, len(ipus), ipus))
-        job.attempts += 1
-        job.updated_at = now
+        # Counted in memory as already written: the rows are updated below in one statement rather
+        # than flushed by the ORM one UPDATE per job.
+        set_committed_value(job, "attempts", job.attempts + 1)
+        set_committed_value(job, "updated_at", now)
         rows.append(
             {
                 "job_id": job.id,
@@ -153,6 +156,13 @@ def place_many(*, session: Session, placements: Sequence[tuple[Job, PlacedPartit
                 **rates.attempt_fields(job, partition.machine_type, now),
             }
         )
+    update_by_key(
+        session,
+        Job.__table__,
+        "id",
+        {job.id: {"attempts": job.attempts} for job, _, _ in placements},
+        same={"updated_at": now},
+    )
     ids = insert_returning_keys(session, Attempt.__table__, rows)
     session.execute(
         insert(OutboxMessage.__table__),

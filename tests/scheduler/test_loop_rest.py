@@ -1,0 +1,91 @@
+"""The scheduler's rest after an iteration (issue 35, start latency).
+
+A submission's wake-up after an iteration whose pass found nothing queued is served at once; after
+one that read a queue, and after a finish's wake-up, the scheduler rests as long as the iteration
+took (at most a tick), so a stream of wake-ups cannot keep it iterating back to back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from scheduler import bus
+from scheduler.loop import SchedulerLoop
+from scheduler.settings import get_settings
+from tests.scheduler.test_lifecycle import FakeCelery
+
+ITERATION_S = 0.1
+
+
+class QuietRedis:
+    """A bus with no messages (`_wait` is replaced: a wake-up is always waiting)."""
+
+    class PubSub:
+        def subscribe(self, channel: str) -> None:
+            pass
+
+    connection_pool = None
+
+    def pubsub(self, **kwargs: Any) -> PubSub:
+        return self.PubSub()
+
+
+def iterations_in(
+    db: Any, monkeypatch: pytest.MonkeyPatch, *, read_queue: bool, submitted: bool, seconds: float
+) -> int:
+    loop = SchedulerLoop(settings=get_settings(), db=db, celery=FakeCelery())  # type: ignore[arg-type]
+    done: list[float] = []
+
+    def iterate() -> None:
+        loop.more = False
+        loop.read_queue = read_queue
+        time.sleep(ITERATION_S)  # a slow iteration, as on a busy machine
+        done.append(time.monotonic())
+
+    monkeypatch.setattr(loop, "iterate", iterate)
+
+    def wait(pubsub: Any) -> bool:  # a wake-up is always waiting
+        loop.submitted = submitted
+        return True
+
+    monkeypatch.setattr(loop, "_wait", wait)
+    monkeypatch.setattr(loop, "step_down", lambda: None)
+    monkeypatch.setattr(loop, "redis_client", lambda: QuietRedis())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    time.sleep(seconds)
+    loop.stop_event.set()
+    thread.join(5)
+    return len(done)
+
+
+def test_a_submission_after_an_iteration_that_read_no_queue_is_not_rested_for(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1 s of back-to-back 0.1 s iterations: about 10 without rests, about 5 with.
+    idle = iterations_in(db, monkeypatch, read_queue=False, submitted=True, seconds=1.0)
+    busy = iterations_in(db, monkeypatch, read_queue=True, submitted=True, seconds=1.0)
+    finishes = iterations_in(db, monkeypatch, read_queue=False, submitted=False, seconds=1.0)
+    assert idle >= 8, f"{idle} iterations in 1 s: submissions waited out rests after idle iterations"
+    assert busy <= 6, f"{busy} iterations in 1 s that read the queue: not rested after"
+    assert finishes <= 6, f"{finishes} iterations in 1 s woken by finishes alone: not rested after"
+
+
+def test_the_wait_tells_a_submissions_wake_up_from_a_finishs(db: Any, runtime: Any) -> None:
+    loop = SchedulerLoop(settings=get_settings(), db=db, celery=FakeCelery())  # type: ignore[arg-type]
+    client = runtime.redis
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(bus.scoped(bus.WAKE_CHANNEL, client))
+    try:
+        for reasons, expected in ((["finish"], False), (["finish", "submit", "finish"], True)):
+            loop.submitted = False
+            for reason in reasons:
+                bus.wake_scheduler(reason, client)
+            assert loop._wait(pubsub)
+            assert loop.submitted is expected, reasons
+    finally:
+        pubsub.close()
