@@ -741,8 +741,11 @@ def _fill(rng: np.random.Generator, datatype: str, shape: tuple[int, ...]) -> np
     if datatype == "BF16":
         bits = rng.standard_normal(shape, dtype=np.float32).view(np.uint32)
         return (bits >> 16).astype(np.uint16)
+    # Integers and booleans from the bit generator's raw 64-bit words: `Generator.integers` costs
+    # several times as much for the few values an answer holds (its bounds and size handling).
     if datatype == "BOOL":
-        return rng.integers(0, 2, shape, dtype=np.uint8).astype(np.bool_)
+        return (rng.bit_generator.random_raw(math.prod(shape)) & 1).astype(np.bool_).reshape(shape)
     if datatype in numpy_types():
-        return rng.integers(0, 100, shape, dtype=numpy_types()[datatype])
+        raw = rng.bit_generator.random_raw(math.prod(shape))
+        return (raw % 100).astype(numpy_types()[datatype]).reshape(shape)
     raise ValueError(f"unknown datatype {datatype!r}")
