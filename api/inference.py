@@ -302,9 +302,20 @@ def render_response(route: Route, parsed: Parsed, answer: Answer) -> tuple[bytes
 
 
 _SIGNATURES: dict[str, Signature] = {}
+_LAST_ROUTE: list[tuple[Route, Signature]] = []
+"""The last route asked about and its signature: a gateway hands out the same cached route to every
+request for a second, so most calls skip serializing the signature to find it."""
 
 
 def signature_of_route(route: Route) -> Signature:
+    if _LAST_ROUTE and _LAST_ROUTE[0][0] is route:
+        return _LAST_ROUTE[0][1]
+    sig = _signature_of(route)
+    _LAST_ROUTE[:] = [(route, sig)]
+    return sig
+
+
+def _signature_of(route: Route) -> Signature:
     key = orjson.dumps(route.signature).decode()
     sig = _SIGNATURES.get(key)
     if sig is None:
@@ -617,6 +628,14 @@ class FastInfer:
         """``app``: where every other request goes; ``owner``: the app whose ``state.runtime`` serves."""
         self.app = app
         self.owner = owner
+        self._secret_of: tuple[Any, bytes] | None = None
+
+    def _secret(self, runtime: Runtime) -> bytes:
+        # Settings.secret() reads a pydantic private attribute (a __getattr__ call each time).
+        settings = runtime.settings
+        if self._secret_of is None or self._secret_of[0] is not settings:
+            self._secret_of = (settings, settings.secret())
+        return self._secret_of[1]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -636,7 +655,7 @@ class FastInfer:
             scheme, _, key = auth.partition(" ")
             if scheme.lower() == "bearer" and key.strip():
                 try:
-                    principal = keys.cached_principal(secret=runtime.settings.secret(), key=key.strip())
+                    principal = keys.cached_principal(secret=self._secret(runtime), key=key.strip())
                 except Exception:
                     principal = None
         if (
@@ -683,8 +702,19 @@ class FastInfer:
         await send({"type": "http.response.start", "status": reply.status, "headers": raw})
         await send({"type": "http.response.body", "body": reply.body})
         template = _VERSION_TEMPLATE if m.group(3) else _INFER_TEMPLATE
-        LATENCY.labels("POST", template).observe(time.perf_counter() - started)
-        REQUESTS.labels("POST", template, str(reply.status)).inc()
+        _metric(LATENCY, template).observe(time.perf_counter() - started)
+        _metric(REQUESTS, template, str(reply.status)).inc()
+
+
+_METRICS: dict[tuple[Any, ...], Any] = {}
+
+
+def _metric(family: Any, *labels: str) -> Any:
+    """The family's child for these labels: ``labels()`` takes a lock and builds its key on every call."""
+    child = _METRICS.get((family, *labels))
+    if child is None:
+        child = _METRICS[(family, *labels)] = family.labels("POST", *labels)
+    return child
 
 
 def _refusal(resp: Response) -> Reply:
