@@ -302,9 +302,20 @@ def render_response(route: Route, parsed: Parsed, answer: Answer) -> tuple[bytes
 
 
 _SIGNATURES: dict[str, Signature] = {}
+_LAST_ROUTE: list[tuple[Route, Signature]] = []
+"""The last route asked about and its signature: a gateway hands out the same cached route to every
+request for a second, so most calls skip serializing the signature to find it."""
 
 
 def signature_of_route(route: Route) -> Signature:
+    if _LAST_ROUTE and _LAST_ROUTE[0][0] is route:
+        return _LAST_ROUTE[0][1]
+    sig = _signature_of(route)
+    _LAST_ROUTE[:] = [(route, sig)]
+    return sig
+
+
+def _signature_of(route: Route) -> Signature:
     key = orjson.dumps(route.signature).decode()
     sig = _SIGNATURES.get(key)
     if sig is None:
@@ -602,16 +613,29 @@ _VERSION_TEMPLATE = "/api/v1/endpoints/{endpoint_id}/v2/models/{model}/versions/
 
 
 class FastInfer:
-    """The outermost layer of the app: a v2 infer call from a key verified moments ago, for an
-    endpoint of its tenant, is answered here, without FastAPI's routing, dependency injection and
-    middleware stack, which cost more CPU than the whole of the request's own work (measured:
-    benchmarks/endpoints.py). Anything else, and any infer call this layer is not sure of (a key not
-    in the cache, a key without `invoke`, another tenant's endpoint, no Content-Length, a body over
-    the limit), goes to the app, whose route gives the same answers the slow way and fills the key
-    cache. Latency and counts still reach /metrics under the route's name."""
+    """The outermost layer of the API (``api.app.App`` calls it before FastAPI's own ``__call__``): a
+    v2 infer call from a key verified moments ago, for an endpoint of its tenant, is answered here,
+    without uvicorn's app ever reaching FastAPI's stack (its telemetry and error layers, the
+    middleware, routing and dependency injection), which cost more CPU than the whole of the
+    request's own work (measured: benchmarks/endpoints.py, docs/performance.md). Anything else, and
+    any infer call this layer is not sure of (a key not in the cache, a key without `invoke`, another
+    tenant's endpoint, no Content-Length, a body over the limit), goes to ``app`` (the whole FastAPI
+    app), whose route gives the same answers the slow way and fills the key cache. What the outer
+    layers give every answer this one gives itself: ``nosniff``, latency and counts in /metrics under
+    the route's name, and a 500 problem for an unexpected error."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, owner: Any) -> None:
+        """``app``: where every other request goes; ``owner``: the app whose ``state.runtime`` serves."""
         self.app = app
+        self.owner = owner
+        self._secret_of: tuple[Any, bytes] | None = None
+
+    def _secret(self, runtime: Runtime) -> bytes:
+        # Settings.secret() reads a pydantic private attribute (a __getattr__ call each time).
+        settings = runtime.settings
+        if self._secret_of is None or self._secret_of[0] is not settings:
+            self._secret_of = (settings, settings.secret())
+        return self._secret_of[1]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -622,24 +646,24 @@ class FastInfer:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        runtime: Runtime = scope["app"].state.runtime if "app" in scope else None  # type: ignore[assignment]
+        runtime: Runtime | None = getattr(self.owner.state, "runtime", None)
         headers = dict(scope["headers"])
-        settings = runtime.settings if runtime is not None else None
         principal = None
         length = headers.get(b"content-length")
-        if settings is not None and length is not None and length.isdigit():
+        if runtime is not None and length is not None and length.isdigit():
             auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, key = auth.partition(" ")
             if scheme.lower() == "bearer" and key.strip():
                 try:
-                    principal = keys.cached_principal(secret=settings.secret(), key=key.strip())
+                    principal = keys.cached_principal(secret=self._secret(runtime), key=key.strip())
                 except Exception:
                     principal = None
         if (
-            principal is None
+            runtime is None
+            or principal is None
             or principal.suspended
             or ("invoke" not in principal.scopes and not principal.is_admin)
-            or int(length or 0) > settings.infer_max_body_bytes
+            or int(length or 0) > runtime.settings.infer_max_body_bytes
         ):
             await self.app(scope, receive, send)
             return
@@ -658,22 +682,44 @@ class FastInfer:
                 runtime, route, model, body, header_length.decode() if header_length else None
             )
         except InferError as exc:
-            status = exc.status
-            resp = error_response(exc)
-            resp.headers["x-content-type-options"] = "nosniff"
-            await resp(scope, receive, send)
-        else:
-            status = reply.status
-            raw = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
-            raw += [
-                (b"content-length", str(len(reply.body)).encode()),
-                (b"x-content-type-options", b"nosniff"),
-            ]
-            await send({"type": "http.response.start", "status": status, "headers": raw})
-            await send({"type": "http.response.body", "body": reply.body})
+            reply = _refusal(error_response(exc))
+        except Exception:
+            # FastAPI's ServerErrorMiddleware is not around this layer: the same 500 problem as its.
+            log.exception("unhandled error on POST %s", scope["path"])
+            reply = _refusal(
+                problem(
+                    500,
+                    "Something failed on our side; nothing was changed.",
+                    slug="internal-error",
+                    instance=scope["path"],
+                )
+            )
+        raw = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+        raw += [
+            (b"content-length", str(len(reply.body)).encode()),
+            (b"x-content-type-options", b"nosniff"),
+        ]
+        await send({"type": "http.response.start", "status": reply.status, "headers": raw})
+        await send({"type": "http.response.body", "body": reply.body})
         template = _VERSION_TEMPLATE if m.group(3) else _INFER_TEMPLATE
-        LATENCY.labels("POST", template).observe(time.perf_counter() - started)
-        REQUESTS.labels("POST", template, str(status)).inc()
+        _metric(LATENCY, template).observe(time.perf_counter() - started)
+        _metric(REQUESTS, template, str(reply.status)).inc()
+
+
+_METRICS: dict[tuple[Any, ...], Any] = {}
+
+
+def _metric(family: Any, *labels: str) -> Any:
+    """The family's child for these labels: ``labels()`` takes a lock and builds its key on every call."""
+    child = _METRICS.get((family, *labels))
+    if child is None:
+        child = _METRICS[(family, *labels)] = family.labels("POST", *labels)
+    return child
+
+
+def _refusal(resp: Response) -> Reply:
+    headers = {k: v for k, v in resp.headers.items() if k != "content-length"}
+    return Reply(resp.status_code, bytes(resp.body), headers)
 
 
 async def _read_body(receive: Any, length: int) -> bytes | None:

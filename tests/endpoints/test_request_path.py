@@ -139,6 +139,53 @@ def test_answers_carry_the_plans_latency_and_the_graphs_outputs(
     assert other.json()["outputs"][0]["data"] != out["data"]
 
 
+def test_the_fast_path_answers_before_fastapis_stack_runs(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A v2 infer call from a cached key never enters FastAPI's middleware stack (its error, telemetry
+    and body-limit layers and ours): counted by wrapping the stack. Every other request still does."""
+    tenant_id, key = tenant
+    plan = _plan()
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0))
+    host.add(attempt_id=8, endpoint_id=ENDPOINT, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+    auth = {"Authorization": f"Bearer {key}"}
+    deadline = time.time() + 10
+    while client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready", headers=auth).status_code != 200:
+        assert time.time() < deadline, "the replica never became ready"
+        time.sleep(0.05)
+    assert _infer(client, key, [_image(1)]).status_code == 200  # the key is now in the cache
+    app = client.app
+    stack = app.middleware_stack or app.build_middleware_stack()
+    entered: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        entered.append(scope.get("path", ""))
+        await stack(scope, receive, send)
+
+    app.middleware_stack = counting
+    for _ in range(3):
+        r = _infer(client, key, [_image(1)])
+        assert r.status_code == 200, r.text
+        assert r.headers["x-content-type-options"] == "nosniff" and "server-timing" in r.headers
+    refused = _infer(client, key, [{"name": "images", "datatype": "FP32", "shape": [1], "data": [1.0]}])
+    assert refused.status_code == 400 and "error" in refused.json()
+    assert entered == []
+    assert client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready", headers=auth).status_code == 200
+    assert entered == [f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready"]
+    # What FastAPI's ServerErrorMiddleware did for it, the fast path does itself: a 500 problem.
+    from api import inference as api_inference
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(api_inference, "render_response", broken)
+    failed = _infer(client, key, [_image(1)])
+    assert failed.status_code == 500
+    assert failed.json()["type"] == "/problems/internal-error"
+    assert failed.headers["x-content-type-options"] == "nosniff"
+    assert entered == [f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready"]
+
+
 def test_concurrent_requests_form_batches_within_max_batch_size(
     client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any
 ) -> None:

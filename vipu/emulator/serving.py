@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -692,17 +693,44 @@ def outputs_for(signature: Signature, batch: int, request_digest: bytes) -> list
     """Deterministic answers of the signature's output shapes and types for a request of ``batch``
     rows: the same digest gives the same bytes, in any process. The emulator computes times, never a
     model's values: these are placeholders of the right form (floats standard normal, integers 0-99,
-    booleans either), generated in microseconds per kilobyte."""
-    import numpy as np
+    booleans either), generated in microseconds per kilobyte.
+
+    Each output's generator is a PCG64 whose 128-bit state and increment are set straight from a hash
+    of the digest and the output's name. Seeding one through NumPy's ``SeedSequence`` (``PCG64(seed)``)
+    cost more than the rest of the answer (docs/performance.md); the values are a function of the
+    digest either way, not the same values."""
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    rng = _seeded_rng()
     out: list[np.ndarray] = []
     for t in signature.outputs:
-        seed = hashlib.blake2b(request_digest + b"\x00" + t.name.encode(), digest_size=16).digest()
-        rng = np.random.Generator(np.random.PCG64(int.from_bytes(seed, "little")))
+        seed = hashlib.blake2b(request_digest + b"\x00" + t.name.encode(), digest_size=32).digest()
+        rng.bit_generator.state = {
+            "bit_generator": "PCG64",
+            # PCG's increment must be odd.
+            "state": {
+                "state": int.from_bytes(seed[:16], "little"),
+                "inc": int.from_bytes(seed[16:], "little") | 1,
+            },
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
         out.append(_fill(rng, t.datatype, t.shape_for(batch)))
     return out
+
+
+_RNG = threading.local()
+
+
+def _seeded_rng() -> np.random.Generator:
+    """This thread's generator, reseeded by its caller for each output (a generator is not thread-safe)."""
+    rng = getattr(_RNG, "rng", None)
+    if rng is None:
+        import numpy as np
+
+        rng = _RNG.rng = np.random.Generator(np.random.PCG64())
+    return rng
 
 
 def _fill(rng: np.random.Generator, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -713,8 +741,11 @@ def _fill(rng: np.random.Generator, datatype: str, shape: tuple[int, ...]) -> np
     if datatype == "BF16":
         bits = rng.standard_normal(shape, dtype=np.float32).view(np.uint32)
         return (bits >> 16).astype(np.uint16)
+    # Integers and booleans from the bit generator's raw 64-bit words: `Generator.integers` costs
+    # several times as much for the few values an answer holds (its bounds and size handling).
     if datatype == "BOOL":
-        return rng.integers(0, 2, shape, dtype=np.uint8).astype(np.bool_)
+        return (rng.bit_generator.random_raw(math.prod(shape)) & 1).astype(np.bool_).reshape(shape)
     if datatype in numpy_types():
-        return rng.integers(0, 100, shape, dtype=numpy_types()[datatype])
+        raw = rng.bit_generator.random_raw(math.prod(shape))
+        return (raw % 100).astype(numpy_types()[datatype]).reshape(shape)
     raise ValueError(f"unknown datatype {datatype!r}")
