@@ -407,7 +407,7 @@ class SchedulerLoop:
             result = endpoints.serve_pass(
                 session=s,
                 now=db_now(s),
-                time_scale=self.cluster_clock.scale,
+                clock=self.cluster_clock,
                 windows=windows,
                 refresh_routes=refresh,
             )

@@ -42,6 +42,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.clock import UNSCALED, Clock
 from scheduler.endpointspec import EndpointChange, EndpointSpec
 from scheduler.errors import (
     Conflict,
@@ -635,10 +636,10 @@ def replica_state(job: Job, attempt: Attempt | None, now: datetime) -> tuple[str
     timeline = attempt.timeline or {}
     if "compile_s" not in timeline or "load_s" not in timeline:
         return "compiling", None
-    scale = float(timeline.get("scale", 1.0)) or 1.0
+    clock = Clock(float(timeline.get("scale", 1.0)) or 1.0)  # the one its attempt was taken at
     warm = float(timeline["compile_s"]) + float(timeline["load_s"])
-    ready_at = attempt.started_at + timedelta(seconds=warm / scale)
-    t = (now - attempt.started_at).total_seconds() * scale
+    ready_at = clock.wall_after(attempt.started_at, warm)
+    t = clock.cluster_since(attempt.started_at, now)
     if t < float(timeline["compile_s"]):
         return "compiling", ready_at
     if t < warm:
@@ -867,9 +868,9 @@ def _drain(session: Session, jobs: Sequence[Job], reason: str) -> list[str]:
 
 @dataclass(frozen=True)
 class ScalePolicy:
-    """An endpoint's scaling terms: replica bounds, the target and delays in cluster seconds, the time
-    scale turning them into wall seconds, and a replica's throughput at its largest batch (requests/s
-    on the wall clock) when the serve plan gives one."""
+    """An endpoint's scaling terms: replica bounds, the target and delays in cluster seconds, the clock
+    turning them into wall seconds, and a replica's throughput at its largest batch (requests/s on the
+    wall clock) when the serve plan gives one."""
 
     replicas_min: int
     replicas_max: int
@@ -877,7 +878,7 @@ class ScalePolicy:
     scale_up_delay_s: float
     scale_down_delay_s: float
     scale_to_zero_after_s: float | None
-    time_scale: float = 1.0
+    clock: Clock = UNSCALED
     capacity_rps: float | None = None
 
 
@@ -915,10 +916,9 @@ def decide_scale(
     why: str | None = None if desired == state.desired else f"within replicas {lo}..{hi}"
     if window is None:
         return replace(state, desired=desired), why
-    scale = policy.time_scale or 1.0
 
     def waited(since: datetime | None, cluster_s: float) -> bool:
-        return since is not None and (now - since).total_seconds() * scale >= cluster_s
+        return since is not None and policy.clock.cluster_since(since, now) >= cluster_s
 
     busy = window.requests > 0 or window.queued > 0
     idle_since = None if busy else (state.idle_since or now)
@@ -985,15 +985,15 @@ def _throughput_at(figures: ServeFigures, batch: int) -> float | None:
     return float(rows[-1]["throughput"]) if rows else None
 
 
-def policy_of(ep: Endpoint, time_scale: float) -> ScalePolicy:
+def policy_of(ep: Endpoint, clock: Clock) -> ScalePolicy:
     a = ep.autoscaling
     capacity = None
     batch = int(ep.batching["max_batch_size"])
     # At the configured batch, on the slowest machine type the replicas may be placed on. The plan's
-    # figures are cluster requests/s; the wall clock sees them time_scale faster.
+    # figures are cluster requests/s; a wall second holds `to_cluster(1.0)` cluster seconds.
     each = [t for t in (_throughput_at(f, batch) for f in ep.serve.values()) if t is not None]
     if each:
-        capacity = min(each) * time_scale
+        capacity = min(each) * clock.to_cluster(1.0)
     zero = a.get("scale_to_zero_after_s")
     return ScalePolicy(
         replicas_min=ep.replicas_min,
@@ -1002,7 +1002,7 @@ def policy_of(ep: Endpoint, time_scale: float) -> ScalePolicy:
         scale_up_delay_s=float(a["scale_up_delay_s"]),
         scale_down_delay_s=float(a["scale_down_delay_s"]),
         scale_to_zero_after_s=None if zero is None else float(zero),
-        time_scale=time_scale,
+        clock=clock,
         capacity_rps=capacity,
     )
 
@@ -1044,7 +1044,7 @@ def serve_pass(
     *,
     session: Session,
     now: datetime,
-    time_scale: float,
+    clock: Clock,
     windows: Mapping[str, WindowLike],
     refresh_routes: bool = False,
 ) -> ServeResult:
@@ -1130,7 +1130,7 @@ def serve_pass(
         stale = [r for r in replicas if not _matches(r.job, ep) and r.state != "draining"]
         serving = sum(1 for r in replicas if r.state == "ready")
         state0 = ScaleState(ep.desired_replicas, ep.above_since, ep.below_since, ep.idle_since)
-        scaled, why = decide_scale(policy_of(ep, time_scale), state0, windows.get(ep.id), serving, now)
+        scaled, why = decide_scale(policy_of(ep, clock), state0, windows.get(ep.id), serving, now)
         ep.desired_replicas = scaled.desired
         ep.above_since, ep.below_since, ep.idle_since = (
             scaled.above_since,
