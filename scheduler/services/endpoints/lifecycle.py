@@ -9,7 +9,7 @@ pass is replayed."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -29,12 +29,15 @@ from scheduler.ids import new_id
 from scheduler.models import LIVE_ENDPOINT_STATES, Endpoint, EndpointState, Plan, Tenant, utcnow
 from scheduler.services import own_models
 from scheduler.services.capacity import fleet
-from scheduler.services.endpoints.plans import _check_replicas, _held_ipus, _plan
+from scheduler.services.endpoints.plans import _check_replicas, _held_ipus, _plan, _Planned
 from scheduler.services.endpoints.replicas import _add_replicas, _drain, _lock_tenant, replicas_of
 from scheduler.services.endpoints.routes import RouteFields, routes_after_commit
 from scheduler.services.tenancy import notifications, rates
 from scheduler.services.tenancy.scope import Scope, restrict, sees
 from vipu.emulator.catalogue import WORKLOAD_NAMES
+
+if TYPE_CHECKING:
+    from vipu.emulator.onnxgraph import OnnxWorkload
 
 
 def _check_standing(tenant: Tenant, now: datetime) -> None:
@@ -47,9 +50,43 @@ def _check_standing(tenant: Tenant, now: datetime) -> None:
 def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> Endpoint:
     """Admit an endpoint: validated against the emulator and the plan, its minimum replicas' holder
     jobs queued with their windows reserved. A refusal holds nothing."""
-    plan = session.execute(
+    plan = _plan_of(session, tenant_id)
+    planned, source = _lay_out(session, plan, tenant_id, spec)
+    ipus = max(f["ipus"] for f in planned.serve.values())
+    now = utcnow()
+    # The tenant's row first: the counts below and the reservation are then judged on exact figures.
+    locked = _lock_tenant(session, tenant_id)
+    _check_standing(locked, now)
+    _check_room(session, plan, tenant_id, spec, ipus)
+    ep = _new_endpoint(tenant_id, spec, planned, source, ipus, now)
+    desired = ep.desired_replicas
+    session.add(ep)
+    session.flush()
+    if desired:
+        made = _add_replicas(session, ep, plan, locked, desired, now)
+        if made < desired:
+            left = billing.left_ipu_ms(locked)
+            raise QuotaExceeded(
+                "The grant is spent: no replica can be held "
+                f"({billing.ipu_hours(max(0, left)):.3f} IPU-hours left).",
+                remaining_ipu_hours=billing.ipu_hours(max(0, left)),
+            )
+    routes_after_commit(session, [RouteFields.of(ep)])
+    return ep
+
+
+def _plan_of(session: Session, tenant_id: str) -> Plan:
+    """The tenant's plan: its endpoint limits and the rates its replicas reserve at."""
+    return session.execute(
         select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == tenant_id)
     ).scalar_one()
+
+
+def _lay_out(
+    session: Session, plan: Plan, tenant_id: str, spec: EndpointSpec
+) -> tuple[_Planned, OnnxWorkload | None]:
+    """The model laid out on a replica of each machine type the plan offers and the fleet can ever
+    host (with the tenant's own graph, when it names one); refused, holding nothing, when none can."""
     pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S)
     offered = rates.offers(plan=plan, machine=spec.machine, present=pods, what="endpoints")
     candidates = offered.kinds
@@ -84,11 +121,11 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
                 **{k: v for k, v in refusals[0].extra.items() if k == "limit"},
             )
         )
-    ipus = max(f["ipus"] for f in planned.serve.values())
-    now = utcnow()
-    # The tenant's row first: the counts below and the reservation are then judged on exact figures.
-    locked = _lock_tenant(session, tenant_id)
-    _check_standing(locked, now)
+    return planned, source
+
+
+def _check_room(session: Session, plan: Plan, tenant_id: str, spec: EndpointSpec, ipus: int) -> None:
+    """Refuse an endpoint the plan has no room for (endpoints, replicas, IPUs) or whose name is taken."""
     live = int(
         session.execute(
             select(func.count())
@@ -111,8 +148,19 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
     ).first()
     if taken is not None:
         raise Conflict(f"You have an endpoint named {spec.name!r} already ({taken[0]}).", field="name")
+
+
+def _new_endpoint(
+    tenant_id: str,
+    spec: EndpointSpec,
+    planned: _Planned,
+    source: OnnxWorkload | None,
+    ipus: int,
+    now: datetime,
+) -> Endpoint:
+    """The endpoint's row as admitted: its minimum replicas wanted, checked from now."""
     desired = spec.replicas.min
-    ep = Endpoint(
+    return Endpoint(
         id=new_id("ep"),
         tenant_id=tenant_id,
         name=spec.name,
@@ -143,19 +191,6 @@ def create_endpoint(*, session: Session, tenant_id: str, spec: EndpointSpec) -> 
         created_at=now,
         updated_at=now,
     )
-    session.add(ep)
-    session.flush()
-    if desired:
-        made = _add_replicas(session, ep, plan, locked, desired, now)
-        if made < desired:
-            left = billing.left_ipu_ms(locked)
-            raise QuotaExceeded(
-                "The grant is spent: no replica can be held "
-                f"({billing.ipu_hours(max(0, left)):.3f} IPU-hours left).",
-                remaining_ipu_hours=billing.ipu_hours(max(0, left)),
-            )
-    routes_after_commit(session, [RouteFields.of(ep)])
-    return ep
 
 
 def get_endpoint(*, session: Session, endpoint_id: str, scope: Scope) -> Endpoint:
@@ -221,38 +256,11 @@ def change_endpoint(*, session: Session, endpoint_id: str, scope: Scope, change:
     ep = _lock(session, endpoint_id, scope)
     now = utcnow()
     was = ep.desired_replicas
-    plan = session.execute(
-        select(Plan).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == ep.tenant_id)
-    ).scalar_one()
+    plan = _plan_of(session, ep.tenant_id)
     if change.batching is not None:
         batch = change.batching.max_batch_size
         if batch != ep.batching["max_batch_size"]:
-            source = None
-            if ep.model not in WORKLOAD_NAMES:
-                source = own_models.source_by_id(session=session, model_id=ep.model)
-            planned = _plan(
-                model=ep.model,
-                source=source,
-                seq_len=ep.workload.get("seq_len"),
-                dims=ep.workload.get("dims"),
-                precision=str(ep.workload.get("precision", "fp16")),
-                ipus=ep.ipus_per_replica if ep.ipus_requested != "auto" else "auto",
-                batch=batch,
-                candidates=tuple(ep.serve),
-            )
-            grown = max(f["ipus"] for f in planned.serve.values())
-            if grown > plan.max_partition_size:
-                raise LimitExceeded(
-                    f"A replica for batches of {batch} needs {grown} IPUs; the {plan.name} plan allows "
-                    f"partitions of at most {plan.max_partition_size}.",
-                    limit="max_partition_size",
-                )
-            replicas_max = change.replicas.max if change.replicas is not None else ep.replicas_max
-            _check_replicas(plan, replicas_max, grown, _held_ipus(session, ep.tenant_id, but=ep.id))
-            ep.workload = planned.workload
-            ep.serve = dict(planned.serve)
-            ep.ipus_per_replica = grown
-            batch = planned.max_batch_size
+            batch = _replan(session, ep, plan, change, batch)
         ep.batching = {"max_batch_size": batch, "max_wait_ms": change.batching.max_wait_ms}
     if change.replicas is not None:
         _check_replicas(
@@ -271,6 +279,37 @@ def change_endpoint(*, session: Session, endpoint_id: str, scope: Scope, change:
     session.flush()
     routes_after_commit(session, [RouteFields.of(ep)])
     return ep
+
+
+def _replan(session: Session, ep: Endpoint, plan: Plan, change: EndpointChange, batch: int) -> int:
+    """Lay the endpoint's model out anew for batches of `batch` (422 when it fits no replica the plan
+    allows) and keep the layout; returns the batch every replica forms."""
+    source = None
+    if ep.model not in WORKLOAD_NAMES:
+        source = own_models.source_by_id(session=session, model_id=ep.model)
+    planned = _plan(
+        model=ep.model,
+        source=source,
+        seq_len=ep.workload.get("seq_len"),
+        dims=ep.workload.get("dims"),
+        precision=str(ep.workload.get("precision", "fp16")),
+        ipus=ep.ipus_per_replica if ep.ipus_requested != "auto" else "auto",
+        batch=batch,
+        candidates=tuple(ep.serve),
+    )
+    grown = max(f["ipus"] for f in planned.serve.values())
+    if grown > plan.max_partition_size:
+        raise LimitExceeded(
+            f"A replica for batches of {batch} needs {grown} IPUs; the {plan.name} plan allows "
+            f"partitions of at most {plan.max_partition_size}.",
+            limit="max_partition_size",
+        )
+    replicas_max = change.replicas.max if change.replicas is not None else ep.replicas_max
+    _check_replicas(plan, replicas_max, grown, _held_ipus(session, ep.tenant_id, but=ep.id))
+    ep.workload = planned.workload
+    ep.serve = dict(planned.serve)
+    ep.ipus_per_replica = grown
+    return planned.max_batch_size
 
 
 def delete_endpoint(*, session: Session, endpoint_id: str, scope: Scope) -> Endpoint:
