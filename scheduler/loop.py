@@ -66,7 +66,7 @@ MAX_DISPATCH_PER_ITERATION = 10_000
 FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 FORECAST_BUDGET_S = 0.5  # longest a forecast may take inside a pass (it holds the pass's transaction)
 PRUNE_EVERY_S = 60.0  # wall seconds between prunings of checkpoints no one will read again
-# Wall seconds between serve passes (scheduler/services/endpoints.py): the autoscaler's delays are
+# Wall seconds between serve passes (scheduler/services/endpoints/): the autoscaler's delays are
 # tens of seconds, and on SQLite each pass takes the one write lock.
 SERVE_EVERY_S = 1.0
 
