@@ -80,19 +80,7 @@ def decide_scale(
         above = above or now
         below = None
         if waited(above, policy.scale_up_delay_s) and serving >= desired and desired < hi:
-            by_delay = min(2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target)))
-            need = replicas_needed(window.arrival_rps, policy.capacity_rps)
-            grown = min(hi, max(by_delay, need))
-            why = (
-                f"queue delay {window.queue_delay_ms:.1f} ms above the target {target:g} ms for "
-                f"{policy.scale_up_delay_s:g} s"
-            )
-            if need > by_delay:
-                why += (
-                    f", {window.arrival_rps:.0f} requests/s arriving need {need} replicas of "
-                    f"{policy.capacity_rps:.0f}/s"
-                )
-            why += f": {desired} -> {grown} replicas"
+            grown, why = _grown(policy, desired, window)
             return ScaleState(grown, now, None, idle_since), why
         return ScaleState(desired, above, below, idle_since), why
     above = None
@@ -116,6 +104,25 @@ def decide_scale(
     else:
         below = None
     return ScaleState(desired, above, below, idle_since), why
+
+
+def _grown(policy: ScalePolicy, desired: int, window: WindowLike) -> tuple[int, str]:
+    """How many replicas to scale up to from `desired` (see `decide_scale`), and why."""
+    target = policy.target_queue_delay_ms
+    by_delay = min(2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target)))
+    need = replicas_needed(window.arrival_rps, policy.capacity_rps)
+    grown = min(policy.replicas_max, max(by_delay, need))
+    why = (
+        f"queue delay {window.queue_delay_ms:.1f} ms above the target {target:g} ms for "
+        f"{policy.scale_up_delay_s:g} s"
+    )
+    if need > by_delay:
+        why += (
+            f", {window.arrival_rps:.0f} requests/s arriving need {need} replicas of "
+            f"{policy.capacity_rps:.0f}/s"
+        )
+    why += f": {desired} -> {grown} replicas"
+    return grown, why
 
 
 def replicas_needed(arrival_rps: float, capacity_rps: float | None) -> int:
