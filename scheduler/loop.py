@@ -400,7 +400,7 @@ class SchedulerLoop:
         if not ids:
             return None
         client = self.redis_client()
-        windows = endpoints.read_windows(client, ids)
+        windows = endpoints.read_windows(client, ids, seconds=self.settings.autoscale_window_s)
         refresh = time.monotonic() - self.last_routes >= endpoints.ROUTE_REFRESH_S
         with self.db.write() as s:
             self._fence(s)

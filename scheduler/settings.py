@@ -87,6 +87,14 @@ class Settings(BaseSettings):
     scheduler_tick_s: float = Field(
         0.5, gt=0, description="Longest wait of the scheduler loop between passes."
     )
+    autoscale_window_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Wall seconds of an endpoint's traffic the autoscaler reads each pass, in whole "
+        "10 s buckets and the current one: an endpoint is idle, and may scale to zero, once they hold "
+        "no request.",
+    )
     outbox_retry_s: float = Field(
         15.0, gt=0, description="Republish a dispatched attempt not taken after this."
     )

@@ -199,33 +199,7 @@ def shared_cloud(
     repeated cost. Its `database` is the cloud's database, for reading. Only in a class: pytest makes
     a class-scoped fixture per test for a test outside one. A test that needs a fresh database or
     fleet, or changes the fleet, takes `cloud` outside the class (the `db` fixture empties the
-    database, which must not happen under a running shared cloud)."""
-    from scheduler import runtime as runtime_module
-    from scheduler.settings import Settings
-
-    workdir = tmp_path_factory.mktemp("cloud")
-    values = {
-        "IPUCLOUD_MODE": "production",
-        "IPUCLOUD_DATABASE_URL": database_url,
-        "IPUCLOUD_REDIS_URL": redis_url,
-        "IPUCLOUD_SECRET_KEY": secret_key,
-        "IPUCLOUD_DATA_DIR": str(workdir / "data"),
-        "IPUCLOUD_RATE_LIMIT": "100000/minute",
-        "IPUCLOUD_LOG_LEVEL": "WARNING",
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in values.items():
-            mp.setenv(k, v)
-        services.reset_caches()
-        rt = runtime_module.Runtime.from_settings(Settings(), idle_tx_timeout_s=60.0)
-        runtime_module.install(rt)
-        try:
-            services.truncate_all(rt.db)
-            seeded = services.seed(rt.db, pods=2)
-            with cloud_support.RunningCloud.start(values, workdir, admin_key=seeded.admin_key) as running:
-                running.database = rt.db
-                yield running
-        finally:
-            runtime_module.close_current()
-            rt.close()
-            services.reset_caches()
+    database, which must not happen under a running shared cloud). A class that needs the cloud
+    started with settings of its own makes its fixture with tests/support/cloud.py's `start_shared`."""
+    with cloud_support.start_shared(database_url, redis_url, secret_key, tmp_path_factory) as running:
+        yield running

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,6 +41,9 @@ def test_ruff_format_is_clean() -> None:
     assert out.returncode == 0, f"ruff format would change:\n{out.stdout}{out.stderr}"
 
 
+# slow: mypy checks the whole tree from nothing (no cache), a minute of one core; started late, it
+# was the last test of its worker.
+@pytest.mark.slow
 def test_mypy_is_clean() -> None:
     """Types are checked (`[tool.mypy]` in pyproject.toml), so a wrong shape fails here, not in production."""
     out = subprocess.run(

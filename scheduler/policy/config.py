@@ -5,12 +5,12 @@
   ``IPUCLOUD_PREEMPTION``), topology-aware placement through the Virtual-IPU allocator's ``default``
   (demand-aware) policy.
 - ``default-classes`` (issue #31, the candidate to replace ``default``): below the plan's priority,
-  service classes by the IPU-seconds a job is predicted still to need (scheduler.policy.las; promoted
-  as it waits), fair share within a class, EASY backfill, preemption of a lower class when the gain
-  predicted exceeds the cost (scheduler.policy.preemption). It is not the default yet: in the
-  simulator it lowers Philly's average JCT by more than half and raises Jain fairness; its wait
-  estimate meets the 25% target on the slice #31 measures (20.0%, default 23.3%) but not on a denser
-  sample nor on the whole trace (30.6%, default 19.7%; docs/scheduling.md).
+  service classes by the IPU-seconds a job is predicted still to need (scheduler.policy.las; promoted as
+  it waits, to the top once starved for its size), fair share within a class, EASY backfill, preemption
+  of a lower class when the gain predicted exceeds the cost (scheduler.policy.preemption). It is not the
+  default yet: in the simulator it lowers Philly's average JCT by more than half and raises Jain
+  fairness; its wait estimate meets the 25% target on the slice #31 measures (20.0%, default 23.3%) but
+  not on a denser sample nor on the whole trace (30.6%, default 19.7%; docs/scheduling.md).
 - ``fifo-firstfit``: what V-IPU under a plain FIFO queue gives: strict submission order (a job that
   cannot start blocks every later one) and the allocator's ``first-fit`` placement.
 - ``slurm-backfill``: Slurm's ``sched/backfill`` with a count-only IPU resource: FIFO, EASY backfill
@@ -48,6 +48,11 @@ TIRESIAS_THRESHOLDS_IPU_S = (3600.0, 36000.0)
 # (avg JCT 10.30 h, p99 241.4 h); 3 days gave 6.21 h but Jain 0.699; 7 days 5.76 h, p99 103.0 h,
 # Jain 0.781 (docs/scheduling.md). It stays the bound on how long shorter work can pass a job.
 DEFAULT_PROMOTE_AFTER_S = 7 * 24 * 3600.0
+# A job that has waited this many times its predicted run time (and at least an hour) is starved:
+# it goes to the top class of its plan (scheduler.policy.las.starved_after). Classes rank by
+# IPU-seconds, so without it a wide short job waits behind every narrower job while they keep coming.
+DEFAULT_STARVE_SLOWDOWN = 100.0
+DEFAULT_STARVE_MIN_S = 3600.0
 DEFAULT_PREEMPT_GAIN = 2.0
 DEFAULT_PREEMPT_MIN_RUN_S = 600.0
 DEFAULT_PREEMPT_MAX = 4
@@ -83,6 +88,10 @@ class PolicyConfig:
     las_thresholds_ipu_s: tuple[float, ...] = ()
     # A queued job moves up one class for every this many seconds it waits (None: never).
     promote_after_s: float | None = None
+    # A job that has waited ``starve_slowdown`` times its predicted run time, and at least
+    # ``starve_min_s``, goes to the top class (None: never; scheduler.policy.las.starved_after).
+    starve_slowdown: float | None = None
+    starve_min_s: float = 0.0
     # Guards on preemption (scheduler.policy.preemption.worth_preempting); None: no guard at all, as
     # the research anchors preempt. ``preempt_gain``: the victim's predicted remaining IPU-seconds
     # must exceed this times the waiting job's plus the stop's cost.
@@ -122,6 +131,8 @@ POLICIES: dict[str, PolicyConfig] = {
             priority_from="predicted",
             las_thresholds_ipu_s=TIRESIAS_THRESHOLDS_IPU_S,
             promote_after_s=DEFAULT_PROMOTE_AFTER_S,
+            starve_slowdown=DEFAULT_STARVE_SLOWDOWN,
+            starve_min_s=DEFAULT_STARVE_MIN_S,
             preempt_gain=DEFAULT_PREEMPT_GAIN,
             preempt_min_run_s=DEFAULT_PREEMPT_MIN_RUN_S,
             preempt_max=DEFAULT_PREEMPT_MAX,

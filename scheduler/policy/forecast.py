@@ -30,9 +30,9 @@ from collections.abc import Callable, Collection
 from statistics import NormalDist
 
 from scheduler.policy.config import PolicyConfig, get_policy
+from scheduler.policy.las import CLASS_SPAN, plan_of, starved_after
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
-from scheduler.policy.preemption import WARNING_S
 from scheduler.policy.running import RunningJob
 from scheduler.policy.timetable import TimeTable, expected_end
 
@@ -149,6 +149,9 @@ def _replay(
     shared = [r for r in snapshot.running if not r.reserved]
     table = TimeTable.from_allocator(alloc, shared)
     now = snapshot.now
+    # A victim is warned the configured cluster seconds ahead (IPUCLOUD_PREEMPTION_WARNING_S live),
+    # on the pass's clock as the pipeline's stop cost counts them (`clock_scale`).
+    warning = config.preempt_warning_s / config.clock_scale
     # Each running job ends when predicted; one past its prediction gets it extended (expected_end).
     ends: list[tuple[float, str]] = [
         (expected_end(r, now) if draw is None else draw.running_end(r, now), r.id) for r in shared
@@ -181,11 +184,18 @@ def _replay(
             held.priority,
             preemptible=held.preemptible,
         )
+    starving = _starving(queued, config, now)
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
             finished = False
             break
+        while starving and starving[0][0] <= now:
+            # Starved while the replay ran: the policy lifts it to the top class then, so does this.
+            _, _, lifted = heapq.heappop(starving)
+            if lifted.id in queue:
+                queue.remove(lifted.id)
+                queue.add(dataclasses.replace(lifted, priority=plan_of(lifted.priority) * CLASS_SPAN))
         for q in throttle.take():  # as many as the array's elements that ended since
             queue.add(q)
         passes += 1
@@ -230,7 +240,7 @@ def _replay(
             # As the live loop does: the victim is warned, holds its IPUs for the warning, then stops,
             # goes back to the queue and starts again later; the job it made room for waits that long.
             held = running[victim.id]
-            warned_until = now + WARNING_S
+            warned_until = now + warning
             stopped = dataclasses.replace(held, expected_end=warned_until)
             running[victim.id] = stopped
             table.remove(held.partition)
@@ -275,6 +285,24 @@ def _replay(
 # Predictions are off by about 20% at the median (log-normal, sigma 0.3, in the simulator): given
 # that a job ran past its prediction, it runs on for about a quarter of it at the mean.
 OVERRUN_SHARE = 0.25
+
+
+def _starving(
+    queued: list[QueuedJob], config: PolicyConfig, now: float
+) -> list[tuple[float, str, QueuedJob]]:
+    """When each queued job not yet at the top class becomes starved for its size (a heap), for a
+    policy with the rule (scheduler.policy.las.starved_after); its wait counts from its submission."""
+    if config.priority_from != "predicted" or config.starve_slowdown is None:
+        return []
+    due = []
+    for q in queued:
+        if q.priority == plan_of(q.priority) * CLASS_SPAN:
+            continue  # at the top already
+        at = q.submitted_at + starved_after(config, q.predicted_runtime_s)
+        if now < at < math.inf:
+            due.append((at, q.id, q))
+    heapq.heapify(due)
+    return due
 
 
 def likely_end(job: RunningJob, now: float) -> float:

@@ -15,7 +15,13 @@ ranks tenants within a class. Two ways to set it:
 
 Classes are ``0`` (first) and negative numbers (later), so that "higher goes first" holds as for
 plan priorities. `promoted` lifts a job that has waited long (Tiresias' promotion of starved jobs):
-one class per ``promote_after_s`` since it was queued, so no job waits behind shorter work for ever.
+one class per ``promote_after_s`` since it was queued, so no job waits behind shorter work for ever;
+and a job *starved* for its size, one that has waited ``starve_slowdown`` times its predicted run
+time (and at least ``starve_min_s``: `starved_after`), straight to the top class. Classes rank by
+IPU-seconds, so a wide short job ranks behind every narrower job of less work: under a steady flow
+of small jobs one of them is always first in line and holds the pass's one reservation, and the wide
+job never gets one (on Gaia, two 64-IPU jobs of minutes waited 128 h while 4,932 small jobs started;
+docs/scheduling.md). Lifted to the top, it leads the line, is reserved for and may preempt.
 The promotion goes on while the job runs: the jobs it kept waiting rise as fast as it does, so they
 never overtake it and preempt it straight back.
 
@@ -56,21 +62,46 @@ def predicted_class(
     return -min(PREDICTED_LEVELS, math.ceil(math.log2(remaining_ipu_s)))
 
 
-def promoted(klass: int, waited_s: float, promote_after_s: float | None) -> int:
-    """``klass`` raised one step for every ``promote_after_s`` waited, never above 0."""
-    if promote_after_s is None or promote_after_s <= 0 or waited_s <= 0 or klass >= 0:
+def starved_after(config: PolicyConfig, predicted_runtime_s: float) -> float:
+    """How long a job predicted to run ``predicted_runtime_s`` waits before it counts as starved and
+    goes to the top class: ``starve_slowdown`` times its run, at least ``starve_min_s`` (inf: never,
+    or a policy without the rule, or a job without a prediction)."""
+    if config.starve_slowdown is None or not math.isfinite(predicted_runtime_s):
+        return math.inf
+    return max(config.starve_min_s, config.starve_slowdown * predicted_runtime_s)
+
+
+def promoted(
+    klass: int, waited_s: float, promote_after_s: float | None, starved_after_s: float = math.inf
+) -> int:
+    """``klass`` raised one step for every ``promote_after_s`` waited, never above 0; 0 once the
+    job has waited ``starved_after_s``."""
+    if klass >= 0 or waited_s <= 0:
+        return klass
+    if waited_s >= starved_after_s:
+        return 0
+    if promote_after_s is None or promote_after_s <= 0:
         return klass
     return min(0, klass + int(waited_s // promote_after_s))
 
 
-def next_promotion(klass: int, queued_at: float, now: float, promote_after_s: float | None) -> float:
+def next_promotion(
+    klass: int,
+    queued_at: float,
+    now: float,
+    promote_after_s: float | None,
+    starved_after_s: float = math.inf,
+) -> float:
     """When a job queued at ``queued_at`` with base class ``klass`` next moves up (inf: never)."""
+    starved = queued_at + starved_after_s
+    if klass >= 0 or now >= starved:
+        return math.inf  # at the top already
     if promote_after_s is None or promote_after_s <= 0:
-        return math.inf
+        return starved
     steps = int(max(0.0, now - queued_at) // promote_after_s) + 1
     if klass + steps > 0:
-        return math.inf
-    return queued_at + steps * promote_after_s
+        return starved
+    return min(starved, queued_at + steps * promote_after_s)
 
 
 def combined(plan_priority: int, klass: int) -> int:
@@ -91,12 +122,16 @@ def job_class(
     *,
     attained_ipu_s: float = 0.0,
     waited_s: float = 0.0,
+    run_s: float | None = None,
 ) -> int:
     """The class a live job (queued or running) takes under ``config``: its plan priority, and below
     it, for a policy of ``predicted`` classes, the class of its predicted remaining IPU-seconds,
-    promoted by its wait. The simulator's engine computes the same from the same functions."""
+    promoted by its wait; starved (`starved_after`) by its predicted run as queued, ``run_s``
+    (a queued job's: ``predicted_left_s``). The simulator's engine computes the same from the same
+    functions."""
     if config.priority_from != "predicted":
         return plan_priority
     remaining = size * predicted_left_s if math.isfinite(predicted_left_s) else math.inf
     klass = predicted_class(max(0.0, remaining), attained_ipu_s, config.las_thresholds_ipu_s)
-    return combined(plan_priority, promoted(klass, waited_s, config.promote_after_s))
+    starve = starved_after(config, predicted_left_s if run_s is None else run_s)
+    return combined(plan_priority, promoted(klass, waited_s, config.promote_after_s, starve))

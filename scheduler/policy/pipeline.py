@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from scheduler.policy.admission import Admission
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.las import CLASS_SPAN, plan_of
+from scheduler.policy.las import CLASS_SPAN, plan_of, predicted_class
 from scheduler.policy.machine_choice import Chooser
 from scheduler.policy.model import (
     Decision,
@@ -285,14 +285,28 @@ class _Pass:
         allowed = None
         if config.preempt_gain is not None:
             job_plan = plan_of(job.priority)
-            # The guards are cluster seconds; live, the pass's clock is the wall clock (scaled).
-            worth = guard(
-                job,
-                now,
-                cost=PreemptionCost(warning_s=config.preempt_warning_s).scaled(config.clock_scale),
-                min_run_s=config.preempt_min_run_s / config.clock_scale,
-                max_preemptions=config.preempt_max,
-                gain=config.preempt_gain or 0.0,
+            # A job lifted to the top class by starvation (scheduler.policy.las.starved_after) is owed
+            # its turn, not a gain: any job of a lower class may make room for it, however short its
+            # run so far or its time left (the bound on preemptions per job stays). With the guards,
+            # a wide job starved behind small ones waited as long as they kept coming: some small
+            # job in the IPUs it needed was always too new or too near its end to stop, and the next
+            # one backfilled there, as it would end before the wide job's reservation.
+            starved = job.priority == job_plan * CLASS_SPAN and (
+                predicted_class(job.size * job.predicted_runtime_s) < 0
+            )
+            bound = config.preempt_max
+            worth = (
+                (lambda victim: bound is None or victim.preemptions < bound)
+                if starved
+                # The guards are cluster seconds; live, the pass's clock is the wall clock (scaled).
+                else guard(
+                    job,
+                    now,
+                    cost=PreemptionCost(warning_s=config.preempt_warning_s).scaled(config.clock_scale),
+                    min_run_s=config.preempt_min_run_s / config.clock_scale,
+                    max_preemptions=bound,
+                    gain=config.preempt_gain,
+                )
             )
 
             def allowed(victim: RunningJob) -> bool:

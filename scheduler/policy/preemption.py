@@ -70,6 +70,14 @@ class PreemptionCost:
 NO_COST = PreemptionCost(warning_s=0.0, write_s=0.0, load_s=0.0, compile_s=0.0)
 
 
+def resumed_runtime_s(predicted_s: float, kept_s: float, restart_s: float = 0.0) -> float:
+    """What a job that resumes from a checkpoint is predicted still to run: its prediction less the
+    run time its checkpoint kept, never under a second (it still starts and ends), plus ``restart_s``
+    before it does new work. A requeued job ranks, is reserved for and is estimated on this, not on
+    its whole prediction (the live snapshot and the simulator both call it)."""
+    return max(1.0, predicted_s - kept_s) + restart_s
+
+
 def worth_preempting(
     job: QueuedJob,
     victim: RunningJob,

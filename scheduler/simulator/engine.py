@@ -42,8 +42,8 @@ from scheduler.policy import (
     decide,
 )
 from scheduler.policy.forecast import estimate_start
-from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted
-from scheduler.policy.preemption import PreemptionCost
+from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted, starved_after
+from scheduler.policy.preemption import PreemptionCost, resumed_runtime_s
 from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
@@ -189,7 +189,7 @@ class Simulation:
         return -math.ceil(4 * math.log2(max(left_s, 1.0)))
 
     def _reclass(
-        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None
+        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None, starve_s: float
     ) -> tuple[int, float]:
         """A running job's class under ``predicted`` classes, and when it next changes. Its class
         goes on rising with promotion while it runs, as the classes of the jobs waiting behind it
@@ -198,9 +198,9 @@ class Simulation:
         end = expected_end(r, now)  # past its prediction: expected to run as long again
         remaining = r.size * (end - now)
         base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
-        klass = promoted(base, now - queued_at, promote_s)
+        klass = promoted(base, now - queued_at, promote_s, starve_s)
         crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
-        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s))
+        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s, starve_s))
         return klass, due if due > now else end
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
@@ -299,6 +299,7 @@ class _Replay:
         # Starved queued jobs move up a class (scheduler.policy.las.promoted): (due, job, attempt).
         self.promotions: list[tuple[float, int, int]] = []
         self.queued_at = [0.0] * len(jobs)
+        self.starve_at = [math.inf] * len(jobs)  # the wait after which a job is starved (las.starved_after)
         self.reclass: list[tuple[float, int, int]] = []  # (when its class next moves, job, attempt)
         self.base_class = [0] * len(jobs)
         self.last_type: dict[int, str] = {}
@@ -402,13 +403,10 @@ class _Replay:
             self.result.extra["work_ipu_s"] -= victim.size * (left[i] * factor - ran)
         kept_s = max(0.0, ran - lost) / factor
         if kept_s > 0 or ranked:
-            left[i] = max(0.0, left[i] - kept_s)
-            told_left[i] = max(1.0, told_left[i] - kept_s)
-        if cost is not None and (kept_s > 0 or ranked):
             # Resumed, it loads its executable and reads its checkpoint back before new work.
-            restart = cost.restart_s() / factor
-            left[i] += restart
-            told_left[i] += restart
+            restart = cost.restart_s() / factor if cost is not None else 0.0
+            left[i] = max(0.0, left[i] - kept_s) + restart
+            told_left[i] = resumed_runtime_s(told_left[i], kept_s, restart)
         self.attained[i] += victim.size * ran
         outcomes[i].preempted += 1
         outcomes[i].lost_s += lost
@@ -423,7 +421,8 @@ class _Replay:
             self.base_class[i] = sim._rank(self.attained[i], left[i], victim.size * told_left[i])
             again = replace(again, priority=self.base_class[i])
             self.queued_at[i] = now
-            due = next_promotion(self.base_class[i], now, now, self.promote_s)
+            self.starve_at[i] = starved_after(self.config, told_left[i])
+            due = next_promotion(self.base_class[i], now, now, self.promote_s, self.starve_at[i])
             if due < math.inf:
                 heapq.heappush(self.promotions, (due, i, self.attempt[i]))
         self.submitted[i] = again
@@ -442,7 +441,8 @@ class _Replay:
             if promote_s is not None:
                 self.base_class[next_arrival] = klass
                 self.queued_at[next_arrival] = now
-                due = next_promotion(klass, now, now, promote_s)
+                self.starve_at[next_arrival] = starved_after(self.config, est[next_arrival])
+                due = next_promotion(klass, now, now, promote_s, self.starve_at[next_arrival])
                 if due < math.inf:
                     heapq.heappush(self.promotions, (due, next_arrival, 0))
             queued = self.submitted[next_arrival] = QueuedJob(
@@ -492,12 +492,12 @@ class _Replay:
             waiting = submitted[i]
             if number != self.attempt[i] or waiting is None or waiting.id not in queue:
                 continue
-            klass = promoted(base_class[i], now - queued_at[i], promote_s)
+            klass = promoted(base_class[i], now - queued_at[i], promote_s, self.starve_at[i])
             if klass != waiting.priority:
                 queue.remove(waiting.id)
                 waiting = submitted[i] = replace(waiting, priority=klass)
                 queue.add(waiting)
-            due = next_promotion(base_class[i], queued_at[i], now, promote_s)
+            due = next_promotion(base_class[i], queued_at[i], now, promote_s, self.starve_at[i])
             if due < math.inf:
                 heapq.heappush(promotions, (due, i, number))
 
@@ -514,7 +514,7 @@ class _Replay:
                 r = running.get(jobs[i].id)
                 if r is None or number != self.attempt[i]:
                     continue
-                klass, due = sim._reclass(r, now, self.queued_at[i], self.promote_s)
+                klass, due = sim._reclass(r, now, self.queued_at[i], self.promote_s, self.starve_at[i])
                 if klass != r.priority:
                     running[r.id] = _with_priority(r, klass)
                 heapq.heappush(reclass, (due, i, number))

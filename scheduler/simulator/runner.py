@@ -61,11 +61,13 @@ class ReplaySpec:
     cores_per_ipu: int = DEFAULT_CORES_PER_IPU
 
     def preemptible(self, jobs: Sequence[TraceJob]) -> list[bool]:
-        """Which jobs are preemptible: each with probability `preemptible_fraction`, from the seed."""
+        """Which jobs are preemptible: those the trace marks so (an SWF log's best-effort queue), and
+        each other with probability `preemptible_fraction`, from the seed (one draw a job, marked or
+        not, so a mark does not move the others' draws)."""
         if self.preemptible_fraction <= 0:
-            return [False] * len(jobs)
+            return [j.preemptible for j in jobs]
         rng = random.Random(f"preemptible:{self.seed}")
-        return [rng.random() < self.preemptible_fraction for _ in jobs]
+        return [rng.random() < self.preemptible_fraction or j.preemptible for j in jobs]
 
     def build_fleet(self) -> Fleet | None:
         return None if self.fleet is None else Fleet.build(self.fleet)

@@ -25,12 +25,17 @@ How an SWF job becomes a ``TraceJob`` (docs/scheduling.md, "A second trace", say
 - **Run time** is the log's; the **user's estimate** is the requested time (field 9), never less
   than the run time (a request is the limit a job is killed at, so a log that shows a job running
   past it shows a scheduler's grace, not a shorter request) and unknown where the log has -1.
+- **Preemptible**: a job of a queue the header describes as preemptible (``; Queue: 2 - Besteffort
+  jobs queue - ... can be preempted by normal jobs``, Gaia's best-effort queue under OAR), as the
+  cluster treated it: any job that is not preemptible may stop it (docs/checkpoints.md). A header
+  that describes no queue marks no job.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,8 @@ PARTIAL_STATUSES = frozenset({2, 3, 4})
 # 4 cores an IPU: Gaia's 2,004 cores become 501 IPUs, the 512 of the 8 POD64s the Philly replay
 # runs on, so the fleet is the cluster's size and the offered load stays the log's.
 DEFAULT_CORES_PER_IPU = 4
+# A header line that describes a queue: ``; Queue: <number> - <text>`` (the archive's convention).
+QUEUE_LINE = re.compile(r"^;\s*Queue:\s*(\d+)\s*-?(.*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,22 @@ def parse_swf(lines: Iterable[str], *, source: str = "SWF log") -> tuple[dict[st
     return header, jobs
 
 
+def preemptible_queues(lines: Iterable[str]) -> frozenset[int]:
+    """The queues the header describes as preemptible: their text speaks of preemption ("can be
+    preempted", "preemptible") and does not deny it ("not preemptible")."""
+    found = set()
+    for line in lines:
+        if not line.startswith(";"):
+            break  # the header is over
+        described = QUEUE_LINE.match(line.strip())
+        if described is None:
+            continue
+        text = described.group(2).lower()
+        if "preempt" in text and "not preemptible" not in text:
+            found.add(int(described.group(1)))
+    return frozenset(found)
+
+
 def is_swf(path: Path) -> bool:
     return path.name.endswith((".swf", ".swf.gz"))
 
@@ -137,8 +160,10 @@ def to_trace_jobs(
     tenant_by: Literal["user", "group"] = "user",
     limit: int | None = None,
     start_row: int = 0,
+    preemptible: frozenset[int] = frozenset(),
 ) -> list[TraceJob]:
-    """The jobs that ran, in submission order (the log's order among equal times), as ``TraceJob``s."""
+    """The jobs that ran, in submission order (the log's order among equal times), as ``TraceJob``s;
+    those of the ``preemptible`` queues are preemptible."""
     if cores_per_ipu < 1:
         raise TraceError(f"cores per IPU must be at least 1, not {cores_per_ipu}")
     kept = sorted(
@@ -162,6 +187,7 @@ def to_trace_jobs(
                 tenant=f"{tenant_by[0]}{owner}",
                 requested_size=wanted,
                 requested_s=max(job.requested_s, job.run_s) if job.requested_s > 0 else None,
+                preemptible=job.queue in preemptible,
             )
         )
     return out
@@ -177,7 +203,8 @@ def load_swf(
     start_row: int = 0,
 ) -> list[TraceJob]:
     """Read an SWF log (``.swf`` or ``.swf.gz``); ``start_row``/``limit`` slice the jobs kept."""
-    _, jobs = parse_swf(_lines(path), source=str(path))
+    lines = list(_lines(path))
+    _, jobs = parse_swf(lines, source=str(path))
     return to_trace_jobs(
         jobs,
         largest_partition=largest_partition,
@@ -185,4 +212,5 @@ def load_swf(
         tenant_by=tenant_by,
         limit=limit,
         start_row=start_row,
+        preemptible=preemptible_queues(lines),
     )

@@ -39,6 +39,8 @@ class TraceJob:
     # The run time the user asked for, where the trace has it (SWF logs do: scheduler/simulator/swf.py);
     # the ``user`` estimate model then uses it instead of modelling one.
     requested_s: float | None = None
+    # Submitted preemptible (an SWF log's best-effort queue): any job that is not may stop it.
+    preemptible: bool = False
 
 
 def round_size(requested: int, largest: int) -> int:

@@ -83,7 +83,12 @@ def _lstm_input(seed: int, rows: int = 1) -> triton.InferInput:
 @pytest.fixture
 def fast_cloud(env: dict[str, str], db: Any, tmp_path: Path) -> Iterator[RunningCloud]:
     seeded = services.seed(db, pods=1)
-    with RunningCloud.start(env, tmp_path, admin_key=seeded.admin_key) as running:
+    # An endpoint is idle once the autoscaler's window of traffic holds no request: with the default
+    # minute, scaling to zero waited out 50-60 s of wall time, most of this module's run. 20 s keeps a
+    # request in view for 10-20 s (whole 10 s buckets): the cold-start test's endpoint must stay up
+    # while it waits, without requests, for the serve pass to call it ready.
+    extra = {"IPUCLOUD_AUTOSCALE_WINDOW_S": "20"}
+    with RunningCloud.start(env, tmp_path, admin_key=seeded.admin_key, extra_env=extra) as running:
         yield running
 
 

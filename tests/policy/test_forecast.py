@@ -6,6 +6,7 @@ from __future__ import annotations
 from scheduler.policy import HeldArray, JobQueue, QueuedJob, RunningJob, Snapshot
 from scheduler.policy.config import get_policy
 from scheduler.policy.forecast import forecast
+from scheduler.policy.las import job_class, starved_after
 from vipu.allocator import Allocator
 from vipu.topology import Fleet, MachineType
 
@@ -90,3 +91,35 @@ def test_a_preempted_job_restarted_in_the_replay_runs_its_whole_restart() -> Non
     target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
     starts = forecast(snapshot, "default", target=target)
     assert starts == {"job_a": 40.0, "job_v": 140.0, "job_t": 1130.0}, starts
+
+
+def test_a_victim_holds_its_ipus_for_the_configured_warning_not_30_s() -> None:
+    """The scene above with a 120 s warning (IPUCLOUD_PREEMPTION_WARNING_S) on a clock 2x the pass's:
+    V is warned 60 s of the pass's clock, so A starts at 70 s, V restarts at 170 s, the job asked
+    about at 1,160 s."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_v", 64) is not None
+    running = [RunningJob("job_v", "t", 64, "p_v", 0.0, 1000.0, preemptible=True)]
+    queued = [QueuedJob("job_a", "u", 64, 5.0, 100.0)]
+    snapshot = Snapshot(now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc)
+    target = QueuedJob("job_t", "w", 64, 10.0, 50.0, preemptible=True)
+    config = get_policy("default").with_options(preempt_warning_s=120.0, clock_scale=2.0)
+    starts = forecast(snapshot, config, target=target)
+    assert starts == {"job_a": 70.0, "job_v": 170.0, "job_t": 1160.0}, starts
+
+
+def test_a_job_starved_while_the_forecast_runs_is_lifted_to_the_top_as_the_policy_lifts_it() -> None:
+    """`default-classes` lifts a job starved for its size to the top class (scheduler.policy.las);
+    the forecast does the same when its replay passes that moment. A POD64 is held (never preempted)
+    until 10,000 s; W (64 IPUs, 10 s) ranks behind L (64 IPUs, 5 s: less work), but is starved at
+    3,600 s, so it goes first when the POD frees."""
+    config = get_policy("default-classes")
+    assert starved_after(config, 10.0) == 3600.0
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_r", 64) is not None
+    running = [RunningJob("job_r", "t", 64, "p_r", 0.0, 10_000.0, never_preempt=True)]
+    wide = QueuedJob("job_w", "u", 64, 0.0, 10.0, priority=job_class(config, 0, 64, 10.0))
+    less = QueuedJob("job_l", "v", 64, 5.0, 5.0, priority=job_class(config, 0, 64, 5.0))
+    assert less.priority > wide.priority
+    snapshot = Snapshot(now=10.0, queue=JobQueue([wide, less]), running=running, tenants={}, allocator=alloc)
+    assert forecast(snapshot, config) == {"job_w": 10_000.0, "job_l": 10_010.0}

@@ -16,6 +16,7 @@ from scheduler.policy.las import (
     plan_of,
     predicted_class,
     promoted,
+    starved_after,
 )
 from scheduler.policy.preemption import PreemptionCost, worth_preempting
 from scheduler.simulator import Simulation, TraceJob
@@ -206,3 +207,73 @@ def test_no_preemption_search_when_every_victim_together_frees_too_few_ipus(monk
     monkeypatch.undo()
     found = choose_victims(QueuedJob("want", "C", 32, NOW, 600.0, priority=-5), running, alloc, now=NOW)
     assert found is not None and [v.id for v in found[0]] == ["small"]
+
+
+def test_a_job_starved_for_its_size_goes_to_the_top_class_once_and_for_all() -> None:
+    """#31: a job that has waited `starve_slowdown` times its predicted run (at least
+    `starve_min_s`) is lifted to the top class of its plan, whatever its IPU-seconds."""
+    config = get_policy("default-classes")
+    assert config.starve_slowdown is not None
+    starve = starved_after(config, 240.0)  # a 4-minute job
+    assert starve == max(config.starve_min_s, config.starve_slowdown * 240.0)
+    assert starved_after(config, 1.0) == config.starve_min_s  # never before the minimum
+    assert starved_after(config, math.inf) == math.inf  # no prediction, no starvation by it
+    assert starved_after(get_policy("default"), 240.0) == math.inf
+    wide = predicted_class(64 * 240.0)
+    week = config.promote_after_s
+    assert promoted(wide, starve - 1, week, starve) == wide
+    assert promoted(wide, starve, week, starve) == 0
+    assert next_promotion(wide, 1000.0, 1000.0, week, starve) == 1000.0 + starve
+    assert next_promotion(wide, 1000.0, 1000.0 + starve, week, starve) == math.inf
+    # Queued and live, through job_class; a running job by the run it was queued with.
+    assert plan_of(job_class(config, 3, 64, 240.0, waited_s=starve)) == 3
+    assert job_class(config, 3, 64, 240.0, waited_s=starve) == combined(3, 0)
+    assert job_class(config, 3, 64, 60.0, waited_s=starve, run_s=240.0) == combined(3, 0)
+    assert job_class(config, 3, 64, 60.0, waited_s=starve - 1, run_s=240.0) < combined(3, 0)
+
+
+def _wide_behind_small(waited_s: float) -> Snapshot:
+    """One POD64 held by 64 one-IPU jobs of days; a 64-IPU job of 4 minutes has waited
+    ``waited_s``, and a 1-IPU job of 10 minutes has just arrived."""
+    config = get_policy("default-classes")
+    alloc = Allocator(Fleet.uniform(1))
+    running = []
+    for n in range(64):
+        assert alloc.allocate(f"r{n}", 1) is not None
+        left = 100 * HOUR
+        running.append(
+            RunningJob(f"r{n}", "A", 1, f"r{n}", NOW - HOUR, NOW + left, job_class(config, 0, 1, left))
+        )
+    wide = QueuedJob(
+        "wide", "u64", 64, NOW - waited_s, 240.0, priority=job_class(config, 0, 64, 240.0, waited_s=waited_s)
+    )
+    small = QueuedJob("small", "B", 1, NOW, 600.0, priority=job_class(config, 0, 1, 600.0))
+    tenants = {t: TenantState(t) for t in ("A", "B", "u64")}
+    return Snapshot.build(now=NOW, queued=[wide, small], running=running, tenants=tenants, allocator=alloc)
+
+
+def test_a_starved_wide_job_leads_the_line_is_reserved_for_and_preempts_where_small_work_did() -> None:
+    """Gaia's `u64` (docs/scheduling.md): under class order a wide short job ranks behind every
+    narrower job of less IPU-seconds, so a small job that cannot start holds the pass's reservation
+    while the wide one waits. Starved, it leads, holds the reservation and makes room."""
+    starve = starved_after(get_policy("default-classes"), 240.0)
+    fresh = decide(_wide_behind_small(60.0), "default-classes")
+    assert fresh.reservation is not None and fresh.reservation.job_id == "small"
+    starved = decide(_wide_behind_small(starve), "default-classes")
+    assert starved.reservation is not None and starved.reservation.job_id == "wide"
+    assert starved.reservation.size == 64 and len(starved.preempt) == 64
+    assert starved.waits["wide"].reason == "preempting"
+
+
+def test_a_replay_gives_a_starved_wide_job_its_turn_under_a_steady_flow_of_small_jobs() -> None:
+    """The same in the simulator: 64 one-IPU jobs of 100 hours fill a POD64, a 64-IPU job of
+    4 minutes arrives, and a 1-IPU job of 10 minutes comes every 5 minutes for 60 hours. The wide job
+    starts once starved (plus the victims' warning), not after the long jobs end."""
+    config = get_policy("default-classes")
+    jobs = [TraceJob(f"long{n}", 0.0, 100 * HOUR, 1, "A", 1) for n in range(64)]
+    jobs.append(TraceJob("wide", 10.0, 240.0, 64, "u64", 64))
+    jobs += [TraceJob(f"s{n:04d}", 20.0 + 300.0 * n, 600.0, 1, "B", 1) for n in range(720)]
+    result = Simulation(jobs, config, [j.duration_s for j in jobs], pods=1).run()
+    wide = next(o for j, o in zip(jobs, result.outcomes, strict=True) if j.id == "wide")
+    starve = starved_after(config, 240.0)
+    assert wide.first_start_s - 10.0 <= starve + 600.0, wide.first_start_s / HOUR

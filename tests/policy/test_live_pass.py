@@ -16,8 +16,9 @@ from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerLoop
 from scheduler.models import LIVE_ATTEMPT_STATES, Attempt, AttemptState, Job, MeterEvent, Tenant, utcnow
 from scheduler.policy import RunningJob, get_policy
+from scheduler.policy.las import job_class, plan_of
 from scheduler.policy.model import tenant_key
-from scheduler.services.batch import jobs, scheduling
+from scheduler.services.batch import checkpoints, jobs, scheduling
 from scheduler.services.tenancy import tenants
 from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
@@ -426,3 +427,49 @@ def test_a_victim_of_a_shorter_job_of_its_own_plan_is_told_so_not_higher_priorit
     assert why == "preempted for shorter work of another tenant"
     why = scheduling.preemption_reason(lower_plan, for_job="job_secret", for_tenant="ten_b")
     assert why == "preempted for a higher-priority job of another tenant"
+
+
+def test_a_requeued_preempted_job_is_predicted_to_run_only_what_its_checkpoint_did_not_keep(
+    db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#31: a job preempted after a checkpoint that kept 90% of its predicted run is queued, ranked
+    and, once resumed, timed on the 10% left (scheduler.policy.preemption.resumed_runtime_s, which the
+    simulator's requeue calls too), not on its whole prediction."""
+    classes_policy(monkeypatch)
+    tenant, _ = new_tenant(db, "resumer")
+    job_id = submit(db, tenant, spec(128, steps=2_000_000))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    attempt = live_attempt(db, job_id)
+    agentkit.take(db, attempt.id)
+    with db.read() as s:
+        whole = s.get(Job, job_id).predicted_runtime_s
+    kept = 0.9 * whole
+    saved = checkpoints.CheckpointDue(
+        attempt_id=attempt.id, job_id=job_id, attempt=1, step=1_800_000, steps=2_000_000,
+        samples=1_800_000 * 1024, executable_key="x", machine_type="m2000", cluster_s=kept, run_s=kept,
+        reason="preemption",
+    )  # fmt: skip
+    agentkit.tick(db, saved=[saved])
+    assert agentkit.finish(db, attempt.id, AttemptState.PREEMPTED, kept, "preempted (test); requeued")
+    with db.read() as s:
+        snap = scheduling.build_snapshot(
+            session=s,
+            allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
+            now=utcnow(),
+            time_scale=1.0,
+            half_life_s=3600.0,
+            policy=loop._policy,
+        ).snapshot
+    (queued,) = [q for q in snap.queue if q.id == job_id]
+    left = whole - kept
+    assert queued.predicted_runtime_s == pytest.approx(left)
+    # Its service class is that of what it has left, a few doublings above its whole prediction's.
+    plan_priority = plan_of(queued.priority)
+    assert queued.priority == job_class(loop._policy, plan_priority, 128, left)  # promotion: days away
+    assert queued.priority > job_class(loop._policy, plan_priority, 128, whole)
+    # Resumed from that checkpoint, its predicted end is what was left after its start.
+    assert loop.schedule_pass() == 1
+    agentkit.take(db, live_attempt(db, job_id).id)
+    resumed = running_as_seen(db, loop, job_id)
+    assert resumed.expected_end - resumed.started_at == pytest.approx(left)

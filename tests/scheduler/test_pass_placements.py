@@ -117,6 +117,8 @@ def run_live(db: Any, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     return [[i, *started[job_id]] for i, job_id in enumerate(order)]
 
 
+# slow: a live replay of the whole seeded workload, pass by pass: some 20 s on a loaded worker.
+@pytest.mark.slow
 def test_the_pass_places_a_seeded_workload_as_before(
     db: Any, seeded: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ipucloud.cli import app
 from scheduler.simulator import ReplaySpec, TraceError, estimates, replay, report
-from scheduler.simulator.swf import ipus_for, load_swf, parse_swf, to_trace_jobs
+from scheduler.simulator.swf import ipus_for, load_swf, parse_swf, preemptible_queues, to_trace_jobs
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "gaia-sample.swf"
@@ -227,3 +227,32 @@ def test_the_benchmark_replays_an_swf_log_and_merges_replays_made_apart(tmp_path
     avg = next(line for line in merged if line.startswith("avg JCT (h)"))
     hours = [json.loads((tmp_path / p).read_text())[p]["avg_jct_s"] / 3600 for p in names]
     assert avg.split()[3:] == [f"{v:,.2f}" for v in hours]
+
+
+def test_the_queues_the_header_calls_preemptible_are_replayed_preemptible() -> None:
+    """#31: Gaia's best-effort queue was preemptible under OAR; the replay marks its jobs so (any job
+    that is not may stop them), and the seeded draw of other preemptible work is unchanged by it."""
+    described = LOG.replace(
+        "; Queue: 1 first\n; Queue: 2 second\n",
+        "; Queue: 1 - Normal jobs queue - normal priority - jobs are not preemptible\n"
+        "; Queue: 2 - Besteffort jobs queue - low priority - besteffort jobs can be preempted by "
+        "normal jobs.\n",
+    ).replace(" 8 80 1 1 ", " 8 80 1 2 ")  # user 8's jobs (2 and 8) in the best-effort queue
+    lines = described.splitlines()
+    assert preemptible_queues(lines) == {2}
+    assert preemptible_queues(LOG.splitlines()) == frozenset()  # queues named, none preemptible
+    _, raw = parse_swf(lines)
+    jobs = to_trace_jobs(raw, largest_partition=512, preemptible=preemptible_queues(lines))
+    assert [j.tenant for j in jobs if j.preemptible] == ["u8", "u8"]
+    assert len(jobs) == 5
+    assert ReplaySpec(trace=SAMPLE).preemptible(jobs) == [j.preemptible for j in jobs]
+    drawn = ReplaySpec(trace=SAMPLE, preemptible_fraction=0.5).preemptible(jobs)
+    unmarked = ReplaySpec(trace=SAMPLE, preemptible_fraction=0.5).preemptible(
+        [replace(j, preemptible=False) for j in jobs]
+    )
+    assert drawn == [d or j.preemptible for d, j in zip(unmarked, jobs, strict=True)]
+
+
+def test_the_carried_gaia_logs_best_effort_jobs_are_preemptible() -> None:
+    jobs = load_swf(CARRIED, largest_partition=512)
+    assert sum(j.preemptible for j in jobs) == 14_902  # the best-effort queue's jobs that ran

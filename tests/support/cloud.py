@@ -254,3 +254,52 @@ class RunningCloud:
                 + self.logs()
             )
         return last
+
+
+@contextmanager
+def start_shared(
+    database_url: str,
+    redis_url: str,
+    secret_key: str,
+    tmp_path_factory: Any,
+    extra_env: dict[str, str] | None = None,
+    pods: int = 2,
+) -> Iterator[RunningCloud]:
+    """The cloud of tests/conftest.py's `shared_cloud`, with `extra_env` (e.g. a time scale) added to its
+    processes' settings and a fleet of `pods` POD64s: the body of a class-scoped fixture
+    (`tmp_path_factory` is pytest's). The test process's runtime is installed for as long as the cloud
+    runs, for `database` (the cloud's, for reading)."""
+    import pytest
+
+    from scheduler import runtime as runtime_module
+    from scheduler.settings import Settings
+    from tests.support import services
+
+    workdir = tmp_path_factory.mktemp("cloud")
+    values = {
+        "IPUCLOUD_MODE": "production",
+        "IPUCLOUD_DATABASE_URL": database_url,
+        "IPUCLOUD_REDIS_URL": redis_url,
+        "IPUCLOUD_SECRET_KEY": secret_key,
+        "IPUCLOUD_DATA_DIR": str(workdir / "data"),
+        "IPUCLOUD_RATE_LIMIT": "100000/minute",
+        "IPUCLOUD_LOG_LEVEL": "WARNING",
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in values.items():
+            mp.setenv(k, v)
+        services.reset_caches()
+        rt = runtime_module.Runtime.from_settings(Settings(), idle_tx_timeout_s=60.0)
+        runtime_module.install(rt)
+        try:
+            services.truncate_all(rt.db)
+            seeded = services.seed(rt.db, pods=pods)
+            with RunningCloud.start(
+                values, workdir, admin_key=seeded.admin_key, extra_env=extra_env
+            ) as running:
+                running.database = rt.db
+                yield running
+        finally:
+            runtime_module.close_current()
+            rt.close()
+            services.reset_caches()

@@ -1347,6 +1347,8 @@ def csrf_of(client: TestClient) -> str:
     return record.csrf if record is not None else "no-session"
 
 
+# slow: every route and dashboard action once per role, in process: some 40 s on a loaded worker.
+@pytest.mark.slow
 def test_every_route_and_action_answers_by_scope_and_role_alike_on_both_faces(
     matrix_app: Any, db: Any, seeded: Seeded, loop_guard: list[str], tmp_path: Path
 ) -> None:

@@ -131,6 +131,25 @@ def latest_by_job(*, session: Session, job_ids: Iterable[str]) -> dict[str, Chec
     return {c.job_id: c for c in rows}
 
 
+def kept_run_s_of_queued(*, session: Session) -> dict[str, float]:
+    """For each queued job with a checkpoint, the run time its last one keeps since its owner last
+    started or resumed it (`Job.runtime_base_s`): what its next attempt need not run again
+    (`attempts.take_many` resumes it there). Jobs without a checkpoint are left out."""
+    queued = select(Job.id).where(Job.state == JobState.QUEUED)
+    newest = (
+        select(Checkpoint.job_id, func.max(Checkpoint.id).label("id"))
+        .where(Checkpoint.job_id.in_(queued))
+        .group_by(Checkpoint.job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Checkpoint.job_id, Checkpoint.run_s - Job.runtime_base_s)
+        .join(newest, newest.c.id == Checkpoint.id)
+        .join(Job, Job.id == Checkpoint.job_id)
+    ).tuples()
+    return {job_id: float(kept) for job_id, kept in rows if kept is not None and kept > 0}
+
+
 def kept_by_attempt(*, session: Session, attempt_ids: Iterable[int]) -> dict[int, float]:
     """The cluster time of each attempt's last checkpoint: the work of it the job keeps."""
     ids = sorted(set(attempt_ids))

@@ -55,6 +55,7 @@ from scheduler.policy import (
     get_policy,
 )
 from scheduler.policy.las import job_class, plan_of
+from scheduler.policy.preemption import resumed_runtime_s
 from scheduler.services.batch import arrays, attempts, checkpoints
 from scheduler.services.clock import db_now
 from scheduler.services.views import WaitView
@@ -181,6 +182,8 @@ def build_snapshot(
         .join(Plan, Plan.name == Tenant.plan_name)
         .where(Job.state == JobState.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(live))
     ).all()
+    # A requeued job resumes from its last checkpoint: it is predicted to run what that did not keep.
+    kept = checkpoints.kept_run_s_of_queued(session=session)
     queued: list[QueuedJob] = []
     held_by_queued: dict[str, int] = {}
     stored: dict[str, Mapping[str, Any] | None] = {}
@@ -189,9 +192,20 @@ def build_snapshot(
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
         )
+        predicted_whole = predicted  # what its quota reservation was taken for (billing's, unchanged)
         preemptible, task, plan_priority = row[11], row[12], row[-1]
+        if job_id in kept:
+            predicted = resumed_runtime_s(predicted, kept[job_id])
         # A job with one type to run on is a job of that type: its own prediction is the one to use.
         options = machine_options(choices, clock) if machine is None and partition is None else ()
+        if job_id in kept:
+            options = tuple(
+                replace(
+                    o,
+                    predicted_runtime_s=resumed_runtime_s(o.predicted_runtime_s, clock.to_wall(kept[job_id])),
+                )
+                for o in options
+            )
         if len(options) == 1:
             machine, options = options[0].machine_type, ()
         queued.append(
@@ -221,7 +235,7 @@ def build_snapshot(
                 cost_ipu_ms=(
                     billing.reserve_ipu_ms(choices, prefer or "time")
                     if options
-                    else _typed_cost(size, predicted, choices, machine)
+                    else _typed_cost(size, predicted_whole, choices, machine)
                 ),
                 options=options,
                 prefer=prefer or "time",
@@ -289,6 +303,8 @@ def build_snapshot(
         opted_out,
         plan_opted_out,
         deadline,
+        timeline,
+        runtime_base,
     ) in session.execute(
         select(
             Attempt.job_id,
@@ -309,6 +325,8 @@ def build_snapshot(
             Job.never_preempt,
             Plan.never_preempt,
             Attempt.preempt_deadline,
+            Attempt.timeline,
+            Job.runtime_base_s,
         )
         .join(Partition, Partition.pk == Attempt.partition_pk)
         .join(Job, Job.id == Attempt.job_id)
@@ -320,6 +338,11 @@ def build_snapshot(
         # not move with each heartbeat, so a reservation behind it does not either; a job past its
         # prediction has its end extended by the policy (planners.expected_end).
         started = (taken or placed).timestamp()
+        # An attempt resumed from a checkpoint runs what the checkpoint did not keep (attempts.take_many
+        # notes the run time it resumed at, `run_base_s`, counted since its owner last started it).
+        resumed_at = max(0.0, float((timeline or {}).get("run_base_s", 0.0)) - (runtime_base or 0.0))
+        if resumed_at > 0:
+            predicted = resumed_runtime_s(predicted, resumed_at)
         end = started + clock.to_wall(predicted)
         # A session's jobs run in a partition that outlives them, as in a reserved one; the session's
         # hold (GCD -1, scheduler/services/sessions/) frees it at its end.
@@ -348,7 +371,8 @@ def build_snapshot(
             # Its promotion goes on rising while it runs, as the waiting jobs' do (scheduler.policy.las).
             left = max(0.0, expected_end(held_job, now_s) - now_s)
             waited = max(0.0, (now - created_at).total_seconds())
-            held_job = replace(held_job, priority=job_class(policy, priority, size, left, waited_s=waited))
+            klass = job_class(policy, priority, size, left, waited_s=waited, run_s=clock.to_wall(predicted))
+            held_job = replace(held_job, priority=klass)
         running.append(held_job)
         if deadline is not None:
             # Warned of its preemption: the forecast frees its IPUs when the warning ends.

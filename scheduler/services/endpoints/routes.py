@@ -72,17 +72,18 @@ class WindowLike(Protocol):
 
 
 def read_windows(
-    client: redis.Redis, endpoint_ids: Sequence[str], now: float | None = None
+    client: redis.Redis, endpoint_ids: Sequence[str], now: float | None = None, seconds: float = 60.0
 ) -> dict[str, WindowLike]:
-    """Each endpoint's last minute of traffic (`inference.windows`); empty when Redis or the data plane
-    cannot say (the autoscaler then holds its replicas as they are)."""
+    """Each endpoint's last `seconds` of traffic, a minute unless the autoscaler is set otherwise
+    (`inference.windows`); empty when Redis or the data plane cannot say (the autoscaler then holds
+    its replicas as they are)."""
     if not endpoint_ids:
         return {}
     inference = _inference()
     if inference is None:
         return {}
     try:
-        return dict(inference.windows(client, list(endpoint_ids), seconds=60.0, now=now))
+        return dict(inference.windows(client, list(endpoint_ids), seconds=seconds, now=now))
     except Exception as exc:  # a hint for the autoscaler: never the reason a pass fails
         log.warning("could not read the endpoints' traffic: %s", exc)
         return {}
