@@ -241,7 +241,7 @@ class EndpointCollector(Collector):
 
 class EndpointStateCollector(Collector):
     """Inference endpoints by state and their replicas by state (derived from the replicas' holder jobs,
-    scheduler/services/endpoints.py), read from the database on every scrape."""
+    scheduler/services/endpoints/), read from the database on every scrape."""
 
     def collect(self) -> Iterator[Metric]:
         from scheduler.runtime import current

@@ -682,6 +682,7 @@ def serve_host(args: argparse.Namespace) -> None:
     """The hand route's replicas: a `ServingHost` as a host agent runs one, until SIGTERM."""
     import threading
 
+    from scheduler.clock import Clock
     from workers.serving import ServingHost
 
     host = ServingHost(args.redis_url)
@@ -692,7 +693,7 @@ def serve_host(args: argparse.Namespace) -> None:
             attempt_id=1000 + i,
             endpoint_id=args.endpoint,
             plan=plan,
-            time_scale=args.time_scale,
+            cluster_clock=Clock(args.time_scale),
             ready_at=time.time(),
         )
     stop = threading.Event()

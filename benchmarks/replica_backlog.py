@@ -41,6 +41,7 @@ def main() -> None:
     import redis
 
     from scheduler import inference
+    from scheduler.clock import Clock
     from scheduler.inference import Envelope
     from vipu.emulator import WorkloadSpec, serve_plan
     from workers.serving import ServingHost
@@ -63,7 +64,8 @@ def main() -> None:
         clean()
         host = ServingHost(args.redis_url)
         host.start()
-        host.add(attempt_id=1, endpoint_id=ENDPOINT, plan=plan, time_scale=1e6, ready_at=time.time())
+        host.add(attempt_id=1, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(1e6),
+                 ready_at=time.time())  # fmt: skip
         time.sleep(1.5)  # listed as ready, batching settings read
         now = time.time()
         envs = [

@@ -1,5 +1,5 @@
 """The inference endpoint's request bodies (`POST` and `PATCH /api/v1/endpoints`), validated at the
-edge (scheduler/services/endpoints.py does the rest: the model, the plan, the emulator)."""
+edge (scheduler/services/endpoints/ does the rest: the model, the plan, the emulator)."""
 
 from __future__ import annotations
 

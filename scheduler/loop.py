@@ -68,7 +68,7 @@ MAX_DISPATCH_PER_ITERATION = 10_000
 FORECAST_EVERY_S = 10.0  # wall seconds between forecasts of the queued jobs' starts
 FORECAST_BUDGET_S = 0.5  # longest a forecast may take inside a pass (it holds the pass's transaction)
 PRUNE_EVERY_S = 60.0  # wall seconds between prunings of checkpoints no one will read again
-# Wall seconds between serve passes (scheduler/services/endpoints.py): the autoscaler's delays are
+# Wall seconds between serve passes (scheduler/services/endpoints/): the autoscaler's delays are
 # tens of seconds, and on SQLite each pass takes the one write lock.
 SERVE_EVERY_S = 1.0
 
@@ -434,7 +434,7 @@ class SchedulerLoop:
             result = endpoints.serve_pass(
                 session=s,
                 now=db_now(s),
-                time_scale=self.cluster_clock.scale,
+                clock=self.cluster_clock,
                 windows=windows,
                 refresh_routes=refresh,
             )

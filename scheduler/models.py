@@ -58,7 +58,7 @@ class AttemptState(enum.StrEnum):
 LIVE_ATTEMPT_STATES = frozenset({AttemptState.PLACED, AttemptState.RUNNING})
 
 # The task of an inference endpoint's replica: a holder job (hidden from the job list) whose attempt a
-# host agent runs as a model server until it is drained (scheduler/services/endpoints.py).
+# host agent runs as a model server until it is drained (scheduler/services/endpoints/).
 SERVE_TASK = "serve"
 PLATFORM_FAULT_STATES = frozenset(
     {AttemptState.LOST, AttemptState.HANDED_BACK, AttemptState.PREEMPTED, AttemptState.INTERRUPTED}
@@ -101,7 +101,7 @@ class Plan(Base):
     max_webhooks: Mapped[int] = mapped_column(Integer, default=10, server_default="10")
     # The longest a session may hold its partition, in cluster seconds (scheduler/services/sessions/).
     max_session_s: Mapped[int] = mapped_column(BigInteger, default=6 * 3600, server_default=str(6 * 3600))
-    # Inference endpoints (scheduler/services/endpoints.py): how many a tenant may keep, the most
+    # Inference endpoints (scheduler/services/endpoints/): how many a tenant may keep, the most
     # replicas one may scale to, and the IPUs all of a tenant's endpoints may hold at their maxima.
     max_endpoints: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
     max_endpoint_replicas: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
@@ -300,7 +300,7 @@ class Job(Base):
     prefer: Mapped[str] = mapped_column(String(8), default="time", server_default="time")  # time | cost
     partition_name: Mapped[str | None] = mapped_column(String(64), nullable=True)  # a reserved partition
     session_id: Mapped[str | None] = mapped_column(String(40), nullable=True)  # runs in this session
-    # A replica of this inference endpoint (task `serve`): its holder job (scheduler/services/endpoints.py).
+    # A replica of this inference endpoint (task `serve`): its holder job (scheduler/services/endpoints/).
     endpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_runtime_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -661,7 +661,7 @@ LIVE_ENDPOINT_STATES = frozenset(
 
 class Endpoint(Base):
     """An inference endpoint: a model served by replicas, each a holder job (task `serve`) whose
-    attempt a host agent runs as a model server (scheduler/services/endpoints.py). All durations are
+    attempt a host agent runs as a model server (scheduler/services/endpoints/). All durations are
     cluster seconds."""
 
     __tablename__ = "endpoints"

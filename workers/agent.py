@@ -511,7 +511,7 @@ class Agent:
             attempt_id=taken.attempt_id,
             endpoint_id=taken.endpoint_id or "",
             plan=taken.run.plan,  # type: ignore[arg-type]
-            time_scale=self.cluster_clock.scale,
+            cluster_clock=self.cluster_clock,
             ready_at=time.time() + max(0.0, loaded_in),
         )
 

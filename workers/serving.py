@@ -41,6 +41,7 @@ from typing import Any
 from redis.asyncio import Redis as AsyncRedis
 
 from scheduler import inference
+from scheduler.clock import Clock
 from scheduler.inference import Answer, Envelope
 from vipu.emulator.serving import Cut, ServePlan, cut_batch
 
@@ -62,7 +63,8 @@ class Replica:
     attempt_id: int
     endpoint_id: str
     plan: ServePlan
-    time_scale: float
+    cluster_clock: Clock
+    """The clock its attempt was taken at: the plan's times are cluster seconds, waited on the wall clock."""
     ready_at: float
     """Wall-clock time at which its executable is loaded and it starts taking requests."""
     max_batch_size: int = 1
@@ -98,7 +100,7 @@ class Replica:
         could join is closed without it. Never more than half the plan's shortest latency, so that the
         batch is still decided before its answers are due."""
         if self._settle_s is None:
-            self._settle_s = min(SETTLE_S, 0.5 * self.times(1).latency_s / self.time_scale)
+            self._settle_s = min(SETTLE_S, self.cluster_clock.to_wall(0.5 * self.times(1).latency_s))
         return self._settle_s
 
     def keep(self, envelopes: list[Envelope]) -> None:
@@ -150,10 +152,10 @@ class ServingHost:
         attempt_id: int,
         endpoint_id: str,
         plan: ServePlan,
-        time_scale: float,
+        cluster_clock: Clock,
         ready_at: float,
     ) -> None:
-        replica = Replica(attempt_id, endpoint_id, plan, time_scale, ready_at, plan.max_batch_size)
+        replica = Replica(attempt_id, endpoint_id, plan, cluster_clock, ready_at, plan.max_batch_size)
         self._call(self._add, replica)
 
     def drain(self, attempt_id: int) -> Future[None] | None:
@@ -387,7 +389,7 @@ class ServingHost:
         # A drain still starts the batch under way (what it holds when its device is free), as a
         # scale-down finishes what it started; only the loop in _serve stops taking more.
         while rep.carry:
-            wait_s = rep.max_wait_ms / 1000.0 / rep.time_scale
+            wait_s = rep.cluster_clock.to_wall(rep.max_wait_ms / 1000.0)
             cut = next_batch(rep.carry, rep.device_free, rep.max_batch_size, wait_s)
             if cut.closed or rep.pulled_through >= cut.known:
                 batch = rep.carry[: cut.n]
@@ -423,7 +425,7 @@ class ServingHost:
         assert self._scripts is not None
         now = self.clock()
         max_rows = rep.max_batch_size
-        step = rep.times(max_rows).step_s / rep.time_scale
+        step = rep.cluster_clock.to_wall(rep.times(max_rows).step_s)
         # The device cannot start on anything before the oldest request it holds has come.
         busy_from = max(rep.device_free, rep.carry[0].enqueued_us / 1e6) if rep.carry else rep.device_free
         batches = 1 + int(max(0.0, now - busy_from) / step) if step > 0 else _PULL_MAX
@@ -456,7 +458,7 @@ class ServingHost:
 
     def _start_batch(self, rep: Replica, batch: list[Envelope], cut: Cut) -> None:
         times = rep.times(cut.rows)
-        scale_ms = rep.time_scale * 1000.0
+        cluster_ms = rep.cluster_clock.to_cluster(1000.0)  # cluster milliseconds in a wall second
         host_ms = (times.host_call_s + times.host_s) * 1000.0
         ipu_ms = times.device_s * 1000.0
         answers: list[tuple[Envelope, Answer | None]] = []
@@ -465,15 +467,15 @@ class ServingHost:
             # Waiting while the device was busy is queueing; waiting after, for the batch to fill,
             # is batching; the hop from the API is neither. Both on the device's timeline: a stall
             # of this process or of the API is charged to no one.
-            queue_ms = max(0.0, cut.fill_from - enqueued) * scale_ms
-            batch_ms = max(0.0, cut.start - max(enqueued, cut.fill_from)) * scale_ms
+            queue_ms = max(0.0, cut.fill_from - enqueued) * cluster_ms
+            batch_ms = max(0.0, cut.start - max(enqueued, cut.fill_from)) * cluster_ms
             answers.append(
                 (env, Answer(env.rid, 200, rep.attempt_id, cut.rows, queue_ms, batch_ms, host_ms, ipu_ms))
             )
         rep.batches += 1
         self.counts.add_batch(rep.endpoint_id, cut.rows, self.clock())
-        rep.device_free = cut.start + times.step_s / rep.time_scale
-        self._schedule(rep, cut.start + times.latency_s / rep.time_scale, answers)
+        rep.device_free = cut.start + rep.cluster_clock.to_wall(times.step_s)
+        self._schedule(rep, cut.start + rep.cluster_clock.to_wall(times.latency_s), answers)
 
     def _schedule(self, rep: Replica, due: float, answers: list[tuple[Envelope, Answer | None]]) -> None:
         """Answer at ``due`` (wall clock); answers due together go in one script call."""

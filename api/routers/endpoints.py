@@ -1,5 +1,5 @@
 """Inference endpoints, the control plane: create, list, read, change, delete, and their metrics
-(scheduler/services/endpoints.py). The v2 inference routes under `{url}/v2/...` are api/inference.py's."""
+(scheduler/services/endpoints/). The v2 inference routes under `{url}/v2/...` are api/inference.py's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api.deps import DbDep, Reader, RuntimeDep, SettingsDep, Submitter
-from api.routers.endpoints_schemas import EndpointMetricsOut, EndpointOut, EndpointStateName
 from api.schemas import CursorParam, Page, decode_cursor, encode_cursor
+from api.schemas.endpoints import EndpointMetricsOut, EndpointOut, EndpointStateName
 from scheduler import bus
 from scheduler.endpointspec import EndpointChange, EndpointSpec
 from scheduler.errors import Forbidden

@@ -1,7 +1,9 @@
 """The HTTP API's request and answer bodies, one module per area: common (pages, cursors, validated
 scalars, problems, health), jobs, billing (usage, plans), tenancy (tenants, members, keys, trials),
-sessions, catalogue, fleet, models and notifications. Every name but the notifications' is importable
-from here too (`from api.schemas import JobOut`). The job spec itself lives in scheduler.jobspec."""
+sessions, catalogue, fleet, models, notifications and endpoints (inference endpoints' answers; their
+request bodies are scheduler.endpointspec's). Every name but the notifications' and the endpoints' is
+importable from here too (`from api.schemas import JobOut`). The job spec itself lives in
+scheduler.jobspec."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from scheduler import inference
+from scheduler.clock import Clock
 from scheduler.inference import Answer, Envelope, Route
 from vipu import emulator
 from vipu.emulator.serving import batch_under_load, cut_batch
@@ -53,7 +54,8 @@ def test_charged_latencies_are_the_plans_under_load_though_the_replica_process_s
     host = ServingHost(runtime.settings.broker_url)
     host.start()
     try:
-        host.add(attempt_id=31, endpoint_id=endpoint, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+        host.add(attempt_id=31, endpoint_id=endpoint, plan=plan, cluster_clock=Clock(TIME_SCALE),
+                 ready_at=time.time())  # fmt: skip
         deadline = time.time() + 10
         while r.zscore(inference.ready_key(endpoint), "31") is None:
             assert time.time() < deadline, "the replica never became ready"

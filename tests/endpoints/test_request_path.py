@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from scheduler import inference
+from scheduler.clock import Clock
 from scheduler.inference import Route
 from vipu import emulator
 from workers.serving import ServingHost
@@ -110,7 +111,8 @@ def test_answers_carry_the_plans_latency_and_the_graphs_outputs(
     tenant_id, key = tenant
     plan = _plan()
     inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0))
-    host.add(attempt_id=7, endpoint_id=ENDPOINT, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+    host.add(attempt_id=7, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(TIME_SCALE),
+             ready_at=time.time())  # fmt: skip
     auth = {"Authorization": f"Bearer {key}"}
     meta = client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/models/classifier", headers=auth)
     assert meta.status_code == 200
@@ -195,7 +197,7 @@ def test_concurrent_requests_form_batches_within_max_batch_size(
     # The replica's device runs on the requests' timeline: at TIME_SCALE the in-process API's requests,
     # parsed tens of wall milliseconds apart, are seconds apart on the chip and rightly never share a
     # batch. At this clock they arrive together (a wall millisecond is 10 emulated microseconds).
-    host.add(attempt_id=8, endpoint_id=ENDPOINT, plan=plan, time_scale=0.01, ready_at=time.time())
+    host.add(attempt_id=8, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(0.01), ready_at=time.time())
     with ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(lambda i: _infer(client, key, [_image(1, i)]), range(32)))
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
@@ -259,7 +261,7 @@ def test_a_lost_replicas_requests_are_answered_503_once(
     spec = emulator.WorkloadSpec(model="bert-large", task="infer", seq_len=384, precision="fp16")
     plan = emulator.serve_plan(spec, machine="m2000", ipus=4, max_batch_size=4)
     inference.publish_route(scaled.redis, _route(plan, tenant_id, name="classifier", max_wait_ms=0.0))
-    host.add(attempt_id=9, endpoint_id=ENDPOINT, plan=plan, time_scale=plan.latency_s(1) / 3.0,
+    host.add(attempt_id=9, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(plan.latency_s(1) / 3.0),
              ready_at=time.time())  # fmt: skip
     ids = np.zeros((1, 384), dtype=np.int64).reshape(-1).tolist()
     inputs = [{"name": n, "datatype": "INT64", "shape": [1, 384], "data": ids}
@@ -304,7 +306,7 @@ def test_a_replica_lost_after_its_endpoint_stopped_is_reaped_by_the_serve_pass(
     plan = emulator.serve_plan(spec, machine="m2000", ipus=4, max_batch_size=4)
     inference.publish_route(scaled.redis, _route(plan, tenant_id, name="classifier", max_wait_ms=0.0))
     # A minute a batch: the request is held for as long as the test runs, unless it is reaped.
-    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, time_scale=plan.latency_s(1) / 60.0,
+    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(plan.latency_s(1) / 60.0),
              ready_at=time.time())  # fmt: skip
     ids = np.zeros((1, 384), dtype=np.int64).reshape(-1).tolist()
     inputs = [{"name": n, "datatype": "INT64", "shape": [1, 384], "data": ids}
@@ -416,7 +418,7 @@ def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_en
     )
     # A batch occupies the device for about a second of wall time: room to drain and stop within it.
     scale = plan.times(3).step_s / 1.0
-    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, time_scale=scale, ready_at=time.time())
+    host.add(attempt_id=11, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(scale), ready_at=time.time())
     deadline = time.time() + 10
     while scaled.redis.zcard(inference.ready_key(ENDPOINT)) == 0:
         assert time.time() < deadline, "the replica never became ready"

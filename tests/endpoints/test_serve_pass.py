@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from scheduler.clock import UNSCALED, Clock
 from scheduler.endpointspec import EndpointSpec
 from scheduler.models import Attempt, AttemptState, Endpoint, EndpointStat, Job, JobState, Tenant, utcnow
 from scheduler.services import endpoints
@@ -156,7 +157,7 @@ def test_scale_down_one_at_a_time_after_the_delay_while_the_load_fits() -> None:
 
 def test_to_zero_after_idling_and_back_when_a_request_waits() -> None:
     policy = ScalePolicy(
-        **{**POLICY.__dict__, "replicas_min": 0, "scale_to_zero_after_s": 600, "time_scale": 60}
+        **{**POLICY.__dict__, "replicas_min": 0, "scale_to_zero_after_s": 600, "clock": Clock(60)}
     )
     state, _ = decide_scale(policy, ScaleState(desired=1), IDLE, serving=1, now=at(0))
     assert state.idle_since == at(0) and state.desired == 1
@@ -200,7 +201,7 @@ def create(db: Any, tenant: str, **over: Any) -> str:
 
 def serve(db: Any, now: datetime, windows: dict[str, Any] | None = None) -> endpoints.ServeResult:
     with db.write() as s:
-        return endpoints.serve_pass(session=s, now=now, time_scale=1.0, windows=windows or {})
+        return endpoints.serve_pass(session=s, now=now, clock=UNSCALED, windows=windows or {})
 
 
 def endpoint(db: Any, ep_id: str) -> Endpoint:

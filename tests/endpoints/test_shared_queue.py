@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import inference
+from scheduler.clock import Clock
 from scheduler.inference import Answer, Envelope, Route
 from vipu import emulator
 
@@ -29,6 +30,7 @@ STEP_WALL_S = 0.005
 
 _HOST = """
 import signal, sys, threading, time
+from scheduler.clock import Clock
 from vipu import emulator
 from workers.serving import ServingHost
 
@@ -38,7 +40,7 @@ spec = emulator.WorkloadSpec(model="lstm", task="infer", precision="fp16")
 plan = emulator.serve_plan(spec, machine="m2000", ipus=1, max_batch_size=1)
 host = ServingHost(url)
 host.start()
-host.add(attempt_id=attempt, endpoint_id=endpoint, plan=plan, time_scale=scale, ready_at=ready_at)
+host.add(attempt_id=attempt, endpoint_id=endpoint, plan=plan, cluster_clock=Clock(scale), ready_at=ready_at)
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 print("started", flush=True)
@@ -163,7 +165,8 @@ def test_a_lone_request_costs_the_replica_one_move_and_one_answer(runtime: Any) 
 
         host._scripts.take_more = counted
         # Zero device time (a time scale of a million): each request is a batch of its own, answered at once.
-        host.add(attempt_id=51, endpoint_id=endpoint, plan=plan, time_scale=1e6, ready_at=time.time())
+        host.add(attempt_id=51, endpoint_id=endpoint, plan=plan, cluster_clock=Clock(1e6),
+                 ready_at=time.time())  # fmt: skip
         deadline = time.time() + 10
         while r.zscore(inference.ready_key(endpoint), "51") is None:
             assert time.time() < deadline, "the replica never became ready"

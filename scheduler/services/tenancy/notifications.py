@@ -23,7 +23,7 @@ from scheduler.models import SERVE_TASK, Job, utcnow
 from scheduler.notify_models import Event, WebhookDelivery
 from scheduler.services.tenancy.scope import Scope, restrict
 
-# Every event type. `endpoint.*` are written by inference endpoints (scheduler/services/endpoints.py);
+# Every event type. `endpoint.*` are written by inference endpoints (scheduler/services/endpoints/);
 # `trial.rejected` has no tenant to belong to, so it is only ever e-mailed to the applicant.
 EVENT_TYPES = (
     "job.started",

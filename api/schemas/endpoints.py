@@ -1,5 +1,6 @@
-"""The shapes of the inference endpoints' control-plane answers (api/routers/endpoints.py); the
-request bodies are scheduler/endpointspec.py's."""
+"""The shapes of the inference endpoints' control-plane answers (api/routers/endpoints.py), mirrors of
+the views scheduler/services/endpoints/ returns (tests/test_view_mirrors.py); the request bodies are
+scheduler/endpointspec.py's."""
 
 from __future__ import annotations
 
