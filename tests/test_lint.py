@@ -53,3 +53,15 @@ def test_mypy_is_clean() -> None:
         cwd=ROOT,
     )
     assert out.returncode == 0, f"mypy found problems:\n{out.stdout[-6000:]}{out.stderr}"
+
+
+def test_the_serial_mark_is_in_the_test_files_bin_test_greps() -> None:
+    """bin/test's serial phase collects only the test files that spell out `mark.serial`, so a serial
+    mark applied anywhere else (a conftest hook, a helper module) would leave its tests unrun there."""
+    elsewhere = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("*.py")
+        if not path.name.startswith("test_")
+        and any(s in path.read_text() for s in ("mark.serial", 'add_marker("serial"', "add_marker('serial'"))
+    ]
+    assert not elsewhere, f"mark tests serial in their own test file (bin/test greps for it): {elsewhere}"
