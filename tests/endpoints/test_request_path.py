@@ -149,7 +149,9 @@ def test_the_fast_path_answers_before_fastapis_stack_runs(
     tenant_id, key = tenant
     plan = _plan()
     inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0))
-    host.add(attempt_id=8, endpoint_id=ENDPOINT, plan=plan, time_scale=TIME_SCALE, ready_at=time.time())
+    host.add(
+        attempt_id=8, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(TIME_SCALE), ready_at=time.time()
+    )
     auth = {"Authorization": f"Bearer {key}"}
     deadline = time.time() + 10
     while client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready", headers=auth).status_code != 200:
