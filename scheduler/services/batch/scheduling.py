@@ -305,21 +305,24 @@ def _read_queue(
         if array_id is not None or singleton or held_for is not None:
             extra[job_id] = (array_id, array_index, bool(singleton), name, held_for)
 
-    if queue.queued:
-        again = set(
-            session.execute(
-                select(Attempt.job_id)
-                .join(Job, Job.id == Attempt.job_id)
-                .where(
-                    Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED
-                )
-            ).scalars()
-        )
-        if again:
-            queue.queued = [
-                replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queue.queued
-            ]
+    queue.queued = _requeued_first(session=session, queued=queue.queued)
     return queue
+
+
+def _requeued_first(*, session: Session, queued: list[QueuedJob]) -> list[QueuedJob]:
+    """The queue with the jobs that were preempted at the head of their tenants' work."""
+    if not queued:
+        return queued
+    again = set(
+        session.execute(
+            select(Attempt.job_id)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED)
+        ).scalars()
+    )
+    if not again:
+        return queued
+    return [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
 
 
 def _preempted_before(*, session: Session, policy: PolicyConfig | None) -> dict[str, int]:
@@ -357,13 +360,8 @@ def _read_running(*, session: Session, now: datetime, clock: Clock, policy: Poli
     now_s = now.timestamp()
     preempted_before = _preempted_before(session=session, policy=policy)
     found = _Running()
-    running, stopping, running_jobs, committed, busy = (
-        found.running,
-        found.stopping,
-        found.running_jobs,
-        found.committed,
-        found.busy,
-    )
+    running, stopping, running_jobs = found.running, found.stopping, found.running_jobs
+    committed, busy = found.committed, found.busy
     for (
         job_id,
         tenant_id,
