@@ -17,9 +17,8 @@ database's (`scheduler.services.clock.db_now`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from scheduler.model_base import utcnow
 from scheduler.settings import Settings
 
 CLUSTER = "cluster time"
@@ -47,7 +46,8 @@ class Clock:
 
     def wall_now(self) -> datetime:
         """Now on the wall clock, an aware UTC datetime (this host's; see the module's docstring)."""
-        return utcnow()
+        # Not models.utcnow: `ipucloud up` names its clock before anything may load SQLAlchemy.
+        return datetime.now(UTC)
 
     # Durations.
     def to_wall(self, cluster_s: float) -> float:

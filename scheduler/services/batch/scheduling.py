@@ -159,6 +159,57 @@ def build_snapshot(
     ``also_tenants`` are read with the tenants that have queued jobs (an estimate's asker).
     """
     now_s = now.timestamp()
+    queue = _read_queue(session=session, now_s=now_s, clock=clock, read_waits=read_waits, policy=policy)
+    queued = queue.queued
+    live = _read_running(session=session, now=now, clock=clock, policy=policy)
+    samples: list[dict[str, Any]] = []
+    tenants = _tenant_states(
+        session=session,
+        samples=samples,
+        tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
+        now=now,
+        clock=clock,
+        half_life_s=half_life_s,
+        held_by_queued=queue.held_by_queued,
+        running_jobs=live.running_jobs,
+        committed=live.committed,
+    )
+    gated: dict[str, Wait] = {}
+    held_arrays: dict[str, HeldArray] = {}
+    if queue.extra:
+        queued, gated = gate_queue(
+            session=session, queued=queued, extra=queue.extra, tenants=tenants, held=held_arrays
+        )
+    reserved = _hosting_partitions(session=session, busy=live.busy)
+    snapshot = Snapshot(
+        now=now_s,
+        queue=JobQueue(queued),
+        running=live.running,
+        tenants=tenants,
+        allocator=allocator,
+        reserved=reserved,
+        arrivals=_arrivals(queued, arrivals_seen),
+        held=held_arrays,
+        stopping=live.stopping,
+    )
+    return LiveSnapshot(snapshot, queue.stored, samples, gated)
+
+
+@dataclass
+class _Queue:
+    """The queue as `_read_queue` found it, with what the later steps of `build_snapshot` need."""
+
+    queued: list[QueuedJob]
+    held_by_queued: dict[str, int]  # quota reserved by each tenant's queued jobs
+    stored: dict[str, Mapping[str, Any] | None]  # stored waits, when asked for
+    # Array, singleton and dependency facts of the jobs `gate_queue` has to look at.
+    extra: dict[str, tuple[str | None, int | None, bool, str, str | None]]
+
+
+def _read_queue(
+    *, session: Session, now_s: float, clock: Clock, read_waits: bool, policy: PolicyConfig | None
+) -> _Queue:
+    """The queued jobs not being cancelled and not already running, as the policy sees them."""
     live = select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES)).scalar_subquery()
     columns = [
         Job.id,
@@ -190,10 +241,8 @@ def build_snapshot(
     ).all()
     # A requeued job resumes from its last checkpoint: it is predicted to run what that did not keep.
     kept = checkpoints.kept_run_s_of_queued(session=session)
-    queued: list[QueuedJob] = []
-    held_by_queued: dict[str, int] = {}
-    stored: dict[str, Mapping[str, Any] | None] = {}
-    extra: dict[str, tuple[str | None, int | None, bool, str, str | None]] = {}
+    queue = _Queue(queued=[], held_by_queued={}, stored={}, extra={})
+    held_by_queued, extra = queue.held_by_queued, queue.extra
     for row in rows:
         job_id, tenant_id, size, created, predicted, priority, machine, partition, held, choices, prefer = (
             row[:11]
@@ -214,7 +263,7 @@ def build_snapshot(
             )
         if len(options) == 1:
             machine, options = options[0].machine_type, ()
-        queued.append(
+        queue.queued.append(
             QueuedJob(
                 id=job_id,
                 tenant_id=tenant_id,
@@ -251,45 +300,68 @@ def build_snapshot(
         )
         held_by_queued[tenant_id] = held_by_queued.get(tenant_id, 0) + held
         if read_waits:
-            stored[job_id] = row[13]
+            queue.stored[job_id] = row[13]
         array_id, array_index, singleton, name, held_for = row[-6:-1]
         if array_id is not None or singleton or held_for is not None:
             extra[job_id] = (array_id, array_index, bool(singleton), name, held_for)
 
-    if queued:
-        again = set(
-            session.execute(
-                select(Attempt.job_id)
-                .join(Job, Job.id == Attempt.job_id)
-                .where(
-                    Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED
-                )
-            ).scalars()
-        )
-        if again:
-            queued = [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
+    queue.queued = _requeued_first(session=session, queued=queue.queued)
+    return queue
 
-    # How often each running job was preempted before: a policy that bounds it (preempt_max) reads
-    # it, in one grouped query over the live attempts' jobs; one that does not spares the pass it.
-    preempted_before: dict[str, int] = {}
-    if policy is not None and policy.preempt_max is not None:
-        earlier = aliased(Attempt)
-        preempted_before = {
-            job_id: int(n)
-            for job_id, n in session.execute(
-                select(earlier.job_id, func.count())
-                .where(
-                    earlier.state == AttemptState.PREEMPTED,
-                    earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
-                )
-                .group_by(earlier.job_id)
-            ).tuples()
-        }
-    running: list[RunningJob] = []
-    stopping: dict[str, float] = {}
-    running_jobs: dict[str, int] = {}
-    committed: dict[str, float] = {}
-    busy: dict[str, list[str]] = {}
+
+def _requeued_first(*, session: Session, queued: list[QueuedJob]) -> list[QueuedJob]:
+    """The queue with the jobs that were preempted at the head of their tenants' work."""
+    if not queued:
+        return queued
+    again = set(
+        session.execute(
+            select(Attempt.job_id)
+            .join(Job, Job.id == Attempt.job_id)
+            .where(Job.state == JobState.QUEUED, Job.attempts > 0, Attempt.state == AttemptState.PREEMPTED)
+        ).scalars()
+    )
+    if not again:
+        return queued
+    return [replace(q, user_priority=REQUEUED_FIRST) if q.id in again else q for q in queued]
+
+
+def _preempted_before(*, session: Session, policy: PolicyConfig | None) -> dict[str, int]:
+    """How often each running job was preempted before: a policy that bounds it (preempt_max) reads
+    it, in one grouped query over the live attempts' jobs; one that does not spares the pass it."""
+    if policy is None or policy.preempt_max is None:
+        return {}
+    earlier = aliased(Attempt)
+    return {
+        job_id: int(n)
+        for job_id, n in session.execute(
+            select(earlier.job_id, func.count())
+            .where(
+                earlier.state == AttemptState.PREEMPTED,
+                earlier.job_id.in_(select(Attempt.job_id).where(Attempt.state.in_(LIVE_ATTEMPT_STATES))),
+            )
+            .group_by(earlier.job_id)
+        ).tuples()
+    }
+
+
+@dataclass
+class _Running:
+    """The live attempts as `_read_running` found them, with their sums by tenant and partition."""
+
+    running: list[RunningJob] = field(default_factory=list)
+    stopping: dict[str, float] = field(default_factory=dict)  # warned jobs' preemption deadlines
+    running_jobs: dict[str, int] = field(default_factory=dict)  # counted jobs by tenant
+    committed: dict[str, float] = field(default_factory=dict)  # IPU-seconds still to run, by tenant
+    busy: dict[str, list[str]] = field(default_factory=dict)  # jobs in each hosting partition
+
+
+def _read_running(*, session: Session, now: datetime, clock: Clock, policy: PolicyConfig | None) -> _Running:
+    """The live attempts, as the policy sees the jobs holding IPUs."""
+    now_s = now.timestamp()
+    preempted_before = _preempted_before(session=session, policy=policy)
+    found = _Running()
+    running, stopping, running_jobs = found.running, found.stopping, found.running_jobs
+    committed, busy = found.committed, found.busy
     for (
         job_id,
         tenant_id,
@@ -388,25 +460,11 @@ def build_snapshot(
             running_jobs[tenant_id] = running_jobs.get(tenant_id, 0) + 1
         if gcd >= 0:
             busy.setdefault(name, []).append(job_id)
+    return found
 
-    samples: list[dict[str, Any]] = []
-    tenants = _tenant_states(
-        session=session,
-        samples=samples,
-        tenant_ids={q.tenant_id for q in queued} | set(also_tenants),
-        now=now,
-        clock=clock,
-        half_life_s=half_life_s,
-        held_by_queued=held_by_queued,
-        running_jobs=running_jobs,
-        committed=committed,
-    )
-    gated: dict[str, Wait] = {}
-    held_arrays: dict[str, HeldArray] = {}
-    if extra:
-        queued, gated = gate_queue(
-            session=session, queued=queued, extra=extra, tenants=tenants, held=held_arrays
-        )
+
+def _hosting_partitions(*, session: Session, busy: Mapping[str, list[str]]) -> dict[str, ReservedPartition]:
+    """The partitions that host jobs they outlive (reserved and sessions'), with the jobs in each."""
     unhealthy = set(
         session.execute(
             select(Partition.name)
@@ -416,7 +474,7 @@ def build_snapshot(
             .distinct()
         ).scalars()
     )
-    reserved = {
+    return {
         name: ReservedPartition(
             name,
             tenant_id,
@@ -432,26 +490,18 @@ def build_snapshot(
             )
         ).tuples()
     }
-    arrivals: list[QueuedJob] = []
-    if arrivals_seen is not None:
-        # In age order, as the simulator meets them: the demand model weighs later ones more.
-        arrivals = sorted(
-            (q for q in queued if q.id not in arrivals_seen), key=lambda q: (q.submitted_at, q.id)
-        )
-        arrivals_seen.intersection_update(q.id for q in queued)
-        arrivals_seen.update(q.id for q in arrivals)
-    snapshot = Snapshot(
-        now=now_s,
-        queue=JobQueue(queued),
-        running=running,
-        tenants=tenants,
-        allocator=allocator,
-        reserved=reserved,
-        arrivals=arrivals,
-        held=held_arrays,
-        stopping=stopping,
-    )
-    return LiveSnapshot(snapshot, stored, samples, gated)
+
+
+def _arrivals(queued: list[QueuedJob], arrivals_seen: set[str] | None) -> list[QueuedJob]:
+    """The queued jobs not in ``arrivals_seen``, which it then holds (with the ids no longer queued
+    dropped)."""
+    if arrivals_seen is None:
+        return []
+    # In age order, as the simulator meets them: the demand model weighs later ones more.
+    arrivals = sorted((q for q in queued if q.id not in arrivals_seen), key=lambda q: (q.submitted_at, q.id))
+    arrivals_seen.intersection_update(q.id for q in queued)
+    arrivals_seen.update(q.id for q in arrivals)
+    return arrivals
 
 
 def gate_queue(
