@@ -19,6 +19,7 @@ from scheduler.models import (
     SERVE_TASK,
     Attempt,
     AttemptState,
+    Checkpoint,
     Job,
     JobEvent,
     JobState,
@@ -146,21 +147,10 @@ def take_many(
     ids = sorted({attempt_id for attempt_id, _ in deliveries})
     if not agents.renew(session=session, lease=agent, lease_s=lease_s, running=running, ipus_busy=ipus_busy):
         return TakeResult(refused=ids, fenced=True)
-    wanted = dict(deliveries)
     # Job rows first, as a cancel takes them (job, then attempt); holding them also makes the
     # "is it still wanted" check below exact.
     jobs = _lock_jobs(session, ids)
-    placed = [
-        a
-        for a in session.execute(
-            select(Attempt)
-            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.PLACED)
-            .order_by(Attempt.id)
-            .with_for_update()
-            .execution_options(populate_existing=True)
-        ).scalars()
-        if a.epoch == wanted[a.id]
-    ]
+    placed = _lock_placed(session, ids, dict(deliveries))
     result = TakeResult(refused=sorted(set(ids) - {a.id for a in placed}))
     if not placed:
         return result
@@ -183,50 +173,9 @@ def take_many(
     for attempt in placed:
         job = jobs[attempt.job_id]
         partition = partitions[attempt.partition_pk]
-        attempt.state = AttemptState.RUNNING
-        attempt.epoch += 1
-        attempt.worker = agent.name[:200]
-        attempt.agent_epoch = agent.epoch
-        attempt.started_at = now
-        if job.state in FINAL_JOB_STATES or job.cancel_requested:
-            # A cancel that raced the placement (or the take itself): do not start what nobody wants.
-            end_attempt(
-                session=session,
-                attempt=attempt,
-                job=job,
-                outcome=AttemptState.CANCELLED,
-                reason="cancelled before it started" if job.cancel_requested else f"job already {job.state}",
-                max_attempts=1,
-            )
-            result.refused.append(attempt.id)
-            continue
-        ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
-        plan: emulator.Plan | emulator.ServePlan
-        try:
-            if job.task == SERVE_TASK:
-                plan, spec = emulation.serve_plan_on_partition(
-                    job.spec, len(ipus), partition.machine_type, session=session
-                )
-            else:
-                plan, spec = emulation.plan_on_partition(
-                    job.spec, len(ipus), partition.machine_type, ipus, session=session
-                )
-        except (emulator.CompileError, emulator.WorkloadError) as exc:
-            add_event(
-                session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
-                data={"phase": "compile", "error": str(exc)}, at=now,
-            )  # fmt: skip
-            end_attempt(
-                session=session,
-                attempt=attempt,
-                job=job,
-                outcome=AttemptState.FAILED,
-                reason=f"compile error: {exc}",
-                max_attempts=1,
-            )
-            result.failed.append(attempt.id)
-            continue
-        planned.append((attempt, job, partition, plan, spec))
+        got = _start(session, agent, attempt, job, partition, now, result)
+        if got is not None:
+            planned.append((attempt, job, partition, *got))
     cache_key = {
         attempt.id: executables.tenant_key(tenant_id=job.tenant_id, key=plan.executable_key)
         for attempt, job, _, plan, _ in planned
@@ -237,37 +186,16 @@ def take_many(
         session=session, job_ids=[job.id for _, job, _, _, _ in planned if job.task == "train"]
     )
     started_events: list[dict[str, Any]] = []
-    for attempt, job, partition, planned_plan, spec in planned:
-        plan = planned_plan
-        checkpoint = resume_from.get(job.id)
-        first_step, run_base = (checkpoint.step, checkpoint.run_s) if checkpoint is not None else (0, 0.0)
-        warm = cache_key[attempt.id] in cached
-        run: emulator.EmulatedRun | ReplicaRun
-        if isinstance(plan, emulator.ServePlan):
-            run = ReplicaRun(plan, spec, cached=warm)
-        else:
-            try:
-                run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
-            except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
-                first_step, run_base = 0, 0.0
-                run = emulation.emulated_run(plan, spec, cached=warm)
-        # Restoring a checkpoint (compile if need be, load) is the platform's cost, not billed.
-        unbilled = run.run_start_s if first_step else 0.0
-        end_s = run.total_s
-        if job.max_runtime_s is not None:
-            # The time limit counts the job's run time, kept across attempts, since its owner last
-            # started or resumed it.
-            budget = max(0.0, float(job.max_runtime_s) - max(0.0, run_base - job.runtime_base_s))
-            end_s = min(run.total_s, unbilled + budget)
-        attempt.unbilled_s = unbilled
-        attempt.timeline = {
-            **run.timeline.to_dict(),
-            "end_s": end_s,
-            "scale": clock.scale,
-            "cached": run.cached,
-            "unbilled_s": unbilled,
-            "run_base_s": run_base,
-        }
+    for attempt, job, partition, plan, spec in planned:
+        run, end_s, run_base, unbilled = _timeline(
+            attempt,
+            job,
+            plan,
+            spec,
+            checkpoint=resume_from.get(job.id),
+            warm=cache_key[attempt.id] in cached,
+            clock=clock,
+        )
         job.state = JobState.RUNNING
         job.started_at = job.started_at or now
         job.updated_at = now
@@ -284,40 +212,165 @@ def take_many(
                 "at": now,
             }
         )
-        result.taken.append(
-            TakenAttempt(
-                attempt_id=attempt.id,
-                epoch=attempt.epoch,
-                number=attempt.number,
-                job_id=job.id,
-                job_name=job.name,
-                tenant_id=job.tenant_id,
-                partition=partition.name,
-                partition_ipus=gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd),
-                partition_size=attempt.size,
-                partition_gcds=partition.gcds,
-                gcd=attempt.gcd,
-                machine_type=partition.machine_type,
-                started_at=now,
-                run=run,
-                end_s=end_s,
-                max_runtime_s=job.max_runtime_s,
-                checkpoint_every_s=(
-                    float(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
-                    if job.task == "train"
-                    else None
-                ),
-                run_base_s=run_base,
-                unbilled_s=unbilled,
-                rate=attempt.rate if attempt.rate is not None else 1.0,
-                session_id=job.session_id,
-                endpoint_id=str(job.spec.get("endpoint")) if job.task == SERVE_TASK else None,
-                environment=array_environment(session, job),
-            )
-        )
+        result.taken.append(_taken(session, attempt, job, partition, run, end_s, run_base, unbilled, now))
     if started_events:
         session.execute(insert(JobEvent.__table__), started_events)
     return result
+
+
+def _lock_placed(session: Session, ids: list[int], wanted: dict[int, int]) -> list[Attempt]:
+    """The attempts still placed at the delivered epoch, locked in id order."""
+    return [
+        a
+        for a in session.execute(
+            select(Attempt)
+            .where(Attempt.id.in_(ids), Attempt.state == AttemptState.PLACED)
+            .order_by(Attempt.id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        ).scalars()
+        if a.epoch == wanted[a.id]
+    ]
+
+
+def _start(
+    session: Session,
+    agent: AgentLease,
+    attempt: Attempt,
+    job: Job,
+    partition: Partition,
+    now: datetime,
+    result: TakeResult,
+) -> tuple[emulator.Plan | emulator.ServePlan, emulator.WorkloadSpec] | None:
+    """One placed attempt now running under this agent, planned on the partition it got; or none
+    (refused or failed in `result`): a cancel raced it, or its workload does not compile there."""
+    attempt.state = AttemptState.RUNNING
+    attempt.epoch += 1
+    attempt.worker = agent.name[:200]
+    attempt.agent_epoch = agent.epoch
+    attempt.started_at = now
+    if job.state in FINAL_JOB_STATES or job.cancel_requested:
+        # A cancel that raced the placement (or the take itself): do not start what nobody wants.
+        end_attempt(
+            session=session,
+            attempt=attempt,
+            job=job,
+            outcome=AttemptState.CANCELLED,
+            reason="cancelled before it started" if job.cancel_requested else f"job already {job.state}",
+            max_attempts=1,
+        )
+        result.refused.append(attempt.id)
+        return None
+    ipus = gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd)
+    plan: emulator.Plan | emulator.ServePlan
+    try:
+        if job.task == SERVE_TASK:
+            plan, spec = emulation.serve_plan_on_partition(
+                job.spec, len(ipus), partition.machine_type, session=session
+            )
+        else:
+            plan, spec = emulation.plan_on_partition(
+                job.spec, len(ipus), partition.machine_type, ipus, session=session
+            )
+    except (emulator.CompileError, emulator.WorkloadError) as exc:
+        add_event(
+            session, job.id, "log", f"compile failed: {exc}", attempt=attempt.number,
+            data={"phase": "compile", "error": str(exc)}, at=now,
+        )  # fmt: skip
+        end_attempt(
+            session=session,
+            attempt=attempt,
+            job=job,
+            outcome=AttemptState.FAILED,
+            reason=f"compile error: {exc}",
+            max_attempts=1,
+        )
+        result.failed.append(attempt.id)
+        return None
+    return plan, spec
+
+
+def _timeline(
+    attempt: Attempt,
+    job: Job,
+    plan: emulator.Plan | emulator.ServePlan,
+    spec: emulator.WorkloadSpec,
+    *,
+    checkpoint: Checkpoint | None,
+    warm: bool,
+    clock: Clock,
+) -> tuple[emulator.EmulatedRun | ReplicaRun, float, float, float]:
+    """The attempt's run (from its job's last checkpoint, if any) and its timeline, fixed on the
+    attempt: the run, where it ends, the job's run time before it, and its unbilled restore."""
+    first_step, run_base = (checkpoint.step, checkpoint.run_s) if checkpoint is not None else (0, 0.0)
+    run: emulator.EmulatedRun | ReplicaRun
+    if isinstance(plan, emulator.ServePlan):
+        run = ReplicaRun(plan, spec, cached=warm)
+    else:
+        try:
+            run = emulation.emulated_run(plan, spec, cached=warm, first_step=first_step)
+        except ValueError:  # a checkpoint past the run's end (its spec changed): start afresh
+            first_step, run_base = 0, 0.0
+            run = emulation.emulated_run(plan, spec, cached=warm)
+    # Restoring a checkpoint (compile if need be, load) is the platform's cost, not billed.
+    unbilled = run.run_start_s if first_step else 0.0
+    end_s = run.total_s
+    if job.max_runtime_s is not None:
+        # The time limit counts the job's run time, kept across attempts, since its owner last
+        # started or resumed it.
+        budget = max(0.0, float(job.max_runtime_s) - max(0.0, run_base - job.runtime_base_s))
+        end_s = min(run.total_s, unbilled + budget)
+    attempt.unbilled_s = unbilled
+    attempt.timeline = {
+        **run.timeline.to_dict(),
+        "end_s": end_s,
+        "scale": clock.scale,
+        "cached": run.cached,
+        "unbilled_s": unbilled,
+        "run_base_s": run_base,
+    }
+    return run, end_s, run_base, unbilled
+
+
+def _taken(
+    session: Session,
+    attempt: Attempt,
+    job: Job,
+    partition: Partition,
+    run: emulator.EmulatedRun | ReplicaRun,
+    end_s: float,
+    run_base: float,
+    unbilled: float,
+    now: datetime,
+) -> TakenAttempt:
+    """What the agent is handed of an attempt it took."""
+    return TakenAttempt(
+        attempt_id=attempt.id,
+        epoch=attempt.epoch,
+        number=attempt.number,
+        job_id=job.id,
+        job_name=job.name,
+        tenant_id=job.tenant_id,
+        partition=partition.name,
+        partition_ipus=gcd_ipus(partition.ipu_ids, partition.gcds, attempt.gcd),
+        partition_size=attempt.size,
+        partition_gcds=partition.gcds,
+        gcd=attempt.gcd,
+        machine_type=partition.machine_type,
+        started_at=now,
+        run=run,
+        end_s=end_s,
+        max_runtime_s=job.max_runtime_s,
+        checkpoint_every_s=(
+            float(job.checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S) if job.task == "train" else None
+        ),
+        run_base_s=run_base,
+        unbilled_s=unbilled,
+        rate=attempt.rate if attempt.rate is not None else 1.0,
+        session_id=job.session_id,
+        endpoint_id=str(job.spec.get("endpoint")) if job.task == SERVE_TASK else None,
+        environment=array_environment(session, job),
+    )
 
 
 def take(
