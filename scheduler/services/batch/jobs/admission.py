@@ -25,6 +25,7 @@ from scheduler.jobspec import JobSpec, WorkloadRequest
 from scheduler.models import (
     Job,
     JobState,
+    Partition,
     Plan,
     Tenant,
 )
@@ -60,48 +61,13 @@ def _prepare(
 
     `cached`: what the batch has read of the executable cache so far (it fills it in)."""
     spec = r.spec
-    reserved_partition = None
-    in_session = False
-    if spec.session is not None:
-        # A session's job runs on the session's partition like a job in a reserved partition, and
-        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions.py).
-        _, reserved_partition = sessions.session_for_job(
-            session=session, tenant_id=r.tenant_id, session_id=spec.session
-        )
-        in_session = True
-    elif spec.partition is not None:
-        reserved_partition = fleet.get_live_partition(session=session, name=spec.partition)
-        if (
-            reserved_partition is None
-            or reserved_partition.kind != "reserved"
-            or (reserved_partition.tenant_id != r.tenant_id)
-        ):
-            raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
+    reserved_partition, in_session = _reserved_partition(session, r)
     # A tenant's own model: its row is share-locked until the commit, so it cannot be removed meanwhile.
     source = own_models.resolve_source(
         session=session, tenant_id=r.tenant_id, model=spec.workload.model, lock=True
     )
     named = spec.machine if spec.machine not in (None, "any") else None
-    gcd_size: int | None = None
-    if reserved_partition is not None:
-        machine = reserved_partition.machine_type
-        if named is not None and named != machine:
-            raise InvalidRequest(
-                f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
-                f"{named}.",
-                field="machine",
-            )
-        # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
-        # it is planned, reserved and billed on what it holds. (An admin reserved it for this tenant,
-        # so it runs whatever machine types the plan allows elsewhere.)
-        named = machine
-        gcd_size = reserved_partition.size // reserved_partition.gcds
-        if spec.ipus != "auto" and spec.ipus > gcd_size:
-            raise LimitExceeded(
-                f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
-                f"{reserved_partition.name} holds {gcd_size} (its {reserved_partition.size} IPUs are split "
-                f"into {reserved_partition.gcds} GCDs of {gcd_size})."
-            )
+    named, gcd_size = _on_reserved(spec, reserved_partition, named)
     offered = rates.offers(
         plan=plan,
         machine=named,
@@ -112,46 +78,18 @@ def _prepare(
     )
     candidates = offered.kinds
     max_runtime = min(spec.max_runtime_s or plan.max_runtime_s, plan.max_runtime_s)
-    options: dict[str, dict[str, float]] = {}
-    refusals: list[tuple[str, DomainError]] = []
-    for kind in candidates:
-        try:
-            resolved = emulation.resolve(
-                spec.workload, spec.ipus if gcd_size is None else gcd_size, kind, source
-            )
-        except DoesNotFit as exc:
-            refusals.append((kind, exc))
-            continue
-        # Compiled before for this tenant (a run that finds it in the tenant's cache skips
-        # compilation and is billed so): plan and reserve without it.
-        cache_key = executables.tenant_key(tenant_id=r.tenant_id, key=resolved.executable_key)
-        hit = cached.get(cache_key)
-        if hit is None:
-            hit = cached[cache_key] = executables.is_cached(session=session, key=cache_key)
-        resolved = resolved.given_cache(hit)
-        size = resolved.ipus if gcd_size is None else gcd_size
-        try:
-            offered.check_size(kind, size, "this job needs")
-            if reserved_partition is None:
-                fleet.check_fleet_can_ever_host(
-                    session=session, size=size, machine_type=kind, pods=fleet_pods
-                )
-            # A type on which it would outlast the plan's limit is no option: there it would be
-            # stopped unfinished and billed.
-            check_runtime(spec, resolved, kind, plan, source)
-        except DomainError as exc:
-            refusals.append((kind, exc))
-            continue
-        options[kind] = offered.option(kind, size, min(resolved.predicted_runtime_s, float(max_runtime)))
-    if not options:
-        if len(refusals) == 1:
-            raise refusals[0][1]
-        first = refusals[0][1]
-        raise type(first)(
-            "The job cannot run on any machine type: "
-            + "; ".join(f"{kind}: {exc.detail}" for kind, exc in refusals),
-            **{k: v for k, v in first.extra.items() if k in ("limit",)},
-        )
+    options = _options(
+        session,
+        r,
+        plan,
+        offered,
+        source,
+        reserved_partition,
+        gcd_size,
+        max_runtime,
+        fleet_pods=fleet_pods,
+        cached=cached,
+    )
     # Shown and planned as its fastest option until it is placed (then as the type it runs on). It
     # reserves what an estimate with its `prefer` promised (billing.promised_kind: compile left out
     # where the tenant's cache holds it), not its dearest option: reserving the dearest refused jobs
@@ -208,6 +146,117 @@ def _prepare(
         held_for=DEPENDENCY if depends_on is not None else None,
         singleton=spec.singleton,
     )
+
+
+def _reserved_partition(session: Session, r: SubmitRequest) -> tuple[Partition | None, bool]:
+    """The partition the job is bound to, if any (its session's, or a reserved one of its tenant), and
+    whether it runs in a session."""
+    spec = r.spec
+    reserved_partition = None
+    in_session = False
+    if spec.session is not None:
+        # A session's job runs on the session's partition like a job in a reserved partition, and
+        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions.py).
+        _, reserved_partition = sessions.session_for_job(
+            session=session, tenant_id=r.tenant_id, session_id=spec.session
+        )
+        in_session = True
+    elif spec.partition is not None:
+        reserved_partition = fleet.get_live_partition(session=session, name=spec.partition)
+        if (
+            reserved_partition is None
+            or reserved_partition.kind != "reserved"
+            or (reserved_partition.tenant_id != r.tenant_id)
+        ):
+            raise NotFound(f"No reserved partition {spec.partition!r} for this tenant.")
+    return reserved_partition, in_session
+
+
+def _on_reserved(
+    spec: JobSpec, reserved_partition: Partition | None, named: str | None
+) -> tuple[str | None, int | None]:
+    """The machine type the job is bound to and, in a reserved partition, the size of the graph compile
+    domain it holds; or why it does not fit there."""
+    gcd_size: int | None = None
+    if reserved_partition is not None:
+        machine = reserved_partition.machine_type
+        if named is not None and named != machine:
+            raise InvalidRequest(
+                f"Partition {reserved_partition.name} is made of {machine} machines; this job asks for "
+                f"{named}.",
+                field="machine",
+            )
+        # A job in a reserved partition holds one of its graph compile domains, all of that GCD's IPUs:
+        # it is planned, reserved and billed on what it holds. (An admin reserved it for this tenant,
+        # so it runs whatever machine types the plan allows elsewhere.)
+        named = machine
+        gcd_size = reserved_partition.size // reserved_partition.gcds
+        if spec.ipus != "auto" and spec.ipus > gcd_size:
+            raise LimitExceeded(
+                f"The job needs {spec.ipus} IPUs but a graph compile domain of partition "
+                f"{reserved_partition.name} holds {gcd_size} (its {reserved_partition.size} IPUs are split "
+                f"into {reserved_partition.gcds} GCDs of {gcd_size})."
+            )
+    return named, gcd_size
+
+
+def _options(
+    session: Session,
+    r: SubmitRequest,
+    plan: Any,
+    offered: rates.Offers,
+    source: OnnxWorkload | None,
+    reserved_partition: Partition | None,
+    gcd_size: int | None,
+    max_runtime: float,
+    *,
+    fleet_pods: dict[str, int],
+    cached: dict[str, bool],
+) -> dict[str, dict[str, float]]:
+    """The job's option on each machine type it is offered and fits (its size, runtime and price), or
+    why it fits on none."""
+    spec = r.spec
+    options: dict[str, dict[str, float]] = {}
+    refusals: list[tuple[str, DomainError]] = []
+    for kind in offered.kinds:
+        try:
+            resolved = emulation.resolve(
+                spec.workload, spec.ipus if gcd_size is None else gcd_size, kind, source
+            )
+        except DoesNotFit as exc:
+            refusals.append((kind, exc))
+            continue
+        # Compiled before for this tenant (a run that finds it in the tenant's cache skips
+        # compilation and is billed so): plan and reserve without it.
+        cache_key = executables.tenant_key(tenant_id=r.tenant_id, key=resolved.executable_key)
+        hit = cached.get(cache_key)
+        if hit is None:
+            hit = cached[cache_key] = executables.is_cached(session=session, key=cache_key)
+        resolved = resolved.given_cache(hit)
+        size = resolved.ipus if gcd_size is None else gcd_size
+        try:
+            offered.check_size(kind, size, "this job needs")
+            if reserved_partition is None:
+                fleet.check_fleet_can_ever_host(
+                    session=session, size=size, machine_type=kind, pods=fleet_pods
+                )
+            # A type on which it would outlast the plan's limit is no option: there it would be
+            # stopped unfinished and billed.
+            check_runtime(spec, resolved, kind, plan, source)
+        except DomainError as exc:
+            refusals.append((kind, exc))
+            continue
+        options[kind] = offered.option(kind, size, min(resolved.predicted_runtime_s, float(max_runtime)))
+    if not options:
+        if len(refusals) == 1:
+            raise refusals[0][1]
+        first = refusals[0][1]
+        raise type(first)(
+            "The job cannot run on any machine type: "
+            + "; ".join(f"{kind}: {exc.detail}" for kind, exc in refusals),
+            **{k: v for k, v in first.extra.items() if k in ("limit",)},
+        )
+    return options
 
 
 def check_runtime(
