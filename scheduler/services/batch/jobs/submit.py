@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -116,32 +117,7 @@ def submit_jobs(
     outcomes: list[Outcome | _Later | None] = [None] * len(requests)
     digests = [request_hash(r.spec) for r in requests]
 
-    # Idempotency-Key replays, from the database and from earlier requests of this batch.
-    keyed = {(r.tenant_id, r.idempotency_key) for r in requests if r.idempotency_key is not None}
-    existing: dict[tuple[str, str], Job] = {}
-    if keyed:
-        for job in session.execute(
-            select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(list(keyed)))
-        ).scalars():
-            existing[(job.tenant_id, job.idempotency_key or "")] = job
-    first_of_key: dict[tuple[str, str], int] = {}
-    for n, r in enumerate(requests):
-        if r.idempotency_key is None:
-            continue
-        k = (r.tenant_id, r.idempotency_key)
-        prior = existing.get(k)
-        if prior is not None:
-            outcomes[n] = (
-                Submitted(prior, replayed=True)
-                if prior.request_hash in (digests[n], _legacy_request_hash(r.spec))
-                else IdempotencyConflict(
-                    "This Idempotency-Key was used for a different request body.", job_id=prior.id
-                )
-            )
-        elif k in first_of_key:
-            outcomes[n] = _Later(first_of_key[k])  # resolved once the first one is decided
-        else:
-            first_of_key[k] = n
+    _replays(session, requests, digests, outcomes)
 
     # Validate against plans (not locked: plans are admin settings) and the fleet; insert.
     tenant_ids = sorted({r.tenant_id for n, r in enumerate(requests) if outcomes[n] is None})
@@ -194,19 +170,7 @@ def submit_jobs(
         row.id: row
         for row in conn.execute(_LOCK_TENANTS, {"ids": sorted({j.tenant_id for j in candidates.values()})})
     }
-    mine: dict[str, int] = {}
-    for job in candidates.values():
-        mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
-    queued_counts: dict[str, int] = {}
-    for t, row in tenants.items():
-        limit = plans[t].max_queued_jobs
-        if row.queued_jobs_bound + mine[t] <= limit:
-            queued_counts[t] = row.queued_jobs_bound  # no job of this batch can pass the limit
-        else:
-            # The count sees this batch's own rows (the transaction inserted them): take them off.
-            queued_counts[t] = (
-                conn.execute(_QUEUED_JOBS, {"t": t, "cap": limit + mine[t] + 1}).scalar_one() - mine[t]
-            )
+    queued_counts = _queued_counts(conn, tenants, plans, candidates)
     reserve: dict[str, int] = {}
     refused: list[str] = []
     for n, job in candidates.items():
@@ -237,6 +201,61 @@ def submit_jobs(
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
     return _resolve(outcomes, digests)
+
+
+def _replays(
+    session: Session,
+    requests: Sequence[SubmitRequest],
+    digests: list[str],
+    outcomes: list[Outcome | _Later | None],
+) -> None:
+    """Idempotency-Key replays, from the database and from earlier requests of this batch: their
+    outcomes filled in."""
+    keyed = {(r.tenant_id, r.idempotency_key) for r in requests if r.idempotency_key is not None}
+    existing: dict[tuple[str, str], Job] = {}
+    if keyed:
+        for job in session.execute(
+            select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(list(keyed)))
+        ).scalars():
+            existing[(job.tenant_id, job.idempotency_key or "")] = job
+    first_of_key: dict[tuple[str, str], int] = {}
+    for n, r in enumerate(requests):
+        if r.idempotency_key is None:
+            continue
+        k = (r.tenant_id, r.idempotency_key)
+        prior = existing.get(k)
+        if prior is not None:
+            outcomes[n] = (
+                Submitted(prior, replayed=True)
+                if prior.request_hash in (digests[n], _legacy_request_hash(r.spec))
+                else IdempotencyConflict(
+                    "This Idempotency-Key was used for a different request body.", job_id=prior.id
+                )
+            )
+        elif k in first_of_key:
+            outcomes[n] = _Later(first_of_key[k])  # resolved once the first one is decided
+        else:
+            first_of_key[k] = n
+
+
+def _queued_counts(
+    conn: Connection, tenants: dict[str, Any], plans: dict[str, Any], candidates: dict[int, Job]
+) -> dict[str, int]:
+    """Each tenant's queued jobs before this batch, as far as its plan's limit needs them counted."""
+    mine: dict[str, int] = {}
+    for job in candidates.values():
+        mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
+    queued_counts: dict[str, int] = {}
+    for t, row in tenants.items():
+        limit = plans[t].max_queued_jobs
+        if row.queued_jobs_bound + mine[t] <= limit:
+            queued_counts[t] = row.queued_jobs_bound  # no job of this batch can pass the limit
+        else:
+            # The count sees this batch's own rows (the transaction inserted them): take them off.
+            queued_counts[t] = (
+                conn.execute(_QUEUED_JOBS, {"t": t, "cap": limit + mine[t] + 1}).scalar_one() - mine[t]
+            )
+    return queued_counts
 
 
 class QueuedEventRow(TypedDict):
