@@ -188,7 +188,7 @@ def insert_columns(session: Session, table: Table, columns: dict[str, list[Any]]
     work in Python, against a pipelined executemany's per-row parameter handling and execution
     (18,500 IPU assignments: 0.07 s against 0.27 s with psycopg alone, measured 2026-12-07; more
     through SQLAlchemy). Wide rows, JSON columns or timestamps stay with executemany, which is
-    faster there (`scheduler/services/batch/jobs.py`)."""
+    faster there (`scheduler/services/batch/jobs/submit.py`)."""
     names = list(columns)
     count = len(columns[names[0]]) if names else 0
     if not count:

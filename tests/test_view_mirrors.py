@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 # (TypedDict view, its pydantic mirror), both as "module:Name".
 MIRRORS = [
-    ("scheduler.services.batch.attempts:ProgressView", "api.schemas.jobs:Progress"),
-    ("scheduler.services.batch.attempts:ProgressView", "api.vipu_server:Progress"),
+    ("scheduler.services.batch.attempts.progress:ProgressView", "api.schemas.jobs:Progress"),
+    ("scheduler.services.batch.attempts.progress:ProgressView", "api.vipu_server:Progress"),
     ("scheduler.services.batch.checkpoints:CheckpointView", "api.schemas.jobs:CheckpointOut"),
     ("scheduler.services.batch.dependencies:StoredDependencies", "api.schemas.jobs:DependsOnOut"),
     ("scheduler.services.batch.dependencies:StoredDependency", "api.schemas.jobs:DependencyOut"),

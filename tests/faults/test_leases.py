@@ -362,14 +362,16 @@ def test_leases_are_judged_on_the_database_clock_not_the_workers(
     if db.sqlite:
         pytest.skip("SQLite runs on one host: there is only one clock")
     import scheduler.models
-    import scheduler.services.batch.attempts
     import scheduler.services.capacity.agents
+    from scheduler.services.batch.attempts import ending, placing, ticks
 
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
     behind = utcnow() - timedelta(hours=1)
-    monkeypatch.setattr(scheduler.services.batch.attempts, "utcnow", lambda: behind)
+    # Each attempts module that reads the worker's clock (the package re-export would not redirect them).
+    for module in (placing, ticks, ending):
+        monkeypatch.setattr(module, "utcnow", lambda: behind)
     monkeypatch.setattr(scheduler.services.capacity.agents, "utcnow", lambda: behind, raising=False)
     monkeypatch.setattr(scheduler.models, "utcnow", lambda: behind)
     _, taken = take(db, attempt, lease_s=1.0)

@@ -1,5 +1,5 @@
 """`POST /jobs/{id}/resume` joins the queue as a submission does: held to the plan's queued-job limit,
-and a refusal changes nothing (scheduler/services/batch/jobs.py, resume_job)."""
+and a refusal changes nothing (scheduler/services/batch/jobs/changes.py, resume_job)."""
 
 from __future__ import annotations
 

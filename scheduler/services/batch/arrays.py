@@ -31,7 +31,16 @@ from sqlalchemy.orm import Session
 
 from scheduler import billing
 from scheduler.db import changed
-from scheduler.errors import Conflict, DomainError, InvalidRequest, NotFound, QuotaExceeded, TenantInactive
+from scheduler.errors import (
+    Conflict,
+    DomainError,
+    IdempotencyConflict,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    QuotaExceeded,
+    TenantInactive,
+)
 from scheduler.ids import new_id
 from scheduler.jobspec import (
     JobSpec,
@@ -184,7 +193,7 @@ def submit_array(
         prior = _keyed(session, tenant_id, idempotency_key)
         if prior is not None:
             if prior.spec != _request_body(spec):
-                raise job_service.IdempotencyConflict(
+                raise IdempotencyConflict(
                     "This Idempotency-Key was used for a different request body.", array_id=prior.id
                 )
             return SubmittedArray(prior, replayed=True)
@@ -259,7 +268,7 @@ def submit_array(
             {"t": tenant_id, "cap": plan_row.max_queued_jobs + 1},
         ).scalar_one()
         if queued + 1 > plan_row.max_queued_jobs:
-            raise job_service.LimitExceeded(
+            raise LimitExceeded(
                 f"The {plan_row.name} plan allows {plan_row.max_queued_jobs} queued jobs (an array counts "
                 "once); wait for some to start.",
                 limit="max_queued_jobs",

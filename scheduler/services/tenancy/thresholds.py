@@ -38,7 +38,8 @@ RUNTIME_WARNINGS = (50, 80, 90)
 def _runtime_warnings(session: Session, now: datetime) -> int:
     """Warn the owners of running jobs that have used 50, 80 or 90% of their time limit. The run
     time counts as the limit does: what earlier attempts ran since the owner last started or resumed
-    the job, and this attempt's run after its restore (scheduler/services/batch/attempts.py, take_many)."""
+    the job, and this attempt's run after its restore (scheduler/services/batch/attempts/taking.py,
+    take_many)."""
     from scheduler.models import Attempt, AttemptState
 
     rows = session.execute(

@@ -1,0 +1,81 @@
+"""Jobs: submit (with admission and quota reservation), read, list, cancel."""
+
+from __future__ import annotations
+
+from scheduler.services.batch.jobs.admission import (
+    StoredSpec,
+    SubmitRequest,
+    _prepare,
+    check_runtime,
+    runtime_advice,
+    runtime_limit,
+)
+from scheduler.services.batch.jobs.changes import (
+    request_cancel,
+    resume_job,
+)
+from scheduler.services.batch.jobs.reads import (
+    Folded,
+    attempt_partition,
+    current_attempt,
+    current_attempts,
+    folded_elements,
+    get_job,
+    job_events,
+    list_jobs,
+    redact_wait,
+    state_histories,
+    wait_given,
+    wait_reason,
+)
+from scheduler.services.batch.jobs.submit import (
+    _JOB_COLUMNS,
+    _LOCK_TENANTS,
+    _QUEUED_JOBS,
+    _RESERVE,
+    IdempotencyRace,
+    Outcome,
+    QueuedEventRow,
+    Submitted,
+    _legacy_request_hash,
+    _queued_event,
+    request_hash,
+    submit_job,
+    submit_jobs,
+)
+
+__all__ = [
+    "_JOB_COLUMNS",
+    "_LOCK_TENANTS",
+    "_QUEUED_JOBS",
+    "_RESERVE",
+    "Folded",
+    "IdempotencyRace",
+    "Outcome",
+    "QueuedEventRow",
+    "StoredSpec",
+    "SubmitRequest",
+    "Submitted",
+    "_legacy_request_hash",
+    "_prepare",
+    "_queued_event",
+    "attempt_partition",
+    "check_runtime",
+    "current_attempt",
+    "current_attempts",
+    "folded_elements",
+    "get_job",
+    "job_events",
+    "list_jobs",
+    "redact_wait",
+    "request_cancel",
+    "request_hash",
+    "resume_job",
+    "runtime_advice",
+    "runtime_limit",
+    "state_histories",
+    "submit_job",
+    "submit_jobs",
+    "wait_given",
+    "wait_reason",
+]

@@ -1,0 +1,379 @@
+"""Submitting jobs (with admission and quota reservation) in one batch: Idempotency-Keys, the job rows
+and their `queued` events, each tenant judged under its row lock."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import orjson
+from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from scheduler import billing
+from scheduler.errors import (
+    DomainError,
+    IdempotencyConflict,
+    NotFound,
+)
+from scheduler.jobspec import JobSpec
+from scheduler.models import (
+    SERVE_TASK,
+    Job,
+    JobEvent,
+    JobState,
+    Plan,
+    Tenant,
+    utcnow,
+)
+from scheduler.services import sessions
+from scheduler.services.batch.jobs.admission import SubmitRequest, _judge, _prepare
+from scheduler.services.capacity import fleet
+
+if TYPE_CHECKING:
+    pass
+
+
+class IdempotencyRace(Exception):
+    """Another request with the same Idempotency-Key committed first; retry to replay it."""
+
+
+@dataclass
+class Submitted:
+    job: Job
+    replayed: bool
+
+
+def request_hash(spec: JobSpec) -> str:
+    """The digest an Idempotency-Key is bound to: what the client asked for, not the defaults.
+
+    Fields left at their defaults are left out, so a field added later with a default (or a
+    default filled in by a newer release) does not turn a retry across an upgrade into a conflict.
+    """
+    return _digest(spec.model_dump(mode="json", exclude_defaults=True))
+
+
+def _legacy_request_hash(spec: JobSpec) -> str:
+    # Keys stored before request_hash left defaults out hashed the whole spec; they expire with
+    # their jobs' retention, and until then a retry of such a request still replays.
+    return _digest(spec.model_dump(mode="json"))
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+Outcome = Submitted | DomainError
+
+
+def submit_job(
+    *,
+    session: Session,
+    tenant_id: str,
+    spec: JobSpec,
+    idempotency_key: str | None = None,
+    render: Callable[[Job], dict[str, Any]] | None = None,
+    member_id: str | None = None,
+) -> Submitted:
+    """Admit one job (see `submit_jobs`); raises its DomainError when refused."""
+    (outcome,) = submit_jobs(
+        session=session, requests=[SubmitRequest(tenant_id, spec, idempotency_key, member_id)], render=render
+    )
+    if isinstance(outcome, DomainError):
+        raise outcome
+    return outcome
+
+
+def submit_jobs(
+    *,
+    session: Session,
+    requests: Sequence[SubmitRequest],
+    render: Callable[[Job], dict[str, Any]] | None = None,
+) -> list[Outcome]:
+    """Admit a batch of jobs in the caller's transaction: one outcome per request, in order.
+
+    Each job is validated against the emulator, the fleet and its plan, and its predicted cost
+    reserved from its tenant's grant. The jobs and their first events are inserted first; only
+    then is each tenant's row locked (FOR NO KEY UPDATE, in id order so batches never deadlock) to
+    judge status, quota and the queued-job limit on exact figures, refused jobs are deleted again,
+    and the reservation is one guarded UPDATE per tenant that the database itself refuses if it
+    would pass the grant. The tenant row is therefore locked for two statements and the commit,
+    which is what lets concurrent batches of one tenant (several API processes) follow each
+    other quickly.
+
+    The queued-job limit is judged on the tenant's `queued_jobs_bound` (an upper bound kept under
+    the same lock) and the queue is counted, no further than the limit, only when that bound
+    would pass it. A job put back in the queue by a platform failure is not in the bound until
+    the next count: such jobs may take a tenant past its limit, submissions never do.
+
+    Raises IdempotencyRace when another transaction committed one of the batch's
+    Idempotency-Keys first: retry, and the retry replays it.
+    """
+    outcomes: list[Outcome | _Later | None] = [None] * len(requests)
+    digests = [request_hash(r.spec) for r in requests]
+
+    _replays(session, requests, digests, outcomes)
+
+    # Validate against plans (not locked: plans are admin settings) and the fleet; insert.
+    tenant_ids = sorted({r.tenant_id for n, r in enumerate(requests) if outcomes[n] is None})
+    plans: dict[str, Any] = {}
+    conn = session.connection()  # Core statements need none of the ORM session's machinery
+    if tenant_ids:
+        plans = {row.tenant_id: row for row in conn.execute(_PLANS_OF_TENANTS, {"ids": tenant_ids})}
+    fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S) if plans else {}
+    now = utcnow()
+    candidates: dict[int, Job] = {}
+    # The tenant's executable cache, read once per key per batch: a batch is mostly the same few
+    # workloads, and a query per job was a quarter of the writer's time (py-spy, 16 clients).
+    cached: dict[str, bool] = {}
+    for n, r in enumerate(requests):
+        if outcomes[n] is not None:
+            continue
+        plan = plans.get(r.tenant_id)
+        if plan is None:
+            outcomes[n] = NotFound("No such tenant.")
+            continue
+        try:
+            job = _prepare(session, r, digests[n], plan, now, fleet_pods, cached)
+        except DomainError as exc:
+            outcomes[n] = exc
+            continue
+        if render is not None:
+            job.submit_response = render(job)
+        candidates[n] = job
+    if not candidates:
+        return _resolve(outcomes, digests)
+    job_rows = [{c.key: getattr(job, c.key) for c in _JOB_COLUMNS} for job in candidates.values()]
+    # The batch's rows go as one executemany of one INSERT: psycopg pipelines it through a statement
+    # it prepares once per connection (one round trip, no parse or plan per row). One multi-row
+    # `INSERT ... VALUES (...), (...)` took 3-5 times as long on PostgreSQL, `.values(rows)` 12-20
+    # times and an unnest of column arrays 2-3 times (benchmarks/submit_batch.py, docs/performance.md).
+    if any(j.idempotency_key is not None for j in candidates.values()):
+        try:
+            with session.begin_nested():
+                conn.execute(insert(Job.__table__), job_rows)
+        except IntegrityError as exc:
+            raise IdempotencyRace() from exc
+    else:
+        conn.execute(insert(Job.__table__), job_rows)
+    # Before the lock, so that the lock is held for as little as possible; a refused job's event
+    # goes with it.
+    conn.execute(insert(JobEvent.__table__), [_queued_event(job, now) for job in candidates.values()])
+
+    # Judge under each tenant's lock (_LOCK_TENANTS), in request order.
+    tenants = {
+        row.id: row
+        for row in conn.execute(_LOCK_TENANTS, {"ids": sorted({j.tenant_id for j in candidates.values()})})
+    }
+    queued_counts = _queued_counts(conn, tenants, plans, candidates)
+    reserve: dict[str, int] = {}
+    refused: list[str] = []
+    for n, job in candidates.items():
+        try:
+            _judge(job, tenants[job.tenant_id], plans[job.tenant_id], now, reserve, queued_counts)
+        except DomainError as exc:
+            outcomes[n] = exc
+            refused.append(job.id)
+            continue
+        outcomes[n] = Submitted(job, replayed=False)
+    if refused:
+        conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
+        conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+    # A session's jobs start now, in this transaction, on a free GCD of the session's partition.
+    sessions.place_session_jobs(
+        session=session,
+        jobs=[
+            o.job
+            for o in outcomes
+            if isinstance(o, Submitted) and not o.replayed and o.job.spec.get("session")
+        ],
+    )
+    for tenant_id, amount in reserve.items():
+        done = conn.execute(
+            _RESERVE, {"t": tenant_id, "amount": amount, "bound": queued_counts[tenant_id]}
+        ).rowcount
+        # Judged under the row lock just above, so the guard cannot refuse; if it ever did, the
+        # whole batch rolls back rather than overspend.
+        assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
+    return _resolve(outcomes, digests)
+
+
+def _replays(
+    session: Session,
+    requests: Sequence[SubmitRequest],
+    digests: list[str],
+    outcomes: list[Outcome | _Later | None],
+) -> None:
+    """Idempotency-Key replays, from the database and from earlier requests of this batch: their
+    outcomes filled in."""
+    keyed = {(r.tenant_id, r.idempotency_key) for r in requests if r.idempotency_key is not None}
+    existing: dict[tuple[str, str], Job] = {}
+    if keyed:
+        for job in session.execute(
+            select(Job).where(tuple_(Job.tenant_id, Job.idempotency_key).in_(list(keyed)))
+        ).scalars():
+            existing[(job.tenant_id, job.idempotency_key or "")] = job
+    first_of_key: dict[tuple[str, str], int] = {}
+    for n, r in enumerate(requests):
+        if r.idempotency_key is None:
+            continue
+        k = (r.tenant_id, r.idempotency_key)
+        prior = existing.get(k)
+        if prior is not None:
+            outcomes[n] = (
+                Submitted(prior, replayed=True)
+                if prior.request_hash in (digests[n], _legacy_request_hash(r.spec))
+                else IdempotencyConflict(
+                    "This Idempotency-Key was used for a different request body.", job_id=prior.id
+                )
+            )
+        elif k in first_of_key:
+            outcomes[n] = _Later(first_of_key[k])  # resolved once the first one is decided
+        else:
+            first_of_key[k] = n
+
+
+def _queued_counts(
+    conn: Connection, tenants: dict[str, Any], plans: dict[str, Any], candidates: dict[int, Job]
+) -> dict[str, int]:
+    """Each tenant's queued jobs before this batch, as far as its plan's limit needs them counted."""
+    mine: dict[str, int] = {}
+    for job in candidates.values():
+        mine[job.tenant_id] = mine.get(job.tenant_id, 0) + 1
+    queued_counts: dict[str, int] = {}
+    for t, row in tenants.items():
+        limit = plans[t].max_queued_jobs
+        if row.queued_jobs_bound + mine[t] <= limit:
+            queued_counts[t] = row.queued_jobs_bound  # no job of this batch can pass the limit
+        else:
+            # The count sees this batch's own rows (the transaction inserted them): take them off.
+            queued_counts[t] = (
+                conn.execute(_QUEUED_JOBS, {"t": t, "cap": limit + mine[t] + 1}).scalar_one() - mine[t]
+            )
+    return queued_counts
+
+
+class QueuedEventRow(TypedDict):
+    """The `job_events` row that says a job was admitted to the queue."""
+
+    job_id: str
+    kind: str
+    message: str
+    data: dict[str, Any]
+    at: datetime
+    attempt: int | None
+
+
+def _queued_event(job: Job, now: datetime) -> QueuedEventRow:
+    return {
+        "job_id": job.id,
+        "kind": "state",
+        "message": (
+            f"queued: {job.ipus} IPUs, predicted {job.predicted_runtime_s:.1f} s, "
+            f"{job.reserved_ipu_ms / billing.IPU_MS_PER_HOUR:.4f} IPU-hours reserved"
+        ),
+        "data": {"state": "queued", "ipus": job.ipus, "predicted_runtime_s": job.predicted_runtime_s},
+        "at": now,
+        "attempt": None,
+    }
+
+
+_JOB_COLUMNS = tuple(Job.__table__.columns)
+
+# The admission statements, built once: a statement object reused across calls keeps its compiled
+# form and cache key, which is most of what running a statement costs in Python.
+_tenants = Tenant.__table__
+_plans = Plan.__table__
+_jobs = Job.__table__
+_PLANS_OF_TENANTS = (
+    select(
+        _tenants.c.id.label("tenant_id"),
+        _plans.c.name,
+        _plans.c.max_partition_size,
+        _plans.c.max_runtime_s,
+        _plans.c.max_queued_jobs,
+        _plans.c.priority,
+        _plans.c.rates,
+        _plans.c.machine_types,
+        _plans.c.preemptible_discount,
+    )
+    .join(_plans, _plans.c.name == _tenants.c.plan_name)
+    .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
+)
+# NO KEY UPDATE: the job inserts hold KEY SHARE locks on the tenant (their foreign keys), which a
+# plain FOR UPDATE would wait for, deadlocking two API processes that each inserted before locking.
+_LOCK_TENANTS = (
+    select(
+        _tenants.c.id,
+        _tenants.c.name,
+        _tenants.c.status,
+        _tenants.c.expires_at,
+        _tenants.c.quota_ipu_ms,
+        _tenants.c.used_ipu_ms,
+        _tenants.c.reserved_ipu_ms,
+        _tenants.c.queued_jobs_bound,
+    )
+    .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(_tenants.c.id)
+    .with_for_update(key_share=True)
+)
+# The tenant's queued jobs, counted no further than its plan's limit needs (an index range of at
+# most `cap` entries of the (tenant, state) index, however long the queue).
+# An array's queued elements count once (scheduler/services/batch/arrays.py).
+_QUEUED_JOBS = select(func.count()).select_from(
+    select(func.coalesce(_jobs.c.array_id, _jobs.c.id))
+    .distinct()
+    .where(
+        _jobs.c.tenant_id == bindparam("t"),
+        _jobs.c.state == JobState.QUEUED.value,
+        # Replicas count against the plan's endpoint limits instead (scheduler/services/endpoints.py).
+        _jobs.c.task != SERVE_TASK,
+    )
+    .limit(bindparam("cap"))
+    .subquery()
+)
+_RESERVE = (
+    update(_tenants)
+    .where(
+        _tenants.c.id == bindparam("t"),
+        _tenants.c.used_ipu_ms + _tenants.c.reserved_ipu_ms + bindparam("amount") <= _tenants.c.quota_ipu_ms,
+    )
+    .values(
+        reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"),
+        queued_jobs_bound=bindparam("bound"),
+    )
+)
+
+
+def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str]) -> list[Outcome]:
+    """Settle requests that repeated an earlier Idempotency-Key of the batch, then check all are decided."""
+    for n, outcome in enumerate(outcomes):
+        if isinstance(outcome, _Later):
+            first = outcomes[outcome.index]
+            if isinstance(first, Submitted):
+                outcomes[n] = (
+                    Submitted(first.job, replayed=True)
+                    if digests[n] == digests[outcome.index]
+                    else IdempotencyConflict(
+                        "This Idempotency-Key was used for a different request body.", job_id=first.job.id
+                    )
+                )
+            else:
+                outcomes[n] = first
+    decided: list[Outcome] = []
+    for outcome in outcomes:
+        assert isinstance(outcome, Submitted | DomainError)
+        decided.append(outcome)
+    return decided
+
+
+@dataclass(frozen=True)
+class _Later:
+    """A request that repeats an earlier Idempotency-Key of the same batch."""
+
+    index: int
