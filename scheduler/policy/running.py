@@ -26,7 +26,7 @@ class RunningJob:
     reserved: bool = False  # runs in a reserved partition (which outlives it)
     preemptible: bool = False
     checkpoint_every: float = math.inf
-    # A session's hold on its partition (scheduler/services/sessions.py): its owner works in it
+    # A session's hold on its partition (scheduler/services/sessions/): its owner works in it
     # interactively and has nothing to checkpoint, so it is never stopped for other work.
     session: bool = False
     # Its owner opted it out of preemption (a job or plan setting): never stopped for other work.

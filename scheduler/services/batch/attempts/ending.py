@@ -226,7 +226,7 @@ def _move_job_on(
         end(JobState.CANCELLED, "cancelled by user")
     elif job.task == "session":
         # A session's hold lost to the platform (a failed machine): the session ends (its sweep frees
-        # the partition, scheduler/services/sessions.py); holding another partition is not what was asked.
+        # the partition, scheduler/services/sessions/); holding another partition is not what was asked.
         end(JobState.FAILED, f"session's partition lost: {reason or outcome}")
     elif outcome != AttemptState.LOST or lost_before + 1 < max_attempts:
         # Only lost attempts count against the retry limit: a handed-back, preempted or interrupted

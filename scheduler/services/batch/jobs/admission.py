@@ -156,7 +156,7 @@ def _reserved_partition(session: Session, r: SubmitRequest) -> tuple[Partition |
     in_session = False
     if spec.session is not None:
         # A session's job runs on the session's partition like a job in a reserved partition, and
-        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions.py).
+        # pays nothing itself: the session is billed for holding it (scheduler/services/sessions/).
         _, reserved_partition = sessions.session_for_job(
             session=session, tenant_id=r.tenant_id, session_id=spec.session
         )

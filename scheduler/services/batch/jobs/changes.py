@@ -124,7 +124,7 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
             Tenant.id == tenant.id,
             Tenant.used_ipu_ms + Tenant.reserved_ipu_ms + reserve <= Tenant.quota_ipu_ms,
         )
-        # The queued-job bound stays an upper bound (scheduler/services/batch/jobs.py, submit_jobs).
+        # The queued-job bound stays an upper bound (scheduler/services/batch/jobs/submit.py, submit_jobs).
         .values(
             reserved_ipu_ms=Tenant.reserved_ipu_ms + reserve,
             queued_jobs_bound=Tenant.queued_jobs_bound + 1,

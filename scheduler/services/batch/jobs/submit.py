@@ -331,7 +331,7 @@ _QUEUED_JOBS = select(func.count()).select_from(
     .where(
         _jobs.c.tenant_id == bindparam("t"),
         _jobs.c.state == JobState.QUEUED.value,
-        # Replicas count against the plan's endpoint limits instead (scheduler/services/endpoints.py).
+        # Replicas count against the plan's endpoint limits instead (scheduler/services/endpoints/).
         _jobs.c.task != SERVE_TASK,
     )
     .limit(bindparam("cap"))
