@@ -63,13 +63,9 @@ def place_session_jobs(*, session: Session, jobs: Sequence[Job]) -> list[int]:
         placements.extend((job, partition, queue) for job in waiting[: len(free)])
     if not placements:
         return []
+    # place_many writes each job's attempt count itself (one UPDATE for the batch), also for these
+    # jobs, which the submission inserted without the ORM.
     ids = attempts.place_many(session=session, placements=placements)
-    table = Job.__table__
-    session.execute(
-        update(table)
-        .where(table.c.id.in_([j.id for j, _, _ in placements]))
-        .values(attempts=table.c.attempts + 1)
-    )
     # Sent by this process as it commits, not by the scheduler's next iteration: written published.
     session.execute(
         update(OutboxMessage)
