@@ -7,13 +7,7 @@ from typing import Any
 
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated, text
 from ipucloud.sdk._ops_common import V1, _iso, _page, seg
-from ipucloud.sdk.models import (
-    ApiKey,
-    ApiKeyCreated,
-    Page,
-    TrialApplication,
-    Usage,
-)
+from ipucloud.sdk.models import ApiKey, ApiKeyCreated, Page, TrialApplication, Usage
 
 
 class AccountOps:

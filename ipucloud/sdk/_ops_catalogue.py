@@ -7,10 +7,7 @@ from typing import Any
 
 from ipucloud.sdk._core import Call, model, operation
 from ipucloud.sdk._ops_common import V1, _answer, _drop_none, job_spec
-from ipucloud.sdk.models import (
-    Catalogue,
-    Estimate,
-)
+from ipucloud.sdk.models import Catalogue, Estimate
 
 
 class CatalogueOps:

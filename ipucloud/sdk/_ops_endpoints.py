@@ -9,11 +9,7 @@ from ipucloud.sdk import inference
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated
 from ipucloud.sdk._ops_common import V1, _answer, _drop_none, _page, seg
 from ipucloud.sdk.inference import Inference
-from ipucloud.sdk.models import (
-    Endpoint,
-    EndpointMetrics,
-    Page,
-)
+from ipucloud.sdk.models import Endpoint, EndpointMetrics, Page
 
 
 class EndpointOps:

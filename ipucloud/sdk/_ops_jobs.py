@@ -8,14 +8,7 @@ from typing import Any
 
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated
 from ipucloud.sdk._ops_common import V1, _answer, _drop_none, _page, job_spec, seg
-from ipucloud.sdk.models import (
-    Array,
-    ArrayAction,
-    Job,
-    LogEntry,
-    Logs,
-    Page,
-)
+from ipucloud.sdk.models import Array, ArrayAction, Job, LogEntry, Logs, Page
 
 
 class JobOps:

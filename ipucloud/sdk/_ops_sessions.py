@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from ipucloud.sdk._core import Call, Pager, model, operation, paginated
 from ipucloud.sdk._ops_common import V1, _drop_none, _page, seg
-from ipucloud.sdk.models import (
-    Page,
-    Session,
-)
+from ipucloud.sdk.models import Page, Session
 
 
 class SessionOps:
