@@ -8,13 +8,12 @@ import pydoc
 
 import ipucloud
 from ipucloud.sdk._api import Operations
-from ipucloud.sdk._webhooks import WebhookOperations
 
 
 def methods() -> list[str]:
     return [
         name
-        for ops in (Operations, WebhookOperations)
+        for ops in Operations.__mro__  # one class per area (`_ops_*.py`, `_webhooks.py`)
         for name, value in vars(ops).items()
         if not name.startswith("_") and hasattr(value, "build")
     ]
