@@ -45,13 +45,19 @@ def test_a_missed_idle_warning_is_given_its_time_before_the_session_is_culled(db
     result = sweep(db, late)
     assert result.ended == [] and result.warned == [sid]
     with db.read() as s:
-        warnings = [
-            e.data
+        events = [
+            e
             for e in s.query(JobEvent).filter(JobEvent.job_id == s.get(IpuSession, sid).job_id)
             if e.kind == "warning"
         ]
+        warnings = [e.data for e in events]
+        texts = [e.message for e in events]
     assert [w["warning"] for w in warnings] == ["idle_timeout"]
     assert warnings[0]["ends_in_s"] == WARNING_S
+    # The figure a person reads names its clock (#33): cluster seconds, as the session is billed.
+    assert texts == [
+        f"session ends in {WARNING_S:.0f} s of cluster time (idle timeout); submit a job to keep it"
+    ]
     # Warned once; still held until the warning's time is up, then culled for idling.
     assert sweep(db, late + timedelta(seconds=WARNING_S - 1)).ended == []
     assert sweep(db, late + timedelta(seconds=WARNING_S)).ended == [(sid, sessions.IDLE_TIMEOUT)]

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from scheduler import mail as mail_wire
 from scheduler.errors import InvalidRequest
 from scheduler.models import ApiKey, AttemptState, Job, Member, Tenant, utcnow
-from scheduler.notify_models import ClaimLink, MailMessage
+from scheduler.notify_models import ClaimLink, Event, MailMessage
 from scheduler.services.tenancy import mail, thresholds
 from tests.support import services
 from tests.support.smtp import Inbox, send_due_mail, smtp_server
@@ -480,3 +480,20 @@ def test_a_composed_message_has_text_html_and_no_injected_header() -> None:
         mail_wire.compose(
             mail_wire.Outgoing(**{**out.__dict__, "subject": "x\nBcc: b@example.org"}), sender="c@example.org"
         )
+
+
+def test_a_session_ending_soon_mail_names_the_clock_of_each_figure() -> None:
+    """`ends_in_s` counts cluster seconds and `ends_at` is a wall instant: the mail says so (#33)."""
+    ev = Event(
+        type="session.ending_soon",
+        data={
+            "id": "ses_1",
+            "reason": "idle_timeout",
+            "ends_in_s": 120.0,
+            "ends_at": "2026-12-07T13:00:00+00:00",
+        },
+    )
+    body = mail._body(ev, "https://cloud.example")
+    assert body is not None
+    assert body.subject == "Session ses_1 ends in 120 s of cluster time"
+    assert "2026-12-07T13:00:00+00:00 (wall clock; idle_timeout)" in body.paragraphs[0]

@@ -126,7 +126,7 @@ def _warn(
         session,
         row.job_id,
         "warning",
-        f"session ends in {left:.0f} s ({why})"
+        f"session ends in {left:.0f} s of {clock.name} ({why})"
         + ("; submit a job to keep it" if reason == IDLE_TIMEOUT else ""),
         data={"warning": reason, "ends_in_s": round(left, 3), "ends_at": deadline.isoformat()},
         at=now,

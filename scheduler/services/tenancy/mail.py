@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler import mail as mail_wire
-from scheduler.clock import Clock
+from scheduler.clock import CLUSTER, WALL, Clock
 from scheduler.db import changed
 from scheduler.errors import Forbidden, InvalidRequest, NotFound
 from scheduler.models import IpuSession, Job, Member, utcnow
@@ -430,9 +430,10 @@ def _body(ev: Event, link_base: str) -> Body | None:
         )
     if ev.type == "session.ending_soon":
         return Body(
-            f"Session {d.get('id')} ends in {float(d.get('ends_in_s', 0)):.0f} s",
+            # `ends_in_s` counts cluster seconds (what the session is billed in); `ends_at` is a wall instant.
+            f"Session {d.get('id')} ends in {float(d.get('ends_in_s', 0)):.0f} s of {CLUSTER}",
             [
-                f"Your session {d.get('id')} will be ended at {d.get('ends_at')} ({d.get('reason')})."
+                f"Your session {d.get('id')} will be ended at {d.get('ends_at')} ({WALL}; {d.get('reason')})."
                 + (" Submit a job to it to keep it." if d.get("reason") == "idle_timeout" else "")
             ],
             ("The session", f"{link_base}/sessions/{d.get('id')}"),
