@@ -157,9 +157,11 @@ def test_lost_attempts_requeue_until_the_retry_limit_then_the_job_fails_unbilled
     for n in range(1, loop.settings.max_attempts + 1):
         attempt = place(db, loop, job_id)
         assert attempt.number == n
-        lease, _ = take(db, attempt, lease_s=0.2, worker=f"crashy-{n}")
+        # Leases of a second, not a fifth: the take and the bill must land before it lapses, also on
+        # a loaded machine (see test_metrics_report_the_cluster_from_the_database).
+        lease, _ = take(db, attempt, lease_s=1.0, worker=f"crashy-{n}")
         agentkit.bill(db, attempt.id, 1, 7, agent=lease)
-        time.sleep(0.3)
+        time.sleep(1.2)
         assert loop.reconcile().count("lease_expired") == 1
         with db.read() as s:
             t = s.get(Tenant, tenant)
@@ -300,8 +302,8 @@ def test_a_cancel_that_raced_a_lost_lease_is_completed(db: Any, tenant: str) -> 
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
-    take(db, attempt, lease_s=0.2)
-    time.sleep(0.3)
+    take(db, attempt, lease_s=1.0)  # outlives the take on a loaded machine, then lapses
+    time.sleep(1.2)
     # What an older cancel left when the agent's lapse requeued the job under it: queued with a
     # cancel requested (a job with a cancel requested is never placed again).
     with db.write() as s:
@@ -340,8 +342,10 @@ def test_metrics_report_the_cluster_from_the_database(db: Any, tenant: str, clie
     loop = leader_loop(db)
     job_id = submit(db, tenant)
     attempt = place(db, loop, job_id)
-    take(db, attempt, lease_s=0.2)
-    time.sleep(0.3)
+    # A lease long enough to outlive the take itself on a loaded machine (0.2 s lapsed between the
+    # agent's registration and its take once, in CI's PostgreSQL pass), then let it lapse.
+    take(db, attempt, lease_s=1.0)
+    time.sleep(1.2)
     body = client.get("/metrics").text
     assert "ipucloud_cluster_scrape_ok 1.0" in body
     assert "ipucloud_cluster_leases_overdue 1.0" in body
