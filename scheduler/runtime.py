@@ -135,7 +135,7 @@ class Runtime:
             if self._allocators is None:
                 from scheduler.services.capacity.fleet import Allocators
 
-                self._allocators = Allocators()
+                self._allocators = Allocators(self.clock)
             return self._allocators
 
     def close(self) -> None:

@@ -55,6 +55,8 @@ def test_the_runtime_owns_the_clock_its_settings_describe(db: Any) -> None:
         # built without one, they take the one their settings describe.
         assert SchedulerLoop(settings=settings, db=rt.db, clock=rt.clock).cluster_clock is rt.clock
         assert SchedulerLoop(settings=settings, db=rt.db).cluster_clock == rt.clock
+        # The admin partition verbs place with the same time hints as the scheduler's pass.
+        assert rt.allocators.sync("default").clock is rt.clock
     finally:
         rt.close()
 

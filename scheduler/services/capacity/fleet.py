@@ -428,17 +428,19 @@ class AllocatorSync:
 class Allocators:
     """The admin partition verbs' allocators (one per placement policy), kept in step with the
     database incrementally (`AllocatorSync`). `lock` serialises their use: an allocator is not
-    thread-safe, and the API serves admin requests from a thread pool."""
+    thread-safe, and the API serves admin requests from a thread pool. `clock` is the runtime's,
+    so their time hints are the scheduler's (a hint at another scale places differently)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = UNSCALED) -> None:
         self.lock = threading.Lock()
+        self.clock = clock
         self._syncs: dict[str, AllocatorSync] = {}
 
     def sync(self, policy: str) -> AllocatorSync:
         """The sync for `policy` (call with `lock` held)."""
         sync = self._syncs.get(policy)
         if sync is None:
-            sync = self._syncs[policy] = AllocatorSync(policy)
+            sync = self._syncs[policy] = AllocatorSync(policy, clock=self.clock)
         return sync
 
 
