@@ -129,13 +129,10 @@ def test_a_load_step_seen_in_the_backlog_asks_for_what_it_needs_though_the_arriv
     assert state.desired == 5, why
     assert why is not None and "a backlog of 950 in 2 s" in why and "1 -> 5" in why
     # The arrivals alone when they ask more (the backlog then adds nothing), and with no backlog.
-    state, _ = decide_scale(
-        policy, ScaleState(desired=1, above_since=at(0)), replace(step, arrival_rps=700.0), serving=1, now=at(2)
-    )
+    above = ScaleState(desired=1, above_since=at(0))
+    state, _ = decide_scale(policy, above, replace(step, arrival_rps=700.0), serving=1, now=at(2))
     assert state.desired == 6
-    state, _ = decide_scale(
-        policy, ScaleState(desired=1, above_since=at(0)), replace(step, queued=0), serving=1, now=at(2)
-    )
+    state, _ = decide_scale(policy, above, replace(step, queued=0), serving=1, now=at(2))
     assert state.desired == 3
     # A backlog read in the same pass that first saw the delay above target counts over a second, not
     # over nothing.
