@@ -629,6 +629,7 @@ class FastInfer:
         self.app = app
         self.owner = owner
         self._secret_of: tuple[Any, bytes] | None = None
+        self._refreshing: set[str] = set()
 
     def _secret(self, runtime: Runtime) -> bytes:
         # Settings.secret() reads a pydantic private attribute (a __getattr__ call each time).
@@ -636,6 +637,15 @@ class FastInfer:
         if self._secret_of is None or self._secret_of[0] is not settings:
             self._secret_of = (settings, settings.secret())
         return self._secret_of[1]
+
+    def _refresh(self, runtime: Runtime, key: str) -> None:
+        """Check a key in use against the database before its cache entry expires (off the loop, one
+        check a key at a time), so that its requests stay on this path."""
+        if key in self._refreshing:
+            return
+        self._refreshing.add(key)
+        job = asyncio.get_running_loop().run_in_executor(None, _reverify, runtime, self._secret(runtime), key)
+        job.add_done_callback(lambda _: self._refreshing.discard(key))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -658,6 +668,8 @@ class FastInfer:
                     principal = keys.cached_principal(secret=self._secret(runtime), key=key.strip())
                 except Exception:
                     principal = None
+                if principal is not None and keys.refresh_due(key.strip()):
+                    self._refresh(runtime, key.strip())
         if (
             runtime is None
             or principal is None
@@ -704,6 +716,20 @@ class FastInfer:
         template = _VERSION_TEMPLATE if m.group(3) else _INFER_TEMPLATE
         _metric(LATENCY, template).observe(time.perf_counter() - started)
         _metric(REQUESTS, template, str(reply.status)).inc()
+
+
+def _reverify(runtime: Runtime, secret: bytes, key: str) -> None:
+    try:
+        with runtime.db.read() as s:
+            keys.reverify(session=s, secret=secret, key=key)
+        principal = keys.cached_principal(secret=secret, key=key)
+        # The whole stack touches a key's last use once a minute; a key only ever on this path is
+        # touched here instead.
+        if principal is not None and principal.key_id in keys.stale_last_use:
+            with runtime.db.write() as s:
+                keys.touch_last_used(session=s, key_id=principal.key_id)
+    except Exception as exc:  # the entry then expires and the next request takes the whole stack
+        log.warning("inference: a cached key could not be checked again: %s", type(exc).__name__)
 
 
 _METRICS: dict[tuple[Any, ...], Any] = {}

@@ -141,6 +141,71 @@ def test_answers_carry_the_plans_latency_and_the_graphs_outputs(
     assert other.json()["outputs"][0]["data"] != out["data"]
 
 
+def test_a_key_in_steady_use_is_checked_again_before_its_cached_entry_expires(
+    client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path serves only keys verified moments ago (a 2 s cache); an entry that expired sent its
+    next request through FastAPI's whole stack and a database read, every two seconds in every API
+    process: a stall in the endpoint's p99 at one connection. A key in the second half of its entry's
+    life is checked again off the loop, so its requests never find it expired; a key revoked meanwhile
+    (by another process: this one has not dropped it) is dropped by that check."""
+    from sqlalchemy import update
+
+    from scheduler.model_base import utcnow
+    from scheduler.models import ApiKey
+    from scheduler.services.tenancy import keys
+
+    tenant_id, key = tenant
+    plan = _plan()
+    inference.publish_route(scaled.redis, _route(plan, tenant_id, max_wait_ms=0.0))
+    host.add(
+        attempt_id=9, endpoint_id=ENDPOINT, plan=plan, cluster_clock=Clock(TIME_SCALE), ready_at=time.time()
+    )
+    auth = {"Authorization": f"Bearer {key}"}
+    deadline = time.time() + 10
+    while client.get(f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready", headers=auth).status_code != 200:
+        assert time.time() < deadline, "the replica never became ready"
+        time.sleep(0.05)
+    skew = [0.0]
+    monkeypatch.setattr(keys.key_cache, "clock", lambda: time.monotonic() + skew[0])
+    lookup = keys.parse_key(key)
+    assert _infer(client, key, [_image(1)]).status_code == 200  # cached now, on the skewed clock
+    first = keys.key_cache._entries[lookup][0]
+    app = client.app
+    stack = app.middleware_stack or app.build_middleware_stack()
+    entered: list[str] = []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        entered.append(scope.get("path", ""))
+        await stack(scope, receive, send)
+
+    app.middleware_stack = counting
+
+    def renewed_after(before: float) -> float:
+        until = time.time() + 10
+        while keys.key_cache._entries.get(lookup, (before,))[0] <= before:
+            assert time.time() < until, "the key was not checked again"
+            time.sleep(0.01)
+        return keys.key_cache._entries[lookup][0]
+
+    skew[0] += 0.6 * keys.key_cache.ttl
+    assert _infer(client, key, [_image(1)]).status_code == 200
+    renewed_after(first)
+    skew[0] += 0.6 * keys.key_cache.ttl  # past the first entry's deadline
+    assert _infer(client, key, [_image(1)]).status_code == 200
+    assert entered == [], "a key in steady use found its entry expired"
+
+    with scaled.db.write() as s:
+        s.execute(update(ApiKey).where(ApiKey.lookup == lookup).values(revoked_at=utcnow()))
+    skew[0] += 0.6 * keys.key_cache.ttl
+    assert _infer(client, key, [_image(1)]).status_code == 200  # the entry is live: served, then checked
+    until = time.time() + 10
+    while lookup in keys.key_cache._entries:
+        assert time.time() < until, "the revoked key stayed cached"
+        time.sleep(0.01)
+    assert _infer(client, key, [_image(1)]).status_code == 401
+
+
 def test_the_fast_path_answers_before_fastapis_stack_runs(
     client: Any, tenant: tuple[str, str], host: ServingHost, scaled: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -115,6 +115,30 @@ def test_a_load_step_asks_at_once_for_the_replicas_the_arriving_load_needs() -> 
     blind = ScalePolicy(**{**policy.__dict__, "capacity_rps": None})
     state, _ = decide_scale(blind, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
     assert state.desired == 2
+
+
+def test_a_load_step_seen_in_the_backlog_asks_for_what_it_needs_though_the_arrivals_lag() -> None:
+    # The benchmark's step again, decided two seconds after it began: the last three whole seconds of
+    # arrivals still hold a second of the old 10 requests/s (337/s: 3 replicas), but behind the backlog
+    # the one replica runs flat out and 950 requests piled up in two seconds: 120 + 475 arrive a second.
+    policy = ScalePolicy(
+        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0}
+    )
+    step = Window(requests=1300, answered=600, rps=10.0, queue_delay_ms=400.0, queued=950, arrival_rps=337.0)
+    state, why = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
+    assert state.desired == 5, why
+    assert why is not None and "a backlog of 950 in 2 s" in why and "1 -> 5" in why
+    # The arrivals alone when they ask more (the backlog then adds nothing), and with no backlog.
+    above = ScaleState(desired=1, above_since=at(0))
+    state, _ = decide_scale(policy, above, replace(step, arrival_rps=700.0), serving=1, now=at(2))
+    assert state.desired == 6
+    state, _ = decide_scale(policy, above, replace(step, queued=0), serving=1, now=at(2))
+    assert state.desired == 3
+    # A backlog read in the same pass that first saw the delay above target counts over a second, not
+    # over nothing.
+    quick = ScalePolicy(**{**policy.__dict__, "scale_up_delay_s": 0})
+    state, _ = decide_scale(quick, ScaleState(desired=1), replace(step, queued=100), serving=1, now=at(2))
+    assert state.desired == 3  # 120 + 100 a second need 2; the arrivals (337/s) need 3
 
 
 def test_replicas_needed_is_the_ceiling_of_load_over_a_replicas_throughput() -> None:

@@ -183,3 +183,24 @@ def test_a_lone_request_costs_the_replica_one_move_and_one_answer(runtime: Any) 
     finally:
         host.close()
     assert takes == 0
+
+
+def test_what_the_agent_built_before_its_first_replica_is_walked_by_no_collection(runtime: Any) -> None:
+    """A host agent's process holds everything it built before serving (Celery, SQLAlchemy, the
+    catalogue, the plan) for as long as it lives; a full collection walked all of it while every
+    replica's loop stood still (160-480 ms on a loaded 2-core machine: the endpoint's p99 at 16
+    connections in benchmarks/endpoints.py). A serving host freezes it when it starts."""
+    import gc
+
+    from workers.serving import ServingHost
+
+    gc.unfreeze()
+    built_before = [{"n": i} for i in range(1000)]
+    assert any(o is built_before for o in gc.get_objects())
+    host = ServingHost(runtime.settings.broker_url)
+    host.start()
+    try:
+        assert not any(o is built_before for o in gc.get_objects()), "a full collection would walk it"
+        assert gc.get_freeze_count() >= len(built_before)
+    finally:
+        host.close()
