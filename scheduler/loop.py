@@ -120,6 +120,11 @@ class SchedulerLoop:
     # Cluster time against the wall clock: the runtime's (`ipucloud scheduler` passes `rt.clock`);
     # by default the one `settings` describe, for loops built without a runtime (tests, tools).
     clock: Clock | None = None
+    # Freeze the heap after the first iteration (`ipucloud scheduler` sets it): what the process has
+    # built by then (SQLAlchemy's metadata, the policy's modules, the catalogue) lives as long as it,
+    # and each full collection walked all of it, 270-630 ms of a core on a loaded 2-core machine that
+    # the replicas and the API beside it were waiting for (benchmarks/endpoints.py).
+    freeze_heap: bool = False
     # The scheduling pass's memory between passes (see schedule_pass): the explanation stored for
     # each queued job, and the queued jobs already shown to the placement policy's demand model.
     _waits: dict[str, Mapping[str, Any] | None] | None = None
@@ -584,6 +589,10 @@ class SchedulerLoop:
                 log.exception("scheduler iteration failed; retrying")
                 time.sleep(min(1.0, self.settings.scheduler_tick_s))
             ended = time.monotonic()
+            if self.freeze_heap:
+                self.freeze_heap = False
+                gc.collect()
+                gc.freeze()
             self.submitted = False
             if not self.more and not self._wait(pubsub):
                 pubsub = None

@@ -300,7 +300,9 @@ def scheduler() -> None:
     # The replica's runtime: its services publish their after-commit hints on it.
     rt = runtime.Runtime.from_settings(settings, idle_tx_timeout_s=max(60.0, settings.db_idle_tx_timeout_s))
     runtime.install(rt)
-    loop = SchedulerLoop(settings=settings, db=rt.db, redis_client=rt.redis_client(), clock=rt.clock)
+    loop = SchedulerLoop(
+        settings=settings, db=rt.db, redis_client=rt.redis_client(), clock=rt.clock, freeze_heap=True
+    )
 
     def _stop(signum: int, _frame: object) -> None:
         logging.getLogger("ipucloud.scheduler").info("signal %d: stepping down", signum)
