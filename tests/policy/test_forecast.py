@@ -139,7 +139,9 @@ def test_work_the_replay_starts_preemptible_stays_preemptible_and_requeues_in_it
         "arr": HeldArray(cap=1, members=frozenset({"el_0"}), waiting=(QueuedJob("el_1", "u", 64, 0.0, 50.0),))
     }
     queued = [QueuedJob("job_p", "t", 32, 0.0, 1000.0, preemptible=True)]
-    snapshot = Snapshot(now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc, held=held)
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc, held=held
+    )
     assert forecast(snapshot, "default") == {"job_p": 10.0, "el_1": 130.0}
     target = QueuedJob("job_a", "t", 64, 10.0, 2000.0, preemptible=True)
     assert forecast(snapshot, "default", target=target) == {"job_p": 10.0, "el_1": 130.0, "job_a": 1090.0}
