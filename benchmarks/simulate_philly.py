@@ -75,8 +75,8 @@ ESTIMATE_ROWS = (
     ("est. jobs asked", "estimated_jobs"),
     # Shown when preemptible work waited (Gaia's best-effort queue): a preemptible job's start also
     # waits for non-preemptible work submitted after it, which its forecast cannot know.
-    ("est. err, not preem.", "median_abs_error_share_not_preemptible"),
-    ("est. err, preemptible", "median_abs_error_share_preemptible"),
+    ("est. err, others", "median_abs_error_share_not_preemptible"),
+    ("est. err, preempt.", "median_abs_error_share_preemptible"),
 )
 
 
