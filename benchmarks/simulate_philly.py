@@ -73,6 +73,10 @@ ESTIMATE_ROWS = (
     ("est. within 25%", "within_25pct"),
     ("est. at once, <60 s", "immediate_under_60s"),
     ("est. jobs asked", "estimated_jobs"),
+    # Shown when preemptible work waited (Gaia's best-effort queue): a preemptible job's start also
+    # waits for non-preemptible work submitted after it, which its forecast cannot know.
+    ("est. err, others", "median_abs_error_share_not_preemptible"),
+    ("est. err, preempt.", "median_abs_error_share_preemptible"),
 )
 
 

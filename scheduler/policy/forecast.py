@@ -185,6 +185,7 @@ def _replay(
             preemptible=held.preemptible,
         )
     starving = _starving(queued, config, now)
+    origin: dict[str, QueuedJob] = {}  # the jobs the replay started, as they were queued
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
@@ -221,14 +222,16 @@ def _replay(
                 now,
                 now + job.predicted_runtime_s,
                 job.priority,
+                preemptible=job.preemptible,
             )
             running[job.id] = started
+            origin[job.id] = job
             table.add(placement.partition_id, placement, started)
             # The policy plans with its prediction; the replay frees it when it (is drawn to) end.
             freed = started.expected_end if draw is None else now + job.predicted_runtime_s * draw.factor()
             heapq.heappush(ends, (freed, job.id))
             release[job.id] = freed
-            starts[job.id] = now
+            starts.setdefault(job.id, now)  # a job preempted in the replay and restarted: its first start
             _count(tenants, job, +1)
         if target is not None and target.id in starts:
             break
@@ -248,14 +251,19 @@ def _replay(
             heapq.heappush(ends, (warned_until, victim.id))
             release[victim.id] = warned_until
             left = max(1.0, victim.expected_end - now)
-            stopping[victim.id] = QueuedJob(
-                victim.id,
-                victim.tenant_id,
-                victim.size,
-                victim.started_at,
-                left,
-                victim.priority,
-                preemptible=victim.preemptible,
+            queued_as = origin.get(victim.id)
+            stopping[victim.id] = (
+                QueuedJob(
+                    victim.id,
+                    victim.tenant_id,
+                    victim.size,
+                    victim.started_at,
+                    left,
+                    victim.priority,
+                    preemptible=victim.preemptible,
+                )
+                if queued_as is None
+                else dataclasses.replace(queued_as, predicted_runtime_s=left, priority=victim.priority)
             )
         # Nothing more starts now: move to the next predicted end and free what it frees.
         while ends and release.get(ends[0][1]) != ends[0][0]:

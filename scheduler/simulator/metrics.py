@@ -167,11 +167,17 @@ def estimate_error(result: SimResult) -> dict[str, Any]:
     For jobs that waited (actual wait > ``IMMEDIATE_S``): the median absolute error as a share of
     the actual wait, and the share of them estimated within 25% of it. For jobs that started at once:
     the share estimated to wait under ``PROMPT_S``. A job the forecast gave no start (inf) counts as
-    an error of 100% or more. Empty when nothing was estimated."""
+    an error of 100% or more. Empty when nothing was estimated.
+
+    With preemptible work among the waited jobs, the median is also given for each side: a
+    preemptible job waits for non-preemptible work submitted after it too, which no forecast made
+    at its submission can know (docs/scheduling.md, "Gaia's estimate")."""
     waited: list[float] = []
+    sides: dict[bool, list[float]] = {True: [], False: []}
+    flags = result.preemptible
     absolute: list[float] = []
     immediate = prompt = missing = 0
-    for job, o in zip(result.jobs, result.outcomes, strict=True):
+    for index, (job, o) in enumerate(zip(result.jobs, result.outcomes, strict=True)):
         if math.isnan(o.estimated_start_s):
             continue
         if math.isinf(o.estimated_start_s):
@@ -187,10 +193,17 @@ def estimate_error(result: SimResult) -> dict[str, Any]:
             prompt += guess < PROMPT_S
         else:
             waited.append(abs(guess - wait) / wait)
+            sides[bool(flags) and flags[index]].append(waited[-1])
     if not absolute:
         return {}
     waited.sort()
     absolute.sort()
+    split: dict[str, Any] = {}
+    if sides[True]:
+        for preemptible, name in ((True, "preemptible"), (False, "not_preemptible")):
+            errors = sorted(sides[preemptible])
+            split[f"waited_jobs_{name}"] = len(errors)
+            split[f"median_abs_error_share_{name}"] = _r(percentile(errors, 0.5), 4)
     return {
         "estimated_jobs": len(absolute),
         "no_forecast": missing,
@@ -200,6 +213,7 @@ def estimate_error(result: SimResult) -> dict[str, Any]:
         "within_25pct": _r(sum(1 for e in waited if e <= 0.25) / len(waited), 4) if waited else math.nan,
         "immediate_jobs": immediate,
         "immediate_under_60s": _r(prompt / immediate, 4) if immediate else math.nan,
+        **split,
     }
 
 

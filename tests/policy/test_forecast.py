@@ -123,3 +123,25 @@ def test_a_job_starved_while_the_forecast_runs_is_lifted_to_the_top_as_the_polic
     assert less.priority > wide.priority
     snapshot = Snapshot(now=10.0, queue=JobQueue([wide, less]), running=running, tenants={}, allocator=alloc)
     assert forecast(snapshot, config) == {"job_w": 10_000.0, "job_l": 10_010.0}
+
+
+def test_work_the_replay_starts_preemptible_stays_preemptible_and_requeues_in_its_place() -> None:
+    """Preemptible P (tenant t, 32 IPUs, 1,000 s, submitted at 0) starts at once in the other half of
+    the POD64. At 100 s an array's running element ends and its held 64-IPU element E joins the
+    queue: P is stopped for it as the live pass would stop it (warned until 130 s), not kept running
+    to its end at 1,010 s as if it were not preemptible. P goes back to the queue as submitted at 0,
+    ahead of its tenant's newer job A (asked about at 10 s, 64 IPUs), so A starts once P's restart
+    (910 s left) ends, at 1,090 s; a job the replay restarts keeps its first forecast start."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_0", 32) is not None
+    running = [RunningJob("el_0", "u", 32, "p_0", 0.0, 100.0)]
+    held = {
+        "arr": HeldArray(cap=1, members=frozenset({"el_0"}), waiting=(QueuedJob("el_1", "u", 64, 0.0, 50.0),))
+    }
+    queued = [QueuedJob("job_p", "t", 32, 0.0, 1000.0, preemptible=True)]
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue(queued), running=running, tenants={}, allocator=alloc, held=held
+    )
+    assert forecast(snapshot, "default") == {"job_p": 10.0, "el_1": 130.0}
+    target = QueuedJob("job_a", "t", 64, 10.0, 2000.0, preemptible=True)
+    assert forecast(snapshot, "default", target=target) == {"job_p": 10.0, "el_1": 130.0, "job_a": 1090.0}

@@ -105,3 +105,30 @@ def test_a_running_jobs_new_class_keeps_every_other_field() -> None:
         values[f.name] = f"{f.name}-1" if kind == "x" else kind
     job = RunningJob(**values)  # type: ignore[arg-type]
     assert _with_priority(job, -7) == dataclasses.replace(job, priority=-7)
+
+
+def test_the_error_of_preemptible_and_other_jobs_is_also_given_apart() -> None:
+    """P, preemptible, is asked at 10 s and told 1,000 s (when the POD64 frees); N, not preemptible
+    and submitted after it, goes first then, as the pass lets non-preemptible work lead, so P starts
+    at 1,100 s: a forecast at P's submission could not know of N. N's own estimate is exact."""
+    jobs = [job(0, 0, 64, 1000), job(1, 10, 64, 100), job(2, 20, 64, 100)]
+    result = Simulation(
+        jobs,
+        get_policy("default"),
+        [j.duration_s for j in jobs],
+        pods=1,
+        estimate_every=1,
+        preemptible=[False, True, False],
+    ).run()
+    assert [o.first_start_s for o in result.outcomes] == [0, 1100, 1000]
+    assert [o.estimated_start_s for o in result.outcomes] == [0, 1000, 1000]
+    errors = report({"default": result})["default"]["estimate_error"]
+    assert errors["waited_jobs"] == 2
+    assert errors["waited_jobs_preemptible"] == 1 and errors["waited_jobs_not_preemptible"] == 1
+    assert errors["median_abs_error_share_preemptible"] == round(100 / 1090, 4)
+    assert errors["median_abs_error_share_not_preemptible"] == 0
+    # Without preemptible work the answer keeps its shape.
+    plain = Simulation(
+        jobs, get_policy("default"), [j.duration_s for j in jobs], pods=1, estimate_every=1
+    ).run()
+    assert "waited_jobs_preemptible" not in report({"default": plain})["default"]["estimate_error"]
