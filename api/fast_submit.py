@@ -27,8 +27,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import inference
-from api.metrics import LATENCY, REQUESTS
+from api.metrics import LATENCY, REQUESTS, post_metric
 from api.ratelimit import check_rate_async
 from api.views import render_submitted
 from scheduler.jobspec import JobSpec
@@ -133,8 +132,8 @@ class FastSubmit:
             raw = [*raw, (b"x-content-type-options", b"nosniff")]
         await send({"type": "http.response.start", "status": response.status_code, "headers": raw})
         await send({"type": "http.response.body", "body": response.body})
-        inference._metric(LATENCY, PATH).observe(time.perf_counter() - started)
-        inference._metric(REQUESTS, PATH, str(response.status_code)).inc()
+        post_metric(LATENCY, PATH).observe(time.perf_counter() - started)
+        post_metric(REQUESTS, PATH, str(response.status_code)).inc()
 
     async def _handled(self, scope: Any, exc: Exception) -> Response:
         """The answer the app's exception handlers give `exc` (api/problems.py), found as Starlette finds
