@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import apidocs, dashboard, problems
+from api.fast_submit import FastSubmit
 from api.inference import FastInfer
 from api.metrics import LATENCY, REQUESTS
 from api.middleware import BodyLimit, RefuseControlCharacters
@@ -84,7 +85,8 @@ class Observe:
 
 
 class App(FastAPI):
-    """FastAPI with the v2 infer fast path (``FastInfer``) in front of all of it.
+    """FastAPI with the fast paths of a job's submission (``FastSubmit``) and of a v2 infer call
+    (``FastInfer``) in front of all of it.
 
     Added with ``add_middleware``, the fast path sat inside FastAPI's own outer layers
     (``ServerErrorMiddleware``, its telemetry and body-limit layers) and behind its ``__call__``: 40% of
@@ -95,10 +97,14 @@ class App(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fast_infer = FastInfer(super().__call__, self)
+        self.fast_submit = FastSubmit(super().__call__, self)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self.fast_infer(scope, receive, send)
+            if scope["method"] == "POST" and scope["path"] == "/api/v1/jobs":
+                await self.fast_submit(scope, receive, send)
+            else:
+                await self.fast_infer(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 

@@ -35,7 +35,7 @@ import orjson
 from redis.asyncio import Redis as AsyncRedis
 from starlette.responses import Response
 
-from api.metrics import LATENCY, REQUESTS
+from api.metrics import LATENCY, REQUESTS, post_metric
 from api.problems import problem
 from scheduler import inference
 from scheduler.inference import Answer, Envelope, Route
@@ -714,8 +714,8 @@ class FastInfer:
         await send({"type": "http.response.start", "status": reply.status, "headers": raw})
         await send({"type": "http.response.body", "body": reply.body})
         template = _VERSION_TEMPLATE if m.group(3) else _INFER_TEMPLATE
-        _metric(LATENCY, template).observe(time.perf_counter() - started)
-        _metric(REQUESTS, template, str(reply.status)).inc()
+        post_metric(LATENCY, template).observe(time.perf_counter() - started)
+        post_metric(REQUESTS, template, str(reply.status)).inc()
 
 
 def _reverify(runtime: Runtime, secret: bytes, key: str) -> None:
@@ -730,17 +730,6 @@ def _reverify(runtime: Runtime, secret: bytes, key: str) -> None:
                 keys.touch_last_used(session=s, key_id=principal.key_id)
     except Exception as exc:  # the entry then expires and the next request takes the whole stack
         log.warning("inference: a cached key could not be checked again: %s", type(exc).__name__)
-
-
-_METRICS: dict[tuple[Any, ...], Any] = {}
-
-
-def _metric(family: Any, *labels: str) -> Any:
-    """The family's child for these labels: ``labels()`` takes a lock and builds its key on every call."""
-    child = _METRICS.get((family, *labels))
-    if child is None:
-        child = _METRICS[(family, *labels)] = family.labels("POST", *labels)
-    return child
 
 
 def _refusal(resp: Response) -> Reply:

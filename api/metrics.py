@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -32,6 +33,18 @@ LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+
+
+_CHILDREN: dict[tuple[Any, ...], Any] = {}
+
+
+def post_metric(family: Any, *labels: str) -> Any:
+    """The family's child for a POST with these labels, kept: ``labels()`` takes a lock and builds its key
+    on every call (the fast paths, api/inference.py and api/fast_submit.py, count every request)."""
+    child = _CHILDREN.get((family, *labels))
+    if child is None:
+        child = _CHILDREN[(family, *labels)] = family.labels("POST", *labels)
+    return child
 
 
 class ClusterCollector(Collector):

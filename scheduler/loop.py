@@ -98,6 +98,8 @@ class SchedulerLoop:
     celery: Celery | None = None
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     fence_token: Fence | None = None
+    # When the last `lead()` that found this replica leading began (monotonic): see `_lease_fresh`.
+    led_at: float = -math.inf
     sync: fleet.AllocatorSync | None = None
     last_reconcile: float = 0.0
     last_sweep: float = 0.0
@@ -159,6 +161,7 @@ class SchedulerLoop:
     # Leadership -----------------------------------------------------------------------------
 
     def lead(self) -> bool:
+        began = time.monotonic()
         with self.db.write() as s:
             fence = leader.try_acquire(session=s, holder=self.holder, ttl_s=self.settings.leader_lease_s)
         if fence is not None and (self.fence_token is None or fence.epoch != self.fence_token.epoch):
@@ -166,8 +169,19 @@ class SchedulerLoop:
             assert self.sync is not None
             self.sync.invalidate()
         self.fence_token = fence
+        self.led_at = began if fence is not None else -math.inf
         IS_LEADER.set(1 if fence else 0)
         return fence is not None
+
+    def _lease_fresh(self) -> bool:
+        """Whether this replica led a quarter of a lease ago or less, so an iteration may go without its
+        own `lead()` transaction. Every write of the iteration is fenced all the same (and each fence
+        renews the lease), so a replica whose lease was taken over finds out at its first write; what
+        the separate transaction cost was a commit on the path of every start (the iteration a
+        submission wakes), docs/performance.md."""
+        return (
+            self.fence_token is not None and time.monotonic() - self.led_at < self.settings.leader_lease_s / 4
+        )
 
     def _fence(self, session: Session) -> None:
         if self.fence_token is None:
@@ -193,11 +207,17 @@ class SchedulerLoop:
     def iterate(self) -> None:
         self.more = False
         self.read_queue = False
-        if not self.lead():
+        if not self._lease_fresh() and not self.lead():
             return
         try:
             now = time.monotonic()
-            if now - self.last_reconcile >= min(1.0, self.settings.scheduler_tick_s):
+            reconcile_due = now - self.last_reconcile >= min(1.0, self.settings.scheduler_tick_s)
+            # Woken by a submission, the pass and its dispatch come first and the repairs after them in
+            # this same iteration: the reconciler's transaction (and every few seconds its sweeps across
+            # all running work) sat before the pass on the path of one start in every few, which was the
+            # start latency's tail (docs/performance.md). What it frees is placed by the next pass.
+            reconcile_late = reconcile_due and self.submitted
+            if reconcile_due and not reconcile_late:
                 self.reconcile()
                 self.last_reconcile = now
             if now - self.last_prune >= PRUNE_EVERY_S:
@@ -219,9 +239,13 @@ class SchedulerLoop:
                     break
             else:
                 self.more = True
+            if reconcile_late:
+                self.reconcile()
+                self.last_reconcile = now
         except NotLeader as exc:
             log.warning("lost leadership mid-pass: %s", exc)
             self.fence_token = None
+            self.led_at = -math.inf
             IS_LEADER.set(0)
 
     # Scheduling ---------------------------------------------------------------------------------

@@ -123,3 +123,58 @@ def test_a_scheduler_process_freezes_its_heap_after_its_first_iteration(
         assert not loop.freeze_heap, "frozen once, not after every iteration"
     finally:
         gc.unfreeze()
+
+
+def _recording_loop(db: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[SchedulerLoop, list[str]]:
+    """A leading loop whose steps only record their order."""
+    loop = SchedulerLoop(settings=get_settings(), db=db, celery=FakeCelery())  # type: ignore[arg-type]
+    steps: list[str] = []
+    real_lead = loop.lead
+
+    def lead() -> bool:
+        steps.append("lead")
+        return real_lead()
+
+    monkeypatch.setattr(loop, "lead", lead)
+    for name in (
+        "reconcile",
+        "prune_checkpoints",
+        "sweep_sessions",
+        "serve_endpoints",
+        "resolve_dependencies",
+    ):
+        monkeypatch.setattr(loop, name, lambda name=name: steps.append(name))
+    monkeypatch.setattr(loop, "schedule_pass", lambda: steps.append("pass") or 0)
+    monkeypatch.setattr(loop, "dispatch", lambda: steps.append("dispatch") or 0)
+    return loop, steps
+
+
+def test_a_submissions_wake_up_places_and_dispatches_before_the_repairs(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop, steps = _recording_loop(db, monkeypatch)
+    loop.submitted = False
+    loop.iterate()
+    assert steps.index("reconcile") < steps.index("pass")
+    steps.clear()
+    loop.last_reconcile = float("-inf")  # due again
+    loop.submitted = True
+    loop.iterate()
+    assert steps.index("dispatch") < steps.index("reconcile"), steps
+    assert steps.count("reconcile") == 1
+
+
+def test_an_iteration_leads_again_only_once_a_quarter_of_the_lease_has_passed(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop, steps = _recording_loop(db, monkeypatch)
+    loop.iterate()
+    loop.iterate()
+    assert steps.count("lead") == 1 and steps.count("pass") == 2, steps
+    loop.led_at -= loop.settings.leader_lease_s / 4
+    loop.iterate()
+    assert steps.count("lead") == 2, steps
+    # A replica that lost its lease leads (or stands by) at its next iteration.
+    loop.fence_token = None
+    loop.iterate()
+    assert steps.count("lead") == 3, steps
