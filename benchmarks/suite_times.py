@@ -74,6 +74,9 @@ def main() -> None:
     if args.write_durations:
         per_test: dict[str, float] = defaultdict(float)
         for _at, _when, secs, _outcome, _worker, nodeid in rows:
+            # Without the `@group` xdist's loadgroup adds to a grouped test's id: conftest reads them before.
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                nodeid = nodeid[: nodeid.rfind("@")]
             per_test[nodeid] += float(secs)
         # Only what is worth ordering: conftest estimates the rest from their marks (below a second).
         kept = {n: round(s, 1) for n, s in sorted(per_test.items()) if s >= MIN_RECORDED_S}

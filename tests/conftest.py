@@ -51,6 +51,17 @@ def recorded_durations() -> dict[str, float]:
         return {}
 
 
+def in_group(item: pytest.Item, name: str) -> None:
+    """What pytest-xdist does under `--dist loadgroup` (it queues tests by the `@group` their ids end
+    with): its 3.8 sets `item._nodeid`, which pytest 9 no longer reads (an id is `item._id`), so every
+    test was queued alone, and the two schemathesis runs or a class's shared cloud went to two workers."""
+    from _pytest.nodeid import NodeId
+
+    if "@" in item.nodeid.rsplit("]", 1)[-1]:
+        return  # already named by xdist (pytest before 9)
+    item._id = NodeId.parse(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """For pytest-xdist (docs/architecture.md, "Tests"): a module whose tests share a fixture wider
@@ -58,6 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fixture is made once), and the work is ordered longest first, each group as a whole by the sum of
     its tests' recorded seconds."""
     groups: dict[str, list[pytest.Item]] = {}
+    named: list[tuple[pytest.Item, str]] = []
     for item in items:
         mark = item.get_closest_marker("xdist_group")
         info = getattr(item, "_fixtureinfo", None)
@@ -69,6 +81,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             mark = item.get_closest_marker("xdist_group")
         name = (mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
         groups.setdefault(str(name), []).append(item)
+        if mark is not None:
+            named.append((item, str(name)))
 
     recorded = recorded_durations()
 
@@ -79,6 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     ordered = sorted(groups.values(), key=lambda group: -sum(seconds(i) for i in group))  # stable
     items[:] = [item for group in ordered for item in group]
+    if getattr(config.option, "loadgroup", False):  # an xdist worker's collection
+        for item, name in named:
+            in_group(item, name)
 
 
 @pytest.fixture(scope="session")
