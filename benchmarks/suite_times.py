@@ -11,16 +11,23 @@ file `IPUCLOUD_SUITE_TIMES` names, as each ends: a run cut short still leaves wh
 pytest-xdist only the controller writes (with the worker's name). As a script it prints the files
 by their summed time, the slowest single phases, and each worker's busy time and span. The machine
 is shared: compare figures measured back to back, with the load average (`uptime`) beside them.
+
+`--write-durations tests/durations.json` also writes each test's seconds (setup, call and teardown
+summed) for the tests that took a second or more: tests/conftest.py queues the work longest first by
+that file, so refresh it from a whole pass-1 run when tests are added or get much slower or faster.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+MIN_RECORDED_S = 1.0
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -41,6 +48,7 @@ def main() -> None:
     )
     parser.add_argument("times", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--write-durations", type=Path, metavar="JSON")
     args = parser.parse_args()
     rows = [line.split("\t") for line in args.times.read_text().splitlines() if line.count("\t") == 5]
     by_file: dict[str, float] = defaultdict(float)
@@ -63,6 +71,17 @@ def main() -> None:
     for worker in sorted(busy):
         print(f"{busy[worker]:8.1f} {max(span[worker]) - min(span[worker]):8.1f}  {worker}")
     print(f"\nsum of all phases: {sum(by_file.values()):.0f} s over {len({r[5] for r in rows})} tests")
+    if args.write_durations:
+        per_test: dict[str, float] = defaultdict(float)
+        for _at, _when, secs, _outcome, _worker, nodeid in rows:
+            # Without the `@group` xdist's loadgroup adds to a grouped test's id: conftest reads them before.
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                nodeid = nodeid[: nodeid.rfind("@")]
+            per_test[nodeid] += float(secs)
+        # Only what is worth ordering: conftest estimates the rest from their marks (below a second).
+        kept = {n: round(s, 1) for n, s in sorted(per_test.items()) if s >= MIN_RECORDED_S}
+        args.write_durations.write_text(json.dumps(kept, indent=1) + "\n")
+        print(f"\n{len(kept)} tests of {MIN_RECORDED_S:.0f} s or more written to {args.write_durations}")
     print(
         f"reproduce: .venv/bin/python benchmarks/suite_times.py {args.times}"
         "  (recorded as the docstring of benchmarks/suite_times.py says)"

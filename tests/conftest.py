@@ -9,6 +9,7 @@ that needs a service it cannot reach fails instead of skipping.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import uuid
@@ -33,18 +34,42 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("IPUCLOUD_LOG_LEVEL", "WARNING")
 
 
-# How long a test takes, roughly, by its marks: bin/test's workers take the longest first, so
-# that no worker is left with a minute-long test when the others are done.
-COST = {"slow": 3, "e2e": 2, "browser": 2, "faults": 2}
+# Each test's seconds in a whole pass-1 run (those of a second or more), written by
+# benchmarks/suite_times.py: the workers take the longest work first, so that the slowest tests do not
+# start late and leave one worker running while the others wait at the end. A test the file does not
+# name (new, or faster than a second) is estimated from its marks.
+DURATIONS = ROOT / "tests" / "durations.json"
+ESTIMATE_S = {"slow": 20.0, "e2e": 8.0, "browser": 8.0, "faults": 8.0}
+UNRECORDED_S = 0.2
 WIDER = ("package", "module", "class")
+
+
+def recorded_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def in_group(item: pytest.Item, name: str) -> None:
+    """What pytest-xdist does under `--dist loadgroup` (it queues tests by the `@group` their ids end
+    with): its 3.8 sets `item._nodeid`, which pytest 9 no longer reads (an id is `item._id`), so every
+    test was queued alone, and the two schemathesis runs or a class's shared cloud went to two workers."""
+    from _pytest.nodeid import NodeId
+
+    if "@" in item.nodeid.rsplit("]", 1)[-1]:
+        return  # already named by xdist (pytest before 9)
+    item._id = NodeId.parse(f"{item.nodeid}@{name}")  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """For pytest-xdist (docs/architecture.md, "Tests"): a module whose tests share a fixture wider
     than a test (module, class or package scope) keeps them on one worker (an `xdist_group`, so the
-    fixture is made once), and the tests are ordered longest first, each group as a whole."""
+    fixture is made once), and the work is ordered longest first, each group as a whole by the sum of
+    its tests' recorded seconds."""
     groups: dict[str, list[pytest.Item]] = {}
+    named: list[tuple[pytest.Item, str]] = []
     for item in items:
         mark = item.get_closest_marker("xdist_group")
         info = getattr(item, "_fixtureinfo", None)
@@ -56,12 +81,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             mark = item.get_closest_marker("xdist_group")
         name = (mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
         groups.setdefault(str(name), []).append(item)
+        if mark is not None:
+            named.append((item, str(name)))
 
-    def cost(item: pytest.Item) -> int:
-        return max((c for m, c in COST.items() if item.get_closest_marker(m)), default=0)
+    recorded = recorded_durations()
 
-    ordered = sorted(groups.values(), key=lambda group: -max(cost(i) for i in group))  # stable
+    def seconds(item: pytest.Item) -> float:
+        if item.nodeid in recorded:
+            return recorded[item.nodeid]
+        return max((s for m, s in ESTIMATE_S.items() if item.get_closest_marker(m)), default=UNRECORDED_S)
+
+    ordered = sorted(groups.values(), key=lambda group: -sum(seconds(i) for i in group))  # stable
     items[:] = [item for group in ordered for item in group]
+    if getattr(config.option, "loadgroup", False):  # an xdist worker's collection
+        for item, name in named:
+            in_group(item, name)
 
 
 @pytest.fixture(scope="session")
