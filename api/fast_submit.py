@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api.fast_path import KeySecret, read_body
 from api.metrics import LATENCY, REQUESTS, post_metric
 from api.ratelimit import check_rate_async
 from api.views import render_submitted
@@ -48,14 +49,7 @@ class FastSubmit:
         """``app``: where requests it does not answer go; ``owner``: the app whose ``state`` serves."""
         self.app = app
         self.owner = owner
-        self._secret_of: tuple[Any, bytes] | None = None
-
-    def _secret(self, runtime: Runtime) -> bytes:
-        # Settings.secret() reads a pydantic private attribute (a __getattr__ call each time).
-        settings = runtime.settings
-        if self._secret_of is None or self._secret_of[0] is not settings:
-            self._secret_of = (settings, settings.secret())
-        return self._secret_of[1]
+        self._secret = KeySecret()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         started = time.perf_counter()
@@ -101,7 +95,7 @@ class FastSubmit:
         ):
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return  # the client went away
         spec = _one_job(body)
@@ -157,18 +151,6 @@ def _one_job(body: bytes) -> JobSpec | None:
     if spec.array is not None or spec.sweep is not None:
         return None
     return spec
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    chunks: list[bytes] = []
-    more = True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -35,6 +35,7 @@ import orjson
 from redis.asyncio import Redis as AsyncRedis
 from starlette.responses import Response
 
+from api.fast_path import KeySecret, read_body
 from api.metrics import LATENCY, REQUESTS, post_metric
 from api.problems import problem
 from scheduler import inference
@@ -628,15 +629,8 @@ class FastInfer:
         """``app``: where every other request goes; ``owner``: the app whose ``state.runtime`` serves."""
         self.app = app
         self.owner = owner
-        self._secret_of: tuple[Any, bytes] | None = None
+        self._secret = KeySecret()
         self._refreshing: set[str] = set()
-
-    def _secret(self, runtime: Runtime) -> bytes:
-        # Settings.secret() reads a pydantic private attribute (a __getattr__ call each time).
-        settings = runtime.settings
-        if self._secret_of is None or self._secret_of[0] is not settings:
-            self._secret_of = (settings, settings.secret())
-        return self._secret_of[1]
 
     def _refresh(self, runtime: Runtime, key: str) -> None:
         """Check a key in use against the database before its cache entry expires (off the loop, one
@@ -685,7 +679,7 @@ class FastInfer:
         if route is None or (principal.tenant_id is not None and route.tenant_id != principal.tenant_id):
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive, int(length or 0))
+        body = await read_body(receive)
         if body is None:
             return  # the client went away
         header_length = headers.get(INFERENCE_HEADER.encode())
@@ -735,18 +729,6 @@ def _reverify(runtime: Runtime, secret: bytes, key: str) -> None:
 def _refusal(resp: Response) -> Reply:
     headers = {k: v for k, v in resp.headers.items() if k != "content-length"}
     return Reply(resp.status_code, bytes(resp.body), headers)
-
-
-async def _read_body(receive: Any, length: int) -> bytes | None:
-    chunks: list[bytes] = []
-    more = True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
 
 def error_response(exc: InferError) -> Response:
