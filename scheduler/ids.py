@@ -25,6 +25,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_b32(ms, 10)}{_b32(rand, 16)}"
 
 
+def id_floor(prefix: str, at_s: float) -> str:
+    """No id of ``prefix`` made at or after epoch second ``at_s`` sorts below this (a range scan of
+    the primary key finds the ids made since)."""
+    return f"{prefix}_{_b32(int(at_s * 1000), 10)}"
+
+
 def is_valid_id(value: str, prefix: str) -> bool:
     head, _, body = value.partition("_")
     return head == prefix and len(body) == 26 and all(c in _ALPHABET for c in body)

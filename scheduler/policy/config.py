@@ -110,6 +110,11 @@ class PolicyConfig:
     # 0: one replay on the predictions as they are), and how many; a start is their median.
     forecast_spread: float = 0.0
     forecast_samples: int = 1
+    # A preemptible job also waits for non-preemptible work submitted after it (it never leads the
+    # line while such work waits, and such work stops it): its forecast expects the non-preemptible
+    # submissions of the last this many seconds (``Snapshot.recent``) again over as many ahead
+    # (scheduler.policy.forecast, `_inflow`). 0: the queue as it stands only.
+    inflow_window_s: float = 6 * 3600.0
     # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
     runtime_hints: bool = True
     description: str = ""

@@ -65,9 +65,71 @@ def forecast(
     longer than it will. Replays the budget cut short are left out of the median."""
     stop_at = None if budget_s is None else time.perf_counter() + budget_s
     config = get_policy(policy) if isinstance(policy, str) else policy
+    inflow = _inflow(snapshot, config)
+    if target is not None:
+        # Only preemptible work waits for what is submitted after it (`_inflow`).
+        expect = inflow if target.preemptible else []
+        starts = _replays(snapshot, config, target, max_passes, name_for, stop_at, until, expect)
+        return {k: v for k, v in starts.items() if not k.endswith(EXPECTED)} if expect else starts
+    starts = _replays(snapshot, config, None, max_passes, name_for, stop_at, until, [])
+    yielding = _preemptible_ids(snapshot)
+    if inflow and yielding:
+        # Preemptible jobs are forecast again with the work expected to come; the others keep the
+        # queue as it stands (expecting it for every job made Philly's estimate worse, docs/scheduling.md).
+        later = _replays(snapshot, config, None, max_passes, name_for, stop_at, yielding, inflow)
+        for job_id in yielding:
+            if job_id in later:
+                starts[job_id] = later[job_id]
+            else:
+                starts.pop(job_id, None)
+    return starts
+
+
+# What the forecast appends to a job's id for the work it expects to be submitted like it again
+# (real ids never hold it), so its starts are told apart from the real jobs'.
+EXPECTED = "~expected"
+
+
+def _inflow(snapshot: Snapshot, config: PolicyConfig) -> list[QueuedJob]:
+    """The non-preemptible work a preemptible job's forecast expects to be submitted after it: the
+    submissions of the last ``inflow_window_s`` (``Snapshot.recent``) again, as far ahead of now as
+    they came before it, each in the class it was queued in. Not their quota: they stand in for
+    work not yet submitted, which has not reserved any."""
+    window = config.inflow_window_s
+    if window <= 0 or not snapshot.recent:
+        return []
+    now = snapshot.now
+    out = [
+        dataclasses.replace(r, id=r.id + EXPECTED, submitted_at=r.submitted_at + window, cost_ipu_ms=0)
+        for r in snapshot.recent
+        if not r.preemptible and r.partition is None and 0 <= now - r.submitted_at < window
+    ]
+    out.sort(key=lambda q: (q.submitted_at, q.id))
+    return out
+
+
+def _preemptible_ids(snapshot: Snapshot) -> set[str]:
+    """The queued jobs (held elements too) that may be preempted, bound to no reserved partition."""
+    ids = {q.id for q in snapshot.queue if q.preemptible and q.partition is None}
+    for held in snapshot.held.values():
+        ids.update(q.id for q in held.waiting if q.preemptible and q.partition is None)
+    return ids
+
+
+def _replays(
+    snapshot: Snapshot,
+    config: PolicyConfig,
+    target: QueuedJob | None,
+    max_passes: int,
+    name_for: Callable[[str], str],
+    stop_at: float | None,
+    until: Collection[str],
+    inflow: list[QueuedJob],
+) -> dict[str, float]:
+    """The forecast starts of one replay, or the median of ``config.forecast_samples`` drawn ones."""
     samples = max(1, config.forecast_samples) if config.forecast_spread > 0 else 1
     if samples == 1:
-        return _replay(snapshot, config, target, max_passes, name_for, stop_at, until, None)[0]
+        return _replay(snapshot, config, target, max_passes, name_for, stop_at, until, None, inflow)[0]
     seed = f"{snapshot.now!r}:{target.id if target is not None else ''}"
     runs: list[dict[str, float]] = []
     for k in range(samples):
@@ -80,6 +142,7 @@ def forecast(
             stop_at,
             until,
             _Draw(config.forecast_spread, f"{seed}:{k}"),
+            inflow,
         )
         if finished or not runs:
             runs.append(starts)
@@ -135,8 +198,10 @@ def _replay(
     stop_at: float | None,
     until: Collection[str],
     draw: _Draw | None,
+    inflow: list[QueuedJob],
 ) -> tuple[dict[str, float], bool]:
-    """One replay: forecast starts, and whether it ran to its end (not cut short by the budget)."""
+    """One replay: forecast starts, and whether it ran to its end (not cut short by the budget).
+    ``inflow`` (in submission order) joins the queue as the replay's clock reaches each submission."""
     finished = True
     alloc = snapshot.allocator.clone()
     queued = [j for j in snapshot.queue if j.partition is None]
@@ -186,6 +251,7 @@ def _replay(
         )
     starving = _starving(queued, config, now)
     origin: dict[str, QueuedJob] = {}  # the jobs the replay started, as they were queued
+    coming = 0  # the next of `inflow` to join the queue
     passes = 0
     while (queue or throttle.waiting) and passes < max_passes:
         if stop_at is not None and time.perf_counter() > stop_at:
@@ -199,6 +265,13 @@ def _replay(
                 queue.add(dataclasses.replace(lifted, priority=plan_of(lifted.priority) * CLASS_SPAN))
         for q in throttle.take():  # as many as the array's elements that ended since
             queue.add(q)
+        if coming < len(inflow) and inflow[coming].submitted_at <= now:
+            came = []
+            while coming < len(inflow) and inflow[coming].submitted_at <= now:
+                came.append(inflow[coming])
+                queue.add(inflow[coming])
+                coming += 1
+            arrivals = [*arrivals, *came]
         passes += 1
         view = Snapshot(
             now=now,
@@ -268,9 +341,10 @@ def _replay(
         # Nothing more starts now: move to the next predicted end and free what it frees.
         while ends and release.get(ends[0][1]) != ends[0][0]:
             heapq.heappop(ends)  # a preempted attempt's end
-        if not ends:
-            break  # nothing running and nothing startable: the rest cannot start
-        now = ends[0][0]
+        due = inflow[coming].submitted_at if coming < len(inflow) else math.inf
+        if not ends and due == math.inf:
+            break  # nothing running, nothing startable and nothing to come: the rest cannot start
+        now = min(ends[0][0] if ends else math.inf, due)
         while ends and ends[0][0] <= now:
             at, job_id = heapq.heappop(ends)
             if release.get(job_id) != at:

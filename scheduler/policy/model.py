@@ -293,6 +293,10 @@ class Snapshot:
     # Running jobs already warned of their preemption, by id: when the warning ends and they stop.
     # Only the forecast reads it (a pass that picks one as a victim again changes nothing).
     stopping: Mapping[str, float] = field(default_factory=dict)
+    # Non-preemptible jobs submitted within the policy's ``inflow_window_s`` before ``now``, as they
+    # were queued (started or not): only the forecast reads them, to expect as much such work again
+    # ahead of the preemptible jobs it forecasts. Callers fill it when preemptible work is queued.
+    recent: Sequence[QueuedJob] = ()
 
     @classmethod
     def build(

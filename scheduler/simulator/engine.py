@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -309,6 +310,10 @@ class _Replay:
         self.head_refused = False
         self.next_arrival = 0
         self.done = 0
+        # The non-preemptible submissions of the policy's last `inflow_window_s`, as queued: what a
+        # preemptible job's forecast expects again (Snapshot.recent). Kept only when estimating.
+        self.recent: deque[QueuedJob] = deque()
+        self.keep_recent = bool(sim.estimate_every) and config.inflow_window_s > 0
 
     def run(self, progress: Callable[[int], None] | None) -> SimResult:
         jobs = self.jobs
@@ -460,12 +465,17 @@ class _Replay:
                 self._estimate(next_arrival, queued, arrivals)
             self.queue.add(queued)
             arrivals.append(queued)
+            if self.keep_recent and not queued.preemptible:
+                self.recent.append(queued)
             self.next_arrival += 1
         return arrivals
 
     def _estimate(self, i: int, queued: QueuedJob, arrivals: list[QueuedJob]) -> None:
         """Forecast when job `i`, submitted now, starts (what POST /estimates would have told it)."""
         sim, jobs, now = self.sim, self.jobs, self.now
+        recent = self.recent
+        while recent and recent[0].submitted_at < now - self.config.inflow_window_s:
+            recent.popleft()
         view = Snapshot(
             now=now,
             queue=self.queue,
@@ -479,6 +489,7 @@ class _Replay:
                 for at, w, number in self.stops
                 if number == self.attempt[w] and jobs[w].id in self.warned
             },
+            recent=list(recent) if queued.preemptible else (),
         )
         start = estimate_start(view, queued, self.config, max_passes=sim.estimate_passes, name_for=_own_name)
         self.outcomes[i].estimated_start_s = math.inf if start is None else start

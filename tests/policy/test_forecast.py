@@ -145,3 +145,31 @@ def test_work_the_replay_starts_preemptible_stays_preemptible_and_requeues_in_it
     assert forecast(snapshot, "default") == {"job_p": 10.0, "el_1": 130.0}
     target = QueuedJob("job_a", "t", 64, 10.0, 2000.0, preemptible=True)
     assert forecast(snapshot, "default", target=target) == {"job_p": 10.0, "el_1": 130.0, "job_a": 1090.0}
+
+
+def test_a_preemptible_job_expects_the_recent_non_preemptible_work_again_ahead_of_it() -> None:
+    """A POD64 is held until 1,010 s. Preemptible P waits for it; non-preemptible work was submitted
+    900 s ago (X, 64 IPUs, 300 s), and older than the window (Y) and preemptible (Z) too. With a
+    1,000 s window the forecast expects X's like again at 110 s: it leads the line when the POD frees
+    (preemptible work never leads while other work waits), so P is told 1,310 s, not 1,010 s. A
+    non-preemptible job asked about is not told to wait for it, and the expected work is not in the
+    answer. Without the window (0) it is the queue as it stands."""
+    config = get_policy("default").with_options(inflow_window_s=1000.0)
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_r", 64) is not None
+    running = [RunningJob("job_r", "t", 64, "p_r", 0.0, 1010.0, never_preempt=True)]
+    recent = [
+        QueuedJob("job_y", "u", 64, -1500.0, 300.0),
+        QueuedJob("job_x", "u", 64, -890.0, 300.0),
+        QueuedJob("job_z", "v", 64, -500.0, 300.0, preemptible=True),
+    ]
+    waiting = QueuedJob("job_p", "w", 64, 5.0, 500.0, preemptible=True)
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue([waiting]), running=running, tenants={}, allocator=alloc, recent=recent
+    )
+    assert forecast(snapshot, config) == {"job_p": 1310.0}
+    assert forecast(snapshot, config.with_options(inflow_window_s=0.0)) == {"job_p": 1010.0}
+    asked = QueuedJob("job_a", "a", 64, 10.0, 50.0, preemptible=True)
+    assert forecast(snapshot, config, target=asked) == {"job_a": 1810.0, "job_p": 1310.0}
+    other = QueuedJob("job_b", "b", 64, 10.0, 50.0)
+    assert forecast(snapshot, config, target=other) == {"job_b": 1010.0}

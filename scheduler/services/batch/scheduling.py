@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, aliased, defer
 
 from scheduler import billing
 from scheduler.clock import UNSCALED, Clock
+from scheduler.ids import id_floor
 from scheduler.jobspec import DEFAULT_CHECKPOINT_EVERY_S
 from scheduler.models import (
     LIVE_ATTEMPT_STATES,
@@ -181,6 +182,16 @@ def build_snapshot(
             session=session, queued=queued, extra=queue.extra, tenants=tenants, held=held_arrays
         )
     reserved = _hosting_partitions(session=session, busy=live.busy)
+    # Only a preemptible job's forecast expects later work (scheduler.policy.forecast, `_inflow`).
+    window = policy.inflow_window_s if policy is not None else 0.0
+    yielding = any(q.preemptible for q in queued) or any(
+        q.preemptible for held in held_arrays.values() for q in held.waiting
+    )
+    recent = (
+        _read_recent(session=session, now_s=now_s, clock=clock, policy=policy, window_s=window)
+        if policy is not None and window > 0 and yielding
+        else []
+    )
     snapshot = Snapshot(
         now=now_s,
         queue=JobQueue(queued),
@@ -191,8 +202,54 @@ def build_snapshot(
         arrivals=_arrivals(queued, arrivals_seen),
         held=held_arrays,
         stopping=live.stopping,
+        recent=recent,
     )
     return LiveSnapshot(snapshot, queue.stored, samples, gated)
+
+
+def _read_recent(
+    *, session: Session, now_s: float, clock: Clock, policy: PolicyConfig, window_s: float
+) -> list[QueuedJob]:
+    """The non-preemptible jobs submitted in the last ``window_s`` (any state), each as it was
+    queued, in the class it was submitted in (`Snapshot.recent`)."""
+    since = now_s - window_s
+    rows = session.execute(
+        select(
+            Job.id,
+            Job.tenant_id,
+            Job.ipus,
+            Job.created_at,
+            Job.predicted_runtime_s,
+            Job.machine_type,
+            Job.task,
+            Plan.priority,
+        )
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .join(Plan, Plan.name == Tenant.plan_name)
+        .where(
+            Job.id >= id_floor("job", since),
+            Job.created_at >= datetime.fromtimestamp(since, UTC),
+            Job.preemptible.is_(False),
+            Job.partition_name.is_(None),
+        )
+    ).all()
+    out = []
+    for job_id, tenant_id, size, created, predicted, machine, task, plan_priority in rows:
+        if predicted is None or not size or task == SERVE_TASK:
+            continue  # an endpoint's replicas are not work submitted to the queue
+        run_s = clock.to_wall(predicted)
+        out.append(
+            QueuedJob(
+                id=job_id,
+                tenant_id=tenant_id,
+                size=size,
+                submitted_at=created.timestamp(),
+                predicted_runtime_s=run_s,
+                priority=job_class(policy, plan_priority, size, run_s),
+                machine_type=machine,
+            )
+        )
+    return out
 
 
 @dataclass
