@@ -473,3 +473,37 @@ def test_a_requeued_preempted_job_is_predicted_to_run_only_what_its_checkpoint_d
     agentkit.take(db, live_attempt(db, job_id).id)
     resumed = running_as_seen(db, loop, job_id)
     assert resumed.expected_end - resumed.started_at == pytest.approx(left)
+
+
+def test_with_preemptible_work_queued_the_snapshot_carries_the_recent_non_preemptible_submissions(
+    db: Any, seeded: Any
+) -> None:
+    """What a preemptible job's forecast expects again (Snapshot.recent, scheduler.policy.forecast):
+    the non-preemptible jobs submitted within the policy's window, in the class they were queued
+    in; none read while no preemptible work is queued, nor with the window 0."""
+    tenant, _ = new_tenant(db, "inflow")
+    plain = submit(db, tenant, spec(4))
+    policy = get_policy("default-classes")
+    loop = scheduler(db)
+
+    def recent(config: Any) -> list[Any]:
+        with db.read() as s:
+            return list(
+                scheduling.build_snapshot(
+                    session=s,
+                    allocator=loop.sync.refresh(s),  # type: ignore[union-attr]
+                    now=utcnow(),
+                    clock=UNSCALED,
+                    half_life_s=3600.0,
+                    policy=config,
+                ).snapshot.recent
+            )
+
+    assert recent(policy) == []
+    spot = submit(db, tenant, spec(4, preemptible=True))
+    [seen] = recent(policy)
+    assert seen.id == plain and seen.id != spot and not seen.preemptible
+    with db.read() as s:
+        job = s.get(Job, plain)
+        assert seen.priority == job_class(policy, plan_of(seen.priority), 4, job.predicted_runtime_s)
+    assert recent(policy.with_options(inflow_window_s=0.0)) == []
