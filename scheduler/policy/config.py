@@ -114,7 +114,7 @@ class PolicyConfig:
     # line while such work waits, and such work stops it): its forecast expects the non-preemptible
     # submissions of the last this many seconds (``Snapshot.recent``) again over as many ahead
     # (scheduler.policy.forecast, `_inflow`). 0: the queue as it stands only.
-    inflow_window_s: float = 6 * 3600.0
+    inflow_window_s: float = 3600.0
     # Whether placement is told predicted ends (to pack ends together); a run-time-blind policy not.
     runtime_hints: bool = True
     description: str = ""

@@ -10,6 +10,10 @@ forecast start is the instant the replay starts it.
 
 What it cannot know, it holds constant: tenants' fair-share standing (usage moves with a half-life of
 hours; the forecast spans the queue ahead), jobs submitted later, and run times other than predicted.
+One exception: a preemptible job never leads the line while other work waits, and other work stops it,
+so it waits for non-preemptible work submitted after it too. Its forecast is a second replay that
+expects the non-preemptible submissions of the policy's last ``inflow_window_s`` (``Snapshot.recent``)
+again over as long ahead (`_inflow`); every other job keeps the queue as it stands.
 Jobs bound to reserved partitions wait for their own partition, not for the shared pool, so they are
 left out. An array's elements the live pass kept back (``Snapshot.held``: past its ``max_running``)
 join the replay's queue only as its running elements end, so no more than ``max_running`` of them

@@ -132,3 +132,27 @@ def test_the_error_of_preemptible_and_other_jobs_is_also_given_apart() -> None:
         jobs, get_policy("default"), [j.duration_s for j in jobs], pods=1, estimate_every=1
     ).run()
     assert "waited_jobs_preemptible" not in report({"default": plain})["default"]["estimate_error"]
+
+
+def test_a_preemptible_job_is_told_of_the_work_submitted_within_the_window_again() -> None:
+    """A holds the POD64 until 2,000 s; D (non-preemptible) queued at 100 s runs next. P,
+    preemptible, asked at 1,000 s, waits for D and for E, non-preemptible work submitted after it
+    (1,600 s), so it starts at 2,600 s. Expecting the last 950 s's non-preemptible submissions (D)
+    again over the next 950 s, the simulator's forecast tells P 2,600 s; with the window 0, 2,300 s."""
+    jobs = [job(0, 0, 64, 2000), job(1, 100, 64, 300), job(2, 1000, 64, 100), job(3, 1600, 64, 300)]
+    flags = [False, False, True, False]
+
+    def told(window: float) -> float:
+        result = Simulation(
+            jobs,
+            get_policy("default").with_options(inflow_window_s=window),
+            [j.duration_s for j in jobs],
+            pods=1,
+            estimate_every=1,
+            preemptible=flags,
+        ).run()
+        assert result.outcomes[2].first_start_s == 2600
+        return result.outcomes[2].estimated_start_s
+
+    assert told(950.0) == 2600
+    assert told(0.0) == 2300
