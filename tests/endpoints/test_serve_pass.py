@@ -141,45 +141,6 @@ def test_a_load_step_seen_in_the_backlog_asks_for_what_it_needs_though_the_arriv
     assert state.desired == 3  # 120 + 100 a second need 2; the arrivals (337/s) need 3
 
 
-def test_behind_a_draining_backlog_the_delay_ratio_adds_no_more_than_the_figures_need() -> None:
-    # The benchmark's step (2026-12-07 18:09): 1 -> 6 at +3.5 s; once the 6 served (+13.8 s) the
-    # backlog was at the generator's bound (4,094 queued), the delay seconds against a 20 ms target,
-    # the arrivals 500/s. The delay's ratio doubled 6 to 12 and the backlog read as 720 + 4,094 / 10 s
-    # = 1,129 requests/s arriving: 8, replicas.max, for a load 5 carry. The 6 out-serve the arrivals by
-    # 220/s: by the time another replica could load (10 s) 1,894 are left, which they clear in as long
-    # again, so they are enough.
-    policy = ScalePolicy(
-        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0, "load_s": 10.0}
-    )
-    after = Window(
-        requests=9000, answered=5000, rps=80.0, queue_delay_ms=5000.0, queued=4094, arrival_rps=500.0
-    )
-    state, why = decide_scale(policy, ScaleState(desired=6, above_since=at(0)), after, serving=6, now=at(10))
-    assert (state.desired, why) == (6, None)
-    assert state.above_since == at(0)  # still above target: looked at again on the next pass
-    # Four serving, which fall behind the arrivals: the backlog left when a replica could load needs 7;
-    # the ratio alone asked 8.
-    state, why = decide_scale(
-        policy, ScaleState(desired=4, above_since=at(0)), replace(after, queued=3000), serving=4, now=at(10)
-    )
-    assert state.desired == 7, why
-    # Without a load time the figures cannot say how fast a backlog clears: the ratio as before.
-    blind = ScalePolicy(**{**policy.__dict__, "load_s": None})
-    state, _ = decide_scale(blind, ScaleState(desired=6, above_since=at(0)), after, serving=6, now=at(10))
-    assert state.desired == 8
-    # Right after the step the backlog still stands in for the lagging arrivals (above for 2 s): as before.
-    step = Window(requests=1300, answered=600, rps=10.0, queue_delay_ms=400.0, queued=950, arrival_rps=337.0)
-    state, _ = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
-    assert state.desired == 5
-
-
-def test_the_autoscalers_arrivals_window_is_the_data_planes() -> None:
-    from scheduler import inference
-    from scheduler.services.endpoints.autoscaler import ARRIVALS_S
-
-    assert ARRIVALS_S == inference.RECENT_S
-
-
 def test_replicas_needed_is_the_ceiling_of_load_over_a_replicas_throughput() -> None:
     assert endpoints.replicas_needed(500.0, 120.0) == 5
     assert endpoints.replicas_needed(480.0, 120.0) == 4

@@ -27,9 +27,6 @@ class ScalePolicy:
     scale_to_zero_after_s: float | None
     clock: Clock = UNSCALED
     capacity_rps: float | None = None
-    load_s: float | None = None
-    """Wall seconds a replica asked for now takes to load before it serves (the plan's, slowest machine
-    type), when the plan gives it."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +42,6 @@ class ScaleState:
 # Scale down only while the rest would run below this share of their capacity, so a replica removed
 # is not added back a moment later.
 DOWN_UTILISATION = 0.7
-ARRIVALS_S = 3
-"""The whole seconds the data plane's arrival rate covers (``scheduler.inference.RECENT_S``)."""
 
 
 def decide_scale(
@@ -60,10 +55,7 @@ def decide_scale(
     last seconds', or, when it says more, the serving replicas' throughput plus the backlog over the
     time the delay has been above target), or, when that
     says no more (a backlog to drain, no plan figures), by the ratio of delay to target, at most
-    doubling, and behind a queued backlog no further than carrying the arrivals and clearing what is
-    left of the backlog when a new replica could serve needs (`_draining`, when the plan gives a
-    throughput and a load time); never past `replicas_max` (which create and change keep within the
-    plan's limits).
+    doubling; never past `replicas_max` (which create and change keep within the plan's limits).
     Down by one after the queue delay stays under half the target and the load would fit in
     one replica fewer for `scale_down_delay_s`. To zero after `scale_to_zero_after_s` with no request
     (only with replicas.min 0). From zero at once when a request waits. No window (the data plane
@@ -90,10 +82,8 @@ def decide_scale(
         above = above or now
         below = None
         if waited(above, policy.scale_up_delay_s) and serving >= desired and desired < hi:
-            grown, grew = _grown(policy, desired, window, serving, max((now - above).total_seconds(), 1.0))
-            if grown > desired:
-                return ScaleState(grown, now, None, idle_since), grew
-            # The figures say the replicas serving carry the arrivals and clear the backlog in time.
+            grown, why = _grown(policy, desired, window, serving, max((now - above).total_seconds(), 1.0))
+            return ScaleState(grown, now, None, idle_since), why
         return ScaleState(desired, above, below, idle_since), why
     above = None
     if (
@@ -127,26 +117,16 @@ def _grown(
     by_delay = min(2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target)))
     arriving, how = window.arrival_rps, "arriving"
     need = replicas_needed(arriving, policy.capacity_rps)
-    if policy.capacity_rps and window.queued > 0 and above_s <= ARRIVALS_S + 1:
+    if policy.capacity_rps and window.queued > 0:
         # Behind a backlog the serving replicas run flat out, and what they do not keep up with piles
         # up in the queue (a replica takes only what its device can start): arrivals are at least
         # their throughput plus the backlog over the time the delay has been above target. Read a
         # couple of seconds after a step, the last three seconds' arrivals still hold the old load
         # (the benchmark's 10 -> 500 requests/s asked for 3 replicas of 120/s, then waited for them).
-        # Only then: later the arrivals are measured after the rise, and this estimate is not one (the
-        # replicas serving now did not all serve all that time; 6 replicas ready after 10 s made a
-        # backlog of 4,094 read as 1,129 requests/s arriving where 500 did).
         backed = serving * policy.capacity_rps + window.queued / above_s
         if replicas_needed(backed, policy.capacity_rps) > need:
             arriving, how = backed, f"arriving (a backlog of {window.queued} in {above_s:.0f} s)"
             need = replicas_needed(backed, policy.capacity_rps)
-    drain = _draining(policy, window, serving, arriving)
-    if drain is not None and drain < by_delay:
-        # The delay's ratio knows no throughput: behind a backlog it doubled past what the figures say
-        # carries the arrivals and clears the backlog (the benchmark's step went 6 -> 8, replicas.max,
-        # where 6 out-served the 500 requests/s arriving and cleared its backlog as soon as 2 more
-        # could have loaded).
-        by_delay = max(drain, desired)
     grown = min(policy.replicas_max, max(by_delay, need))
     why = (
         f"queue delay {window.queue_delay_ms:.1f} ms above the target {target:g} ms for "
@@ -156,17 +136,6 @@ def _grown(
         why += f", {arriving:.0f} requests/s {how} need {need} replicas of {policy.capacity_rps:.0f}/s"
     why += f": {desired} -> {grown} replicas"
     return grown, why
-
-
-def _draining(policy: ScalePolicy, window: WindowLike, serving: int, arriving: float) -> int | None:
-    """Replicas that carry ``arriving`` and clear the queued backlog: what is left of it when a replica
-    asked for now could serve (``load_s`` from now, the serving replicas working on it meanwhile) cleared
-    within as long again. None when the figures cannot say (no throughput or load time, no backlog)."""
-    cap, ready_in = policy.capacity_rps, policy.load_s
-    if not cap or not ready_in or ready_in <= 0 or window.queued <= 0:
-        return None
-    left = max(0.0, window.queued + ready_in * (arriving - serving * cap))
-    return replicas_needed(arriving + left / ready_in, cap)
 
 
 def replicas_needed(arrival_rps: float, capacity_rps: float | None) -> int:
@@ -192,7 +161,6 @@ def policy_of(ep: Endpoint, clock: Clock) -> ScalePolicy:
     each = [t for t in (_throughput_at(f, batch) for f in ep.serve.values()) if t is not None]
     if each:
         capacity = min(each) * clock.to_cluster(1.0)
-    loads = [float(f["load_s"]) for f in ep.serve.values() if f.get("load_s") is not None]
     zero = a.get("scale_to_zero_after_s")
     return ScalePolicy(
         replicas_min=ep.replicas_min,
@@ -203,5 +171,4 @@ def policy_of(ep: Endpoint, clock: Clock) -> ScalePolicy:
         scale_to_zero_after_s=None if zero is None else float(zero),
         clock=clock,
         capacity_rps=capacity,
-        load_s=clock.to_wall(max(loads)) if loads else None,
     )
