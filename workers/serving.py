@@ -187,8 +187,8 @@ class ServingHost:
 
     def _run(self) -> None:
         # uvloop where it is installed (uvicorn[standard] brings it, and the API's processes run on it):
-        # the selector loop's own Python (select, socket writes, handles) was a third of this thread's
-        # CPU per request at one connection (py-spy, docs/performance.md).
+        # the loop's own machinery (polling, handles, transport writes) in C. In asyncio's Python it was
+        # the largest part of this thread's py-spy samples at one connection (docs/performance.md).
         try:
             import uvloop
         except ImportError:  # pragma: no cover - uvicorn[standard] is a dependency
