@@ -344,6 +344,13 @@ def model_metadata(route: Route) -> dict[str, Any]:
 # The hop to the replicas ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Late:
+    """No answer within the time waited; ``then`` is where one that comes later goes."""
+
+    then: asyncio.Future[Answer | _Late]
+
+
 @dataclass(eq=False)
 class _Pending:
     envelopes: list[bytes] = field(default_factory=list)
@@ -363,7 +370,7 @@ class Gateway:
             runtime.settings.broker_url, socket_connect_timeout=5
         )
         self.scripts = inference.Scripts(self.redis)
-        self.waiting: dict[str, asyncio.Future[Answer]] = {}
+        self.waiting: dict[str, asyncio.Future[Answer | _Late]] = {}
         self.routes: dict[str, tuple[float, Route | None]] = {}
         self.pending: dict[str, _Pending] = {}
         self.counts = inference.Counts()
@@ -399,14 +406,14 @@ class Gateway:
 
     async def submit(
         self, route: Route, rows: int, deadline: float
-    ) -> tuple[str, asyncio.Future[Answer], int]:
+    ) -> tuple[str, asyncio.Future[Answer | _Late], int]:
         """Queue one request; returns its id, the future of its answer, and how many replicas were
         serving when it was queued. Raises InferError(429) past the endpoint's ``max_queue``."""
         self._ensure_tasks()
         self._seq += 1
         rid = f"{self._seq:x}{secrets.token_hex(3)}"
         env = Envelope(rid, self.waiter, rows, int(deadline * 1000), int(time.time() * 1e6)).encode()
-        answer: asyncio.Future[Answer] = self.loop.create_future()
+        answer: asyncio.Future[Answer | _Late] = self.loop.create_future()
         self.waiting[rid] = answer
         accepted: asyncio.Future[tuple[bool | None, int]] = self.loop.create_future()
         p = self.pending.get(route.endpoint_id)
@@ -479,11 +486,39 @@ class Gateway:
                     f = self.waiting.pop(a.rid, None)
                     if f is not None and not f.done():
                         f.set_result(a)
+                # The requests just woken run first (each is one loop turn from its answer: see
+                # `answer_within`) and write their HTTP answers before this reader writes its next pop:
+                # at one connection that write, and Redis waking for it, were on every request's path.
+                await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("inference: reading answers failed (%s); retrying", exc)
                 await asyncio.sleep(0.2)
+
+    async def answer_within(
+        self, rid: str, fut: asyncio.Future[Answer | _Late], timeout: float
+    ) -> Answer | _Late:
+        """The request's answer, or, after ``timeout`` seconds without one, a ``_Late`` holding the future
+        a later answer will reach. The request's task waits on ``fut`` itself, so an answer wakes it in
+        one turn of the loop (``wait_for`` around a ``shield`` took three, and the reader's next write
+        to Redis went out before the request's answer did)."""
+        if fut.done():
+            return fut.result()
+        timer = self.loop.call_later(timeout, self._late, rid, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _late(self, rid: str, fut: asyncio.Future[Answer | _Late]) -> None:
+        if fut.done():
+            return
+        # In the same callback: an answer read after this lands in the fresh future, never nowhere.
+        fresh: asyncio.Future[Answer | _Late] = self.loop.create_future()
+        if self.waiting.get(rid) is fut:
+            self.waiting[rid] = fresh
+        fut.set_result(_Late(fresh))
 
     async def _flush_counts(self) -> None:
         while True:
@@ -567,7 +602,7 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
     rid, fut, ready = await g.submit(route, parsed.rows, deadline)
     timeout = min(cold if ready == 0 else REPLY_GRACE_S + cold, MAX_INFER_TIMEOUT_S)
     try:
-        answer = await _wait(g, route, fut, timeout, cold_start=ready == 0)
+        answer = await _wait(g, route, rid, fut, timeout, cold_start=ready == 0)
     except BaseException:
         g.waiting.pop(rid, None)
         raise
@@ -581,18 +616,22 @@ async def infer(runtime: Runtime, route: Route, model: str, body: bytes, header_
 
 
 async def _wait(
-    g: Gateway, route: Route, fut: asyncio.Future[Answer], timeout: float, *, cold_start: bool
+    g: Gateway,
+    route: Route,
+    rid: str,
+    fut: asyncio.Future[Answer | _Late],
+    timeout: float,
+    *,
+    cold_start: bool,
 ) -> Answer:
-    try:
-        return await asyncio.wait_for(asyncio.shield(fut), timeout)
-    except TimeoutError:
-        pass
+    got = await g.answer_within(rid, fut, timeout)
+    if isinstance(got, Answer):
+        return got
     # A replica may have become ready just as the cold start ran out: give it its share of the grace.
-    if cold_start and not fut.done() and await g.ready_replicas(route.endpoint_id) > 0:
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), REPLY_GRACE_S)
-        except TimeoutError:
-            pass
+    if cold_start and (got.then.done() or await g.ready_replicas(route.endpoint_id) > 0):
+        got = await g.answer_within(rid, got.then, REPLY_GRACE_S)
+        if isinstance(got, Answer):
+            return got
     await g.unavailable(route.endpoint_id)
     if cold_start:
         raise InferError(

@@ -719,6 +719,7 @@ def part_overhead(
     for workers in (1, 0):
         label = f"MLServer {MLSERVER_VERSION}, parallel_workers={workers}"
         with mlserver(cache, setup.work, parallel_workers=workers) as url:
+            warm_up(url, body, None, concurrencies)
             results[label] = {c: wrk(url, body, None, clients=c, seconds=seconds) for c in concurrencies}
         _progress(label, results[label])
     how = "replica in a host agent" if control_plane else "hand-published route, serving host process"
@@ -731,6 +732,7 @@ def part_overhead(
         max_wait_ms=0.0,
         control_plane=control_plane,
     ) as ep:
+        warm_up(ep.infer_url, body, ep.key, concurrencies)
         results[label] = {
             c: wrk(ep.infer_url, body, ep.key, clients=c, seconds=seconds) for c in concurrencies
         }
@@ -749,6 +751,19 @@ def part_overhead(
             for c in concurrencies
         ]
         print(f"| {label} | " + " | ".join(cells) + f" | {max(x.rps for x in by_c.values()):,.0f} |")
+
+
+WARM_UP_S = 2
+"""Seconds of load, not counted, before a server's measured runs."""
+
+
+def warm_up(url: str, body: dict[str, Any], key: str | None, concurrencies: list[int]) -> None:
+    """Load a server as its measured runs will, from enough connections to reach each of its processes,
+    and discard the figures: the steady state is what is measured, for every server alike. Unwarmed, the
+    first inference request of each of the endpoint's API processes imported NumPy and read its key from
+    the database (180-650 ms on a loaded machine), and `wrk`'s correction for coordinated omission turns
+    one such stall at one connection into hundreds of samples: alone, more than the 1% a p99 allows."""
+    wrk(url, body, key, clients=max(16, *concurrencies), seconds=WARM_UP_S)
 
 
 def _progress(label: str, by_c: dict[int, Load]) -> None:

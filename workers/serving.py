@@ -186,7 +186,15 @@ class ServingHost:
     # The loop -------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        # uvloop where it is installed (uvicorn[standard] brings it, and the API's processes run on it):
+        # the loop's own machinery (polling, handles, transport writes) in C. In asyncio's Python it was
+        # the largest part of this thread's py-spy samples at one connection (docs/performance.md).
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvicorn[standard] is a dependency
+            loop = asyncio.new_event_loop()
+        else:
+            loop = uvloop.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
         self._redis = AsyncRedis.from_url(self.redis_url, socket_connect_timeout=5)
@@ -379,6 +387,11 @@ class ServingHost:
                 taken = await self._take_batch(rep, queue, inflight)
                 if taken is not None:
                     self._start_batch(rep, *taken)
+                    if rep.due and rep.due[0][0] <= self.clock():
+                        # Its answers are due now: the sender goes first (one turn of the loop), so
+                        # that they reach Redis before this loop's next move does; at one request in
+                        # flight that write, and Redis waking for it, were ahead of every answer.
+                        await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

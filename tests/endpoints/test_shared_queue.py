@@ -204,3 +204,58 @@ def test_what_the_agent_built_before_its_first_replica_is_walked_by_no_collectio
         assert gc.get_freeze_count() >= len(built_before)
     finally:
         host.close()
+
+
+def test_an_answer_due_at_once_goes_out_before_the_replicas_next_move(runtime: Any) -> None:
+    """At zero device time a batch's answers are due the moment it starts. The replica's loop used to
+    send its next BLMOVE first (the answer's task ran a turn later), so at one request in flight that
+    write, and Redis waking for it, were ahead of every answer. Now the answer goes first: the
+    replica's commands alternate move, answer, move, answer."""
+    from workers.serving import ServingHost
+
+    spec = emulator.WorkloadSpec(model="mcmc", task="infer", precision="fp32")
+    plan = emulator.serve_plan(spec, machine="m2000", ipus=1, max_batch_size=64)
+    r = runtime.redis
+    endpoint = "ep_shared3"
+    for k in (inference.queue_key(endpoint), inference.reply_key("worder")):
+        r.delete(k)
+    inference.publish_route(
+        r, Route(endpoint, "t_shared", "m", "ready", plan.signature.to_dict(), 64, 0.0, 100_000, 60.0)
+    )
+    host = ServingHost(runtime.settings.broker_url)
+    host.start()
+    events: list[str] = []
+    try:
+        assert host._scripts is not None and host._redis is not None
+        answer, pipeline = host._scripts.answer, host._redis.pipeline
+
+        async def answered(*args: Any, **kwargs: Any) -> Any:
+            events.append("answer")
+            return await answer(*args, **kwargs)
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            pipe = pipeline(*args, **kwargs)
+            blmove = pipe.blmove
+
+            def move(*a: Any, **k: Any) -> Any:
+                events.append("move")
+                return blmove(*a, **k)
+
+            pipe.blmove = move  # type: ignore[method-assign]
+            return pipe
+
+        host._scripts.answer = answered  # type: ignore[method-assign]
+        host._redis.pipeline = watched  # type: ignore[method-assign]
+        host.add(attempt_id=61, endpoint_id=endpoint, plan=plan, cluster_clock=Clock(1e6),
+                 ready_at=time.time())  # fmt: skip
+        scripts = inference.Scripts(r)
+        for i in range(10):
+            env = Envelope(f"o{i}", "worder", 1, int(time.time() * 1000) + 60_000, int(time.time() * 1e6))
+            keys, args = inference.enqueue_args(endpoint, [env.encode()], 100_000, time.time())
+            assert scripts.enqueue(keys=keys, args=args)[0] == 1
+            popped = r.brpop([inference.reply_key("worder")], timeout=10)
+            assert popped is not None, f"request {i} was never answered"
+            assert Answer.decode(popped[1]).rid == f"o{i}"
+    finally:
+        host.close()
+    assert events[:20] == ["move", "answer"] * 10, events
