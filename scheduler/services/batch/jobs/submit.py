@@ -32,7 +32,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.services import sessions
-from scheduler.services.batch.jobs.admission import SubmitRequest, _judge, _prepare
+from scheduler.services.batch.jobs.admission import SubmitRequest, _judge, _prepare, row_of
 from scheduler.services.capacity import fleet
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def submit_jobs(
         candidates[n] = job
     if not candidates:
         return _resolve(outcomes, digests)
-    job_rows = [{c.key: getattr(job, c.key) for c in _JOB_COLUMNS} for job in candidates.values()]
+    job_rows = [row_of(job) for job in candidates.values()]
     # The batch's rows go as one executemany of one INSERT: psycopg pipelines it through a statement
     # it prepares once per connection (one round trip, no parse or plan per row). One multi-row
     # `INSERT ... VALUES (...), (...)` took 3-5 times as long on PostgreSQL, `.values(rows)` 12-20
