@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import orjson
-
 from sqlalchemy import (
     CursorResult,
     Engine,

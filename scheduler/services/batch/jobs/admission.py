@@ -106,6 +106,7 @@ def _prepare(
     )
     if depends_on is not None:
         depends_on["on_unsatisfiable"] = spec.on_unsatisfiable
+    notify = list(dict.fromkeys(spec.notify.on)) if spec.notify is not None and spec.notify.on else None
     return job_of_row(
         {
             "id": new_id("job"),
@@ -137,9 +138,7 @@ def _prepare(
             "submit_response": None,
             "created_at": now,
             "submitted_by": r.member_id,
-            "notify": list(dict.fromkeys(spec.notify.on))
-            if spec.notify is not None and spec.notify.on
-            else None,
+            "notify": notify,
             "updated_at": now,
             "started_at": None,
             "finished_at": None,
