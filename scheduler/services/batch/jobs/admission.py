@@ -174,7 +174,7 @@ def job_of_row(row: dict[str, Any]) -> Job:
     return job
 
 
-def row_of(job: Job) -> dict[str, Any]:
+def row_of(job: Job) -> dict[str, object]:
     """The `jobs` row of a job made by `job_of_row` (with whatever was set on it since)."""
     return dict(zip(JOB_KEYS, _row_values(job.__dict__), strict=True))
 
