@@ -128,3 +128,46 @@ def test_a_long_queue_is_not_counted_per_submission(db: Any, seeded: Any) -> Non
         assert all(isinstance(o, Submitted) for o in out)
     with db.read() as s:
         assert s.get(Tenant, tid).queued_jobs_bound == 15
+
+
+def test_a_one_tenant_batch_its_tenant_admits_whole_takes_no_lock_of_its_own(db: Any, seeded: Any) -> None:
+    """Within the grant and the queue's limit, one guarded UPDATE admits the batch (no lock's SELECT
+    before it); one job more than the grant pays for, and the batch is judged job by job under the
+    lock, the last one refused."""
+    from sqlalchemy import event
+
+    probe = make_tenant(db, "probe", 1000)
+    one = spec()
+    with db.write() as s:
+        cost = jobs.submit_job(session=s, tenant_id=probe, spec=one).job.reserved_ipu_ms
+    exact = make_tenant(db, "exact", 3 * cost / 3.6e6)
+    over = make_tenant(db, "over", 3 * cost / 3.6e6)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        with db.write() as s:
+            whole = jobs.submit_jobs(session=s, requests=[SubmitRequest(exact, one)] * 3)
+        locked_whole = [q for q in statements if "FOR NO KEY UPDATE" in q]
+        statements.clear()
+        with db.write() as s:
+            split = jobs.submit_jobs(session=s, requests=[SubmitRequest(over, one)] * 4)
+        locked_split = [q for q in statements if "FOR NO KEY UPDATE" in q]
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+    assert [type(o).__name__ for o in whole] == ["Submitted"] * 3
+    assert locked_whole == []
+    assert [type(o).__name__ for o in split] == ["Submitted"] * 3 + ["QuotaExceeded"]
+    assert len(locked_split) == 1
+    with db.read() as s:
+        for tenant_id in (exact, over):
+            t = s.get(Tenant, tenant_id)
+            assert t.reserved_ipu_ms == 3 * cost == t.quota_ipu_ms
+            assert t.queued_jobs_bound == 3
+            n = s.execute(
+                select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
+            ).scalar_one()
+            assert n == 3

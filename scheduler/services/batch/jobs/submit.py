@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
-from sqlalchemy import bindparam, delete, func, insert, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -105,7 +105,8 @@ def submit_jobs(
     and the reservation is one guarded UPDATE per tenant that the database itself refuses if it
     would pass the grant. The tenant row is therefore locked for two statements and the commit,
     which is what lets concurrent batches of one tenant (several API processes) follow each
-    other quickly.
+    other quickly. A one-tenant batch its tenant admits whole needs neither: one guarded UPDATE
+    judges and reserves it (`_reserve_all`), the lock's SELECT only when some job may be refused.
 
     The queued-job limit is judged on the tenant's `queued_jobs_bound` (an upper bound kept under
     the same lock) and the queue is counted, no further than the limit, only when that bound
@@ -172,25 +173,33 @@ def submit_jobs(
             conn.execute(insert(Job.__table__), job_rows)
             conn.execute(_INSERT_EVENTS, event_rows)
 
-    # Judge under each tenant's lock (_LOCK_TENANTS), in request order.
-    tenants = {
-        row.id: row
-        for row in conn.execute(_LOCK_TENANTS, {"ids": sorted({j.tenant_id for j in candidates.values()})})
-    }
-    queued_counts = _queued_counts(conn, tenants, plans, candidates)
     reserve: dict[str, int] = {}
-    refused: list[str] = []
-    for n, job in candidates.items():
-        try:
-            _judge(job, tenants[job.tenant_id], plans[job.tenant_id], now, reserve, queued_counts)
-        except DomainError as exc:
-            outcomes[n] = exc
-            refused.append(job.id)
-            continue
-        outcomes[n] = Submitted(job, replayed=False)
-    if refused:
-        conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
-        conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
+    queued_counts: dict[str, int] = {}
+    (only, *others) = sorted({j.tenant_id for j in candidates.values()})
+    if not others and _reserve_all(conn, only, candidates, plans[only], now):
+        for n, job in candidates.items():
+            outcomes[n] = Submitted(job, replayed=False)
+    else:
+        # Judge under each tenant's lock (_LOCK_TENANTS), in request order.
+        tenants = {
+            row.id: row
+            for row in conn.execute(
+                _LOCK_TENANTS, {"ids": sorted({j.tenant_id for j in candidates.values()})}
+            )
+        }
+        queued_counts = _queued_counts(conn, tenants, plans, candidates)
+        refused: list[str] = []
+        for n, job in candidates.items():
+            try:
+                _judge(job, tenants[job.tenant_id], plans[job.tenant_id], now, reserve, queued_counts)
+            except DomainError as exc:
+                outcomes[n] = exc
+                refused.append(job.id)
+                continue
+            outcomes[n] = Submitted(job, replayed=False)
+        if refused:
+            conn.execute(delete(JobEvent.__table__).where(JobEvent.__table__.c.job_id.in_(refused)))
+            conn.execute(delete(Job.__table__).where(Job.__table__.c.id.in_(refused)))
     # A session's jobs start now, in this transaction, on a free GCD of the session's partition.
     sessions.place_session_jobs(
         session=session,
@@ -208,6 +217,26 @@ def submit_jobs(
         # whole batch rolls back rather than overspend.
         assert done == 1, f"quota guard refused a reservation judged under the tenant's lock ({tenant_id})"
     return _resolve(outcomes, digests)
+
+
+def _reserve_all(
+    conn: Connection, tenant_id: str, candidates: dict[int, Job], plan: Any, now: datetime
+) -> bool:
+    """Admit all of a one-tenant batch in one statement, if its tenant admits every job: the tenant's
+    status, trial, grant and queued-job limit judged by the UPDATE's guard on the row it locks.
+
+    What `_judge` decides job by job comes to this when none is refused: the tenant active and not
+    expired, the batch's total cost within what is left of the grant, and the queue's bound plus
+    the batch within the plan's limit (then the queue needs no count, `_queued_counts`). One
+    statement instead of the lock's SELECT and the reservation's UPDATE: a round trip less, and
+    one less while the tenant's row is locked, which is what concurrent batches of one tenant (the
+    API processes' writers) wait for. False (nothing written): judge job by job under the lock."""
+    total = sum(job.reserved_ipu_ms for job in candidates.values())
+    done = conn.execute(
+        _RESERVE_ALL,
+        {"t": tenant_id, "now": now, "amount": total, "n": len(candidates), "limit": plan.max_queued_jobs},
+    ).rowcount
+    return bool(done == 1)
 
 
 @contextmanager
@@ -369,6 +398,22 @@ _RESERVE = (
     .values(
         reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"),
         queued_jobs_bound=bindparam("bound"),
+    )
+)
+
+
+_RESERVE_ALL = (
+    update(_tenants)
+    .where(
+        _tenants.c.id == bindparam("t"),
+        _tenants.c.status == "active",
+        or_(_tenants.c.expires_at.is_(None), _tenants.c.expires_at > bindparam("now")),
+        _tenants.c.used_ipu_ms + _tenants.c.reserved_ipu_ms + bindparam("amount") <= _tenants.c.quota_ipu_ms,
+        _tenants.c.queued_jobs_bound + bindparam("n") <= bindparam("limit"),
+    )
+    .values(
+        reserved_ipu_ms=_tenants.c.reserved_ipu_ms + bindparam("amount"),
+        queued_jobs_bound=_tenants.c.queued_jobs_bound + bindparam("n"),
     )
 )
 
