@@ -58,7 +58,7 @@ def test_a_failed_round_trip_fails_each_of_its_hits_and_the_next_goes_out() -> N
                 raise ConnectionError("redis went away")
             return await super().incr(key, expiry, amount)
 
-    async def main() -> tuple[list[object], bool]:
+    async def main() -> tuple[list[bool | BaseException], bool]:
         c = _Coalescing(FixedWindowRateLimiter(Failing("async+" + str(REDIS), implementation="redispy")))
         item = _item("5/minute")
         identity = f"key:test-{uuid.uuid4().hex}"
