@@ -171,3 +171,41 @@ def test_a_one_tenant_batch_its_tenant_admits_whole_takes_no_lock_of_its_own(db:
                 select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
             ).scalar_one()
             assert n == 3
+
+
+def test_a_keys_unique_index_stops_what_the_replay_read_misses(
+    db: Any, seeded: Any, monkeypatch: Any
+) -> None:
+    """Were the replay read to miss a key committed meanwhile, the batch's INSERT fails on the key's
+    index: IdempotencyRace, nothing of the batch kept, and the retry replays the first job."""
+    from scheduler.services.batch.jobs import submit as submit_module
+
+    tenant = make_tenant(db, "keyed", 1000)
+    one = spec()
+    with db.write() as s:
+        first = jobs.submit_job(session=s, tenant_id=tenant, spec=one, idempotency_key="nightly")
+    with db.read() as s:
+        held = s.get(Tenant, tenant).reserved_ipu_ms
+    with monkeypatch.context() as m:
+        m.setattr(submit_module, "_replays", lambda *a, **k: None)  # a unit fault: the read misses
+        with db.write() as s:
+            try:
+                jobs.submit_jobs(
+                    session=s,
+                    requests=[SubmitRequest(tenant, one), SubmitRequest(tenant, one, "nightly")],
+                )
+            except jobs.IdempotencyRace:
+                raced = True
+            else:
+                raced = False
+            assert raced
+            s.rollback()
+    with db.read() as s:
+        assert (
+            s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tenant)).scalar_one() == 1
+        )
+        assert s.execute(select(func.count()).select_from(JobEvent)).scalar_one() >= 1
+        assert s.get(Tenant, tenant).reserved_ipu_ms == held
+    with db.write() as s:
+        again = jobs.submit_job(session=s, tenant_id=tenant, spec=one, idempotency_key="nightly")
+    assert again.replayed and again.job.id == first.job.id

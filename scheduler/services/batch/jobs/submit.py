@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
+import psycopg
 from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -156,22 +157,21 @@ def submit_jobs(
     # `INSERT ... VALUES (...), (...)` took 3-5 times as long on PostgreSQL, `.values(rows)` 12-20
     # times and an unnest of column arrays 2-3 times (benchmarks/submit_batch.py, docs/performance.md).
     # The events go in before the lock, so that the lock is held for as little as possible; a
-    # refused job's event goes with it.
+    # refused job's event goes with it. Both executemanys in one pipeline: one round trip instead
+    # of one each (an eighth of the writer's wall time went to the second under 16 clients, py-spy).
     event_rows = [_queued_event(job, now) for job in candidates.values()]
-    if any(j.idempotency_key is not None for j in candidates.values()):
-        try:
-            with session.begin_nested():
-                conn.execute(insert(Job.__table__), job_rows)
-        except IntegrityError as exc:
-            raise IdempotencyRace() from exc
-        conn.execute(_INSERT_EVENTS, event_rows)
-    else:
-        # Both executemanys in one pipeline: one round trip instead of one each (a fifth of the
-        # writer's wall time went to the second under 16 clients, py-spy). Not with the savepoint
-        # above: there the jobs' IntegrityError must surface inside it, not at the pipeline's sync.
+    try:
         with _one_round_trip(conn):
             conn.execute(insert(Job.__table__), job_rows)
             conn.execute(_INSERT_EVENTS, event_rows)
+    except (IntegrityError, psycopg.IntegrityError) as exc:
+        # A key's unique index stops what the replay read could not see: another request with this
+        # key committed after that read. The transaction is spent; the caller retries in a new one,
+        # which replays that request's job. (Raised at the pipeline's end, so no savepoint: nothing
+        # of this transaction is kept anyway.)
+        if any(j.idempotency_key is not None for j in candidates.values()):
+            raise IdempotencyRace() from exc
+        raise
 
     reserve: dict[str, int] = {}
     queued_counts: dict[str, int] = {}
