@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
 from scheduler.models import Job, JobEvent, Tenant
@@ -130,6 +131,12 @@ def test_a_long_queue_is_not_counted_per_submission(db: Any, seeded: Any) -> Non
         assert s.get(Tenant, tid).queued_jobs_bound == 15
 
 
+def _locks_tenants(statement: str) -> bool:
+    # The lock's SELECT (`submit._LOCK_TENANTS`; FOR NO KEY UPDATE on PostgreSQL, a plain SELECT in
+    # SQLite's immediate transaction): the only SELECT of a submission reading the queue's bound.
+    return statement.lstrip().startswith("SELECT") and "tenants.queued_jobs_bound" in statement
+
+
 def test_a_one_tenant_batch_its_tenant_admits_whole_takes_no_lock_of_its_own(db: Any, seeded: Any) -> None:
     """Within the grant and the queue's limit, one guarded UPDATE admits the batch (no lock's SELECT
     before it); one job more than the grant pays for, and the batch is judged job by job under the
@@ -151,17 +158,17 @@ def test_a_one_tenant_batch_its_tenant_admits_whole_takes_no_lock_of_its_own(db:
     try:
         with db.write() as s:
             whole = jobs.submit_jobs(session=s, requests=[SubmitRequest(exact, one)] * 3)
-        locked_whole = [q for q in statements if "FOR NO KEY UPDATE" in q]
+        locked_whole = [q for q in statements if _locks_tenants(q)]
         statements.clear()
         with db.write() as s:
             split = jobs.submit_jobs(session=s, requests=[SubmitRequest(over, one)] * 4)
-        locked_split = [q for q in statements if "FOR NO KEY UPDATE" in q]
+        locked_split = [q for q in statements if _locks_tenants(q)]
     finally:
         event.remove(db.engine, "before_cursor_execute", seen)
     assert [type(o).__name__ for o in whole] == ["Submitted"] * 3
     assert locked_whole == []
     assert [type(o).__name__ for o in split] == ["Submitted"] * 3 + ["QuotaExceeded"]
-    assert len(locked_split) == 1
+    assert len(locked_split) == 1, statements
     with db.read() as s:
         for tenant_id in (exact, over):
             t = s.get(Tenant, tenant_id)
@@ -209,3 +216,31 @@ def test_a_keys_unique_index_stops_what_the_replay_read_misses(
     with db.write() as s:
         again = jobs.submit_job(session=s, tenant_id=tenant, spec=one, idempotency_key="nightly")
     assert again.replayed and again.job.id == first.job.id
+
+
+def test_a_database_error_at_the_pipelines_end_is_sqlalchemys(db: Any, seeded: Any) -> None:
+    """What PostgreSQL refuses in the pipelined INSERTs (`submit._one_round_trip`), raised by psycopg
+    at the pipeline's sync outside SQLAlchemy's execute, reaches callers as SQLAlchemy's error class,
+    as from any execute: the submit path catches its IntegrityError (a key's race), and the API's
+    handlers answer by class (a database gone: 503)."""
+    import pytest
+
+    from scheduler.models import utcnow
+    from scheduler.services.batch.jobs import submit as submit_module
+
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("psycopg's pipeline: PostgreSQL only")
+    event = {
+        "job_id": "job_none",
+        "kind": "state",
+        "message": "m",
+        "data": None,
+        "at": utcnow(),
+        "attempt": None,
+    }
+    with pytest.raises(IntegrityError), db.write() as s:
+        conn = s.connection()
+        with submit_module._one_round_trip(conn):
+            # One row: a plain execute, which in a pipeline waits for nothing; the server's refusal
+            # (no such job) comes at the sync.
+            conn.execute(submit_module._INSERT_EVENTS, event)

@@ -14,7 +14,7 @@ import orjson
 import psycopg
 from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import billing
@@ -164,7 +164,7 @@ def submit_jobs(
         with _one_round_trip(conn):
             conn.execute(insert(Job.__table__), job_rows)
             conn.execute(_INSERT_EVENTS, event_rows)
-    except (IntegrityError, psycopg.IntegrityError) as exc:
+    except IntegrityError as exc:
         # A key's unique index stops what the replay read could not see: another request with this
         # key committed after that read. The transaction is spent; the caller retries in a new one,
         # which replays that request's job. (Raised at the pipeline's end, so no savepoint: nothing
@@ -248,8 +248,14 @@ def _one_round_trip(conn: Connection) -> Iterator[None]:
     if conn.dialect.driver != "psycopg" or driver is None:
         yield
         return
-    with driver.pipeline():
-        yield
+    try:
+        with driver.pipeline():
+            yield
+    except psycopg.Error as exc:
+        # Raised by psycopg at the sync, outside SQLAlchemy's execute: wrapped as SQLAlchemy wraps
+        # it there (IntegrityError, DataError, OperationalError, ...), which is what callers and the
+        # API's error handlers (a 503 for a database gone, a 422 for a NUL) know.
+        raise DBAPIError.instance(None, None, exc, psycopg.Error, dialect=conn.dialect) from exc
 
 
 def _replays(
