@@ -8,11 +8,13 @@ retry loop. Read-only transactions stay deferred so readers never queue behind w
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import (
     CursorResult,
     Engine,
@@ -67,6 +69,7 @@ def make_engine(
     engine = create_engine(
         url,
         echo=echo,
+        json_serializer=_json_dumps,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_recycle=1800,
@@ -82,6 +85,19 @@ def make_engine(
     )
     _ping_idle_connections(engine)
     return engine
+
+
+def _json_dumps(value: Any) -> bytes | str:
+    """JSON columns' text for PostgreSQL (psycopg takes bytes): orjson where it can, else the standard
+    library's, so that what orjson does not take (non-string keys, a float subclass) is written as
+    before. The same values either way; only the text's spacing and escaping differ.
+
+    A submission writes eight JSON values per job (spec, options, event data, ...); with the standard
+    library's encoder they were a tenth of the submit writer's time per batch (cProfile)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value)
 
 
 # A connection used moments ago is alive: pinging it on every checkout (pool_pre_ping) would cost a

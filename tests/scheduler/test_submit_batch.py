@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from scheduler.errors import DoesNotFit, IdempotencyConflict, InvalidRequest, LimitExceeded, QuotaExceeded
 from scheduler.models import Job, JobEvent, Tenant
@@ -128,3 +129,118 @@ def test_a_long_queue_is_not_counted_per_submission(db: Any, seeded: Any) -> Non
         assert all(isinstance(o, Submitted) for o in out)
     with db.read() as s:
         assert s.get(Tenant, tid).queued_jobs_bound == 15
+
+
+def _locks_tenants(statement: str) -> bool:
+    # The lock's SELECT (`submit._LOCK_TENANTS`; FOR NO KEY UPDATE on PostgreSQL, a plain SELECT in
+    # SQLite's immediate transaction): the only SELECT of a submission reading the queue's bound.
+    return statement.lstrip().startswith("SELECT") and "tenants.queued_jobs_bound" in statement
+
+
+def test_a_one_tenant_batch_its_tenant_admits_whole_takes_no_lock_of_its_own(db: Any, seeded: Any) -> None:
+    """Within the grant and the queue's limit, one guarded UPDATE admits the batch (no lock's SELECT
+    before it); one job more than the grant pays for, and the batch is judged job by job under the
+    lock, the last one refused."""
+    from sqlalchemy import event
+
+    probe = make_tenant(db, "probe", 1000)
+    one = spec()
+    with db.write() as s:
+        cost = jobs.submit_job(session=s, tenant_id=probe, spec=one).job.reserved_ipu_ms
+    exact = make_tenant(db, "exact", 3 * cost / 3.6e6)
+    over = make_tenant(db, "over", 3 * cost / 3.6e6)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    try:
+        with db.write() as s:
+            whole = jobs.submit_jobs(session=s, requests=[SubmitRequest(exact, one)] * 3)
+        locked_whole = [q for q in statements if _locks_tenants(q)]
+        statements.clear()
+        with db.write() as s:
+            split = jobs.submit_jobs(session=s, requests=[SubmitRequest(over, one)] * 4)
+        locked_split = [q for q in statements if _locks_tenants(q)]
+    finally:
+        event.remove(db.engine, "before_cursor_execute", seen)
+    assert [type(o).__name__ for o in whole] == ["Submitted"] * 3
+    assert locked_whole == []
+    assert [type(o).__name__ for o in split] == ["Submitted"] * 3 + ["QuotaExceeded"]
+    assert len(locked_split) == 1, statements
+    with db.read() as s:
+        for tenant_id in (exact, over):
+            t = s.get(Tenant, tenant_id)
+            assert t.reserved_ipu_ms == 3 * cost == t.quota_ipu_ms
+            assert t.queued_jobs_bound == 3
+            n = s.execute(
+                select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id)
+            ).scalar_one()
+            assert n == 3
+
+
+def test_a_keys_unique_index_stops_what_the_replay_read_misses(
+    db: Any, seeded: Any, monkeypatch: Any
+) -> None:
+    """Were the replay read to miss a key committed meanwhile, the batch's INSERT fails on the key's
+    index: IdempotencyRace, nothing of the batch kept, and the retry replays the first job."""
+    from scheduler.services.batch.jobs import submit as submit_module
+
+    tenant = make_tenant(db, "keyed", 1000)
+    one = spec()
+    with db.write() as s:
+        first = jobs.submit_job(session=s, tenant_id=tenant, spec=one, idempotency_key="nightly")
+    with db.read() as s:
+        held = s.get(Tenant, tenant).reserved_ipu_ms
+    with monkeypatch.context() as m:
+        m.setattr(submit_module, "_replays", lambda *a, **k: None)  # a unit fault: the read misses
+        with db.write() as s:
+            try:
+                jobs.submit_jobs(
+                    session=s,
+                    requests=[SubmitRequest(tenant, one), SubmitRequest(tenant, one, "nightly")],
+                )
+            except jobs.IdempotencyRace:
+                raced = True
+            else:
+                raced = False
+            assert raced
+            s.rollback()
+    with db.read() as s:
+        assert (
+            s.execute(select(func.count()).select_from(Job).where(Job.tenant_id == tenant)).scalar_one() == 1
+        )
+        assert s.execute(select(func.count()).select_from(JobEvent)).scalar_one() >= 1
+        assert s.get(Tenant, tenant).reserved_ipu_ms == held
+    with db.write() as s:
+        again = jobs.submit_job(session=s, tenant_id=tenant, spec=one, idempotency_key="nightly")
+    assert again.replayed and again.job.id == first.job.id
+
+
+def test_a_database_error_at_the_pipelines_end_is_sqlalchemys(db: Any, seeded: Any) -> None:
+    """What PostgreSQL refuses in the pipelined INSERTs (`submit._one_round_trip`), raised by psycopg
+    at the pipeline's sync outside SQLAlchemy's execute, reaches callers as SQLAlchemy's error class,
+    as from any execute: the submit path catches its IntegrityError (a key's race), and the API's
+    handlers answer by class (a database gone: 503)."""
+    import pytest
+
+    from scheduler.models import utcnow
+    from scheduler.services.batch.jobs import submit as submit_module
+
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("psycopg's pipeline: PostgreSQL only")
+    event = {
+        "job_id": "job_none",
+        "kind": "state",
+        "message": "m",
+        "data": None,
+        "at": utcnow(),
+        "attempt": None,
+    }
+    with pytest.raises(IntegrityError), db.write() as s:
+        conn = s.connection()
+        with submit_module._one_round_trip(conn):
+            # One row: a plain execute, which in a pipeline waits for nothing; the server's refusal
+            # (no such job) comes at the sync.
+            conn.execute(submit_module._INSERT_EVENTS, event)

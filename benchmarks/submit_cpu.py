@@ -1,0 +1,106 @@
+"""Submit throughput and the API's CPU per accepted submission, from 16 `wrk` clients.
+
+The cloud as `control_plane.py` starts it for its submit figure (one API process per core, the
+scheduler stopped, one-step jobs). On a shared machine the throughput measures the load as much as
+the cloud; the API processes' CPU per accepted submission (from /proc, over the number accepted) is
+the steadier figure for comparing two versions run one after the other.
+
+    .venv/bin/python benchmarks/submit_cpu.py LABEL [--seconds 15] [--db-name cp_bench_sf]
+        [--redis-url redis://127.0.0.1:6379/13]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.control_plane import BENCH_ENV, ONE_STEP_JOB, wrk  # noqa: E402
+from benchmarks.harness import PG_DEFAULT, REDIS_DEFAULT, fresh_database, prepare, start_cloud  # noqa: E402
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (uvicorn's supervisor and its worker processes)."""
+    out = [pid]
+    for p in os.listdir("/proc"):
+        if p.isdigit() and (st := _stat(int(p))) is not None and int(st[1]) == pid:
+            out += _tree(int(p))
+    return out
+
+
+def _cpu_s(pids: list[int]) -> float:
+    ticks = sum(int(st[11]) + int(st[12]) for p in pids if (st := _stat(p)) is not None)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _api_pid(port: str) -> int:
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/cmdline") as f:
+                    cmd = f.read().split("\0")
+            except OSError:
+                continue
+            if "ipucloud" in cmd and "api" in cmd and port in cmd:
+                return int(p)
+    raise RuntimeError("the API process was not found")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("label")
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
+    ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
+    ap.add_argument("--db-name", default="ipucloud_submit_cpu", help="made (dropped first) on that server")
+    args = ap.parse_args()
+    os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
+    import redis as redis_lib
+
+    redis_lib.Redis.from_url(args.redis_url).flushdb()
+    db_url = fresh_database(args.database_url, args.db_name)
+    admin, key = prepare(db_url, pods=16)
+    cloud = start_cloud(
+        db_url,
+        args.redis_url,
+        Path(tempfile.mkdtemp(prefix="ipucloud-submit-cpu-")),
+        admin,
+        api_workers=os.cpu_count() or 2,
+        worker_procs=0,
+        concurrency=1,
+        scheduler=False,
+        extra_env=BENCH_ENV,
+    )
+    try:
+        pids = _tree(_api_pid(cloud.url.rsplit(":", 1)[1]))
+        url = f"{cloud.url}/api/v1/jobs"
+        wrk(url, ONE_STEP_JOB, key, clients=16, seconds=3)  # warm-up: key cache, prepared statements
+        load0, cpu0 = os.getloadavg()[0], _cpu_s(pids)
+        rate, p50, p99, errors = wrk(url, ONE_STEP_JOB, key, clients=16, seconds=args.seconds)
+        cpu1, load1 = _cpu_s(pids), os.getloadavg()[0]
+        accepted = rate * args.seconds
+        print(
+            f"{args.label}: {rate:.0f} jobs/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms, {errors} errors; API CPU "
+            f"{1000 * (cpu1 - cpu0) / accepted:.3f} ms a submission ({(cpu1 - cpu0) / args.seconds:.2f} "
+            f"cores, {len(pids)} processes); load average {load0:.1f} -> {load1:.1f}",
+            flush=True,
+        )
+    finally:
+        cloud.stop_all()
+
+
+if __name__ == "__main__":
+    main()
