@@ -327,15 +327,33 @@ class TestOneCloud:
             ).json()["id"]
             wait_session(c, sid, ("active",))
             # An admin cuts the grant below what the session holds: 0.01 IPU-hours is 36 IPU-seconds,
-            # less than one meter tick of this cloud (0.5 wall s x 100 = 50 cluster s).
+            # less than one meter tick of this cloud (0.5 wall s x 100 = 50 cluster s). The session
+            # may have been billed more than that before the cut lands (a busy machine answers the
+            # admin late): what the cut promises is that nothing more is billed past the grant.
             with slow_cloud.admin() as a:
                 r = a.patch(f"/api/v1/admin/tenants/{tid}", json={"quota_ipu_hours": 0.01})
                 assert r.status_code == 200, r.text
+            with db.read() as s:
+                at_cut = s.get(Tenant, tid).used_ipu_ms
             ended = wait_session(c, sid, ("ended",))
             assert ended["ended_reason"] == "quota", ended
+            with db.read() as s:
+                at_end = s.get(Tenant, tid).used_ipu_ms
+            # Two meter ticks on, an ended session has been billed nothing more.
+            time.sleep(1.0)
+            r = c.get("/api/v1/usage")
+            assert r.status_code == 200, r.text
+            usage = r.json()
         with db.read() as s:
             tenant = s.get(Tenant, tid)
-            assert tenant.used_ipu_ms <= tenant.quota_ipu_ms == 36_000
+            assert tenant.quota_ipu_ms == 36_000
+            # Billing stops exactly at the grant, or where it stood at the cut if that was already
+            # past it: a tick cut to what was left, or none at all.
+            assert tenant.used_ipu_ms == at_end == max(tenant.quota_ipu_ms, at_cut), (
+                tenant.used_ipu_ms,
+                at_end,
+                at_cut,
+            )
             assert (
                 tenant.used_ipu_ms
                 == s.execute(
@@ -344,6 +362,8 @@ class TestOneCloud:
             )
             assert tenant.reserved_ipu_ms == 0
             assert s.get(Partition, s.get(IpuSession, sid).partition_pk).released_at is not None
+            assert usage["used_ipu_hours"] == round(tenant.used_ipu_ms / 3_600_000, 6)
+            assert usage["remaining_ipu_hours"] == 0
 
     def test_a_job_finding_the_session_busy_runs_after_the_one_before_it(
         self, shared_slow_cloud: RunningCloud
