@@ -142,8 +142,14 @@ def test_no_second_step_while_the_first_ones_load_nor_for_the_backlog_they_were_
 def test_a_sustained_higher_load_still_scales_further() -> None:
     policy = ScalePolicy(**{**STEP_POLICY.__dict__, "replicas_max": 32})
     state = ScaleState(desired=9, above_since=at(0))
-    more = Window(requests=90000, answered=60000, queue_delay_ms=400.0, queued=500, arrival_rps=1500.0,
-                  recent_queue_delay_ms=300.0)
+    more = Window(
+        requests=90000,
+        answered=60000,
+        queue_delay_ms=400.0,
+        queued=500,
+        arrival_rps=1500.0,
+        recent_queue_delay_ms=300.0,
+    )
     state, why = decide_scale(policy, state, more, serving=9, now=at(1))
     assert state.desired == 9  # the up delay, from when it was first seen above target
     state, why = decide_scale(policy, state, more, serving=9, now=at(2))
@@ -153,14 +159,21 @@ def test_a_sustained_higher_load_still_scales_further() -> None:
 
 def test_the_recent_queue_delay_not_the_minutes_mean_decides_up() -> None:
     # The minute's mean holds the backlog just drained; the last seconds' answers waited 3 ms.
-    drained = Window(requests=25000, answered=25000, queue_delay_ms=900.0, queued=0, arrival_rps=500.0,
-                     recent_queue_delay_ms=3.0)
+    drained = Window(
+        requests=25000,
+        answered=25000,
+        queue_delay_ms=900.0,
+        queued=0,
+        arrival_rps=500.0,
+        recent_queue_delay_ms=3.0,
+    )
     state = ScaleState(desired=6, above_since=at(0))
     state, why = decide_scale(STEP_POLICY, state, drained, serving=6, now=at(30))
     assert state.desired == 6 and state.above_since is None, why
     # Still waiting in the last seconds: above target, the same figure decides.
     waiting = replace(drained, recent_queue_delay_ms=100.0, queued=2000, arrival_rps=700.0)
-    state, _ = decide_scale(STEP_POLICY, ScaleState(desired=6, above_since=at(0)), waiting, serving=6, now=at(2))
+    six = ScaleState(desired=6, above_since=at(0))
+    state, _ = decide_scale(STEP_POLICY, six, waiting, serving=6, now=at(2))
     assert state.desired > 6
 
 

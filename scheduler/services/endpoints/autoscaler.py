@@ -65,7 +65,8 @@ def decide_scale(
     With the plan's throughput at the configured batch (`capacity_rps`) the step is sized at once
     (`_grown`): the replicas the arriving requests need plus those that clear, within `CLEAR_S`, the
     backlog there will be once the new ones serve; without it, by the ratio of delay to target, at
-    most doubling (likewise when no arrivals are counted). Never past `replicas_max` (which create and change keep within the plan's limits).
+    most doubling (likewise when no arrivals are counted). Never past `replicas_max` (which create and
+    change keep within the plan's limits).
     Down by one after the minute's queue delay stays under half the target and the load would fit in
     one replica fewer for `scale_down_delay_s`. To zero after `scale_to_zero_after_s` with no request
     (only with replicas.min 0). From zero at once when a request waits. No window (the data plane
@@ -93,9 +94,9 @@ def decide_scale(
         above = above or now
         below = None
         if waited(above, policy.scale_up_delay_s) and serving >= desired and desired < hi:
-            grown, up = _grown(policy, desired, window, serving, delay)
+            grown, reason = _grown(policy, desired, window, serving, delay)
             if grown > desired:
-                return ScaleState(grown, now, None, idle_since), up
+                return ScaleState(grown, now, None, idle_since), reason
         return ScaleState(desired, above, below, idle_since), why
     above = None
     if (
@@ -137,7 +138,8 @@ def _grown(
     capacity = policy.capacity_rps
     if not capacity or capacity <= 0 or window.arrival_rps <= 0:
         # No plan figures, or no arrivals counted (a data plane that does not count them): the delay.
-        grown = min(policy.replicas_max, 2 * desired, max(desired + 1, math.ceil(desired * delay_ms / target)))
+        by_delay = max(desired + 1, math.ceil(desired * delay_ms / target))
+        grown = min(policy.replicas_max, 2 * desired, by_delay)
         return grown, f"{why}: {desired} -> {grown} replicas"
     arriving = window.arrival_rps
     carry = replicas_needed(arriving, capacity)
