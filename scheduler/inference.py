@@ -19,7 +19,8 @@ No request touches the database. Per endpoint:
   and ``ep:<id>:doomed``: those found not running, and since when (``reap_inflight``).
 - ``ep:<id>:c:<bucket>``  counters of a ``BUCKET_S`` bucket (hash), written in batches by the API
   (accepted, 429, cold starts, 503) and by the replicas (answered, batches, rows, queue delay,
-  latency histogram), read by ``windows``.
+  latency histogram, and the queue delay second by second: ``qd:<second>``, ``qn:<second>``, for the
+  autoscaler's recent figure), read by ``windows``.
 - ``ep:<id>:a:<second>``  requests offered (accepted or refused 429) in one wall second, counted by
   ``ENQUEUE`` as they arrive: what the autoscaler reads to size a step in the load at once.
 - ``reply:<waiter>``  one list per API process: replicas push answers there, one reader per process
@@ -60,6 +61,9 @@ GONE_ANSWER = f"{GONE} 0 0 0 0 0 0"
 ARRIVALS_TTL_S = 120
 RECENT_S = 3
 """The autoscaler's arrival rate is that of the last this many whole seconds."""
+RECENT_DELAY_S = 5
+"""The autoscaler's queue delay is that of the requests answered in the last this many whole seconds
+(``Window.recent_queue_delay_ms``): counters are written a few times a second, in batches."""
 HIST_RATIO = 1.09
 """Latency histogram bins are 9% wide: a percentile read from them is within about 4.5%."""
 _LOG_RATIO = math.log(HIST_RATIO)
@@ -473,6 +477,10 @@ class Counts:
         f = self.fields[(endpoint_id, bucket_of(at))]
         f["answered"] = f.get("answered", 0) + 1
         f["queue_ms"] = f.get("queue_ms", 0) + answer.queue_ms + answer.batch_ms
+        # The same second by second, in the bucket's own hash (no key more to write or read).
+        sec = int(at)
+        f[f"qd:{sec}"] = f.get(f"qd:{sec}", 0) + answer.queue_ms + answer.batch_ms
+        f[f"qn:{sec}"] = f.get(f"qn:{sec}", 0) + 1
         f["latency_ms"] = f.get("latency_ms", 0) + answer.latency_ms
         h = f"h{hist_bin(answer.latency_ms)}"
         f[h] = f.get(h, 0) + 1
@@ -493,7 +501,7 @@ class Counts:
             key = counter_key(endpoint_id, bucket)
             for name, n in f.items():
                 # A hash field takes integer or float increments, never both.
-                if name in _FLOAT_FIELDS:
+                if name in _FLOAT_FIELDS or name.startswith("qd:"):
                     pipe.hincrbyfloat(key, name, float(n))
                 else:
                     pipe.hincrby(key, name, int(n))
@@ -531,6 +539,9 @@ class Window:
     """Requests offered a second over the last ``RECENT_S`` whole seconds (accepted or refused 429),
     for the autoscaler: ``rps`` is what was answered over the whole window, which under a load step is
     the old load, or what the replicas serving manage, not what arrives."""
+    recent_queue_delay_ms: float | None = None
+    """The mean queue delay of the requests answered in the last ``RECENT_DELAY_S`` whole seconds (None:
+    none was), for the autoscaler: the window's mean stays above target long after a backlog is gone."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -555,15 +566,25 @@ def summarise(
     queued: int,
     ready: int,
     arrival_rps: float = 0.0,
+    recent: range | None = None,
 ) -> Window:
+    """The counters' ``Window``; ``recent``: the wall seconds whose per-second queue delay makes
+    ``recent_queue_delay_ms``."""
     total: dict[str, float] = defaultdict(float)
     hist: dict[int, float] = defaultdict(float)
+    recent_ms = recent_n = 0.0
     for c in counters:
         for k, v in c.items():
             name = k.decode() if isinstance(k, bytes) else k
             value = float(v)
             if name.startswith("h"):
                 hist[int(name[1:])] += value
+            elif name.startswith("q") and name[2:3] == ":":
+                if recent is not None and int(name[3:]) in recent:
+                    if name[1] == "d":
+                        recent_ms += value
+                    else:
+                        recent_n += value
             else:
                 total[name] += value
     answered = int(total["answered"])
@@ -584,6 +605,7 @@ def summarise(
         queued=queued,
         ready_replicas=ready,
         arrival_rps=arrival_rps,
+        recent_queue_delay_ms=recent_ms / recent_n if recent_n else None,
     )
 
 
@@ -597,6 +619,7 @@ def windows(
     first = bucket_of(now - seconds) + 1
     span = max(now - first * BUCKET_S, 1e-9)
     this_second = int(now)
+    recent = range(this_second - RECENT_DELAY_S, this_second)
     pipe = r.pipeline(transaction=False)
     for eid in endpoint_ids:
         for b in range(first, last + 1):
@@ -610,7 +633,7 @@ def windows(
     for i, eid in enumerate(endpoint_ids):
         chunk = out[i * (n + 3) : (i + 1) * (n + 3)]
         arriving = sum(int(x) for x in chunk[n + 2] if x is not None) / RECENT_S
-        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]), arriving)
+        result[eid] = summarise(chunk[:n], span, int(chunk[n]), int(chunk[n + 1]), arriving, recent)
     return result
 
 

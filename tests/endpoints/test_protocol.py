@@ -143,3 +143,20 @@ def test_counters_mix_integer_and_float_fields_and_give_percentiles(runtime: Any
     assert w.p50_ms == pytest.approx(1.5, rel=0.05)
     assert w.p90_ms == pytest.approx(2.5, rel=0.05)
     assert w.p99_ms == pytest.approx(10.5, rel=0.05)
+
+
+def test_the_recent_queue_delay_is_that_of_the_last_seconds_answers_only() -> None:
+    """A backlog answered a minute ago weighs on the window's mean, not on its recent figure."""
+    counts = inference.Counts()
+    now = 1_000_000.0
+    for i in range(100):  # the backlog, answered 40 s ago after waiting 2 s
+        counts.add_answer(EP, Answer(f"old{i}", 200, 1, 1, 2000.0, 0.0, 4.0, 4.0), now - 40 + i / 100)
+    for i in range(10):  # the last seconds: 3 ms
+        counts.add_answer(EP, Answer(f"new{i}", 200, 1, 1, 3.0, 0.0, 4.0, 4.0), now - 3 + i / 10)
+    hashes = [{k: str(v) for k, v in f.items()} for f in counts.fields.values()]
+    recent = range(int(now) - inference.RECENT_DELAY_S, int(now))
+    w = inference.summarise(hashes, 60.0, 0, 1, 0.0, recent)
+    assert w.queue_delay_ms > 1000 and w.answered == 110
+    assert w.recent_queue_delay_ms == pytest.approx(3.0)
+    # None answered in the recent seconds: no recent figure (the autoscaler then reads the minute's).
+    assert inference.summarise(hashes, 60.0, 0, 1, 0.0, range(0, 5)).recent_queue_delay_ms is None

@@ -48,6 +48,7 @@ class Window:
     queued: int = 0
     ready_replicas: int = 0
     arrival_rps: float = 0.0
+    recent_queue_delay_ms: float | None = None
 
 
 BUSY = Window(requests=600, answered=600, rps=10.0, mean_batch=4, queue_delay_ms=200.0, p50_ms=30, p99_ms=90)
@@ -88,57 +89,92 @@ def test_scale_up_waits_for_the_delay_and_at_most_doubles() -> None:
     assert state.desired == 4  # replicas.max
 
 
-def test_a_load_step_asks_at_once_for_the_replicas_the_arriving_load_needs() -> None:
-    # The benchmark's step: the LSTM at batch 1 serves 120 requests/s a replica; 500 arrive.
-    policy = ScalePolicy(
-        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0}
-    )
-    step = Window(requests=1400, answered=1300, rps=22.0, queue_delay_ms=900.0, queued=800, arrival_rps=500.0)
-    state, _ = decide_scale(policy, ScaleState(desired=1), step, serving=1, now=at(0))
+STEP_POLICY = ScalePolicy(
+    **{**POLICY.__dict__, "replicas_max": 16, "scale_up_delay_s": 2, "capacity_rps": 120.0, "load_s": 10.0}
+)
+"""The benchmark's step: the LSTM at batch 1 serves 120 requests/s a replica, and a replica added
+loads in 10 s."""
+
+
+def test_a_load_step_asks_at_once_for_the_arrivals_and_the_backlog_they_leave() -> None:
+    # 10 -> 500 requests/s; two seconds later 950 wait behind the one replica serving.
+    step = Window(requests=1300, answered=600, rps=10.0, queue_delay_ms=400.0, queued=950, arrival_rps=500.0)
+    state, _ = decide_scale(STEP_POLICY, ScaleState(desired=1), step, serving=1, now=at(0))
     assert state.desired == 1
-    state, why = decide_scale(policy, state, step, serving=1, now=at(2))
-    # ceil(500 / 120) = 5 at once, not 1 -> 2 -> 4 -> 8 one doubling (and one warm load) at a time.
-    assert state.desired == 5, why
-    assert why is not None and "500 requests/s arriving need 5 replicas" in why and "1 -> 5" in why
-    # Nothing more while the four new ones start.
-    state, _ = decide_scale(policy, state, step, serving=1, now=at(10))
-    assert state.desired == 5
+    state, why = decide_scale(STEP_POLICY, state, step, serving=1, now=at(2))
+    # ceil(500 / 120) = 5 carry the arrivals; until they serve (10 s) the one replica falls 380/s
+    # behind: 950 + 3,800 = 4,750 waiting, which ceil(4,750 / (120 * 10)) = 4 more clear in 10 s.
+    assert state.desired == 9, why
+    assert why is not None and "500 requests/s arriving need 5 replicas" in why and "1 -> 9" in why
     # Bounded by replicas.max.
-    flood = Window(requests=9000, queue_delay_ms=900.0, arrival_rps=5000.0)
-    state, _ = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), flood, serving=1, now=at(2))
+    capped = ScalePolicy(**{**STEP_POLICY.__dict__, "replicas_max": 8})
+    state, _ = decide_scale(capped, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
     assert state.desired == 8
-    # When the arrivals need no more than it has (a backlog to drain), the queue delay's ratio still
-    # adds replicas, at most doubling; without plan figures, likewise.
-    backlog = Window(requests=3000, queue_delay_ms=900.0, arrival_rps=100.0)
-    state, _ = decide_scale(policy, ScaleState(desired=2, above_since=at(0)), backlog, serving=2, now=at(2))
-    assert state.desired == 4
-    blind = ScalePolicy(**{**policy.__dict__, "capacity_rps": None})
+    # No backlog and no one behind: the arrivals alone.
+    even = replace(step, queued=0, arrival_rps=240.0)
+    state, _ = decide_scale(STEP_POLICY, ScaleState(desired=2, above_since=at(0)), even, serving=2, now=at(2))
+    assert state.desired == 2  # what it has: no step
+    state, _ = decide_scale(STEP_POLICY, ScaleState(desired=1, above_since=at(0)), even, serving=1, now=at(2))
+    assert state.desired == 3  # 2 carry 240/s; the one serving falls 120/s behind for 10 s: one more
+    # Without plan figures, by the queue delay's ratio, at most doubling.
+    blind = ScalePolicy(**{**STEP_POLICY.__dict__, "capacity_rps": None})
     state, _ = decide_scale(blind, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
     assert state.desired == 2
 
 
-def test_a_load_step_seen_in_the_backlog_asks_for_what_it_needs_though_the_arrivals_lag() -> None:
-    # The benchmark's step again, decided two seconds after it began: the last three whole seconds of
-    # arrivals still hold a second of the old 10 requests/s (337/s: 3 replicas), but behind the backlog
-    # the one replica runs flat out and 950 requests piled up in two seconds: 120 + 475 arrive a second.
-    policy = ScalePolicy(
-        **{**POLICY.__dict__, "replicas_max": 8, "scale_up_delay_s": 2, "capacity_rps": 120.0}
+def test_no_second_step_while_the_first_ones_load_nor_for_the_backlog_they_were_sized_for() -> None:
+    step = Window(requests=1300, answered=600, queue_delay_ms=400.0, queued=950, arrival_rps=500.0)
+    state, _ = decide_scale(STEP_POLICY, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
+    assert state.desired == 9
+    # While the eight load, the backlog grows behind the one serving: capacity on its way, no step.
+    for t, queued in ((5, 2100), (8, 3200), (11, 4400)):
+        grown = replace(step, queued=queued, recent_queue_delay_ms=9000.0)
+        state, _ = decide_scale(STEP_POLICY, state, grown, serving=1, now=at(t))
+        assert state.desired == 9, t
+    # They serve, behind the backlog they were sized for: the delay is still far above target (the
+    # requests answered waited in it), and the rule does not fire again.
+    behind = replace(step, queued=4700, recent_queue_delay_ms=9000.0)
+    for t in (13, 15, 20):
+        state, why = decide_scale(STEP_POLICY, state, behind, serving=9, now=at(t))
+        assert state.desired == 9, why
+
+
+def test_a_sustained_higher_load_still_scales_further() -> None:
+    policy = ScalePolicy(**{**STEP_POLICY.__dict__, "replicas_max": 32})
+    state = ScaleState(desired=9, above_since=at(0))
+    more = Window(
+        requests=90000,
+        answered=60000,
+        queue_delay_ms=400.0,
+        queued=500,
+        arrival_rps=1500.0,
+        recent_queue_delay_ms=300.0,
     )
-    step = Window(requests=1300, answered=600, rps=10.0, queue_delay_ms=400.0, queued=950, arrival_rps=337.0)
-    state, why = decide_scale(policy, ScaleState(desired=1, above_since=at(0)), step, serving=1, now=at(2))
-    assert state.desired == 5, why
-    assert why is not None and "a backlog of 950 in 2 s" in why and "1 -> 5" in why
-    # The arrivals alone when they ask more (the backlog then adds nothing), and with no backlog.
-    above = ScaleState(desired=1, above_since=at(0))
-    state, _ = decide_scale(policy, above, replace(step, arrival_rps=700.0), serving=1, now=at(2))
-    assert state.desired == 6
-    state, _ = decide_scale(policy, above, replace(step, queued=0), serving=1, now=at(2))
-    assert state.desired == 3
-    # A backlog read in the same pass that first saw the delay above target counts over a second, not
-    # over nothing.
-    quick = ScalePolicy(**{**policy.__dict__, "scale_up_delay_s": 0})
-    state, _ = decide_scale(quick, ScaleState(desired=1), replace(step, queued=100), serving=1, now=at(2))
-    assert state.desired == 3  # 120 + 100 a second need 2; the arrivals (337/s) need 3
+    state, why = decide_scale(policy, state, more, serving=9, now=at(1))
+    assert state.desired == 9  # the up delay, from when it was first seen above target
+    state, why = decide_scale(policy, state, more, serving=9, now=at(2))
+    # ceil(1,500 / 120) = 13 carry it; 9 * 120 fall 420/s behind for 10 s: 500 + 4,200, 4 more.
+    assert state.desired == 17 and why is not None and "9 -> 17" in why
+
+
+def test_the_recent_queue_delay_not_the_minutes_mean_decides_up() -> None:
+    # The minute's mean holds the backlog just drained; the last seconds' answers waited 3 ms.
+    drained = Window(
+        requests=25000,
+        answered=25000,
+        queue_delay_ms=900.0,
+        queued=0,
+        arrival_rps=500.0,
+        recent_queue_delay_ms=3.0,
+    )
+    state = ScaleState(desired=6, above_since=at(0))
+    state, why = decide_scale(STEP_POLICY, state, drained, serving=6, now=at(30))
+    assert state.desired == 6 and state.above_since is None, why
+    # Still waiting in the last seconds: above target, the same figure decides.
+    waiting = replace(drained, recent_queue_delay_ms=100.0, queued=2000, arrival_rps=700.0)
+    six = ScaleState(desired=6, above_since=at(0))
+    state, _ = decide_scale(STEP_POLICY, six, waiting, serving=6, now=at(2))
+    assert state.desired > 6
 
 
 def test_replicas_needed_is_the_ceiling_of_load_over_a_replicas_throughput() -> None:

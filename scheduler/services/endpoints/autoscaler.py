@@ -27,6 +27,9 @@ class ScalePolicy:
     scale_to_zero_after_s: float | None
     clock: Clock = UNSCALED
     capacity_rps: float | None = None
+    load_s: float | None = None
+    """Wall seconds a replica added now takes to load before it serves (the plan's warm load), when
+    the serve plan gives it."""
 
 
 @dataclass(frozen=True)
@@ -43,20 +46,28 @@ class ScaleState:
 # is not added back a moment later.
 DOWN_UTILISATION = 0.7
 
+CLEAR_S = 10.0
+"""Wall seconds within which a step's replicas are to clear the backlog there will be once they serve."""
+
+LOAD_S = 10.0
+"""Wall seconds a replica added now is taken to load when the plan cannot say (the emulator's warm load)."""
+
 
 def decide_scale(
     policy: ScalePolicy, state: ScaleState, window: WindowLike | None, serving: int, now: datetime
 ) -> tuple[ScaleState, str | None]:
     """How many replicas an endpoint wants now, and why it changed (None: unchanged).
 
-    Up when the mean queue delay stays above target for `scale_up_delay_s` while every wanted replica
-    serves (replicas still starting would only be doubled up): to as many as the requests arriving
-    need at a replica's throughput at the configured batch (`capacity_rps`), at once (arrivals: the
-    last seconds', or, when it says more, the serving replicas' throughput plus the backlog over the
-    time the delay has been above target), or, when that
-    says no more (a backlog to drain, no plan figures), by the ratio of delay to target, at most
-    doubling; never past `replicas_max` (which create and change keep within the plan's limits).
-    Down by one after the queue delay stays under half the target and the load would fit in
+    Up when the recent queue delay (`WindowLike.recent_queue_delay_ms`: the last seconds' answers,
+    not the minute's mean, which stays above target long after a backlog is gone) stays above target
+    for `scale_up_delay_s` while every wanted replica serves: replicas ordered but still compiling or
+    loading are capacity on its way, so no second step is taken for the backlog they are to clear.
+    With the plan's throughput at the configured batch (`capacity_rps`) the step is sized at once
+    (`_grown`): the replicas the arriving requests need plus those that clear, within `CLEAR_S`, the
+    backlog there will be once the new ones serve; without it, by the ratio of delay to target, at
+    most doubling (likewise when no arrivals are counted). Never past `replicas_max` (which create and
+    change keep within the plan's limits).
+    Down by one after the minute's queue delay stays under half the target and the load would fit in
     one replica fewer for `scale_down_delay_s`. To zero after `scale_to_zero_after_s` with no request
     (only with replicas.min 0). From zero at once when a request waits. No window (the data plane
     cannot say): as it is."""
@@ -78,12 +89,14 @@ def decide_scale(
             return ScaleState(up, None, None, None), f"a request waits: starting {up} (cold start)"
         return ScaleState(0, None, None, idle_since), why
     target = policy.target_queue_delay_ms
-    if busy and window.queue_delay_ms > target:
+    delay = recent_delay_ms(window)
+    if busy and delay > target:
         above = above or now
         below = None
         if waited(above, policy.scale_up_delay_s) and serving >= desired and desired < hi:
-            grown, why = _grown(policy, desired, window, serving, max((now - above).total_seconds(), 1.0))
-            return ScaleState(grown, now, None, idle_since), why
+            grown, reason = _grown(policy, desired, window, serving, delay)
+            if grown > desired:
+                return ScaleState(grown, now, None, idle_since), reason
         return ScaleState(desired, above, below, idle_since), why
     above = None
     if (
@@ -108,33 +121,40 @@ def decide_scale(
     return ScaleState(desired, above, below, idle_since), why
 
 
+def recent_delay_ms(window: WindowLike) -> float:
+    """The queue delay the autoscaler goes by: the recent seconds' answers' mean, or, when none was
+    answered in them, the minute's (a window without the recent figure reads as the minute's)."""
+    recent = getattr(window, "recent_queue_delay_ms", None)
+    return window.queue_delay_ms if recent is None else float(recent)
+
+
 def _grown(
-    policy: ScalePolicy, desired: int, window: WindowLike, serving: int, above_s: float
+    policy: ScalePolicy, desired: int, window: WindowLike, serving: int, delay_ms: float
 ) -> tuple[int, str]:
-    """How many replicas to scale up to from `desired` (see `decide_scale`), and why. ``above_s``: wall
-    seconds since the queue delay rose above its target (at least the serve pass's second)."""
+    """How many replicas to scale up to from `desired` (see `decide_scale`), and why; `desired` when
+    the plan's figures say what is wanted already carries the load and its backlog."""
     target = policy.target_queue_delay_ms
-    by_delay = min(2 * desired, max(desired + 1, math.ceil(desired * window.queue_delay_ms / target)))
-    arriving, how = window.arrival_rps, "arriving"
-    need = replicas_needed(arriving, policy.capacity_rps)
-    if policy.capacity_rps and window.queued > 0:
-        # Behind a backlog the serving replicas run flat out, and what they do not keep up with piles
-        # up in the queue (a replica takes only what its device can start): arrivals are at least
-        # their throughput plus the backlog over the time the delay has been above target. Read a
-        # couple of seconds after a step, the last three seconds' arrivals still hold the old load
-        # (the benchmark's 10 -> 500 requests/s asked for 3 replicas of 120/s, then waited for them).
-        backed = serving * policy.capacity_rps + window.queued / above_s
-        if replicas_needed(backed, policy.capacity_rps) > need:
-            arriving, how = backed, f"arriving (a backlog of {window.queued} in {above_s:.0f} s)"
-            need = replicas_needed(backed, policy.capacity_rps)
-    grown = min(policy.replicas_max, max(by_delay, need))
-    why = (
-        f"queue delay {window.queue_delay_ms:.1f} ms above the target {target:g} ms for "
-        f"{policy.scale_up_delay_s:g} s"
+    why = f"queue delay {delay_ms:.1f} ms above the target {target:g} ms for {policy.scale_up_delay_s:g} s"
+    capacity = policy.capacity_rps
+    if not capacity or capacity <= 0 or window.arrival_rps <= 0:
+        # No plan figures, or no arrivals counted (a data plane that does not count them): the delay.
+        by_delay = max(desired + 1, math.ceil(desired * delay_ms / target))
+        grown = min(policy.replicas_max, 2 * desired, by_delay)
+        return grown, f"{why}: {desired} -> {grown} replicas"
+    arriving = window.arrival_rps
+    carry = replicas_needed(arriving, capacity)
+    # Until the replicas ordered now serve, the ready ones fall behind by what they do not keep up
+    # with: that backlog too is theirs to clear, so the rule need not fire again once they serve.
+    load_s = LOAD_S if policy.load_s is None else policy.load_s
+    backlog = window.queued + max(0.0, arriving - serving * capacity) * load_s
+    clear = math.ceil(backlog / (capacity * CLEAR_S) - 1e-6) if backlog > 0 else 0
+    need = carry + clear
+    grown = min(policy.replicas_max, max(desired, need))
+    why += (
+        f", {arriving:.0f} requests/s arriving need {carry} replicas of {capacity:.0f}/s and a backlog of "
+        f"{backlog:.0f} (queued {window.queued}, {serving} serving) {clear} more to clear it within "
+        f"{CLEAR_S:g} s: {desired} -> {grown} replicas"
     )
-    if need > by_delay:
-        why += f", {arriving:.0f} requests/s {how} need {need} replicas of {policy.capacity_rps:.0f}/s"
-    why += f": {desired} -> {grown} replicas"
     return grown, why
 
 
@@ -161,6 +181,9 @@ def policy_of(ep: Endpoint, clock: Clock) -> ScalePolicy:
     each = [t for t in (_throughput_at(f, batch) for f in ep.serve.values()) if t is not None]
     if each:
         capacity = min(each) * clock.to_cluster(1.0)
+    # The slowest machine type's warm load, in wall seconds.
+    loads = [float(f["load_s"]) for f in ep.serve.values() if f.get("load_s") is not None]
+    load_s = max(loads) / clock.to_cluster(1.0) if loads else None
     zero = a.get("scale_to_zero_after_s")
     return ScalePolicy(
         replicas_min=ep.replicas_min,
@@ -171,4 +194,5 @@ def policy_of(ep: Endpoint, clock: Clock) -> ScalePolicy:
         scale_to_zero_after_s=None if zero is None else float(zero),
         clock=clock,
         capacity_rps=capacity,
+        load_s=load_s,
     )
