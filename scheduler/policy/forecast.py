@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection
 from statistics import NormalDist
 
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.las import CLASS_SPAN, plan_of, starved_after
+from scheduler.policy.las import CLASS_SPAN, combined, plan_of, running_class, starved_after
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
 from scheduler.policy.running import RunningJob
@@ -254,6 +254,7 @@ def _replay(
             preemptible=held.preemptible,
         )
     starving = _starving(queued, config, now)
+    classes = _Classes(config, shared, now)
     origin: dict[str, QueuedJob] = {}  # the jobs the replay started, as they were queued
     coming = 0  # the next of `inflow` to join the queue
     passes = 0
@@ -277,6 +278,7 @@ def _replay(
                 coming += 1
             arrivals = [*arrivals, *came]
         passes += 1
+        classes.move(running, now)
         view = Snapshot(
             now=now,
             queue=queue,
@@ -303,6 +305,7 @@ def _replay(
             )
             running[job.id] = started
             origin[job.id] = job
+            classes.started(started, job)
             table.add(placement.partition_id, placement, started)
             # The policy plans with its prediction; the replay frees it when it (is drawn to) end.
             freed = started.expected_end if draw is None else now + job.predicted_runtime_s * draw.factor()
@@ -389,6 +392,53 @@ def _starving(
             due.append((at, q.id, q))
     heapq.heapify(due)
     return due
+
+
+class _Classes:
+    """Moves the replay's running jobs' classes as the live loop and the simulator move them (a
+    policy of ``predicted`` classes: `las.running_class`): a job's class is that of the work it has
+    left, so it rises as the job nears its end, and a queued job of a higher class may preempt only
+    a job still below it. Without this a job kept the class it started in for all the replay, and
+    the replay stopped long jobs near their end for work the policy lets wait (docs/scheduling.md).
+
+    A job started in the replay counts its wait from its submission, as the live loop does; one
+    running at the snapshot, whose submission the snapshot does not carry, from its start (at the
+    top already: it stays there)."""
+
+    def __init__(self, config: PolicyConfig, running: list[RunningJob], now: float) -> None:
+        self.config = config
+        self.on = config.priority_from == "predicted"
+        self.due: list[tuple[float, str, float]] = []  # (when its class moves, job, its start)
+        self.queued_at: dict[str, tuple[float, float]] = {}  # job -> (wait counted from, starved after)
+        if not self.on:
+            return
+        for r in running:
+            if r.priority != plan_of(r.priority) * CLASS_SPAN:
+                self.queued_at[r.id] = (r.started_at, starved_after(config, r.expected_end - r.started_at))
+                self.due.append((now, r.id, r.started_at))
+        heapq.heapify(self.due)
+
+    def started(self, r: RunningJob, queued: QueuedJob) -> None:
+        if self.on:
+            self.queued_at[r.id] = (
+                queued.submitted_at,
+                starved_after(self.config, queued.predicted_runtime_s),
+            )
+            heapq.heappush(self.due, (r.started_at, r.id, r.started_at))
+
+    def move(self, running: dict[str, RunningJob], now: float) -> None:
+        due = self.due
+        while due and due[0][0] <= now:
+            _, job_id, token = heapq.heappop(due)
+            r = running.get(job_id)
+            if r is None or r.started_at != token or r.expected_end <= r.started_at:
+                continue  # ended, restarted since, or a warned victim (its class no longer matters)
+            since, starve = self.queued_at[job_id]
+            klass, when = running_class(self.config, r, now, since, starve)
+            priority = combined(plan_of(r.priority), klass)
+            if priority != r.priority:
+                running[job_id] = dataclasses.replace(r, priority=priority)
+            heapq.heappush(due, (when, job_id, token))
 
 
 def likely_end(job: RunningJob, now: float) -> float:
