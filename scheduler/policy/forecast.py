@@ -248,7 +248,7 @@ def _replay(
             held.id,
             held.tenant_id,
             held.size,
-            held.started_at,
+            _submitted(held),
             max(1.0, held.expected_end - release[job_id]),
             held.priority,
             preemptible=held.preemptible,
@@ -337,7 +337,7 @@ def _replay(
                     victim.id,
                     victim.tenant_id,
                     victim.size,
-                    victim.started_at,
+                    _submitted(victim),
                     left,
                     victim.priority,
                     preemptible=victim.preemptible,
@@ -401,9 +401,8 @@ class _Classes:
     a job still below it. Without this a job kept the class it started in for all the replay, and
     the replay stopped long jobs near their end for work the policy lets wait (docs/scheduling.md).
 
-    A job started in the replay counts its wait from its submission, as the live loop does; one
-    running at the snapshot, whose submission the snapshot does not carry, from its start (at the
-    top already: it stays there)."""
+    A job counts its wait from its submission, as the live loop does (one whose submission the
+    caller did not give: from its start); one at the top already stays there."""
 
     def __init__(self, config: PolicyConfig, running: list[RunningJob], now: float) -> None:
         self.config = config
@@ -414,7 +413,7 @@ class _Classes:
             return
         for r in running:
             if r.priority != plan_of(r.priority) * CLASS_SPAN:
-                self.queued_at[r.id] = (r.started_at, starved_after(config, r.expected_end - r.started_at))
+                self.queued_at[r.id] = (_submitted(r), starved_after(config, r.expected_end - r.started_at))
                 self.due.append((now, r.id, r.started_at))
         heapq.heapify(self.due)
 
@@ -439,6 +438,12 @@ class _Classes:
             if priority != r.priority:
                 running[job_id] = dataclasses.replace(r, priority=priority)
             heapq.heappush(due, (when, job_id, token))
+
+
+def _submitted(job: RunningJob) -> float:
+    """When a running job was submitted, as the queue it goes back to when preempted has it (the head
+    of its tenant's newer work); its start when the caller did not say."""
+    return job.started_at if math.isnan(job.submitted_at) else job.submitted_at
 
 
 def likely_end(job: RunningJob, now: float) -> float:

@@ -594,6 +594,7 @@ class _Replay:
             checkpoint_every=sim.checkpoint_every_s if flags[i] else math.inf,
             never_preempt=sim.never_preempt[i],
             preemptions=outcomes[i].preempted,
+            submitted_at=queued.submitted_at,
         )
         self.running[job.id] = started
         if self.predicted:
@@ -651,6 +652,7 @@ def _with_priority(r: RunningJob, priority: int) -> RunningJob:
         r.session,
         r.never_preempt,
         r.preemptions,
+        r.submitted_at,
     )
 
 

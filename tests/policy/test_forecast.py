@@ -204,3 +204,25 @@ def test_a_running_jobs_class_rises_in_the_replay_as_its_work_runs_down() -> Non
         now=10.0, queue=JobQueue([wide]), running=running, tenants={}, allocator=alloc, held=held
     )
     assert forecast(snapshot, config) == {"el_1": 15_030.0, "job_v": 15_130.0, "job_q": 20_130.0}
+
+
+def test_a_running_job_preempted_in_the_replay_goes_back_at_the_head_of_its_tenants_work() -> None:
+    """Preemptible P (tenant t, submitted at 0, started at 8, 32 IPUs to 1,008 s) runs beside an
+    array's element until 100 s, when the held 64-IPU element E stops it (warned until 130 s) and
+    runs 50 s. P goes back to the queue as submitted at 0, as the live queue and the simulator put it,
+    so at 180 s it restarts ahead of its tenant's newer A (submitted at 5, 64 IPUs), which waits for
+    P's 908 s left. Requeued as if submitted at its start (8 s), P went behind A."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_p", 32) is not None and alloc.allocate("p_0", 32) is not None
+    running = [
+        RunningJob("job_p", "t", 32, "p_p", 8.0, 1008.0, preemptible=True, submitted_at=0.0),
+        RunningJob("el_0", "u", 32, "p_0", 0.0, 100.0),
+    ]
+    held = {
+        "arr": HeldArray(cap=1, members=frozenset({"el_0"}), waiting=(QueuedJob("el_1", "u", 64, 0.0, 50.0),))
+    }
+    newer = QueuedJob("job_a", "t", 64, 5.0, 2000.0, preemptible=True)
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue([newer]), running=running, tenants={}, allocator=alloc, held=held
+    )
+    assert forecast(snapshot, "default") == {"el_1": 130.0, "job_p": 180.0, "job_a": 1088.0}
