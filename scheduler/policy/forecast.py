@@ -6,7 +6,9 @@ when it started at once. So the forecast runs `decide` itself, over a copy of th
 the clock from one predicted end to the next (each running job ends at `timetable.expected_end`, every
 started job after its predicted run time), starting what the policy would start at each of those
 instants, with the same ordering, reservation and backfill (the planner's `TimeTable`). A job's
-forecast start is the instant the replay starts it.
+forecast start is the instant the replay starts it. What the live pass changes between passes it
+changes too: running jobs' classes rise as their work runs down (`_Classes`), and a job it preempts
+goes back to the queue as submitted (`RunningJob.submitted_at`), at the head of its tenant's work.
 
 What it cannot know, it holds constant: tenants' fair-share standing (usage moves with a half-life of
 hours; the forecast spans the queue ahead), jobs submitted later, and run times other than predicted.
