@@ -399,9 +399,9 @@ def _starving(
 class _Classes:
     """Moves the replay's running jobs' classes as the live loop and the simulator move them (a
     policy of ``predicted`` classes: `las.running_class`): a job's class is that of the work it has
-    left, so it rises as the job nears its end, and a queued job of a higher class may preempt only
-    a job still below it. Without this a job kept the class it started in for all the replay, and
-    the replay stopped long jobs near their end for work the policy lets wait (docs/scheduling.md).
+    left, so it rises as the job nears its end. Without this a job kept the class it started in for
+    all the replay: the pass tried victims in stale classes, and a victim went back to the queue in
+    its stale, lower class, behind work the policy puts after it (docs/scheduling.md).
 
     A job counts its wait from its submission, as the live loop does (one whose submission the
     caller did not give: from its start); one at the top already stays there."""
