@@ -6,7 +6,9 @@ when it started at once. So the forecast runs `decide` itself, over a copy of th
 the clock from one predicted end to the next (each running job ends at `timetable.expected_end`, every
 started job after its predicted run time), starting what the policy would start at each of those
 instants, with the same ordering, reservation and backfill (the planner's `TimeTable`). A job's
-forecast start is the instant the replay starts it.
+forecast start is the instant the replay starts it. What the live pass changes between passes it
+changes too: running jobs' classes rise as their work runs down (`_Classes`), and a job it preempts
+goes back to the queue as submitted (`RunningJob.submitted_at`), at the head of its tenant's work.
 
 What it cannot know, it holds constant: tenants' fair-share standing (usage moves with a half-life of
 hours; the forecast spans the queue ahead), jobs submitted later, and run times other than predicted.
@@ -34,7 +36,7 @@ from collections.abc import Callable, Collection
 from statistics import NormalDist
 
 from scheduler.policy.config import PolicyConfig, get_policy
-from scheduler.policy.las import CLASS_SPAN, plan_of, starved_after
+from scheduler.policy.las import CLASS_SPAN, combined, plan_of, running_class, starved_after
 from scheduler.policy.model import JobQueue, QueuedJob, Snapshot, TenantState
 from scheduler.policy.pipeline import decide, partition_name_for
 from scheduler.policy.running import RunningJob
@@ -248,12 +250,13 @@ def _replay(
             held.id,
             held.tenant_id,
             held.size,
-            held.started_at,
+            _submitted(held),
             max(1.0, held.expected_end - release[job_id]),
             held.priority,
             preemptible=held.preemptible,
         )
     starving = _starving(queued, config, now)
+    classes = _Classes(config, shared, now)
     origin: dict[str, QueuedJob] = {}  # the jobs the replay started, as they were queued
     coming = 0  # the next of `inflow` to join the queue
     passes = 0
@@ -277,6 +280,7 @@ def _replay(
                 coming += 1
             arrivals = [*arrivals, *came]
         passes += 1
+        classes.move(running, now)
         view = Snapshot(
             now=now,
             queue=queue,
@@ -303,6 +307,7 @@ def _replay(
             )
             running[job.id] = started
             origin[job.id] = job
+            classes.started(started, job)
             table.add(placement.partition_id, placement, started)
             # The policy plans with its prediction; the replay frees it when it (is drawn to) end.
             freed = started.expected_end if draw is None else now + job.predicted_runtime_s * draw.factor()
@@ -334,7 +339,7 @@ def _replay(
                     victim.id,
                     victim.tenant_id,
                     victim.size,
-                    victim.started_at,
+                    _submitted(victim),
                     left,
                     victim.priority,
                     preemptible=victim.preemptible,
@@ -389,6 +394,58 @@ def _starving(
             due.append((at, q.id, q))
     heapq.heapify(due)
     return due
+
+
+class _Classes:
+    """Moves the replay's running jobs' classes as the live loop and the simulator move them (a
+    policy of ``predicted`` classes: `las.running_class`): a job's class is that of the work it has
+    left, so it rises as the job nears its end. Without this a job kept the class it started in for
+    all the replay: the pass tried victims in stale classes, and a victim went back to the queue in
+    its stale, lower class, behind work the policy puts after it (docs/scheduling.md).
+
+    A job counts its wait from its submission, as the live loop does (one whose submission the
+    caller did not give: from its start); one at the top already stays there."""
+
+    def __init__(self, config: PolicyConfig, running: list[RunningJob], now: float) -> None:
+        self.config = config
+        self.on = config.priority_from == "predicted"
+        self.due: list[tuple[float, str, float]] = []  # (when its class moves, job, its start)
+        self.queued_at: dict[str, tuple[float, float]] = {}  # job -> (wait counted from, starved after)
+        if not self.on:
+            return
+        for r in running:
+            if r.priority != plan_of(r.priority) * CLASS_SPAN:
+                self.queued_at[r.id] = (_submitted(r), starved_after(config, r.expected_end - r.started_at))
+                self.due.append((now, r.id, r.started_at))
+        heapq.heapify(self.due)
+
+    def started(self, r: RunningJob, queued: QueuedJob) -> None:
+        if self.on:
+            self.queued_at[r.id] = (
+                queued.submitted_at,
+                starved_after(self.config, queued.predicted_runtime_s),
+            )
+            heapq.heappush(self.due, (r.started_at, r.id, r.started_at))
+
+    def move(self, running: dict[str, RunningJob], now: float) -> None:
+        due = self.due
+        while due and due[0][0] <= now:
+            _, job_id, token = heapq.heappop(due)
+            r = running.get(job_id)
+            if r is None or r.started_at != token or r.expected_end <= r.started_at:
+                continue  # ended, restarted since, or a warned victim (its class no longer matters)
+            since, starve = self.queued_at[job_id]
+            klass, when = running_class(self.config, r, now, since, starve)
+            priority = combined(plan_of(r.priority), klass)
+            if priority != r.priority:
+                running[job_id] = dataclasses.replace(r, priority=priority)
+            heapq.heappush(due, (when, job_id, token))
+
+
+def _submitted(job: RunningJob) -> float:
+    """When a running job was submitted, as the queue it goes back to when preempted has it (the head
+    of its tenant's newer work); its start when the caller did not say."""
+    return job.started_at if math.isnan(job.submitted_at) else job.submitted_at
 
 
 def likely_end(job: RunningJob, now: float) -> float:

@@ -34,8 +34,11 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from scheduler.policy.timetable import expected_end
+
 if TYPE_CHECKING:
     from scheduler.policy.config import PolicyConfig
+    from scheduler.policy.running import RunningJob
 
 # Classes are a doubling of predicted remaining IPU-seconds apart, counted down from this ceiling
 # (2**40 IPU-seconds is 35,000 IPU-years: no job reaches it), so class 0 is the shortest.
@@ -102,6 +105,29 @@ def next_promotion(
     if klass + steps > 0:
         return starved
     return min(starved, queued_at + steps * promote_after_s)
+
+
+def running_class(
+    config: PolicyConfig,
+    r: RunningJob,
+    now: float,
+    queued_at: float,
+    starved_after_s: float,
+) -> tuple[int, float]:
+    """A running job's class under ``predicted`` classes (below its plan's priority), and when it
+    next changes. The class is that of what it is still expected to run (past its prediction: as
+    long again, `timetable.expected_end`), so it rises as the job nears its end, and its promotion
+    goes on rising while it runs, as the classes of the jobs waiting behind it do: those it kept
+    waiting never overtake it and preempt it straight back. The simulator's engine and the
+    forecast's replay move running jobs' classes with it (the live loop: `job_class`)."""
+    end = expected_end(r, now)
+    remaining = r.size * (end - now)
+    base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
+    promote_s = config.promote_after_s
+    klass = promoted(base, now - queued_at, promote_s, starved_after_s)
+    crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
+    due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s, starved_after_s))
+    return klass, due if due > now else end
 
 
 def combined(plan_priority: int, klass: int) -> int:

@@ -33,6 +33,9 @@ class RunningJob:
     never_preempt: bool = False
     # How often this job was preempted before this attempt (a policy bounds it).
     preemptions: int = 0
+    # When it was submitted (NaN: not known): preempted, it goes back to the queue as submitted then,
+    # at the head of its tenant's newer work, and the forecast's replay requeues it the same way.
+    submitted_at: float = math.nan
 
     def at_risk(self, now: float) -> float:
         """Run time since its last checkpoint at ``now``."""

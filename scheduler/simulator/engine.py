@@ -43,9 +43,15 @@ from scheduler.policy import (
     decide,
 )
 from scheduler.policy.forecast import estimate_start
-from scheduler.policy.las import attained_class, next_promotion, predicted_class, promoted, starved_after
+from scheduler.policy.las import (
+    attained_class,
+    next_promotion,
+    predicted_class,
+    promoted,
+    running_class,
+    starved_after,
+)
 from scheduler.policy.preemption import PreemptionCost, resumed_runtime_s
-from scheduler.policy.timetable import expected_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator, Placement
@@ -188,21 +194,6 @@ class Simulation:
         if config.priority_from == "las":
             return attained_class(attained_ipu_s, config.las_thresholds_ipu_s)
         return -math.ceil(4 * math.log2(max(left_s, 1.0)))
-
-    def _reclass(
-        self, r: RunningJob, now: float, queued_at: float, promote_s: float | None, starve_s: float
-    ) -> tuple[int, float]:
-        """A running job's class under ``predicted`` classes, and when it next changes. Its class
-        goes on rising with promotion while it runs, as the classes of the jobs waiting behind it
-        do: those it kept waiting never overtake it and preempt it straight back."""
-        config = self.policy
-        end = expected_end(r, now)  # past its prediction: expected to run as long again
-        remaining = r.size * (end - now)
-        base = predicted_class(remaining, 0.0, config.las_thresholds_ipu_s)
-        klass = promoted(base, now - queued_at, promote_s, starve_s)
-        crosses = end if remaining <= 1.0 else end - 2.0 ** (math.ceil(math.log2(remaining)) - 1) / r.size
-        due = min(max(crosses, now), end, next_promotion(base, queued_at, now, promote_s, starve_s))
-        return klass, due if due > now else end
 
     def _options(self, i: int) -> tuple[MachineOption, ...]:
         if self.runs is None:
@@ -518,14 +509,14 @@ class _Replay:
         if self.predicted and self.queue:
             # A running job's class moves only when its predicted remaining IPU-seconds cross a
             # power of two, its prediction runs out, or a promotion falls due: each is
-            # recomputed then (`_reclass`), not at every event.
+            # recomputed then (`las.running_class`), not at every event.
             reclass = self.reclass
             while reclass and reclass[0][0] <= now:
                 _, i, number = heapq.heappop(reclass)
                 r = running.get(jobs[i].id)
                 if r is None or number != self.attempt[i]:
                     continue
-                klass, due = sim._reclass(r, now, self.queued_at[i], self.promote_s, self.starve_at[i])
+                klass, due = running_class(self.config, r, now, self.queued_at[i], self.starve_at[i])
                 if klass != r.priority:
                     running[r.id] = _with_priority(r, klass)
                 heapq.heappush(reclass, (due, i, number))
@@ -603,6 +594,7 @@ class _Replay:
             checkpoint_every=sim.checkpoint_every_s if flags[i] else math.inf,
             never_preempt=sim.never_preempt[i],
             preemptions=outcomes[i].preempted,
+            submitted_at=queued.submitted_at,
         )
         self.running[job.id] = started
         if self.predicted:
@@ -660,6 +652,7 @@ def _with_priority(r: RunningJob, priority: int) -> RunningJob:
         r.session,
         r.never_preempt,
         r.preemptions,
+        r.submitted_at,
     )
 
 

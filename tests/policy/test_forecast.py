@@ -173,3 +173,56 @@ def test_a_preemptible_job_expects_the_recent_non_preemptible_work_again_ahead_o
     assert forecast(snapshot, config, target=asked) == {"job_a": 1810.0, "job_p": 1310.0}
     other = QueuedJob("job_b", "b", 64, 10.0, 50.0)
     assert forecast(snapshot, config, target=other) == {"job_b": 1010.0}
+
+
+def test_a_running_jobs_class_rises_in_the_replay_as_its_work_runs_down() -> None:
+    """`default-classes` ranks a running job by the work it has left (scheduler.policy.las), and
+    the live loop and the simulator move its class as it runs; so must the replay. Two PODs: V
+    (preemptible, 64 IPUs, to 20,000 s) ranks at the snapshot by 20,000 s left (class -21); an
+    array's element holds the other POD until 15,000 s, when its held 128-IPU element E stops V for
+    it (warned 30 s) and runs 100 s. V goes back to the queue with 5,000 s left: class -19, ahead of
+    Q (128 IPUs, 5,000 s: class -20). V restarts at 15,130 s, and Q, which needs both PODs, waits
+    for it to end at 20,130 s. With V's class as it started, Q went first at 15,130 s."""
+    config = get_policy("default-classes")
+    alloc = Allocator(Fleet.uniform(2, MachineType("m2000")))
+    assert alloc.allocate("p_v", 64) is not None and alloc.allocate("p_0", 64) is not None
+    v_class = job_class(config, 0, 64, 19_990.0)
+    running = [
+        RunningJob("job_v", "t", 64, "p_v", 0.0, 20_000.0, v_class, preemptible=True),
+        RunningJob("el_0", "u", 64, "p_0", 0.0, 15_000.0, job_class(config, 0, 64, 14_990.0)),
+    ]
+    held = {
+        "arr": HeldArray(
+            cap=1,
+            members=frozenset({"el_0"}),
+            waiting=(QueuedJob("el_1", "u", 128, 0.0, 100.0, priority=job_class(config, 0, 128, 100.0)),),
+        )
+    }
+    wide = QueuedJob("job_q", "w", 128, 5.0, 5_000.0, job_class(config, 0, 128, 5_000.0), preemptible=True)
+    assert v_class < wide.priority < job_class(config, 0, 64, 5_000.0)
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue([wide]), running=running, tenants={}, allocator=alloc, held=held
+    )
+    assert forecast(snapshot, config) == {"el_1": 15_030.0, "job_v": 15_130.0, "job_q": 20_130.0}
+
+
+def test_a_running_job_preempted_in_the_replay_goes_back_at_the_head_of_its_tenants_work() -> None:
+    """Preemptible P (tenant t, submitted at 0, started at 8, 32 IPUs to 1,008 s) runs beside an
+    array's element until 100 s, when the held 64-IPU element E stops it (warned until 130 s) and
+    runs 50 s. P goes back to the queue as submitted at 0, as the live queue and the simulator put it,
+    so at 180 s it restarts ahead of its tenant's newer A (submitted at 5, 64 IPUs), which waits for
+    P's 908 s left. Requeued as if submitted at its start (8 s), P went behind A."""
+    alloc = Allocator(Fleet.uniform(1, MachineType("m2000")))
+    assert alloc.allocate("p_p", 32) is not None and alloc.allocate("p_0", 32) is not None
+    running = [
+        RunningJob("job_p", "t", 32, "p_p", 8.0, 1008.0, preemptible=True, submitted_at=0.0),
+        RunningJob("el_0", "u", 32, "p_0", 0.0, 100.0),
+    ]
+    held = {
+        "arr": HeldArray(cap=1, members=frozenset({"el_0"}), waiting=(QueuedJob("el_1", "u", 64, 0.0, 50.0),))
+    }
+    newer = QueuedJob("job_a", "t", 64, 5.0, 2000.0, preemptible=True)
+    snapshot = Snapshot(
+        now=10.0, queue=JobQueue([newer]), running=running, tenants={}, allocator=alloc, held=held
+    )
+    assert forecast(snapshot, "default") == {"el_1": 130.0, "job_p": 180.0, "job_a": 1088.0}

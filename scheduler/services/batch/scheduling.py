@@ -500,6 +500,7 @@ def _read_running(*, session: Session, now: datetime, clock: Clock, policy: Poli
             # Its own opt-out or its plan's as the plan is now (an admin's edit reaches running work).
             never_preempt=bool(opted_out or plan_opted_out),
             preemptions=preempted_before.get(job_id, 0),
+            submitted_at=created_at.timestamp(),
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).
