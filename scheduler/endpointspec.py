@@ -40,7 +40,7 @@ class Autoscaling(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     target_queue_delay_ms: Millis = Field(
-        50.0, description="Add replicas while the mean queue delay of the last 5 s of answers stays above this."
+        50.0, description="Add replicas while the last 5 s of answers' mean queue delay stays above this."
     )
     scale_up_delay_s: Delay = Field(30, description="How long the queue delay must stay above target.")
     scale_down_delay_s: Delay = Field(
