@@ -22,8 +22,9 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
 
     FOR NO KEY UPDATE (`key_share=True`), not FOR UPDATE: a row inserted with a foreign key to the job
     (a job event, an agent tick's meter event) takes a KEY SHARE lock on it, which FOR UPDATE blocks.
-    An agent's tick locks the attempt it bills and only then writes its meter event, so a stop (an
-    endpoint's DELETE) holding the job FOR UPDATE and waiting for that attempt deadlocked with it."""
+    A job's own changes (a cancel, a session's end) lock it so too: none changes its key, and an agent
+    tick's checkpoint or meter event of an attempt of it must not wait for them behind the attempt's
+    lock, which they wait for in turn (a deadlock, answered 503 before)."""
     ids = sorted(attempt_ids)
     if not ids:
         return {}
@@ -65,8 +66,8 @@ def _lock_billing(
     session: Session, agent: AgentLease, attempt_ids: Iterable[int]
 ) -> list[tuple[metering.Metered, int, str]]:
     """The attempts among these still running under this agent's incarnation, locked, as what
-    billing them needs (no ORM objects), each with its job's reservation and workload. The job's
-    row is read, not locked: neither changes while an attempt of the job runs."""
+    billing them needs (no ORM objects), each with its job's reservation and workload. The caller
+    has locked their jobs already (`_lock_jobs`): jobs before attempts."""
     ids = sorted(set(attempt_ids))
     if not ids:
         return []

@@ -112,7 +112,10 @@ def record_tick(
     saving = {c.attempt_id for c in saved} - set(ending) - set(billing)
     if not ending and not billing and not saving:
         return result
-    jobs = _lock_jobs(session, ending)
+    # Every job first, in id order, then its attempts (the one order: a cancel holds the job and
+    # waits for its attempt). Locking only the ending ones left a checkpoint's or a meter event's
+    # foreign-key share lock on a job to be taken after its attempt was locked: a deadlock with it.
+    jobs = _lock_jobs(session, set(ending) | set(billing) | saving)
     held = _lock_held(session, agent, ending)
     locked = _lock_billing(session, agent, set(billing) | saving)
     billed = [row for row in locked if row[0].id in billing]
