@@ -40,6 +40,25 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
     }
 
 
+def _share_jobs(session: Session, attempt_ids: Iterable[int]) -> None:
+    """The jobs of these attempts held FOR KEY SHARE, in id order, before the attempts are locked.
+
+    The lock a checkpoint's or a meter event's foreign key takes on its job anyway, taken first, as
+    the one order (jobs, then attempts) wants: taken by the insert, after the attempt's lock, it
+    waited for a job locked FOR UPDATE by one that waited for that attempt. It waits for no job lock
+    but FOR UPDATE (a key's change, a delete), so attempts only billed or checkpointed do not queue
+    behind their jobs' cancels and ends, which lock FOR NO KEY UPDATE."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return
+    session.execute(
+        select(Job.id)
+        .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
+        .order_by(Job.id)
+        .with_for_update(read=True, key_share=True)
+    ).all()
+
+
 def _lock_held(session: Session, agent: AgentLease, attempt_ids: Iterable[int]) -> dict[int, Attempt]:
     """The attempts among these still running under this agent's incarnation, locked."""
     ids = sorted(set(attempt_ids))
@@ -66,8 +85,8 @@ def _lock_billing(
     session: Session, agent: AgentLease, attempt_ids: Iterable[int]
 ) -> list[tuple[metering.Metered, int, str]]:
     """The attempts among these still running under this agent's incarnation, locked, as what
-    billing them needs (no ORM objects), each with its job's reservation and workload. The caller
-    has locked their jobs already (`_lock_jobs`): jobs before attempts."""
+    billing them needs (no ORM objects), each with its job's reservation and workload. Their jobs
+    are held already (`_share_jobs`): read, not changed, as neither changes while an attempt runs."""
     ids = sorted(set(attempt_ids))
     if not ids:
         return []

@@ -80,7 +80,10 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     reservation is taken again for the steps it has left, by a guarded update like admission's."""
     get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
     job = session.execute(
-        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
     ).scalar_one()
     attempt = current_attempt(session=session, job=job)
     if job.state != JobState.FAILED or attempt is None or attempt.state != AttemptState.TIMED_OUT:
