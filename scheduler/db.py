@@ -8,11 +8,14 @@ retry loop. Read-only transactions stay deferred so readers never queue behind w
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import orjson
 from sqlalchemy import (
@@ -29,11 +32,48 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 _BEGIN_OPTION = "ipucloud_sqlite_begin"
+
+log = logging.getLogger("ipucloud.db")
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+# PostgreSQL's deadlock_detected and serialization_failure: it rolled the transaction back whole, and
+# running it again is the remedy it documents.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether `exc` is a transaction PostgreSQL aborted to break a deadlock or a serialization
+    conflict, which the same transaction run again may pass."""
+    return isinstance(exc, OperationalError) and getattr(exc.orig, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+def retry_conflicts(fn: Callable[_P, _T], *, tries: int = 4) -> Callable[_P, _T]:
+    """`fn` run again (up to `tries` times in all, after a short random wait) when PostgreSQL aborted
+    its transaction as `retryable`. Only for a call whose writes are all in transactions it opens
+    itself and that does nothing outside them before the last commits: a rolled-back transaction
+    leaves nothing behind (not even its messages, `bus.publish_after_commit`), so a second run is
+    the first one's. Keeps a request that lost a lock race from being answered 503."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        for attempt in range(1, tries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError as exc:
+                if attempt == tries or not retryable(exc):
+                    raise
+                log.warning("%s: %s; running it again", fn.__qualname__, str(exc.orig).splitlines()[0])
+                time.sleep(random.uniform(0.01, 0.05) * attempt)
+        raise AssertionError("unreachable")
+
+    return run
 
 
 def is_sqlite(url: str) -> bool:

@@ -28,6 +28,7 @@ from api.streams import LastEventId, Standing, job_event_stream, key_denial
 from api.views import days_left, hours, job_out, job_view, tenant_status, usage_csv
 from scheduler import bus, emulation
 from scheduler.billing import remaining_ipu_ms
+from scheduler.db import retry_conflicts
 from scheduler.errors import DomainError, Forbidden, InvalidRequest
 from scheduler.jobspec import JobSpec
 from scheduler.models import FINAL_JOB_STATES, Job
@@ -440,6 +441,7 @@ def session_standing(db: DbDep, user: sessions.DashSession) -> Standing:
 
 
 @router.post("/jobs/{job_id}/cancel")
+@retry_conflicts
 def cancel(request: Request, job_id: JobId, db: DbDep, user: SubmitterUser, form: Form) -> Response:
     sessions.check_csrf(request, form.get("csrf"), user.csrf)
     with db.write() as s:

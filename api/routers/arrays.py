@@ -23,6 +23,7 @@ from api.schemas import (
 )
 from api.views import array_out, job_view
 from scheduler import bus
+from scheduler.db import retry_conflicts
 from scheduler.errors import InvalidRequest
 from scheduler.services.batch import arrays as array_service
 from scheduler.services.batch import job_views as job_view_service
@@ -99,6 +100,7 @@ def patch_array(array_id: ArrayId, body: ArrayPatch, principal: Submitter, db: D
     response_model=ArrayActionOut,
     summary="Cancel an array's queued and running elements (all, or those of `indices`)",
 )
+@retry_conflicts
 def cancel_array(
     array_id: ArrayId, principal: Submitter, db: DbDep, body: ArrayIndices | None = None
 ) -> ArrayActionOut:

@@ -13,6 +13,7 @@ from api.deps import DbDep, Reader, RuntimeDep, SettingsDep, Submitter
 from api.schemas import CursorParam, Page, decode_cursor, encode_cursor
 from api.schemas.endpoints import EndpointMetricsOut, EndpointOut, EndpointStateName
 from scheduler import bus
+from scheduler.db import retry_conflicts
 from scheduler.endpointspec import EndpointChange, EndpointSpec
 from scheduler.errors import Forbidden
 from scheduler.models import Endpoint
@@ -134,6 +135,7 @@ def change_endpoint(
     summary="Stop an endpoint",
     description="Its route is removed (new requests are refused), its replicas drained and billed up to now.",
 )
+@retry_conflicts
 def delete_endpoint(
     endpoint_id: EndpointId, principal: Submitter, db: DbDep, settings: SettingsDep, request: Request
 ) -> EndpointOut:

@@ -27,6 +27,7 @@ from api.schemas import (
 from api.streams import LastEventId, job_event_stream, key_standing
 from api.views import array_out, job_view, render_submitted
 from scheduler import bus
+from scheduler.db import retry_conflicts
 from scheduler.errors import Forbidden
 from scheduler.jobspec import JobSpec
 from scheduler.runtime import Runtime
@@ -144,6 +145,7 @@ def get_job(job_id: JobId, principal: Reader, db: DbDep) -> JobOut:
     response_model=JobOut,
     summary="Resume a job stopped by its time limit from its last checkpoint",
 )
+@retry_conflicts
 def resume_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.write() as s:
@@ -154,6 +156,7 @@ def resume_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Cancel a job")
+@retry_conflicts
 def cancel_job(job_id: JobId, principal: Submitter, db: DbDep) -> JobOut:
     scope = principal.scope
     with db.write() as s:

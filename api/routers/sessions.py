@@ -10,6 +10,7 @@ from api.deps import ClockDep, DbDep, Reader, Submitter
 from api.schemas import CursorParam, Page, SessionOut, decode_cursor, encode_cursor
 from scheduler import bus
 from scheduler.clock import Clock
+from scheduler.db import retry_conflicts
 from scheduler.errors import Forbidden
 from scheduler.jobspec import SessionChange, SessionSpec
 from scheduler.models import IpuSession
@@ -75,6 +76,7 @@ def get_session(session_id: SessionId, principal: Reader, db: DbDep, clock: Cloc
     "cannot be); the maximum duration never shrinks (422) nor passes the plan's ceiling (409); an ended "
     "session is 409.",
 )
+@retry_conflicts
 def change_session(
     session_id: SessionId, change: SessionChange, principal: Submitter, db: DbDep, clock: ClockDep
 ) -> SessionOut:
@@ -93,6 +95,7 @@ def change_session(
 
 
 @router.delete("/sessions/{session_id}", response_model=SessionOut, summary="End a session")
+@retry_conflicts
 def end_session(session_id: SessionId, principal: Submitter, db: DbDep, clock: ClockDep) -> SessionOut:
     with db.write() as s:
         row = session_service.end_session(

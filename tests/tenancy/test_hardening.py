@@ -182,3 +182,38 @@ def test_a_model_name_or_operator_list_with_a_hidden_end_is_refused(
         r = client.post("/api/v1/models", data=fields, files={"file": model}, headers=auth(world.a.owner_key))
         assert_problem(r, 422)
     assert client.get("/api/v1/models", headers=auth(world.a.owner_key)).json()["items"] == []
+
+
+def test_a_cancel_that_lost_a_deadlock_is_run_again_not_answered_503(
+    client: Any, world: World, db: Any, monkeypatch: Any
+) -> None:
+    """PostgreSQL aborts one transaction of a deadlock (and of a serialization conflict) and says to
+    run it again: a cancel that lost one is, whole, instead of answering 503 "unavailable". Any other
+    database error still is 503, at once."""
+    import psycopg.errors
+    from sqlalchemy.exc import OperationalError
+
+    from api.routers import jobs as routes
+
+    cancel = routes.job_service.request_cancel
+    raised: list[str] = []
+
+    def losing_once(**kwargs: Any) -> Any:
+        if not raised:
+            raised.append("deadlock")
+            raise OperationalError("SELECT", {}, psycopg.errors.DeadlockDetected("deadlock detected"))
+        return cancel(**kwargs)
+
+    monkeypatch.setattr(routes.job_service, "request_cancel", losing_once)
+    answer = client.post(f"/api/v1/jobs/{world.a.job_id}/cancel", headers=auth(world.a.owner_key))
+    assert answer.status_code == 202 and answer.json()["state"] == "cancelled", answer.text
+    assert raised == ["deadlock"]
+
+    def down(**kwargs: Any) -> Any:
+        raised.append("down")
+        raise OperationalError("SELECT", {}, psycopg.errors.AdminShutdown("terminating connection"))
+
+    monkeypatch.setattr(routes.job_service, "request_cancel", down)
+    queued = submit(db, world.a.id)
+    answer = client.post(f"/api/v1/jobs/{queued}/cancel", headers=auth(world.a.owner_key))
+    assert answer.status_code == 503 and raised == ["deadlock", "down"], answer.text

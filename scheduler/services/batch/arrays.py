@@ -533,7 +533,7 @@ def _pick(session: Session, array: JobArray, indices: str, states: Collection[st
         select(Job)
         .where(Job.array_id == array.id, Job.state.in_(list(states)))
         .order_by(Job.id)
-        .with_for_update()
+        .with_for_update(key_share=True)
         .execution_options(populate_existing=True)
     )
     if chosen is not None:

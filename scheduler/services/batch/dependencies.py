@@ -257,7 +257,7 @@ def _lock(session: Session, job_ids: Sequence[str]) -> list[Job]:
             select(Job)
             .where(Job.id.in_(sorted(job_ids)))
             .order_by(Job.id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         ).scalars()
     )

@@ -37,7 +37,10 @@ def change_session(
     sweep's warnings follow the new deadline by themselves (`warned_for` names the old one)."""
     row = lock_unended(session, session_id, scope)
     job = session.execute(
-        select(Job).where(Job.id == row.job_id).with_for_update().execution_options(populate_existing=True)
+        select(Job)
+        .where(Job.id == row.job_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
     ).scalar_one()
     plan, tenant = session.execute(
         select(Plan, Tenant).join(Tenant, Tenant.plan_name == Plan.name).where(Tenant.id == row.tenant_id)

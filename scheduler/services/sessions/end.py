@@ -51,7 +51,7 @@ def end_many(
         job = session.execute(
             select(Job)
             .where(Job.id == row.job_id)
-            .with_for_update()
+            .with_for_update(key_share=True)
             .execution_options(populate_existing=True)
         ).scalar_one()
         if row.partition_pk is not None:
@@ -149,7 +149,7 @@ def _fail_waiting_jobs(session: Session, row: IpuSession, detail: str) -> None:
                 Job.state == JobState.QUEUED,
                 Job.tenant_id == row.tenant_id,
             )
-            .with_for_update()
+            .with_for_update(key_share=True)
         ).scalars()
     )
     for job in waiting:

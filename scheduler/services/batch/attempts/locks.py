@@ -22,8 +22,9 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
 
     FOR NO KEY UPDATE (`key_share=True`), not FOR UPDATE: a row inserted with a foreign key to the job
     (a job event, an agent tick's meter event) takes a KEY SHARE lock on it, which FOR UPDATE blocks.
-    An agent's tick locks the attempt it bills and only then writes its meter event, so a stop (an
-    endpoint's DELETE) holding the job FOR UPDATE and waiting for that attempt deadlocked with it."""
+    A job's own changes (a cancel, a session's end) lock it so too: none changes its key, and an agent
+    tick's checkpoint or meter event of an attempt of it must not wait for them behind the attempt's
+    lock, which they wait for in turn (a deadlock, answered 503 before)."""
     ids = sorted(attempt_ids)
     if not ids:
         return {}
@@ -37,6 +38,25 @@ def _lock_jobs(session: Session, attempt_ids: Iterable[int]) -> dict[str, Job]:
             .execution_options(populate_existing=True)
         ).scalars()
     }
+
+
+def _share_jobs(session: Session, attempt_ids: Iterable[int]) -> None:
+    """The jobs of these attempts held FOR KEY SHARE, in id order, before the attempts are locked.
+
+    The lock a checkpoint's or a meter event's foreign key takes on its job anyway, taken first, as
+    the one order (jobs, then attempts) wants: taken by the insert, after the attempt's lock, it
+    waited for a job locked FOR UPDATE by one that waited for that attempt. It waits for no job lock
+    but FOR UPDATE (a key's change, a delete), so attempts only billed or checkpointed do not queue
+    behind their jobs' cancels and ends, which lock FOR NO KEY UPDATE."""
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        return
+    session.execute(
+        select(Job.id)
+        .where(Job.id.in_(select(Attempt.job_id).where(Attempt.id.in_(ids))))
+        .order_by(Job.id)
+        .with_for_update(read=True, key_share=True)
+    ).all()
 
 
 def _lock_held(session: Session, agent: AgentLease, attempt_ids: Iterable[int]) -> dict[int, Attempt]:
@@ -65,8 +85,8 @@ def _lock_billing(
     session: Session, agent: AgentLease, attempt_ids: Iterable[int]
 ) -> list[tuple[metering.Metered, int, str]]:
     """The attempts among these still running under this agent's incarnation, locked, as what
-    billing them needs (no ORM objects), each with its job's reservation and workload. The job's
-    row is read, not locked: neither changes while an attempt of the job runs."""
+    billing them needs (no ORM objects), each with its job's reservation and workload. Their jobs
+    are held already (`_share_jobs`): read, not changed, as neither changes while an attempt runs."""
     ids = sorted(set(attempt_ids))
     if not ids:
         return []

@@ -18,7 +18,7 @@ from scheduler.models import (
 )
 from scheduler.services.batch import checkpoints, executables
 from scheduler.services.batch.attempts.ending import Ending, end_attempts
-from scheduler.services.batch.attempts.locks import _lock_billing, _lock_held, _lock_jobs
+from scheduler.services.batch.attempts.locks import _lock_billing, _lock_held, _lock_jobs, _share_jobs
 from scheduler.services.batch.attempts.progress import ProgressView
 from scheduler.services.capacity import agents
 from scheduler.services.capacity.agents import AgentLease
@@ -112,7 +112,9 @@ def record_tick(
     saving = {c.attempt_id for c in saved} - set(ending) - set(billing)
     if not ending and not billing and not saving:
         return result
+    # Jobs before attempts, the one order: a cancel locks the job, then waits for its attempt.
     jobs = _lock_jobs(session, ending)
+    _share_jobs(session, (set(billing) | saving) - set(ending))
     held = _lock_held(session, agent, ending)
     locked = _lock_billing(session, agent, set(billing) | saving)
     billed = [row for row in locked if row[0].id in billing]

@@ -38,8 +38,13 @@ def request_cancel(*, session: Session, job_id: str, scope: Scope) -> Job:
     attempt itself (billed up to now) and the host agent driving it is told to stop over the bus
     (`stopped_agents`), or finds out at its next look."""
     get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
+    # FOR NO KEY UPDATE, as `attempts` locks jobs: a checkpoint or event row of the job, whose foreign
+    # key takes a KEY SHARE lock, must not wait for it (see `_lock_jobs`).
     job = session.execute(
-        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
     ).scalar_one()
     if job.state in FINAL_JOB_STATES:
         raise Conflict(f"Job {job_id} already ended ({job.state}).", state=job.state)
@@ -75,7 +80,10 @@ def resume_job(*, session: Session, job_id: str, scope: Scope) -> Job:
     reservation is taken again for the steps it has left, by a guarded update like admission's."""
     get_job(session=session, job_id=job_id, scope=scope)  # 404 before any lock
     job = session.execute(
-        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update(key_share=True)
+        .execution_options(populate_existing=True)
     ).scalar_one()
     attempt = current_attempt(session=session, job=job)
     if job.state != JobState.FAILED or attempt is None or attempt.state != AttemptState.TIMED_OUT:
