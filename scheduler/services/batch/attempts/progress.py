@@ -3,12 +3,15 @@ every second."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from sqlalchemy.orm import object_session
 
 from scheduler.clock import Clock
+from scheduler.policy.running import MEASURED_STEPS, end_by_progress
 from scheduler.models import (
     Agent,
     Attempt,
@@ -93,3 +96,24 @@ def progress_dict(progress: emulator.Progress, cluster_s: float) -> ProgressView
         "memory_per_ipu_bytes": progress.memory_per_ipu_bytes,
         "cluster_s": round(cluster_s, 3),
     }
+
+
+def measured_end(timeline: Mapping[str, Any] | None, started: datetime, now: datetime) -> float:
+    """When a running attempt ends (wall, epoch seconds) by the progress it has reported: the steps it
+    has left at the step time it measured (`end_by_progress`), once it has timed `MEASURED_STEPS` of
+    them this attempt; NaN before (compiling, loading, its first steps) or without a timeline. The
+    forecast frees it then (`RunningJob.measured_end`); the policy still plans on its prediction."""
+    if not timeline:
+        return math.nan
+    clock = Clock(float(timeline.get("scale") or 1.0))  # the one it was taken at
+    line = emulator.Timeline.from_dict(timeline)
+    t = min(line.total_s, max(0.0, clock.cluster_since(started, now)))
+    progress = line.progress_at(t)
+    if progress.phase != "run" or progress.steps <= 0:
+        return math.nan
+    # Steps done this attempt, the one in flight by its share (a resumed run's checkpoint excluded).
+    done = progress.percent / 100.0 * progress.steps - line.first_step
+    if done < MEASURED_STEPS:
+        return math.nan
+    end = end_by_progress(t, done=done, total=progress.steps - line.first_step, measured_s=t - line.run_start_s)
+    return started.timestamp() + clock.to_wall(end)
