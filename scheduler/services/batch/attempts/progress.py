@@ -4,7 +4,6 @@ every second."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
@@ -98,7 +97,7 @@ def progress_dict(progress: emulator.Progress, cluster_s: float) -> ProgressView
     }
 
 
-def measured_end(timeline: Mapping[str, Any] | None, started: datetime, now: datetime) -> float:
+def measured_end(timeline: dict[str, Any] | None, started: datetime, now: datetime) -> float:
     """When a running attempt ends (wall, epoch seconds) by the progress it has reported: the steps it
     has left at the step time it measured (`end_by_progress`), once it has timed `MEASURED_STEPS` of
     them this attempt; NaN before (compiling, loading, its first steps) or without a timeline. The
@@ -115,5 +114,7 @@ def measured_end(timeline: Mapping[str, Any] | None, started: datetime, now: dat
     done = progress.percent / 100.0 * progress.steps - line.first_step
     if done < MEASURED_STEPS:
         return math.nan
-    end = end_by_progress(t, done=done, total=progress.steps - line.first_step, measured_s=t - line.run_start_s)
+    end = end_by_progress(
+        t, done=done, total=progress.steps - line.first_step, measured_s=t - line.run_start_s
+    )
     return started.timestamp() + clock.to_wall(end)
