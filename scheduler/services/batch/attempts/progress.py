@@ -10,12 +10,12 @@ from typing import Any, TypedDict, cast
 from sqlalchemy.orm import object_session
 
 from scheduler.clock import Clock
-from scheduler.policy.running import MEASURED_STEPS, end_by_progress
 from scheduler.models import (
     Agent,
     Attempt,
     AttemptState,
 )
+from scheduler.policy.running import MEASURED_STEPS, end_by_progress
 from vipu import emulator
 
 
