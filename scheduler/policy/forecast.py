@@ -3,8 +3,9 @@
 A wait estimate that is not the scheduler's own answer drifts from it: a first-come-first-served
 replay ignores fair share, backfill and free room, and once said a 16-IPU job would wait 15 hours
 when it started at once. So the forecast runs `decide` itself, over a copy of the snapshot, and moves
-the clock from one predicted end to the next (each running job ends at `timetable.expected_end`, every
-started job after its predicted run time), starting what the policy would start at each of those
+the clock from one predicted end to the next (each running job ends when its measured progress says
+once it has some, `measured_end`, else at `timetable.expected_end`; every started job after its
+predicted run time), starting what the policy would start at each of those
 instants, with the same ordering, reservation and backfill (the planner's `TimeTable`). A job's
 forecast start is the instant the replay starts it. What the live pass changes between passes it
 changes too: running jobs' classes rise as their work runs down (`_Classes`), and a job it preempts
@@ -223,9 +224,18 @@ def _replay(
     # A victim is warned the configured cluster seconds ahead (IPUCLOUD_PREEMPTION_WARNING_S live),
     # on the pass's clock as the pipeline's stop cost counts them (`clock_scale`).
     warning = config.preempt_warning_s / config.clock_scale
-    # Each running job ends when predicted; one past its prediction gets it extended (expected_end).
+    # Each running job ends when its measured progress says (`RunningJob.measured_end`), else when
+    # predicted; one past its prediction gets it extended (expected_end).
     ends: list[tuple[float, str]] = [
-        (expected_end(r, now) if draw is None else draw.running_end(r, now), r.id) for r in shared
+        (
+            measured_end(r, now)
+            if r.measured_end > now
+            else expected_end(r, now)
+            if draw is None
+            else draw.running_end(r, now),
+            r.id,
+        )
+        for r in shared
     ]
     heapq.heapify(ends)
     # When the replay frees each job it runs: an entry of `ends` that is not (a victim's end before it
@@ -326,7 +336,7 @@ def _replay(
             # goes back to the queue and starts again later; the job it made room for waits that long.
             held = running[victim.id]
             warned_until = now + warning
-            stopped = dataclasses.replace(held, expected_end=warned_until)
+            stopped = dataclasses.replace(held, expected_end=warned_until, measured_end=math.nan)
             running[victim.id] = stopped
             table.remove(held.partition)
             table.add(held.partition, alloc.partition(held.partition), stopped)
@@ -446,6 +456,17 @@ def _submitted(job: RunningJob) -> float:
     """When a running job was submitted, as the queue it goes back to when preempted has it (the head
     of its tenant's newer work); its start when the caller did not say."""
     return job.started_at if math.isnan(job.submitted_at) else job.submitted_at
+
+
+def measured_end(job: RunningJob, now: float) -> float:
+    """When a running job ends as far as the forecast can tell: by its measured progress once it has
+    some (`running.end_by_progress`: the steps it has left at its measured step time, far closer
+    than the prediction made before it ran), else its predicted end. The policy still plans on the
+    prediction (``expected_end``), and so does the replay (a job it preempts goes back to the queue
+    with its predicted work left, as the live queue has it): only when the replay frees the job moves."""
+    if job.measured_end > now:
+        return job.measured_end
+    return job.expected_end
 
 
 def likely_end(job: RunningJob, now: float) -> float:

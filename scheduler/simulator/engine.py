@@ -52,6 +52,7 @@ from scheduler.policy.las import (
     starved_after,
 )
 from scheduler.policy.preemption import PreemptionCost, resumed_runtime_s
+from scheduler.simulator.estimates import measured_end
 from scheduler.simulator.machines import TypeRun
 from scheduler.simulator.trace import TraceJob
 from vipu.allocator import Allocator, Placement
@@ -470,7 +471,7 @@ class _Replay:
         view = Snapshot(
             now=now,
             queue=self.queue,
-            running=self.running.values(),
+            running=self._measured() if sim.estimate_model != "perfect" else self.running.values(),
             tenants=sim._tenant_states(self.tenants, now, self.half_life) if self.fair else {},
             allocator=self.alloc,
             arrivals=arrivals,
@@ -484,6 +485,19 @@ class _Replay:
         )
         start = estimate_start(view, queued, self.config, max_passes=sim.estimate_passes, name_for=_own_name)
         self.outcomes[i].estimated_start_s = math.inf if start is None else start
+
+    def _measured(self) -> list[RunningJob]:
+        """The running jobs as the forecast sees them: each with the end its measured progress tells,
+        once it has run its warm-up (`estimates.measured_end`; the live snapshot reads it from the
+        attempt's reported progress). Only the forecast reads it; the policy plans on predictions."""
+        jobs, now, index = self.jobs, self.now, self.index
+        out = []
+        for r in self.running.values():
+            i = index[r.id]
+            true_end = self.run_from[i] + self.left[i] * self.sim._placed_on[i]
+            end = measured_end(jobs[i].id, self.attempt[i], r.started_at, true_end, now)
+            out.append(r if math.isnan(end) else replace(r, measured_end=end))
+        return out
 
     def _promote_due(self) -> None:
         """Move starved queued jobs up a class as their promotions fall due."""
@@ -653,6 +667,7 @@ def _with_priority(r: RunningJob, priority: int) -> RunningJob:
         r.never_preempt,
         r.preemptions,
         r.submitted_at,
+        r.measured_end,
     )
 
 

@@ -3,10 +3,14 @@ and that it stops when its time is up."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from scheduler.policy import HeldArray, JobQueue, QueuedJob, RunningJob, Snapshot
 from scheduler.policy.config import get_policy
 from scheduler.policy.forecast import forecast
 from scheduler.policy.las import job_class, starved_after
+from scheduler.policy.running import end_by_progress
 from vipu.allocator import Allocator
 from vipu.topology import Fleet, MachineType
 
@@ -226,3 +230,23 @@ def test_a_running_job_preempted_in_the_replay_goes_back_at_the_head_of_its_tena
         now=10.0, queue=JobQueue([newer]), running=running, tenants={}, allocator=alloc, held=held
     )
     assert forecast(snapshot, "default") == {"el_1": 130.0, "job_p": 180.0, "job_a": 1088.0}
+
+
+def test_a_running_jobs_measured_progress_not_its_prediction_says_when_the_replay_frees_it() -> None:
+    """job_a was predicted to end at 1,000 s; its progress (steps done of its steps, at the step time
+    measured) says 600 s in one snapshot and 1,400 s in another. The forecast frees it then, with
+    or without drawn run times (its end is measured, not drawn); the policy's own plan, and so the
+    snapshot, keep the prediction."""
+    assert end_by_progress(400.0, done=30, total=60, measured_s=300.0) == 700.0
+    assert math.isnan(end_by_progress(50.0, done=0, total=60, measured_s=0.0))
+    drawn = get_policy("default-classes").with_options(forecast_spread=0.3, forecast_samples=9)
+    for measured in (600.0, 1400.0):
+        snapshot = full_fleet()
+        snapshot.running[0] = dataclasses.replace(snapshot.running[0], measured_end=measured)
+        assert forecast(snapshot)["job_0"] == measured
+        assert forecast(snapshot, drawn)["job_0"] == measured
+        assert snapshot.running[0].expected_end == 1000.0
+    # Measured, but that end has passed (its agent stopped reporting): the prediction again.
+    snapshot = full_fleet()
+    snapshot.running[0] = dataclasses.replace(snapshot.running[0], measured_end=5.0)
+    assert forecast(snapshot)["job_0"] == 1000.0

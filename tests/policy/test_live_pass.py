@@ -3,6 +3,7 @@ quota checked again at every pass, fair-share samples, and preemption when it is
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from scheduler.services.tenancy.scope import OneTenant
 from scheduler.settings import get_settings, reset_settings_cache
 from tests.scheduler.test_lifecycle import FakeCelery
 from tests.support import agentkit
+from vipu import emulator
 
 
 def spec(ipus: int, steps: int = 100, **extra: Any) -> JobSpec:
@@ -507,3 +509,28 @@ def test_with_preemptible_work_queued_the_snapshot_carries_the_recent_non_preemp
         job = s.get(Job, plain)
         assert seen.priority == job_class(policy, plan_of(seen.priority), 4, job.predicted_runtime_s)
     assert recent(policy.with_options(inflow_window_s=0.0)) == []
+
+
+def test_a_running_jobs_measured_end_comes_from_its_reported_progress_once_it_has_timed_steps(
+    db: Any, seeded: Any
+) -> None:
+    """#31: while it compiles a job is known only by its prediction; once it has timed its first
+    steps the snapshot carries the end its progress tells (what the forecast frees it at), and the
+    end the policy plans on stays its prediction."""
+    tenant, _ = new_tenant(db, "measured")
+    job_id = submit(db, tenant, spec(4, steps=20_000))
+    loop = scheduler(db)
+    assert loop.schedule_pass() == 1
+    attempt = live_attempt(db, job_id)
+    agentkit.take(db, attempt.id)
+    early = running_as_seen(db, loop, job_id)
+    assert math.isnan(early.measured_end), "compiling: nothing measured yet"
+    with db.read() as s:
+        row = s.get(Attempt, attempt.id)
+        predicted, line = s.get(Job, job_id).predicted_runtime_s, emulator.Timeline.from_dict(row.timeline)
+        scale = float(row.timeline["scale"])
+    # Half its steps done.
+    ran_for(db, attempt.id, (line.run_start_s + (line.steps // 2) * line.step_s) / scale)
+    seen = running_as_seen(db, loop, job_id)
+    assert seen.measured_end == pytest.approx(seen.started_at + line.total_s / scale, abs=1.0)
+    assert seen.expected_end == pytest.approx(seen.started_at + predicted / scale, abs=1e-3)

@@ -501,6 +501,9 @@ def _read_running(*, session: Session, now: datetime, clock: Clock, policy: Poli
             never_preempt=bool(opted_out or plan_opted_out),
             preemptions=preempted_before.get(job_id, 0),
             submitted_at=created_at.timestamp(),
+            # Once it has timed its first steps, its reported progress tells its end far closer than
+            # its prediction; only the forecast reads it (the policy plans on `end`).
+            measured_end=attempts.measured_end(timeline, taken, now) if taken is not None else math.nan,
         )
         if policy is not None:
             # Its class by what it is still expected to run (one past its prediction: as long again).

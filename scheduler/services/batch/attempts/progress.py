@@ -3,8 +3,9 @@ every second."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from sqlalchemy.orm import object_session
 
@@ -14,6 +15,7 @@ from scheduler.models import (
     Attempt,
     AttemptState,
 )
+from scheduler.policy.running import MEASURED_STEPS, end_by_progress
 from vipu import emulator
 
 
@@ -93,3 +95,26 @@ def progress_dict(progress: emulator.Progress, cluster_s: float) -> ProgressView
         "memory_per_ipu_bytes": progress.memory_per_ipu_bytes,
         "cluster_s": round(cluster_s, 3),
     }
+
+
+def measured_end(timeline: dict[str, Any] | None, started: datetime, now: datetime) -> float:
+    """When a running attempt ends (wall, epoch seconds) by the progress it has reported: the steps it
+    has left at the step time it measured (`end_by_progress`), once it has timed `MEASURED_STEPS` of
+    them this attempt; NaN before (compiling, loading, its first steps) or without a timeline. The
+    forecast frees it then (`RunningJob.measured_end`); the policy still plans on its prediction."""
+    if not timeline:
+        return math.nan
+    clock = Clock(float(timeline.get("scale") or 1.0))  # the one it was taken at
+    line = emulator.Timeline.from_dict(timeline)
+    t = min(line.total_s, max(0.0, clock.cluster_since(started, now)))
+    progress = line.progress_at(t)
+    if progress.phase != "run" or progress.steps <= 0:
+        return math.nan
+    # Steps done this attempt, the one in flight by its share (a resumed run's checkpoint excluded).
+    done = progress.percent / 100.0 * progress.steps - line.first_step
+    if done < MEASURED_STEPS:
+        return math.nan
+    end = end_by_progress(
+        t, done=done, total=progress.steps - line.first_step, measured_s=t - line.run_start_s
+    )
+    return started.timestamp() + clock.to_wall(end)
