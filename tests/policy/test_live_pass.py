@@ -385,7 +385,12 @@ def test_a_job_preempted_as_often_as_the_policy_allows_is_not_a_victim_again_liv
         assert agentkit.finish(db, placed.id, AttemptState.SUCCEEDED, 1.0)
         assert loop.schedule_pass() == 1
     with db.read() as s:
-        states = [a.state for a in s.execute(select(Attempt).where(Attempt.job_id == long_job)).scalars()]
+        states = [
+            a.state
+            for a in s.execute(
+                select(Attempt).where(Attempt.job_id == long_job).order_by(Attempt.id)
+            ).scalars()
+        ]
     assert states == [AttemptState.PREEMPTED] * cap + [AttemptState.RUNNING]
 
 
