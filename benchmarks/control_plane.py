@@ -467,7 +467,7 @@ def main() -> None:
                     admin,
                     api_workers=cores,
                     worker_procs=1,
-                    concurrency=16,  # the default IPUCLOUD_WORKER_CONCURRENCY
+                    concurrency=64,  # the default IPUCLOUD_WORKER_CONCURRENCY
                     scheduler=True,
                     extra_env=BENCH_ENV,
                 )

@@ -201,8 +201,11 @@ class Settings(BaseSettings):
         description="A worker's registration of its queues lapses this long after its last refresh "
         "(it refreshes every third of it); the dispatcher then stops publishing to queues only it served.",
     )
+    # Each thread only waits for the agent's take, so this bounds the deliveries one take transaction
+    # can batch: at 16, a burst of one-step jobs queued up in the broker while the agent took them 16 at
+    # a time (docs/performance.md, short-job throughput).
     worker_concurrency: int = Field(
-        16,
+        64,
         ge=1,
         le=256,
         description="Dispatch messages a host agent takes at once (its Celery threads; each ends once the "

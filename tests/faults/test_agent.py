@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -407,3 +408,33 @@ def test_the_same_message_twice_in_one_batch_is_taken_once_and_the_copy_turned_a
     assert (first.outcome, second.outcome) == ("taken", "not-taken")
     assert f"attempt {attempt.id} (epoch 0) is not ours to run" in caplog.text
     assert list(agent.running) == [attempt.id]
+
+
+def test_a_burst_of_deliveries_through_the_default_worker_pool_shares_one_take(db: Any, tenant: str) -> None:
+    """Each of the worker's Celery threads waits in `take` until the agent has taken its message, so
+    the pool's size bounds the deliveries one take transaction can batch. At 16, a burst of one-step
+    jobs queued up in the broker while the agent took them 16 at a time (docs/performance.md)."""
+    tenant = make_tenant(db, "burst", plan="internal")
+    loop = leader_loop(db)
+    for i in range(64):
+        submit(db, tenant, name=f"burst-{i}", steps=2000, ipus=1)
+    assert loop.schedule_pass() == 64
+    with db.read() as s:
+        placed = list(s.execute(select(Attempt.id).where(Attempt.state == "placed")).scalars())
+    clock = FakeClock()
+    agent = make_agent(db, clock)
+    # What `ipucloud worker` runs by default: a threads pool of IPUCLOUD_WORKER_CONCURRENCY, each
+    # thread handing one message to `Agent.take` (workers/app.py).
+    pool = ThreadPoolExecutor(get_settings().worker_concurrency)
+    try:
+        outcomes = [pool.submit(agent.take, a, 0, 5.0) for a in placed]
+        deadline = time.monotonic() + 3
+        while agent._takes.qsize() < len(placed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        agent.step()  # one turn of the loop: one take transaction
+        assert len(agent.running) == len(placed)
+        assert [f.result(timeout=5) for f in outcomes] == ["taken"] * len(placed)
+    finally:
+        for _ in range(8):  # answer whatever a smaller pool left waiting, so its threads end
+            agent.step()
+        pool.shutdown(wait=True)
