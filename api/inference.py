@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -387,6 +388,8 @@ class Gateway:
             return cached[1]
         raw = await self.redis.get(inference.route_key(endpoint_id))
         route = Route.from_json(raw) if raw else None
+        if route is not None:
+            warm_tensors()
         if len(self.routes) > 10_000:
             self.routes.clear()
         self.routes[endpoint_id] = (now + inference.ROUTE_CACHE_S, route)
@@ -562,6 +565,27 @@ class Gateway:
 
 
 _GATEWAYS: dict[tuple[int, int], Gateway] = {}
+
+
+_TENSORS_WARM = threading.Event()
+
+
+def warm_tensors() -> None:
+    """Import NumPy (`numpy_types`) in a thread of its own, once per process, when this process first
+    finds a live endpoint. It is imported lazily so that an API serving no endpoint does not hold it
+    (tests/cli/test_idle_memory.py), but importing it inside a request cost that request 180-650 ms:
+    with `wrk`'s correction for coordinated omission one such request set the one-connection p99
+    (docs/performance.md). A client's first contact (`is_server_ready`, the model's metadata) starts
+    it, so its first infer call finds NumPy loaded or loading."""
+    if _TENSORS_WARM.is_set():
+        return
+    _TENSORS_WARM.set()
+    threading.Thread(target=_load_tensors, name="ipucloud-tensors-warm", daemon=True).start()
+
+
+def _load_tensors() -> None:
+    numpy_types()  # parse_request's
+    import numpy.random  # noqa: F401  outputs_for's (NumPy may load it on first use)
 
 
 def gateway(runtime: Runtime) -> Gateway:

@@ -549,3 +549,35 @@ def test_a_draining_replicas_unstarted_requests_are_answered_at_once_when_the_en
     assert scaled.redis.llen(queue) == 0 and scaled.redis.llen(inflight) == 0
     time.sleep(0.5)
     assert scaled.redis.keys(inference.REPLY_PREFIX + "*") == []
+
+
+def test_a_process_loads_numpy_off_the_request_once_it_first_finds_a_live_endpoint(
+    client: Any, tenant: tuple[str, str], scaled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first infer request of an API process imported NumPy itself (180-650 ms, the one-connection
+    p99): the first lookup that finds a live endpoint (here a client's readiness check) starts the
+    import in a thread of its own, once; a lookup that finds none starts nothing."""
+    from api import inference as api_inference
+
+    warmed: list[str] = []
+    started = threading.Event()
+
+    def fake_numpy_types() -> dict[str, Any]:
+        warmed.append(threading.current_thread().name)
+        started.set()
+        return {}
+
+    monkeypatch.setattr(api_inference, "numpy_types", fake_numpy_types)
+    monkeypatch.setattr(api_inference, "_TENSORS_WARM", threading.Event())
+    tenant_id, key = tenant
+    auth = {"Authorization": f"Bearer {key}"}
+    ready = f"/api/v1/endpoints/{ENDPOINT}/v2/health/ready"
+    assert client.get("/api/v1/endpoints/ep_none1/v2/health/ready", headers=auth).status_code == 404
+    assert not started.wait(0.3) and warmed == []
+    inference.publish_route(scaled.redis, _route(_plan(), tenant_id))
+    client.get(ready, headers=auth)  # no replica: not ready, but the endpoint is live
+    assert started.wait(5), "NumPy was not loaded once an endpoint was found"
+    client.get(ready, headers=auth)
+    client.get(f"/api/v1/endpoints/{ENDPOINT}/v2", headers=auth)
+    time.sleep(0.2)
+    assert warmed == ["ipucloud-tensors-warm"], warmed
