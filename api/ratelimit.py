@@ -64,9 +64,6 @@ class RateLimits:
                 self._limiter = FixedWindowRateLimiter(storage)
             return self._limiter
 
-    def async_limiter(self) -> AsyncFixedWindowRateLimiter:
-        return self._coalescing().limiter
-
     def _coalescing(self) -> _Coalescing:
         loop = asyncio.get_running_loop()
         with self._lock:
