@@ -3,16 +3,19 @@
 The API's submit writer (scheduler/services/batch/submitter.py) admits what arrives together in one
 transaction and inserts the batch's `jobs` rows in one go (`jobs.submit_jobs`). This times the ways
 of sending those rows, alternating between them batch by batch so that a machine's changing load
-falls on all alike, for batches of 16, 64 and 256 rows of a real admitted one-step job (42 columns):
+falls on all alike, for batches of 8 to 256 rows of a real admitted one-step job (42 columns):
 
-- `executemany`: `conn.execute(insert(jobs), rows)`, what `submit_jobs` does. psycopg 3 sends it in
-  pipeline mode through a statement it prepares once per connection: one round trip, no parse or
+- `executemany`: `conn.execute(insert(jobs), rows)`, what `submit_jobs` did until COPY. psycopg 3
+  sends it in pipeline mode through a statement it prepares once per connection: one round trip, no parse or
   plan per row;
 - `insertmanyvalues`: `conn.execute(insert(jobs).returning(jobs.c.id), rows)`: SQLAlchemy renders one
   `INSERT ... VALUES (...), (...), ...` statement per batch (what `sort_by_parameter_order` uses too);
 - `values`: one `insert(jobs).values(rows)` statement, compiled by SQLAlchemy for the batch;
 - `unnest`: `INSERT INTO jobs SELECT * FROM unnest(%s::varchar[], ...)`: one statement whose text
-  never changes, the rows as one array per column.
+  never changes, the rows as one array per column;
+- `driver`: the executemany straight on psycopg's cursor, without SQLAlchemy;
+- `copy`: `COPY jobs (...) FROM STDIN`, psycopg writing each row in C (`scheduler.db.copy_rows`, what
+  `submit_jobs` does now).
 
 It prints, per way and batch size, the median and range of wall-clock ms per batch and of the CPU
 the benchmark's process spent in it (SQLAlchemy and psycopg), and the load average.
@@ -50,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
 
-    from scheduler.db import Database
+    from scheduler.db import Database, copy_rows
     from scheduler.ids import new_id
     from scheduler.jobspec import JobSpec
     from scheduler.models import Job, Tenant
@@ -88,11 +91,27 @@ def main() -> None:
             arrays.append([process(v) for v in values] if process else values)
         conn.exec_driver_sql(unnest_sql, tuple(arrays))
 
+    driver_sql = (
+        f"INSERT INTO {table.name} ({', '.join(c.name for c in columns)}) VALUES ("
+        + ", ".join("%s" for _ in columns)
+        + ")"
+    )
+
+    def driver(conn: Connection, rows: list[dict[str, Any]]) -> None:
+        pairs = list(zip(columns, processors, strict=True))
+        params = [tuple(p(row[c.key]) if p else row[c.key] for c, p in pairs) for row in rows]
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor() as cur:
+            cur.executemany(driver_sql, params)
+
     ways: dict[str, Callable[[Connection, list[dict[str, Any]]], object]] = {
         "executemany": lambda conn, rows: conn.execute(insert(table), rows),
         "insertmanyvalues": lambda conn, rows: conn.execute(insert(table).returning(table.c.id), rows),
         "values": lambda conn, rows: conn.execute(insert(table).values(rows)),
         "unnest": unnest,
+        "driver": driver,
+        "copy": lambda conn, rows: copy_rows(conn, table, rows),
     }
     for size in (int(x) for x in args.sizes.split(",")):
         wall: dict[str, list[float]] = {w: [] for w in ways}

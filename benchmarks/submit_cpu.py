@@ -46,6 +46,21 @@ def _cpu_s(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _by_program() -> dict[str, float]:
+    """CPU seconds so far of every process on the machine, summed by program name (postgres, wrk,
+    redis-server, python ...): where the machine's two cores go, beside the API's own share."""
+    out: dict[str, float] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit() and (st := _stat(int(p))) is not None:
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+            out[name] = out.get(name, 0.0) + (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _api_pid(port: str) -> int:
     for p in os.listdir("/proc"):
         if p.isdigit():
@@ -88,14 +103,21 @@ def main() -> None:
         pids = _tree(_api_pid(cloud.url.rsplit(":", 1)[1]))
         url = f"{cloud.url}/api/v1/jobs"
         wrk(url, ONE_STEP_JOB, key, clients=16, seconds=3)  # warm-up: key cache, prepared statements
-        load0, cpu0 = os.getloadavg()[0], _cpu_s(pids)
+        load0, cpu0, all0 = os.getloadavg()[0], _cpu_s(pids), _by_program()
         rate, p50, p99, errors = wrk(url, ONE_STEP_JOB, key, clients=16, seconds=args.seconds)
-        cpu1, load1 = _cpu_s(pids), os.getloadavg()[0]
+        cpu1, load1, all1 = _cpu_s(pids), os.getloadavg()[0], _by_program()
         accepted = rate * args.seconds
         print(
             f"{args.label}: {rate:.0f} jobs/s, p50 {p50:.1f} ms, p99 {p99:.1f} ms, {errors} errors; API CPU "
             f"{1000 * (cpu1 - cpu0) / accepted:.3f} ms a submission ({(cpu1 - cpu0) / args.seconds:.2f} "
             f"cores, {len(pids)} processes); load average {load0:.1f} -> {load1:.1f}",
+            flush=True,
+        )
+        # Processes that ended during the run are missing from the second reading: a lower bound.
+        shares = sorted(((all1[n] - all0.get(n, 0.0), n) for n in all1), reverse=True)
+        print(
+            "  cores by program: "
+            + ", ".join(f"{n} {c / args.seconds:.2f}" for c, n in shares if c / args.seconds >= 0.01),
             flush=True,
         )
     finally:

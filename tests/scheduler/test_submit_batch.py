@@ -218,18 +218,18 @@ def test_a_keys_unique_index_stops_what_the_replay_read_misses(
     assert again.replayed and again.job.id == first.job.id
 
 
-def test_a_database_error_at_the_pipelines_end_is_sqlalchemys(db: Any, seeded: Any) -> None:
-    """What PostgreSQL refuses in the pipelined INSERTs (`submit._one_round_trip`), raised by psycopg
-    at the pipeline's sync outside SQLAlchemy's execute, reaches callers as SQLAlchemy's error class,
-    as from any execute: the submit path catches its IntegrityError (a key's race), and the API's
-    handlers answer by class (a database gone: 503)."""
+def test_a_database_error_in_a_copy_is_sqlalchemys(db: Any, seeded: Any) -> None:
+    """What PostgreSQL refuses in the submit path's COPY (`db.copy_rows`), raised by psycopg outside
+    SQLAlchemy's execute, reaches callers as SQLAlchemy's error class, as from any execute: the
+    submit path catches its IntegrityError (a key's race), and the API's handlers answer by class (a
+    database gone: 503). And what it writes reads back as an INSERT's would (JSON, timestamps)."""
     import pytest
 
-    from scheduler.models import utcnow
-    from scheduler.services.batch.jobs import submit as submit_module
+    from scheduler.db import copy_rows
+    from scheduler.models import JobEvent, utcnow
 
     if db.engine.dialect.name != "postgresql":
-        pytest.skip("psycopg's pipeline: PostgreSQL only")
+        pytest.skip("COPY: PostgreSQL only")
     event = {
         "job_id": "job_none",
         "kind": "state",
@@ -239,8 +239,22 @@ def test_a_database_error_at_the_pipelines_end_is_sqlalchemys(db: Any, seeded: A
         "attempt": None,
     }
     with pytest.raises(IntegrityError), db.write() as s:
-        conn = s.connection()
-        with submit_module._one_round_trip(conn):
-            # One row: a plain execute, which in a pipeline waits for nothing; the server's refusal
-            # (no such job) comes at the sync.
-            conn.execute(submit_module._INSERT_EVENTS, event)
+        copy_rows(s.connection(), JobEvent.__table__, [event])  # no such job: its foreign key refuses
+    tenant = make_tenant(db, "copier", 1000)
+    with db.write() as s:
+        (done,) = jobs.submit_jobs(session=s, requests=[SubmitRequest(tenant, spec(name="copied"))])
+        assert isinstance(done, jobs.Submitted)
+        at = utcnow()
+        data = {"nested": {"list": [1, 2.5, None], "text": 'naïve "quoted" \\ tab\t'}}
+        copy_rows(
+            s.connection(),
+            JobEvent.__table__,
+            [{**event, "job_id": done.job.id, "data": data, "at": at, "message": "line\nbreak"}],
+        )
+    with db.read() as s:
+        (row,) = s.execute(
+            select(JobEvent).where(JobEvent.job_id == done.job.id, JobEvent.message == "line\nbreak")
+        ).scalars()
+        assert row.data == data and row.at == at
+        stored = s.get(Job, done.job.id)
+        assert stored is not None and stored.spec == done.job.spec and stored.options == done.job.options

@@ -68,6 +68,7 @@ class GroupSubmitter:
         self.queue: queue.SimpleQueue[_Item | object] = queue.SimpleQueue()
         self.waker = bus.CoalescingWaker("submit", runtime.redis_client())
         self.batches = 0  # committed batches, for tests and benchmarks
+        self.compiled = job_service.CompiledKeys()
         self._last_size = 1
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
@@ -145,7 +146,9 @@ class GroupSubmitter:
         for attempt in range(3):
             try:
                 with self.db.write() as s:
-                    outcomes = job_service.submit_jobs(session=s, requests=requests, render=self.render)
+                    outcomes = job_service.submit_jobs(
+                        session=s, requests=requests, render=self.render, compiled=self.compiled
+                    )
                     bodies = [
                         None if isinstance(o, Exception) else (o.job.submit_response or self.render(o.job))
                         for o in outcomes

@@ -4,20 +4,19 @@ and their `queued` events, each tenant judged under its row lock."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
-import psycopg
-from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import billing
+from scheduler.db import copy_rows
 from scheduler.errors import (
     DomainError,
     IdempotencyConflict,
@@ -96,8 +95,13 @@ def submit_jobs(
     session: Session,
     requests: Sequence[SubmitRequest],
     render: Callable[[Job], dict[str, Any]] | None = None,
+    compiled: CompiledKeys | None = None,
 ) -> list[Outcome]:
     """Admit a batch of jobs in the caller's transaction: one outcome per request, in order.
+
+    `render` makes a job's answer, stored with a job that has an Idempotency-Key (what its replay
+    returns; nothing else reads it). `compiled`: executables the caller has seen compiled in
+    earlier batches (the submit writer's, `CompiledKeys`); this batch adds what it finds.
 
     Each job is validated against the emulator, the fleet and its plan, and its predicted cost
     reserved from its tenant's grant. The jobs and their first events are inserted first; only
@@ -132,8 +136,9 @@ def submit_jobs(
     now = utcnow()
     candidates: dict[int, Job] = {}
     # The tenant's executable cache, read once per key per batch: a batch is mostly the same few
-    # workloads, and a query per job was a quarter of the writer's time (py-spy, 16 clients).
-    cached: dict[str, bool] = {}
+    # workloads, and a query per job was a quarter of the writer's time (py-spy, 16 clients). Keys
+    # the caller has seen compiled are not read again (`CompiledKeys`).
+    cached: dict[str, bool] = _Cached(compiled) if compiled is not None else {}
     for n, r in enumerate(requests):
         if outcomes[n] is not None:
             continue
@@ -146,29 +151,28 @@ def submit_jobs(
         except DomainError as exc:
             outcomes[n] = exc
             continue
-        if render is not None:
+        if render is not None and r.idempotency_key is not None:
             job.submit_response = render(job)
         candidates[n] = job
+    if compiled is not None:
+        compiled.learn(cached)
     if not candidates:
         return _resolve(outcomes, digests)
     job_rows = [row_of(job) for job in candidates.values()]
-    # The batch's rows go as one executemany of one INSERT: psycopg pipelines it through a statement
-    # it prepares once per connection (one round trip, no parse or plan per row). One multi-row
-    # `INSERT ... VALUES (...), (...)` took 3-5 times as long on PostgreSQL, `.values(rows)` 12-20
-    # times and an unnest of column arrays 2-3 times (benchmarks/submit_batch.py, docs/performance.md).
-    # The events go in before the lock, so that the lock is held for as little as possible; a
-    # refused job's event goes with it. Both executemanys in one pipeline: one round trip instead
-    # of one each (an eighth of the writer's wall time went to the second under 16 clients, py-spy).
+    # The batch's rows go in as COPY on PostgreSQL (`db.copy_rows`): half the CPU of the pipelined
+    # executemany of one prepared INSERT that came before it, which was two fifths of the writer's
+    # samples under 16 clients (py-spy); a multi-row `INSERT ... VALUES` took 3-5 times as long,
+    # `.values(rows)` 12-20 times and an unnest of column arrays 2-3 times
+    # (benchmarks/submit_batch.py, docs/performance.md). The events go in before the lock, so that
+    # the lock is held for as little as possible; a refused job's event goes with it.
     event_rows = [_queued_event(job, now) for job in candidates.values()]
     try:
-        with _one_round_trip(conn):
-            conn.execute(insert(Job.__table__), job_rows)
-            conn.execute(_INSERT_EVENTS, event_rows)
+        copy_rows(conn, _jobs, job_rows)
+        copy_rows(conn, _events, event_rows)
     except IntegrityError as exc:
         # A key's unique index stops what the replay read could not see: another request with this
         # key committed after that read. The transaction is spent; the caller retries in a new one,
-        # which replays that request's job. (Raised at the pipeline's end, so no savepoint: nothing
-        # of this transaction is kept anyway.)
+        # which replays that request's job. (No savepoint: nothing of this transaction is kept anyway.)
         if any(j.idempotency_key is not None for j in candidates.values()):
             raise IdempotencyRace() from exc
         raise
@@ -219,6 +223,37 @@ def submit_jobs(
     return _resolve(outcomes, digests)
 
 
+class CompiledKeys:
+    """Executable-cache keys (`executables.tenant_key`) seen compiled, kept across batches by one
+    submit writer: admission then reads the cache only for keys not yet seen compiled, which under a
+    steady load of the same few workloads is none (its read was a tenth of an API process's CPU,
+    py-spy, 16 clients). Safe to keep because nothing removes an executable once recorded
+    (scheduler/services/batch/executables.py); a key not seen compiled is read every time, so one
+    compiled since is found. Bounded: past `limit` keys it starts over."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.keys: set[str] = set()
+        self.limit = limit
+
+    def learn(self, cached: dict[str, bool]) -> None:
+        if len(self.keys) >= self.limit:
+            self.keys.clear()
+        self.keys.update(k for k, hit in cached.items() if hit)
+
+
+class _Cached(dict[str, bool]):
+    """A batch's reads of the executable cache, over the keys its writer has already seen compiled."""
+
+    def __init__(self, compiled: CompiledKeys) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.compiled.keys:
+            return True
+        return super().get(key, default)
+
+
 def _reserve_all(
     conn: Connection, tenant_id: str, candidates: dict[int, Job], plan: Any, now: datetime
 ) -> bool:
@@ -237,25 +272,6 @@ def _reserve_all(
         {"t": tenant_id, "now": now, "amount": total, "n": len(candidates), "limit": plan.max_queued_jobs},
     ).rowcount
     return bool(done == 1)
-
-
-@contextmanager
-def _one_round_trip(conn: Connection) -> Iterator[None]:
-    """psycopg: the statements inside go out in one pipeline, synced once at its end (each
-    executemany rides it instead of syncing its own). Only for statements whose results nothing
-    reads inside: their errors are raised at the end. Other drivers: as they are."""
-    driver = conn.connection.driver_connection
-    if conn.dialect.driver != "psycopg" or driver is None:
-        yield
-        return
-    try:
-        with driver.pipeline():
-            yield
-    except psycopg.Error as exc:
-        # Raised by psycopg at the sync, outside SQLAlchemy's execute: wrapped as SQLAlchemy wraps
-        # it there (IntegrityError, DataError, OperationalError, ...), which is what callers and the
-        # API's error handlers (a 503 for a database gone, a 422 for a NUL) know.
-        raise DBAPIError.instance(None, None, exc, psycopg.Error, dialect=conn.dialect) from exc
 
 
 def _replays(
@@ -345,9 +361,7 @@ _JOB_COLUMNS = tuple(Job.__table__.columns)
 _tenants = Tenant.__table__
 _plans = Plan.__table__
 _jobs = Job.__table__
-# `inline`: no RETURNING of the new ids, which nothing reads, and which a pipeline (`_one_round_trip`)
-# could not give back (a one-job batch's INSERT is a plain execute that would ask for its id).
-_INSERT_EVENTS = insert(JobEvent.__table__).inline()
+_events = JobEvent.__table__
 _PLANS_OF_TENANTS = (
     select(
         _tenants.c.id.label("tenant_id"),
