@@ -113,6 +113,15 @@ def main() -> None:
             f"cores, {len(pids)} processes); load average {load0:.1f} -> {load1:.1f}",
             flush=True,
         )
+        # A batch's jobs share their creation time (one transaction's clock): the mean batch, which
+        # sets how far each batch's fixed work (its reads, the reservation, the commit) is shared.
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(db_url)
+        with engine.connect() as conn:
+            jobs, batches = conn.execute(text("SELECT count(*), count(DISTINCT created_at) FROM jobs")).one()
+        engine.dispose()
+        print(f"  {jobs} jobs in {batches} batches (mean {jobs / max(batches, 1):.1f}, warm-up included)")
         # Processes that ended during the run are missing from the second reading: a lower bound.
         shares = sorted(((all1[n] - all0.get(n, 0.0), n) for n in all1), reverse=True)
         print(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -23,7 +23,12 @@ def tenant_key(*, tenant_id: str, key: str) -> str:
 
 def is_cached(*, session: Session, key: str) -> bool:
     """Whether `key` (a `tenant_key`) is compiled."""
-    return session.execute(select(Executable.key).where(Executable.key == key)).first() is not None
+    # One Core statement built once, on the session's connection: admission reads this once per
+    # batch, and building an ORM select each time cost more than the query (py-spy, 16 clients).
+    return session.connection().execute(_IS_CACHED, {"key": key}).first() is not None
+
+
+_IS_CACHED = select(Executable.__table__.c.key).where(Executable.__table__.c.key == bindparam("key"))
 
 
 def cached_keys(*, session: Session, keys: set[str]) -> set[str]:

@@ -131,7 +131,13 @@ def submit_jobs(
     plans: dict[str, Any] = {}
     conn = session.connection()  # Core statements need none of the ORM session's machinery
     if tenant_ids:
-        plans = {row.tenant_id: row for row in conn.execute(_PLANS_OF_TENANTS, {"ids": tenant_ids})}
+        # One tenant (the usual batch) by `=`: an expanding IN is rendered anew at every execution.
+        rows = (
+            conn.execute(_PLAN_OF_TENANT, {"id": tenant_ids[0]})
+            if len(tenant_ids) == 1
+            else conn.execute(_PLANS_OF_TENANTS, {"ids": tenant_ids})
+        )
+        plans = {row.tenant_id: row for row in rows}
     fleet_pods = fleet.pods_by_type(session=session, max_age_s=fleet.PODS_CACHE_S) if plans else {}
     now = utcnow()
     candidates: dict[int, Job] = {}
@@ -362,20 +368,26 @@ _tenants = Tenant.__table__
 _plans = Plan.__table__
 _jobs = Job.__table__
 _events = JobEvent.__table__
+_PLAN_COLUMNS = (
+    _tenants.c.id.label("tenant_id"),
+    _plans.c.name,
+    _plans.c.max_partition_size,
+    _plans.c.max_runtime_s,
+    _plans.c.max_queued_jobs,
+    _plans.c.priority,
+    _plans.c.rates,
+    _plans.c.machine_types,
+    _plans.c.preemptible_discount,
+)
 _PLANS_OF_TENANTS = (
-    select(
-        _tenants.c.id.label("tenant_id"),
-        _plans.c.name,
-        _plans.c.max_partition_size,
-        _plans.c.max_runtime_s,
-        _plans.c.max_queued_jobs,
-        _plans.c.priority,
-        _plans.c.rates,
-        _plans.c.machine_types,
-        _plans.c.preemptible_discount,
-    )
+    select(*_PLAN_COLUMNS)
     .join(_plans, _plans.c.name == _tenants.c.plan_name)
     .where(_tenants.c.id.in_(bindparam("ids", expanding=True)))
+)
+_PLAN_OF_TENANT = (
+    select(*_PLAN_COLUMNS)
+    .join(_plans, _plans.c.name == _tenants.c.plan_name)
+    .where(_tenants.c.id == bindparam("id"))
 )
 # NO KEY UPDATE: the job inserts hold KEY SHARE locks on the tenant (their foreign keys), which a
 # plain FOR UPDATE would wait for, deadlocking two API processes that each inserted before locking.
