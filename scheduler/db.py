@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -238,7 +238,7 @@ def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, A
     return keys
 
 
-def copy_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """INSERT rows that all give the same columns (every column without a server-side default),
     in one round trip and with little per-row work in Python.
 

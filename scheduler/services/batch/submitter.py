@@ -149,16 +149,18 @@ class GroupSubmitter:
                     outcomes = job_service.submit_jobs(
                         session=s, requests=requests, render=self.render, compiled=self.compiled
                     )
-                    bodies = [
-                        None if isinstance(o, Exception) else (o.job.submit_response or self.render(o.job))
-                        for o in outcomes
-                    ]
                 break
             except job_service.IdempotencyRace:
                 # Another process committed one of these keys first: the retry replays it.
                 if attempt == 2:
                     raise
         self.batches += 1
+        # Rendered after the commit, not while the transaction holds its tenants' rows (which the
+        # other API processes' writers wait for); a keyed job's answer is the one stored with it.
+        bodies = [
+            None if isinstance(o, Exception) else (o.job.submit_response or self.render(o.job))
+            for o in outcomes
+        ]
         for item, outcome, body in zip(batch, outcomes, bodies, strict=True):
             if isinstance(outcome, Exception):
                 item.future.set_exception(outcome)

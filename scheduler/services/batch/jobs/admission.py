@@ -54,7 +54,7 @@ class SubmitRequest:
 def _prepare(
     session: Session,
     r: SubmitRequest,
-    digest: str,
+    digest: str | None,
     plan: Any,
     now: datetime,
     fleet_pods: dict[str, int],

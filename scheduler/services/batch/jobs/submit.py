@@ -122,7 +122,9 @@ def submit_jobs(
     Idempotency-Keys first: retry, and the retry replays it.
     """
     outcomes: list[Outcome | _Later | None] = [None] * len(requests)
-    digests = [request_hash(r.spec) for r in requests]
+    # What an Idempotency-Key is bound to; a request without a key is never compared, so its digest
+    # (a dump of the whole spec and a SHA-256) is not made.
+    digests = [None if r.idempotency_key is None else request_hash(r.spec) for r in requests]
 
     _replays(session, requests, digests, outcomes)
 
@@ -283,7 +285,7 @@ def _reserve_all(
 def _replays(
     session: Session,
     requests: Sequence[SubmitRequest],
-    digests: list[str],
+    digests: list[str | None],
     outcomes: list[Outcome | _Later | None],
 ) -> None:
     """Idempotency-Key replays, from the database and from earlier requests of this batch: their
@@ -450,7 +452,7 @@ _RESERVE_ALL = (
 )
 
 
-def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str]) -> list[Outcome]:
+def _resolve(outcomes: list[Outcome | _Later | None], digests: list[str | None]) -> list[Outcome]:
     """Settle requests that repeated an earlier Idempotency-Key of the batch, then check all are decided."""
     for n, outcome in enumerate(outcomes):
         if isinstance(outcome, _Later):
