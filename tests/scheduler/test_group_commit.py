@@ -239,6 +239,90 @@ def test_a_batch_reads_the_executable_cache_once_per_workload(
     assert len(lookups) == 1, lookups
 
 
+def test_a_writer_reads_an_executable_seen_compiled_no_more_and_one_not_compiled_each_batch(
+    runtime: Runtime, db: Any, seeded: Seeded
+) -> None:
+    """The writer's `CompiledKeys`: once a batch has found a workload's executable compiled, later
+    batches plan it as compiled without a read; a workload not compiled is read by every batch, so
+    the batch after its compile finds it."""
+    from scheduler.services.batch import executables, jobs
+    from scheduler.services.batch.jobs import CompiledKeys, SubmitRequest, Submitted
+    from scheduler.services.tenancy.tenants import create_tenant
+    from scheduler.settings import get_settings
+
+    with db.write() as s:
+        tid = create_tenant(session=s, secret=get_settings().secret(), name="memo", plan="standard").tenant.id
+    lookups: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM executables" in statement:
+            lookups.append(statement)
+
+    spec = JobSpec.model_validate(JOB)
+    compiled = CompiledKeys()
+
+    def batch() -> list[Any]:
+        with db.write() as s:
+            out = jobs.submit_jobs(session=s, requests=[SubmitRequest(tid, spec)] * 3, compiled=compiled)
+        assert all(isinstance(o, Submitted) for o in out), out
+        return [o.job for o in out]
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        cold = batch()
+        cold_again = batch()  # not compiled: read again
+        assert len(lookups) == 2 and not compiled.keys
+        with db.write() as s:  # an agent records the compile
+            (kind,) = {j.machine_type or next(iter(j.options)) for j in cold}
+            resolved = emulation.resolve(spec.workload, spec.ipus, kind, None)
+            key = executables.tenant_key(tenant_id=tid, key=resolved.executable_key)
+            compile_s = resolved.predicted_runtime_s - (resolved.cached_runtime_s or 0.0)
+            executables.record(session=s, key=key, machine_type=kind, compile_s=compile_s)
+        warm = batch()
+        assert len(lookups) == 3 and key in compiled.keys
+        warm_again = batch()
+        assert len(lookups) == 3, "a key seen compiled is not read again"
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+    # Planned without the compile once it is cached, the same with or without the read.
+    assert cold[0].predicted_runtime_s == cold_again[0].predicted_runtime_s
+    assert warm[0].predicted_runtime_s < cold[0].predicted_runtime_s
+    assert warm_again[0].predicted_runtime_s == warm[0].predicted_runtime_s
+    assert warm_again[0].reserved_ipu_ms == warm[0].reserved_ipu_ms < cold[0].reserved_ipu_ms
+
+
+def test_only_a_keyed_job_stores_its_answer(runtime: Runtime, db: Any, seeded: Seeded) -> None:
+    """The answer stored with a job is what an Idempotency-Key replay returns; a job without a key is
+    never replayed, so nothing is stored for it (nor the digest a key is bound to)."""
+    from scheduler.services.batch import jobs
+    from scheduler.services.batch.jobs import SubmitRequest, Submitted
+    from scheduler.services.tenancy.tenants import create_tenant
+    from scheduler.settings import get_settings
+
+    spec = JobSpec.model_validate(JOB)
+    with db.write() as s:
+        made = create_tenant(session=s, secret=get_settings().secret(), name="keyed", plan="standard")
+        tid = made.tenant.id
+    with db.write() as s:
+        keyed, plain = jobs.submit_jobs(
+            session=s,
+            requests=[SubmitRequest(tid, spec, "stored-answer"), SubmitRequest(tid, spec)],
+            render=render_submitted,
+        )
+    assert isinstance(keyed, Submitted) and isinstance(plain, Submitted)
+    with db.read() as s:
+        k, p = s.get(Job, keyed.job.id), s.get(Job, plain.job.id)
+        assert k is not None and p is not None
+        assert k.submit_response == render_submitted(keyed.job) and k.request_hash is not None
+        assert p.submit_response is None and p.request_hash is None
+    with db.write() as s:
+        (again,) = jobs.submit_jobs(
+            session=s, requests=[SubmitRequest(tid, spec, "stored-answer")], render=render_submitted
+        )
+    assert isinstance(again, Submitted) and again.replayed
+    assert again.job.submit_response == k.submit_response
+
+
 def test_a_batch_writes_its_jobs_and_their_first_events_in_one_statement_each(
     runtime: Runtime, db: Any, seeded: Seeded
 ) -> None:
