@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--database-url", default=os.environ.get("IPUCLOUD_BENCH_DATABASE_URL", PG_DEFAULT))
     ap.add_argument("--redis-url", default=os.environ.get("IPUCLOUD_BENCH_REDIS_URL", REDIS_DEFAULT))
     ap.add_argument("--db-name", default="ipucloud_submit_cpu", help="made (dropped first) on that server")
+    ap.add_argument("--api-workers", type=int, default=os.cpu_count() or 2, help="uvicorn processes")
     args = ap.parse_args()
     os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
     import redis as redis_lib
@@ -93,7 +94,7 @@ def main() -> None:
         args.redis_url,
         Path(tempfile.mkdtemp(prefix="ipucloud-submit-cpu-")),
         admin,
-        api_workers=os.cpu_count() or 2,
+        api_workers=args.api_workers,
         worker_procs=0,
         concurrency=1,
         scheduler=False,

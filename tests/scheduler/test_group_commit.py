@@ -211,6 +211,44 @@ def test_a_lone_submission_is_not_held_for_company(runtime: Runtime, db: Any, se
         s.close()
 
 
+def test_a_batch_waits_for_every_client_the_last_commit_saw_submitting(
+    runtime: Runtime, seeded: Seeded
+) -> None:
+    """Two clients answered while two more queued: four are submitting, and the next batch waits (up
+    to its deadline) for the answered two to come back rather than going with the two queued, which
+    under a steady load would split every round of requests into two half batches."""
+    from concurrent.futures import Future
+
+    from scheduler.services.batch.jobs import SubmitRequest
+    from scheduler.services.batch.submitter import _Item
+
+    writer = GroupSubmitter(runtime, render_submitted, start=False, max_wait_s=5.0)
+    request = SubmitRequest("tenant", JobSpec.model_validate(JOB))
+
+    def put(n: int) -> None:
+        for _ in range(n):
+            writer.queue.put(_Item(request, Future()))
+
+    try:
+        put(2)
+        first, _ = writer._collect(writer.queue.get())
+        assert len(first) == 2  # nothing was expected yet: no wait
+        put(2)  # queued while the first two were written
+        writer._learn(first)
+        returning = threading.Timer(0.2, put, args=(2,))  # the first two's next requests
+        returning.start()
+        started = time.monotonic()
+        second, _ = writer._collect(writer.queue.get())
+        assert len(second) == 4 and 0.15 < time.monotonic() - started < 4.0
+        writer._learn([second[0]])  # one client left submitting: it waits for no company
+        put(1)
+        started = time.monotonic()
+        third, _ = writer._collect(writer.queue.get())
+        assert len(third) == 1 and time.monotonic() - started < 1.0
+    finally:
+        writer.waker.close()
+
+
 def test_a_batch_reads_the_executable_cache_once_per_workload(
     runtime: Runtime, db: Any, seeded: Seeded
 ) -> None:
