@@ -70,7 +70,7 @@ class GroupSubmitter:
         self.waker = bus.CoalescingWaker("submit", runtime.redis_client())
         self.batches = 0  # committed batches, for tests and benchmarks
         self.compiled = job_service.CompiledKeys()
-        self._expected = 1  # how many submitters a batch may wait for (`_run`)
+        self._expected = 1  # how many submitters a batch may wait for (`_learn`)
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="submit-writer", daemon=True)
         if start:
