@@ -3,7 +3,8 @@
 The API's submit writer (scheduler/services/batch/submitter.py) admits what arrives together in one
 transaction and inserts the batch's `jobs` rows in one go (`jobs.submit_jobs`). This times the ways
 of sending those rows, alternating between them batch by batch so that a machine's changing load
-falls on all alike, for batches of 8 to 256 rows of a real admitted one-step job (42 columns):
+falls on all alike, for batches (`--sizes`, 16, 64 and 256 rows by default) of a real admitted
+one-step job (42 columns):
 
 - `executemany`: `conn.execute(insert(jobs), rows)`, what `submit_jobs` did until COPY. psycopg 3
   sends it in pipeline mode through a statement it prepares once per connection: one round trip, no parse or

@@ -3,10 +3,12 @@
 The cloud as `control_plane.py` starts it for its submit figure (one API process per core, the
 scheduler stopped, one-step jobs). On a shared machine the throughput measures the load as much as
 the cloud; the API processes' CPU per accepted submission (from /proc, over the number accepted) is
-the steadier figure for comparing two versions run one after the other.
+the steadier figure for comparing two versions run one after the other. It also prints the mean
+batch the submit writers committed (jobs over distinct creation times) and how many cores each
+program on the machine used meanwhile (PostgreSQL, Redis, the API's processes).
 
     .venv/bin/python benchmarks/submit_cpu.py LABEL [--seconds 15] [--db-name cp_bench_sf]
-        [--redis-url redis://127.0.0.1:6379/13]
+        [--redis-url redis://127.0.0.1:6379/13] [--api-workers 2]
 """
 
 from __future__ import annotations

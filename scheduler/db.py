@@ -240,12 +240,13 @@ def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, A
 
 def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """INSERT rows that all give the same columns (every column without a server-side default),
-    in one round trip and with little per-row work in Python.
+    in one statement and with little per-row work in Python.
 
     On PostgreSQL (psycopg) they go as `COPY ... FROM STDIN`: psycopg writes each row in C, where an
     executemany adapts each value and queues each row's execution in Python. For a batch of 8-16
     submitted jobs (42 columns, eight of them JSON) COPY took about half the CPU of the pipelined
-    executemany, in less wall time (`benchmarks/submit_batch.py`). Values go through the columns'
+    executemany, in less wall time, though in two round trips (its start and its end) where the
+    pipeline took one (`benchmarks/submit_batch.py`). Values go through the columns'
     own bind processors first, as any statement's would (JSON, timestamps). A refusal (a unique or
     foreign key) is raised as SQLAlchemy's error class, as from an execute. Other databases: one
     executemany."""
