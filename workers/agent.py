@@ -132,6 +132,7 @@ class Agent(StopListener):
             self._answer_takes("stopping")
             if self._serving is not None:
                 self._serving.close()
+            ipuof.release_runtime_root(self.settings)
             self._done.set()
 
     def step(self) -> bool:

@@ -8,18 +8,26 @@ writes `vipu-cli.hcl`: the V-IPU endpoint's address and the attempt's short-live
 (scheduler/services/capacity/attempt_keys.py), which `vipu`, `gc-info` and `gc-monitor` read. The key is in
 that file only, never in the environment or the log, and stops working when the attempt ends; the
 directory is removed then.
+
+The attempts' directories live in memory by default (`/dev/shm`, in a directory private to this user
+and data directory; `IPUCLOUD_RUNTIME_DIR` names another): the files hold a key and live only as long
+as their attempt, so a disk is never the place for them, and creating a file on a disk can cost far
+more than the rest of taking an attempt (`benchmarks/attempt_files.py`; docs/performance.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+import stat
+from functools import lru_cache
 from pathlib import Path
 
 from scheduler.services.capacity import attempt_keys
-from scheduler.settings import Settings, write_private
+from scheduler.settings import Settings
 from vipu import ipuof
 
 log = logging.getLogger("ipucloud.agent")
@@ -28,8 +36,53 @@ CONFIG_NAME = "ipuof.conf"
 CLI_CONFIG_NAME = "vipu-cli.hcl"
 
 
+SHM = Path("/dev/shm")
+
+
+def runtime_root(settings: Settings) -> Path:
+    """The directory holding every running attempt's directory (mode 0700, this user's):
+    `IPUCLOUD_RUNTIME_DIR`, else one in `/dev/shm` named by this user and the data directory (so that
+    two clouds on one host never share it), else `<data_dir>/attempts`."""
+    return _runtime_root(settings.runtime_dir, settings.data_dir)
+
+
+@lru_cache(maxsize=64)
+def _runtime_root(configured: Path | None, data_dir: Path) -> Path:
+    if configured is not None:
+        return _private_dir(configured.resolve())
+    data_dir = data_dir.resolve()
+    if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK):
+        digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
+        try:
+            return _private_dir(SHM / f"ipucloud-{os.geteuid()}-{digest}")
+        except OSError as exc:
+            log.warning("attempt files go to the data directory, not %s: %s", SHM, exc)
+    return _private_dir(data_dir / "attempts")
+
+
+def _private_dir(path: Path) -> Path:
+    """Make `path` a directory only this user can enter, refusing one that is not this user's (in a
+    shared directory such as /dev/shm another user could have made it, or a link of that name, first)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is not a directory of this user's")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 def attempt_dir(settings: Settings, attempt_id: int) -> Path:
-    return (settings.data_dir / "attempts" / str(attempt_id)).resolve()
+    return runtime_root(settings) / str(attempt_id)
+
+
+def release_runtime_root(settings: Settings) -> None:
+    """Remove the root once no attempt's directory is left in it (a stopping agent's last act), so
+    that /dev/shm keeps nothing of a cloud that is gone. Another agent's next attempt makes it again."""
+    try:
+        os.rmdir(runtime_root(settings))
+    except OSError:
+        pass  # not empty (another agent of this data directory runs attempts), or already gone
 
 
 def environment(
@@ -73,15 +126,20 @@ def write_attempt_files(
 ) -> Path:
     """Write the attempt's IPUoF configuration and `vipu-cli.hcl`; returns the configuration's path."""
     directory = attempt_dir(settings, attempt_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileNotFoundError:  # the root was released since (an agent of this data directory stopped)
+        _private_dir(directory.parent)
+        os.mkdir(directory, 0o700)
+    except FileExistsError:  # a redelivered attempt, or one an agent that died left behind
+        os.chmod(directory, 0o700)
     config = ipuof.ipuof_config(
         partition=partition, own=gcd_ipus, gcds=gcds, gcd=gcd, machine_type=machine_type
     )
     path = directory / CONFIG_NAME
-    write_private(path, json.dumps(config, indent=2) + "\n")
+    _write_private(path, json.dumps(config, indent=2) + "\n")
     key = attempt_keys.issue(secret=settings.secret(), attempt_id=attempt_id, epoch=epoch)
-    write_private(
+    _write_private(
         directory / CLI_CONFIG_NAME,
         cli_config(
             host=settings.vipu_api_host,
@@ -100,3 +158,11 @@ def remove_attempt_files(settings: Settings, attempt_id: int) -> None:
         shutil.rmtree(attempt_dir(settings, attempt_id), ignore_errors=True)
     except OSError as exc:  # bookkeeping only: the key has stopped working whatever happens here
         log.warning("could not remove the files of attempt %d: %s", attempt_id, exc)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` as mode 0600, never following a link planted in its place."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as f:
+        os.fchmod(fd, 0o600)  # a file left by an earlier delivery keeps its mode through O_CREAT
+        f.write(text.encode())

@@ -282,6 +282,8 @@ def start_shared(
         "IPUCLOUD_REDIS_URL": redis_url,
         "IPUCLOUD_SECRET_KEY": secret_key,
         "IPUCLOUD_DATA_DIR": str(workdir / "data"),
+        # Not /dev/shm (the shipped default): what a test leaves goes with its temporary directory.
+        "IPUCLOUD_RUNTIME_DIR": str(workdir / "run"),
         "IPUCLOUD_RATE_LIMIT": "100000/minute",
         "IPUCLOUD_LOG_LEVEL": "WARNING",
     }
