@@ -15,8 +15,11 @@ one-step job (42 columns):
 - `unnest`: `INSERT INTO jobs SELECT * FROM unnest(%s::varchar[], ...)`: one statement whose text
   never changes, the rows as one array per column;
 - `driver`: the executemany straight on psycopg's cursor, without SQLAlchemy;
-- `copy`: `COPY jobs (...) FROM STDIN`, psycopg writing each row in C (`scheduler.db.copy_rows`, what
-  `submit_jobs` does now).
+- `copy`: `COPY jobs (...) FROM STDIN`, psycopg writing each row in C (what `submit_jobs` did until
+  the JSON rows), two round trips of its own;
+- `json`: `INSERT INTO jobs (...) SELECT ... FROM json_to_recordset(%s)`, every row in one JSON
+  parameter made in C by orjson (`scheduler.db.rows_insert`, what `submit_jobs` does now, there in one
+  statement with the batch's events and its reservation).
 
 It prints, per way and batch size, the median and range of wall-clock ms per batch and of the CPU
 the benchmark's process spent in it (SQLAlchemy and psycopg), and the load average.
@@ -54,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("IPUCLOUD_SECRET_KEY", "benchmark-secret-" + os.urandom(8).hex())
 
-    from scheduler.db import Database, copy_rows
+    from scheduler.db import Database, rows_insert, rows_json
     from scheduler.ids import new_id
     from scheduler.jobspec import JobSpec
     from scheduler.models import Job, Tenant
@@ -106,13 +109,31 @@ def main() -> None:
         with raw.cursor() as cur:
             cur.executemany(driver_sql, params)
 
+    copy_sql = f"COPY {table.name} ({', '.join(c.name for c in columns)}) FROM STDIN"
+
+    def copy(conn: Connection, rows: list[dict[str, Any]]) -> None:
+        pairs = list(zip(columns, processors, strict=True))
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor() as cur, cur.copy(copy_sql) as out:
+            for row in rows:
+                values = (p(row[c.key]) if p else row[c.key] for c, p in pairs)
+                # JSON columns' processor gives bytes, which COPY would write as bytea's hex.
+                out.write_row([v.decode() if isinstance(v, bytes) else v for v in values])
+
+    json_insert, json_plan = rows_insert(table, tuple(c.key for c in columns), "rows", dialect)
+
+    def json_rows(conn: Connection, rows: list[dict[str, Any]]) -> None:
+        conn.execute(json_insert, {"rows": rows_json(json_plan, rows)})
+
     ways: dict[str, Callable[[Connection, list[dict[str, Any]]], object]] = {
         "executemany": lambda conn, rows: conn.execute(insert(table), rows),
         "insertmanyvalues": lambda conn, rows: conn.execute(insert(table).returning(table.c.id), rows),
         "values": lambda conn, rows: conn.execute(insert(table).values(rows)),
         "unnest": unnest,
         "driver": driver,
-        "copy": lambda conn, rows: copy_rows(conn, table, rows),
+        "copy": copy,
+        "json": json_rows,
     }
     for size in (int(x) for x in args.sizes.split(",")):
         wall: dict[str, list[float]] = {w: [] for w in ways}

@@ -4,7 +4,8 @@ thread runs it (scheduler/services/batch/submitter.py), without HTTP, wrk or a s
 Batches of `--size` one-step jobs of one tenant (the benchmark's submission, benchmarks/control_plane.py)
 are admitted one after another, each in its own transaction, with the answer rendered as the writer
 renders it; the CPU this process spends on each (SQLAlchemy, psycopg and admission) is timed with
-`time.process_time`. The end-to-end figures (`submit_cpu.py`, `control_plane.py`) move by a third with
+`time.process_time`, and the batch's wall time beside it (the difference is PostgreSQL's work and
+the waits of each round trip). The end-to-end figures (`submit_cpu.py`, `control_plane.py`) move by a third with
 the machine's other load; this one moves much less, so two versions compare here first (run each from
 its own checkout, one after the other).
 
@@ -55,9 +56,10 @@ def main() -> None:
     memo = {"compiled": jobs.CompiledKeys()} if hasattr(jobs, "CompiledKeys") else {}
     load0 = os.getloadavg()[0]
     cpu_ms: list[float] = []
+    wall_ms: list[float] = []
     for n in range(20 + args.batches):
         requests = [jobs.SubmitRequest(tenant_id, spec) for _ in range(args.size)]
-        c0 = time.process_time()
+        c0, w0 = time.process_time(), time.perf_counter()
         with db.write() as s:
             out = jobs.submit_jobs(session=s, requests=requests, render=render_submitted, **memo)
         for o in out:
@@ -65,11 +67,13 @@ def main() -> None:
             o.job.submit_response or render_submitted(o.job)
         if n >= 20:
             cpu_ms.append(1000 * (time.process_time() - c0))
+            wall_ms.append(1000 * (time.perf_counter() - w0))
     db.dispose()
     q1, median, q3 = statistics.quantiles(cpu_ms, n=4)
     print(
         f"batches of {args.size}: writer CPU {median:.2f} ms a batch (quartiles {q1:.2f}-{q3:.2f}), "
-        f"{median / args.size:.3f} ms a job; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}"
+        f"{median / args.size:.3f} ms a job; wall {statistics.median(wall_ms):.2f} ms a batch (the rest is "
+        f"PostgreSQL's work and the round trips); load average {load0:.1f} -> {os.getloadavg()[0]:.1f}"
     )
     print("# reproduce: .venv/bin/python benchmarks/submit_writer.py " + " ".join(sys.argv[1:]))
 

@@ -8,6 +8,7 @@ retry loop. Read-only transactions stay deferred so readers never queue behind w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -18,23 +19,28 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
 import orjson
-import psycopg
 from sqlalchemy import (
+    JSON,
     CursorResult,
     Engine,
     Executable,
+    Insert,
+    String,
     Table,
+    Text,
     bindparam,
+    column,
     create_engine,
     event,
     func,
     insert,
+    literal_column,
     select,
     text,
     update,
 )
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -238,55 +244,57 @@ def insert_returning_keys(session: Session, table: Table, rows: list[dict[str, A
     return keys
 
 
-def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT rows that all give the same columns (every column without a server-side default),
-    in one statement and with little per-row work in Python.
-
-    On PostgreSQL (psycopg) they go as `COPY ... FROM STDIN`: psycopg writes each row in C, where an
-    executemany adapts each value and queues each row's execution in Python. For a batch of 8-16
-    submitted jobs (42 columns, eight of them JSON) COPY took about half the CPU of the pipelined
-    executemany, in less wall time, though in two round trips (its start and its end) where the
-    pipeline took one (`benchmarks/submit_batch.py`). Values go through the columns'
-    own bind processors first, as any statement's would (JSON, timestamps). A refusal (a unique or
-    foreign key) is raised as SQLAlchemy's error class, as from an execute. Other databases: one
-    executemany."""
-    if not rows:
-        return
-    driver = conn.connection.driver_connection
-    if conn.dialect.driver != "psycopg" or driver is None:
-        conn.execute(insert(table), rows)
-        return
-    names = tuple(rows[0])
-    sql, processors = _copy_plan(table, names, conn.dialect)
-    try:
-        with driver.cursor() as cursor, cursor.copy(sql) as copy:
-            for row in rows:
-                copy.write_row([p(row[n]) if p else row[n] for n, p in zip(names, processors, strict=True)])
-    except psycopg.Error as exc:
-        # Raised by psycopg outside SQLAlchemy's execute: wrapped as SQLAlchemy wraps it there
-        # (IntegrityError, DataError, OperationalError, ...), which is what callers and the API's
-        # error handlers (a 503 for a database gone, a 422 for a NUL) know.
-        raise DBAPIError.instance(None, None, exc, psycopg.Error, dialect=conn.dialect) from exc
-
-
 @functools.lru_cache(maxsize=64)
-def _copy_plan(table: Table, names: tuple[str, ...], dialect: Any) -> tuple[str, list[Any]]:
-    """The COPY statement for these columns of `table` and each column's bind processor (or None)."""
-    sql = f"COPY {table.name} ({', '.join(table.c[n].name for n in names)}) FROM STDIN"
-    return sql, [_as_copy_text(table.c[n].type.bind_processor(dialect)) for n in names]
+def rows_insert(table: Table, names: tuple[str, ...], param: str, dialect: Any) -> tuple[Insert, RowsPlan]:
+    """`INSERT INTO table (names) SELECT ... FROM json_to_recordset(:param)` for PostgreSQL, and how
+    `rows_json` makes that parameter: every row of a batch in one JSON text, so that the INSERT is one
+    statement of constant text (prepared once per connection), and, unlike COPY (two round trips
+    of its own, and in half the client CPU of a pipelined executemany), it can go in one statement
+    with others (a CTE of a data-modifying statement).
+
+    The values are the columns' bind processors' (as an executemany's are); a JSON
+    column's text is embedded as it is, and JSON's `null` stays a JSON `null` (what SQLAlchemy writes
+    for None), not the SQL NULL `json_to_recordset` would make of it. Text columns are read as `text`,
+    so that a value too long for its column is refused by the INSERT, as any INSERT refuses it."""
+    columns = [table.c[n] for n in names]
+    record = [column(c.name, Text if isinstance(c.type, String) else c.type) for c in columns]
+    rs = (
+        func.json_to_recordset(sql_cast(bindparam(param, type_=Text), JSON))
+        .table_valued(*record)
+        .render_derived(name="r", with_types=True)
+    )
+    picked = [
+        func.coalesce(rs.c[c.name], literal_column("'null'::json"))
+        if isinstance(c.type, JSON)
+        else rs.c[c.name]
+        for c in columns
+    ]
+    plan = RowsPlan(
+        names,
+        tuple(c.type.bind_processor(dialect) for c in columns),
+        tuple(isinstance(c.type, JSON) for c in columns),
+    )
+    return insert(table).from_select(list(names), select(*picked)), plan
 
 
-def _as_copy_text(process: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:
-    """A bind processor whose bytes (JSON columns' text, `_json_dumps`) are given to COPY as text:
-    psycopg writes bytes as `bytea`'s hex, which a json column refuses."""
-    if process is None:
-        return None
+@dataclasses.dataclass(frozen=True)
+class RowsPlan:
+    names: tuple[str, ...]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+    is_json: tuple[bool, ...]
 
-    def text_of(value: Any) -> Any:
-        out = process(value)
-        return out.decode() if isinstance(out, bytes) else out
 
-    return text_of
+def rows_json(plan: RowsPlan, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The parameter of a `rows_insert` statement: `rows` as one JSON array of objects, in C (orjson)."""
+    fields = tuple(zip(plan.names, plan.processors, plan.is_json, strict=True))
+    out = [
+        {
+            n: (orjson.Fragment(p(row[n])) if j else p(row[n])) if p is not None else row[n]
+            for n, p, j in fields
+        }
+        for row in rows
+    ]
+    return orjson.dumps(out).decode()
 
 
 def insert_columns(session: Session, table: Table, columns: dict[str, list[Any]]) -> None:

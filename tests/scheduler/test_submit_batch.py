@@ -218,18 +218,26 @@ def test_a_keys_unique_index_stops_what_the_replay_read_misses(
     assert again.replayed and again.job.id == first.job.id
 
 
-def test_a_database_error_in_a_copy_is_sqlalchemys(db: Any, seeded: Any) -> None:
-    """What PostgreSQL refuses in the submit path's COPY (`db.copy_rows`), raised by psycopg outside
-    SQLAlchemy's execute, reaches callers as SQLAlchemy's error class, as from any execute: the
-    submit path catches its IntegrityError (a key's race), and the API's handlers answer by class (a
-    database gone: 503). And what it writes reads back as an INSERT's would (JSON, timestamps)."""
+def test_rows_sent_as_json_read_back_as_written_and_are_refused_as_an_inserts(db: Any, seeded: Any) -> None:
+    """The submit path's rows go to PostgreSQL as one JSON parameter a table (`db.rows_insert`): what
+    it writes reads back as an INSERT's would (JSON with escapes and nulls, newlines, timestamps to
+    the microsecond, floats), None in a JSON column is JSON's null as SQLAlchemy writes it, and what
+    an INSERT refuses (a foreign key, a value too long for its column, a NUL) is refused with
+    SQLAlchemy's error class, which the submit path (a key's race) and the API's handlers know."""
     import pytest
+    from sqlalchemy import text
+    from sqlalchemy.exc import DataError
 
-    from scheduler.db import copy_rows
+    from scheduler.db import rows_insert, rows_json
     from scheduler.models import JobEvent, utcnow
 
     if db.engine.dialect.name != "postgresql":
-        pytest.skip("COPY: PostgreSQL only")
+        pytest.skip("json_to_recordset: PostgreSQL only")
+
+    def insert_events(s: Any, rows: list[dict[str, Any]]) -> None:
+        statement, plan = rows_insert(JobEvent.__table__, tuple(rows[0]), "rows", s.get_bind().dialect)
+        s.execute(statement, {"rows": rows_json(plan, rows)})
+
     event = {
         "job_id": "job_none",
         "kind": "state",
@@ -239,22 +247,39 @@ def test_a_database_error_in_a_copy_is_sqlalchemys(db: Any, seeded: Any) -> None
         "attempt": None,
     }
     with pytest.raises(IntegrityError), db.write() as s:
-        copy_rows(s.connection(), JobEvent.__table__, [event])  # no such job: its foreign key refuses
-    tenant = make_tenant(db, "copier", 1000)
+        insert_events(s, [event])  # no such job: its foreign key refuses
+    tenant = make_tenant(db, "jsoned", 1000)
     with db.write() as s:
-        (done,) = jobs.submit_jobs(session=s, requests=[SubmitRequest(tenant, spec(name="copied"))])
+        (done,) = jobs.submit_jobs(session=s, requests=[SubmitRequest(tenant, spec(name="jsoned"))])
         assert isinstance(done, jobs.Submitted)
-        at = utcnow()
-        data = {"nested": {"list": [1, 2.5, None], "text": 'naïve "quoted" \\ tab\t'}}
-        copy_rows(
-            s.connection(),
-            JobEvent.__table__,
-            [{**event, "job_id": done.job.id, "data": data, "at": at, "message": "line\nbreak"}],
+    job_id = done.job.id
+    with pytest.raises(DataError), db.write() as s:
+        insert_events(s, [{**event, "job_id": job_id, "message": "x" * 2001}])  # VARCHAR(2000)
+    with pytest.raises(DataError), db.write() as s:
+        insert_events(s, [{**event, "job_id": job_id, "message": "nul\x00"}])
+    at = utcnow()
+    data = {"nested": {"list": [1, 2.5, None, 1e-300], "text": 'naïve "quoted" \\ tab\t \u2028'}}
+    with db.write() as s:
+        insert_events(
+            s,
+            [
+                {**event, "job_id": job_id, "data": data, "at": at, "message": "line\nbreak", "attempt": 3},
+                {**event, "job_id": job_id, "message": "no data"},
+            ],
         )
     with db.read() as s:
         (row,) = s.execute(
-            select(JobEvent).where(JobEvent.job_id == done.job.id, JobEvent.message == "line\nbreak")
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.message == "line\nbreak")
         ).scalars()
-        assert row.data == data and row.at == at
-        stored = s.get(Job, done.job.id)
+        assert row.data == data and row.at == at and row.attempt == 3
+        null = s.execute(
+            text("SELECT data IS NULL, data::text FROM job_events WHERE job_id = :j AND message = 'no data'"),
+            {"j": job_id},
+        ).one()
+        assert tuple(null) == (False, "null"), "JSON's null, as SQLAlchemy writes None, not SQL's NULL"
+        stored = s.get(Job, job_id)
         assert stored is not None and stored.spec == done.job.spec and stored.options == done.job.options
+        assert (
+            stored.created_at == done.job.created_at
+            and stored.predicted_runtime_s == done.job.predicted_runtime_s
+        )

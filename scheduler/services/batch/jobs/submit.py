@@ -3,6 +3,7 @@ and their `queued` events, each tenant judged under its row lock."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,13 +11,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
-from sqlalchemy import bindparam, delete, func, or_, select, tuple_, update
+from sqlalchemy import Executable, bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler import billing
-from scheduler.db import copy_rows
+from scheduler.db import RowsPlan, rows_insert, rows_json
 from scheduler.errors import (
     DomainError,
     IdempotencyConflict,
@@ -167,16 +168,16 @@ def submit_jobs(
     if not candidates:
         return _resolve(outcomes, digests)
     job_rows = [row_of(job) for job in candidates.values()]
-    # The batch's rows go in as COPY on PostgreSQL (`db.copy_rows`): half the CPU of the pipelined
-    # executemany of one prepared INSERT that came before it, which was two fifths of the writer's
-    # samples under 16 clients (py-spy); a multi-row `INSERT ... VALUES` took 3-5 times as long,
-    # `.values(rows)` 12-20 times and an unnest of column arrays 2-3 times
-    # (benchmarks/submit_batch.py, docs/performance.md). The events go in before the lock, so that
-    # the lock is held for as little as possible; a refused job's event goes with it.
+    # The events go in before the lock, so that the lock is held for as little as possible; a
+    # refused job's event goes with it.
     event_rows = [_queued_event(job, now) for job in candidates.values()]
+    reserve: dict[str, int] = {}
+    queued_counts: dict[str, int] = {}
+    (only, *others) = sorted({j.tenant_id for j in candidates.values()})
     try:
-        copy_rows(conn, _jobs, job_rows)
-        copy_rows(conn, _events, event_rows)
+        admitted = _insert(
+            conn, job_rows, event_rows, None if others else (only, candidates, plans[only], now)
+        )
     except IntegrityError as exc:
         # A key's unique index stops what the replay read could not see: another request with this
         # key committed after that read. The transaction is spent; the caller retries in a new one,
@@ -184,11 +185,7 @@ def submit_jobs(
         if any(j.idempotency_key is not None for j in candidates.values()):
             raise IdempotencyRace() from exc
         raise
-
-    reserve: dict[str, int] = {}
-    queued_counts: dict[str, int] = {}
-    (only, *others) = sorted({j.tenant_id for j in candidates.values()})
-    if not others and _reserve_all(conn, only, candidates, plans[only], now):
+    if admitted:
         for n, job in candidates.items():
             outcomes[n] = Submitted(job, replayed=False)
     else:
@@ -262,6 +259,53 @@ class _Cached(dict[str, bool]):
         return super().get(key, default)
 
 
+def _insert(
+    conn: Connection,
+    job_rows: list[dict[str, Any]],
+    event_rows: list[QueuedEventRow],
+    one_tenant: tuple[str, dict[int, Job], Any, datetime] | None,
+) -> bool:
+    """Insert a batch's jobs and their first events and, for a one-tenant batch, try to admit it
+    whole (`_reserve_all`); True when it was.
+
+    On PostgreSQL all of it is one statement, one round trip: the rows as `json_to_recordset`
+    INSERTs (`db.rows_insert`) in CTEs of the reservation's guarded UPDATE (or of the events' INSERT
+    when there are several tenants). It replaced a COPY of each table and the UPDATE after them,
+    five round trips, each a wait of the writer thread while the API processes' event loops and
+    PostgreSQL share two cores (docs/performance.md). The rows are visible to the events' foreign
+    key, checked at the statement's end. Elsewhere: an executemany of each, then the UPDATE."""
+    if conn.dialect.driver != "psycopg":
+        conn.execute(insert(_jobs), job_rows)
+        conn.execute(insert(_events), event_rows)
+        return one_tenant is not None and _reserve_all(conn, *one_tenant)
+    statement, jobs_plan, events_plan = _batch_insert(
+        tuple(job_rows[0]), tuple(event_rows[0]), one_tenant is not None, conn.dialect
+    )
+    params: dict[str, Any] = {
+        "jobs": rows_json(jobs_plan, job_rows),
+        "events": rows_json(events_plan, event_rows),
+    }
+    if one_tenant is None:
+        conn.execute(statement, params)
+        return False
+    params.update(_reserve_all_params(*one_tenant))
+    return bool(conn.execute(statement, params).rowcount == 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_insert(
+    job_names: tuple[str, ...], event_names: tuple[str, ...], reserve: bool, dialect: Any
+) -> tuple[Executable, RowsPlan, RowsPlan]:
+    """`_insert`'s statement on PostgreSQL, built once (each new one would be compiled anew)."""
+    jobs_in, jobs_plan = rows_insert(_jobs, job_names, "jobs", dialect)
+    events_in, events_plan = rows_insert(_events, event_names, "events", dialect)
+    if reserve:
+        # `updated_at` given: SQLAlchemy leaves a column's `onupdate` unset in a statement with CTEs.
+        reserve_all = _RESERVE_ALL.values(updated_at=bindparam("now"))
+        return reserve_all.add_cte(jobs_in.cte("jobs_in"), events_in.cte("events_in")), jobs_plan, events_plan
+    return events_in.add_cte(jobs_in.cte("jobs_in")), jobs_plan, events_plan
+
+
 def _reserve_all(
     conn: Connection, tenant_id: str, candidates: dict[int, Job], plan: Any, now: datetime
 ) -> bool:
@@ -274,12 +318,15 @@ def _reserve_all(
     statement instead of the lock's SELECT and the reservation's UPDATE: a round trip less, and
     one less while the tenant's row is locked, which is what concurrent batches of one tenant (the
     API processes' writers) wait for. False (nothing written): judge job by job under the lock."""
-    total = sum(job.reserved_ipu_ms for job in candidates.values())
-    done = conn.execute(
-        _RESERVE_ALL,
-        {"t": tenant_id, "now": now, "amount": total, "n": len(candidates), "limit": plan.max_queued_jobs},
-    ).rowcount
+    done = conn.execute(_RESERVE_ALL, _reserve_all_params(tenant_id, candidates, plan, now)).rowcount
     return bool(done == 1)
+
+
+def _reserve_all_params(
+    tenant_id: str, candidates: dict[int, Job], plan: Any, now: datetime
+) -> dict[str, Any]:
+    total = sum(job.reserved_ipu_ms for job in candidates.values())
+    return {"t": tenant_id, "now": now, "amount": total, "n": len(candidates), "limit": plan.max_queued_jobs}
 
 
 def _replays(
