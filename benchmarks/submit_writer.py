@@ -5,9 +5,9 @@ Batches of `--size` one-step jobs of one tenant (the benchmark's submission, ben
 are admitted one after another, each in its own transaction, with the answer rendered as the writer
 renders it; the CPU this process spends on each (SQLAlchemy, psycopg and admission) is timed with
 `time.process_time`, and the batch's wall time beside it (the difference is PostgreSQL's work and
-the waits of each round trip). The end-to-end figures (`submit_cpu.py`, `control_plane.py`) move by a third with
-the machine's other load; this one moves much less, so two versions compare here first (run each from
-its own checkout, one after the other).
+the waits of each round trip). The end-to-end figures (`submit_cpu.py`, `control_plane.py`) move by a
+third with the machine's other load; this one moves much less, so two versions compare here first
+(run each from its own checkout, one after the other).
 
     .venv/bin/python benchmarks/submit_writer.py [--size 5] [--batches 400] [--db-name sw_bench]
 """
