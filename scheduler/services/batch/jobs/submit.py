@@ -322,9 +322,19 @@ def _reserve_all(
     return bool(done == 1)
 
 
+class ReserveAllParams(TypedDict):
+    """`_RESERVE_ALL`'s parameters: the tenant, the batch's time, total cost and size, the plan's limit."""
+
+    t: str
+    now: datetime
+    amount: int
+    n: int
+    limit: int
+
+
 def _reserve_all_params(
     tenant_id: str, candidates: dict[int, Job], plan: Any, now: datetime
-) -> dict[str, Any]:
+) -> ReserveAllParams:
     total = sum(job.reserved_ipu_ms for job in candidates.values())
     return {"t": tenant_id, "now": now, "amount": total, "n": len(candidates), "limit": plan.max_queued_jobs}
 
