@@ -77,8 +77,12 @@ def attempt_dir(settings: Settings, attempt_id: int) -> Path:
 
 
 def release_runtime_root(settings: Settings) -> None:
-    """Remove the root once no attempt's directory is left in it (a stopping agent's last act), so
-    that /dev/shm keeps nothing of a cloud that is gone. Another agent's next attempt makes it again."""
+    """Remove the default root once no attempt's directory is left in it (a stopping agent's last
+    act), so that /dev/shm keeps nothing of a cloud that is gone; another agent's next attempt makes it
+    again. A configured `IPUCLOUD_RUNTIME_DIR` is the operator's (a mount, systemd's
+    `RuntimeDirectory`, where this process may not make it again) and is left as it is."""
+    if settings.runtime_dir is not None:
+        return
     try:
         os.rmdir(runtime_root(settings))
     except OSError:

@@ -84,7 +84,7 @@ def test_an_attempts_files_are_in_the_runtime_dir_while_it_runs_and_gone_after(
     assert check_cloud(db, [job_id]).states == {"succeeded": 1}
     assert not directory.exists(), "the directory (and the key in it) goes when the attempt ends"
     ipuof.release_runtime_root(get_settings())
-    assert not runtime.exists()
+    assert runtime.is_dir() and not any(runtime.iterdir()), "a configured directory is the operator's"
 
 
 def test_by_default_each_data_dir_has_its_own_private_root_in_memory(tmp_path: Path, shm: Path) -> None:

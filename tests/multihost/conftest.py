@@ -247,6 +247,8 @@ def multihost(tmp_path: Path) -> Iterator[MultiHostCloud]:
             "IPUCLOUD_REDIS_URL": f"redis://{db.ip}:6379/0",
             "IPUCLOUD_SECRET_KEY": secrets.token_urlsafe(32),
             "IPUCLOUD_DATA_DIR": str(tmp_path / "data"),
+            # Not /dev/shm (the shipped default): a killed worker's attempt files go with the test's tmp.
+            "IPUCLOUD_RUNTIME_DIR": str(tmp_path / "run"),
         }
         _start_services(cloud)
         yield cloud
