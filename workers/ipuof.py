@@ -40,16 +40,20 @@ SHM = Path("/dev/shm")
 
 
 def runtime_root(settings: Settings) -> Path:
-    """The directory holding every running attempt's directory (mode 0700, this user's):
-    `IPUCLOUD_RUNTIME_DIR`, else one in `/dev/shm` named by this user and the data directory (so that
-    two clouds on one host never share it), else `<data_dir>/attempts`."""
+    """The directory holding every running attempt's directory: `IPUCLOUD_RUNTIME_DIR` as it is, else
+    one in `/dev/shm` named by this user and the data directory (so that two clouds on one host never
+    share it; mode 0700, this user's), else `<data_dir>/attempts`."""
     return _runtime_root(settings.runtime_dir, settings.data_dir)
 
 
 @lru_cache(maxsize=64)
 def _runtime_root(configured: Path | None, data_dir: Path) -> Path:
     if configured is not None:
-        return _private_dir(configured.resolve())
+        # The operator's: a Kubernetes memory volume is root's and open to all (0777), a systemd
+        # RuntimeDirectory this user's. Each attempt's own directory is private either way.
+        path = configured.resolve()
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
     data_dir = data_dir.resolve()
     if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK):
         digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
@@ -133,7 +137,10 @@ def write_attempt_files(
     try:
         os.mkdir(directory, 0o700)
     except FileNotFoundError:  # the root was released since (an agent of this data directory stopped)
-        _private_dir(directory.parent)
+        if settings.runtime_dir is None:
+            _private_dir(directory.parent)
+        else:
+            os.makedirs(directory.parent, mode=0o700, exist_ok=True)
         os.mkdir(directory, 0o700)
     except FileExistsError:  # a redelivered attempt, or one an agent that died left behind
         os.chmod(directory, 0o700)

@@ -147,3 +147,22 @@ def test_the_shipped_default_is_dev_shm_and_a_released_root_leaves_nothing(tmp_p
     ipuof.remove_attempt_files(settings, 1)
     ipuof.release_runtime_root(settings)
     assert not root.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the directory to another user needs root")
+def test_a_configured_directory_may_be_shared_and_someone_elses_as_a_kubernetes_volume_is(
+    tmp_path: Path,
+) -> None:
+    """A memory `emptyDir` is root's and mode 0777, and the worker runs as another user: the agent
+    writes there all the same, each attempt in a directory of its own that only it can enter."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.chmod(volume, 0o777)
+    os.chown(volume, 12345, 12345)
+    settings = Settings(data_dir=tmp_path / "data", runtime_dir=volume, secret_key=SECRET)
+    config = write(settings, 9)
+    assert config.parent == volume / "9" and mode(config.parent) == 0o700 and mode(config) == 0o600
+    assert mode(volume) == 0o777 and os.lstat(volume).st_uid == 12345, "the volume itself is left as it is"
+    ipuof.remove_attempt_files(settings, 9)
+    ipuof.release_runtime_root(settings)
+    assert volume.is_dir()
