@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from scheduler.services.capacity import attempt_keys
-from scheduler.settings import Settings
+from scheduler.settings import Settings, write_private
 from vipu import ipuof
 
 log = logging.getLogger("ipucloud.agent")
@@ -49,25 +49,26 @@ def runtime_root(settings: Settings) -> Path:
 @lru_cache(maxsize=64)
 def _runtime_root(configured: Path | None, data_dir: Path) -> Path:
     if configured is not None:
-        # The operator's: a Kubernetes memory volume is root's and open to all (0777), a systemd
-        # RuntimeDirectory this user's. Each attempt's own directory is private either way.
-        path = configured.resolve()
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return path
+        return _make_root(configured.resolve(), private=False)
     data_dir = data_dir.resolve()
     if SHM.is_dir() and os.access(SHM, os.W_OK | os.X_OK):
         digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:16]
         try:
-            return _private_dir(SHM / f"ipucloud-{os.geteuid()}-{digest}")
+            return _make_root(SHM / f"ipucloud-{os.geteuid()}-{digest}", private=True)
         except OSError as exc:
             log.warning("attempt files go to the data directory, not %s: %s", SHM, exc)
-    return _private_dir(data_dir / "attempts")
+    return _make_root(data_dir / "attempts", private=True)
 
 
-def _private_dir(path: Path) -> Path:
-    """Make `path` a directory only this user can enter, refusing one that is not this user's (in a
-    shared directory such as /dev/shm another user could have made it, or a link of that name, first)."""
+def _make_root(path: Path, *, private: bool) -> Path:
+    """Make the root `path`. A configured one (`private=False`) is the operator's, used as it is: a
+    Kubernetes memory volume is root's and open to all (0777), a systemd RuntimeDirectory this user's;
+    each attempt's own directory is private either way. The default one is made a directory only this
+    user can enter, refusing one that is not this user's (in a shared directory such as /dev/shm
+    another user could have made it, or a link of that name, first)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
+    if not private:
+        return path
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise PermissionError(f"{path} is not a directory of this user's")
@@ -137,10 +138,7 @@ def write_attempt_files(
     try:
         os.mkdir(directory, 0o700)
     except FileNotFoundError:  # the root was released since (an agent of this data directory stopped)
-        if settings.runtime_dir is None:
-            _private_dir(directory.parent)
-        else:
-            os.makedirs(directory.parent, mode=0o700, exist_ok=True)
+        _make_root(directory.parent, private=settings.runtime_dir is None)
         os.mkdir(directory, 0o700)
     except FileExistsError:  # a redelivered attempt, or one an agent that died left behind
         os.chmod(directory, 0o700)
@@ -148,9 +146,9 @@ def write_attempt_files(
         partition=partition, own=gcd_ipus, gcds=gcds, gcd=gcd, machine_type=machine_type
     )
     path = directory / CONFIG_NAME
-    _write_private(path, json.dumps(config, indent=2) + "\n")
+    write_private(path, json.dumps(config, indent=2) + "\n")
     key = attempt_keys.issue(secret=settings.secret(), attempt_id=attempt_id, epoch=epoch)
-    _write_private(
+    write_private(
         directory / CLI_CONFIG_NAME,
         cli_config(
             host=settings.vipu_api_host,
@@ -169,11 +167,3 @@ def remove_attempt_files(settings: Settings, attempt_id: int) -> None:
         shutil.rmtree(attempt_dir(settings, attempt_id), ignore_errors=True)
     except OSError as exc:  # bookkeeping only: the key has stopped working whatever happens here
         log.warning("could not remove the files of attempt %d: %s", attempt_id, exc)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `path` as mode 0600, never following a link planted in its place."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with open(fd, "wb") as f:
-        os.fchmod(fd, 0o600)  # a file left by an earlier delivery keeps its mode through O_CREAT
-        f.write(text.encode())
